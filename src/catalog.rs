@@ -1,0 +1,376 @@
+//! The merged catalog: every server's tools, prompts, resources and resource templates
+//! under public names, with the lookup tables that route calls back.
+//!
+//! Naming rule, applied to servers in gateway.toml order and to each server's items in
+//! the order it lists them:
+//! 1. the public name is `{prefix}{separator}{name}`, or `{name}` when the prefix is empty;
+//! 2. a name that is longer than 64 characters or uses a character outside
+//!    `[A-Za-z0-9_.-]` becomes its first 55 characters (each invalid one replaced by `_`)
+//!    plus `_` and 8 hex digits of a hash of (server, original name);
+//! 3. a name already taken (by an earlier server, or earlier in the same list) is a
+//!    collision: the first keeps the name, the later one gets the hashed form of rule 2.
+//!    Collisions are logged and shown by `mcp-gateway check --connect`.
+//!
+//! Resources keep their URIs. A URI listed by two servers belongs to the first. Routing
+//! always goes through these tables; names are never split.
+
+use crate::config::{name_char, Filter};
+use crate::message::{self, short_hash};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::collections::{HashMap, HashSet};
+
+/// Longest public tool or prompt name clients accept (SEP-986).
+pub const MAX_NAME: usize = 64;
+const HASH_LEN: usize = 8;
+
+/// What one server offers, as it listed it.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Lists {
+    pub tools: Vec<Map<String, Value>>,
+    pub prompts: Vec<Map<String, Value>>,
+    pub resources: Vec<Map<String, Value>>,
+    pub templates: Vec<Map<String, Value>>,
+}
+
+/// The inputs to a merge: one per server, in gateway.toml order.
+pub struct Source<'a> {
+    pub server: &'a str,
+    pub prefix: &'a str,
+    pub lists: &'a Lists,
+    /// Tool filter over the server's own names.
+    pub filter: &'a Filter,
+}
+
+/// Where a public name leads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Index of the server in gateway.toml order.
+    pub server: usize,
+    /// The server's own name for it.
+    pub name: String,
+}
+
+/// One line of `check --connect` output.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub kind: &'static str,
+    pub public: String,
+    pub server: String,
+    pub original: String,
+}
+
+/// The merged view, rebuilt whenever a server's lists change; cheap to share.
+#[derive(Debug)]
+pub struct Catalog {
+    pub tools: HashMap<String, Route>,
+    pub prompts: HashMap<String, Route>,
+    /// Resource URI → server index.
+    pub resources: HashMap<String, usize>,
+    /// Resource templates in merge order, with their owners.
+    pub templates: Vec<(Template, usize)>,
+    /// Pre-serialized list results, served as they are.
+    pub tools_result: Box<RawValue>,
+    pub prompts_result: Box<RawValue>,
+    pub resources_result: Box<RawValue>,
+    pub templates_result: Box<RawValue>,
+    pub entries: Vec<Entry>,
+    /// Human-readable notes on collisions and renamed items.
+    pub notes: Vec<String>,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog::build("__", &[])
+    }
+}
+
+impl Catalog {
+    pub fn build(separator: &str, sources: &[Source]) -> Catalog {
+        let mut notes = Vec::new();
+        let mut entries = Vec::new();
+        let (tools, tools_list) = merge_named(separator, sources, "tool", &mut notes, &mut entries, |l| &l.tools, true);
+        let (prompts, prompts_list) =
+            merge_named(separator, sources, "prompt", &mut notes, &mut entries, |l| &l.prompts, false);
+
+        let mut resources: HashMap<String, usize> = HashMap::new();
+        let mut resources_list = Vec::new();
+        for (i, s) in sources.iter().enumerate() {
+            for r in &s.lists.resources {
+                let Some(uri) = r.get("uri").and_then(Value::as_str) else { continue };
+                if let Some(&owner) = resources.get(uri) {
+                    notes.push(format!(
+                        "resource {uri} of server '{}' is hidden: server '{}' lists it first",
+                        s.server, sources[owner].server
+                    ));
+                    continue;
+                }
+                resources.insert(uri.to_owned(), i);
+                resources_list.push(Value::Object(r.clone()));
+                entries.push(Entry { kind: "resource", public: uri.into(), server: s.server.into(), original: uri.into() });
+            }
+        }
+        let mut templates = Vec::new();
+        let mut templates_list = Vec::new();
+        for (i, s) in sources.iter().enumerate() {
+            for t in &s.lists.templates {
+                let Some(uri) = t.get("uriTemplate").and_then(Value::as_str) else { continue };
+                templates.push((Template::parse(uri), i));
+                templates_list.push(Value::Object(t.clone()));
+                entries.push(Entry {
+                    kind: "template",
+                    public: uri.into(),
+                    server: s.server.into(),
+                    original: uri.into(),
+                });
+            }
+        }
+        let result = |key: &str, list: Vec<Value>| {
+            let mut m = Map::new();
+            m.insert(key.into(), Value::Array(list));
+            message::to_raw(&Value::Object(m))
+        };
+        Catalog {
+            tools,
+            prompts,
+            resources,
+            templates,
+            tools_result: result("tools", tools_list),
+            prompts_result: result("prompts", prompts_list),
+            resources_result: result("resources", resources_list),
+            templates_result: result("resourceTemplates", templates_list),
+            entries,
+            notes,
+        }
+    }
+
+    /// The server that owns a resource URI: listed URIs first, then templates in order.
+    pub fn resource_owner(&self, uri: &str) -> Option<usize> {
+        if let Some(&s) = self.resources.get(uri) {
+            return Some(s);
+        }
+        self.templates.iter().find(|(t, _)| t.source == uri || t.matches(uri)).map(|&(_, s)| s)
+    }
+}
+
+type Merged = (HashMap<String, Route>, Vec<Value>);
+
+fn merge_named(
+    separator: &str,
+    sources: &[Source],
+    kind: &'static str,
+    notes: &mut Vec<String>,
+    entries: &mut Vec<Entry>,
+    pick: fn(&Lists) -> &Vec<Map<String, Value>>,
+    filtered: bool,
+) -> Merged {
+    let mut table: HashMap<String, Route> = HashMap::new();
+    let mut list = Vec::new();
+    for (i, s) in sources.iter().enumerate() {
+        let mut own: HashSet<&str> = HashSet::new();
+        for item in pick(s.lists) {
+            let Some(name) = item.get("name").and_then(Value::as_str) else { continue };
+            if filtered && !s.filter.permits(name) {
+                continue;
+            }
+            if !own.insert(name) {
+                notes.push(format!("{kind} {name} of server '{}' is listed twice; the second is ignored", s.server));
+                continue;
+            }
+            let mut public = public_name(s.prefix, separator, name, s.server);
+            if public != join(s.prefix, separator, name) {
+                notes.push(format!("{kind} {name} of server '{}' is public as {public} (name too long or invalid)", s.server));
+            }
+            if let Some(owner) = table.get(&public) {
+                let hashed = hashed_name(&sanitize(&join(s.prefix, separator, name)), s.server, name);
+                notes.push(format!(
+                    "{kind} name collision: {public} is server '{}'s {}; server '{}'s {name} is public as {hashed}",
+                    sources[owner.server].server, owner.name, s.server
+                ));
+                public = hashed;
+                if table.contains_key(&public) {
+                    notes.push(format!("{kind} {name} of server '{}' is dropped: no free name", s.server));
+                    continue;
+                }
+            }
+            let mut item = item.clone();
+            item.insert("name".into(), Value::String(public.clone()));
+            list.push(Value::Object(item));
+            entries.push(Entry { kind, public: public.clone(), server: s.server.into(), original: name.into() });
+            table.insert(public, Route { server: i, name: name.to_owned() });
+        }
+    }
+    (table, list)
+}
+
+fn join(prefix: &str, separator: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{prefix}{separator}{name}")
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if name_char(c) { c } else { '_' }).collect()
+}
+
+/// The public name of `name` from a server with `prefix` (rules 1 and 2 above).
+pub fn public_name(prefix: &str, separator: &str, name: &str, server: &str) -> String {
+    let joined = join(prefix, separator, name);
+    let clean = sanitize(&joined);
+    if clean == joined && !clean.is_empty() && clean.len() <= MAX_NAME {
+        clean
+    } else {
+        hashed_name(&clean, server, name)
+    }
+}
+
+fn hashed_name(clean: &str, server: &str, name: &str) -> String {
+    let keep = MAX_NAME - HASH_LEN - 1;
+    let mut out: String = clean.chars().take(keep).collect();
+    out.push('_');
+    out.push_str(&short_hash(&[server, name], HASH_LEN));
+    out
+}
+
+/// An RFC 6570 URI template, enough of it to decide whether a URI belongs to it.
+#[derive(Debug, Clone)]
+pub struct Template {
+    pub source: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    Literal(String),
+    /// `{x}`: one or more characters, no `/`, `?` or `#`.
+    Simple,
+    /// `{+x}` / `{#x}`: anything, including `/`.
+    Reserved,
+    /// `{/x}`, `{.x}`, `{;x}`: the operator character then a value (possibly absent).
+    Prefixed(char),
+    /// `{?x}` / `{&x}`: an optional query part, to the end.
+    Query,
+}
+
+impl Template {
+    pub fn parse(s: &str) -> Template {
+        let mut parts = Vec::new();
+        let mut rest = s;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Literal(rest[..open].to_owned()));
+            }
+            let Some(close) = rest[open..].find('}') else {
+                parts.push(Part::Literal(rest[open..].to_owned()));
+                rest = "";
+                break;
+            };
+            let expr = &rest[open + 1..open + close];
+            parts.push(match expr.chars().next() {
+                Some('+') | Some('#') => Part::Reserved,
+                Some(c @ ('/' | '.' | ';')) => Part::Prefixed(c),
+                Some('?') | Some('&') => Part::Query,
+                _ => Part::Simple,
+            });
+            rest = &rest[open + close + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Literal(rest.to_owned()));
+        }
+        Template { source: s.to_owned(), parts }
+    }
+
+    pub fn matches(&self, uri: &str) -> bool {
+        match_parts(&self.parts, uri)
+    }
+}
+
+fn match_parts(parts: &[Part], s: &str) -> bool {
+    let Some((first, rest)) = parts.split_first() else { return s.is_empty() };
+    match first {
+        Part::Literal(l) => s.strip_prefix(l.as_str()).is_some_and(|r| match_parts(rest, r)),
+        Part::Query => s.is_empty() || s.starts_with('?') || s.starts_with('&'),
+        Part::Simple | Part::Reserved | Part::Prefixed(_) => {
+            let (body, min) = match first {
+                Part::Prefixed(c) => match s.strip_prefix(*c) {
+                    Some(b) => (b, 0),
+                    None => return match_parts(rest, s),
+                },
+                _ => (s, 1),
+            };
+            let stop = |c: char| matches!(first, Part::Simple | Part::Prefixed(_)) && matches!(c, '/' | '?' | '#');
+            let limit = body.find(stop).unwrap_or(body.len());
+            // Try the longest value first, then shorter ones (backtracking).
+            (min..=limit).rev().any(|n| body.is_char_boundary(n) && match_parts(rest, &body[n..]))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(name: &str) -> Map<String, Value> {
+        json!({"name": name, "description": "d", "inputSchema": {"type": "object"}, "x-extra": 1})
+            .as_object()
+            .cloned()
+            .unwrap()
+    }
+
+    #[test]
+    fn names_are_prefixed_and_routed() {
+        let a = Lists { tools: vec![tool("add"), tool("delete_all")], ..Default::default() };
+        let b = Lists { tools: vec![tool("add")], ..Default::default() };
+        let all = Filter::default();
+        let no_delete = Filter { allow: vec![], deny: vec!["delete_*".into()] };
+        let c = Catalog::build(
+            "__",
+            &[
+                Source { server: "calc", prefix: "calc", lists: &a, filter: &no_delete },
+                Source { server: "other", prefix: "", lists: &b, filter: &all },
+            ],
+        );
+        assert_eq!(c.tools["calc__add"], Route { server: 0, name: "add".into() });
+        assert_eq!(c.tools["add"], Route { server: 1, name: "add".into() });
+        assert!(!c.tools.contains_key("calc__delete_all"));
+        assert!(c.tools_result.get().contains("\"x-extra\":1"));
+    }
+
+    #[test]
+    fn collisions_and_long_names_are_hashed() {
+        let a = Lists { tools: vec![tool("x__y")], ..Default::default() };
+        let b = Lists { tools: vec![tool("y"), tool(&"n".repeat(80)), tool("has space")], ..Default::default() };
+        let all = Filter::default();
+        let c = Catalog::build(
+            "__",
+            &[
+                Source { server: "a", prefix: "", lists: &a, filter: &all },
+                Source { server: "b", prefix: "x", lists: &b, filter: &all },
+            ],
+        );
+        assert_eq!(c.tools["x__y"].server, 0);
+        let renamed: Vec<_> = c.tools.iter().filter(|(_, r)| r.server == 1).map(|(k, _)| k.clone()).collect();
+        assert_eq!(renamed.len(), 3);
+        for n in &renamed {
+            assert!(n.len() <= MAX_NAME && n.chars().all(name_char), "{n}");
+        }
+        assert!(c.notes.iter().any(|n| n.contains("collision")));
+        // Deterministic.
+        assert_eq!(public_name("x", "__", &"n".repeat(80), "b"), public_name("x", "__", &"n".repeat(80), "b"));
+    }
+
+    #[test]
+    fn templates_match() {
+        let t = Template::parse("mock://a/items/{id}");
+        assert!(t.matches("mock://a/items/42"));
+        assert!(!t.matches("mock://a/items/"));
+        assert!(!t.matches("mock://a/items/4/2"));
+        assert!(!t.matches("mock://b/items/42"));
+        assert!(Template::parse("file:///{+path}").matches("file:///a/b/c.txt"));
+        assert!(Template::parse("api://x{/id}{?q}").matches("api://x/7?q=1"));
+        assert!(Template::parse("test://template/{id}/data").matches("test://template/5/data"));
+    }
+}

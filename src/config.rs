@@ -1,0 +1,547 @@
+//! gateway.toml: parsed once into [`RawConfig`] (serde, unknown keys rejected), then
+//! validated into [`Config`] with `${VAR}` expanded and secrets wrapped in [`Secret`].
+//!
+//! This is the only module that reads the gateway's environment, and only through the
+//! lookup function handed to [`Config::load`], so tests never touch process env.
+//! Every error names the file, line and column it comes from.
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use toml::Spanned;
+
+/// Environment variables a child inherits from the gateway; everything else it gets
+/// comes from its own `env` table, so one server's secrets never reach another.
+pub const INHERITED_ENV: &[&str] = &["PATH", "HOME", "USER", "LANG", "TERM", "TMPDIR", "SHELL"];
+
+/// A value that must never be shown: `Debug` and `Display` print `****`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The real value, for the one place that must use it (a child's environment).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
+}
+
+// ---------------------------------------------------------------- raw (serde) form
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    gateway: RawGateway,
+    #[serde(default)]
+    servers: IndexMap<Spanned<String>, RawServer>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGateway {
+    listen: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    separator: Option<Spanned<String>>,
+    request_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
+    max_body: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    command: Option<Spanned<String>>,
+    #[serde(default)]
+    args: Vec<String>,
+    cwd: Option<String>,
+    #[serde(default)]
+    env: IndexMap<String, Spanned<String>>,
+    prefix: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default)]
+    tools: RawFilter,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFilter {
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+}
+
+// ---------------------------------------------------------------- validated form
+
+/// The validated configuration the gateway runs on.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from; relative `cwd`s resolve against its folder.
+    pub file: PathBuf,
+    pub gateway: Gateway,
+    /// Servers in file order; that order decides name collisions (first wins).
+    pub servers: Vec<Server>,
+}
+
+/// `[gateway]`: the public endpoint and defaults.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    pub listen: SocketAddr,
+    /// The MCP endpoint path, e.g. `/mcp`.
+    pub path: String,
+    /// Put between a server's prefix and its tool or prompt name.
+    pub separator: String,
+    /// Default per-request timeout for every server.
+    pub request_timeout: Duration,
+    /// Browser origins allowed besides localhost ones (exact match, e.g. `https://app.example.com`).
+    pub allowed_origins: Vec<String>,
+    /// Host header values allowed besides localhost ones (e.g. `gateway.internal:8080`).
+    pub allowed_hosts: Vec<String>,
+    /// Largest accepted request body; more is answered with 413.
+    pub max_body: usize,
+}
+
+/// One `[servers.NAME]` entry.
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub name: String,
+    /// Put before the server's tool and prompt names; empty means unprefixed.
+    pub prefix: String,
+    pub timeout: Duration,
+    pub enabled: bool,
+    pub tools: Filter,
+    pub transport: Transport,
+}
+
+/// How to reach a server.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    Stdio(StdioSpec),
+}
+
+impl Transport {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transport::Stdio(_) => "stdio",
+        }
+    }
+}
+
+/// A child process speaking MCP on its stdin/stdout.
+#[derive(Debug, Clone)]
+pub struct StdioSpec {
+    pub command: String,
+    pub args: Vec<String>,
+    /// Absolute working directory.
+    pub cwd: PathBuf,
+    /// The child's own variables, expanded; they are secrets.
+    pub env: Vec<(String, Secret)>,
+    /// The inherited safe set ([`INHERITED_ENV`]) as read when the config loaded.
+    pub inherited: Vec<(String, String)>,
+}
+
+/// `allow`/`deny` globs over a server's own tool names (`*` and `?`).
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+impl Filter {
+    pub fn permits(&self, name: &str) -> bool {
+        let allowed = self.allow.is_empty() || self.allow.iter().any(|g| glob(g, name));
+        allowed && !self.deny.iter().any(|g| glob(g, name))
+    }
+}
+
+/// Glob match with `*` (any run) and `?` (one character).
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            pi += 1;
+            mark = ti;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// One problem in a config file, located.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: {}", self.file, self.line, self.column, self.message)
+    }
+}
+
+/// All problems found in a config file (at least one).
+#[derive(Debug, Clone)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+struct Ctx<'a> {
+    file: String,
+    src: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl Ctx<'_> {
+    fn at(&mut self, offset: usize, message: String) {
+        let before = &self.src[..offset.min(self.src.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        self.errors.push(ConfigError { file: self.file.clone(), line, column, message });
+    }
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+impl Config {
+    /// Reads and validates a config file. `env` looks up the gateway's environment.
+    pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let src = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: path.display().to_string(),
+                line: 0,
+                column: 0,
+                message: format!("cannot read: {e}"),
+            }])
+        })?;
+        Config::parse(path, &src, env)
+    }
+
+    /// Validates config text as if read from `path`.
+    pub fn parse(path: &Path, src: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let mut cx = Ctx { file: path.display().to_string(), src, errors: Vec::new() };
+        let raw: RawConfig = match toml::from_str(src) {
+            Ok(r) => r,
+            Err(e) => {
+                let offset = e.span().map_or(0, |s| s.start);
+                cx.at(offset, e.message().trim().to_string());
+                return Err(ConfigErrors(cx.errors));
+            }
+        };
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        let base = std::fs::canonicalize(&base).unwrap_or(base);
+
+        let g = raw.gateway;
+        let listen = match &g.listen {
+            None => DEFAULT_LISTEN.parse().ok(),
+            Some(s) => match s.get_ref().parse::<SocketAddr>() {
+                Ok(a) => Some(a),
+                Err(_) => {
+                    cx.at(s.span().start, format!("listen: {:?} is not an address like \"127.0.0.1:8080\"", s.get_ref()));
+                    None
+                }
+            },
+        };
+        let path_ = g.path.as_ref().map_or("/mcp".to_string(), |p| p.get_ref().clone());
+        if !path_.starts_with('/') {
+            let at = g.path.as_ref().map_or(0, |p| p.span().start);
+            cx.at(at, format!("path: {path_:?} must start with '/'"));
+        }
+        let separator = g.separator.as_ref().map_or("__".to_string(), |s| s.get_ref().clone());
+        if separator.is_empty() || !separator.chars().all(name_char) {
+            let at = g.separator.as_ref().map_or(0, |s| s.span().start);
+            cx.at(at, format!("separator: {separator:?} may only use [A-Za-z0-9_.-] and must not be empty"));
+        }
+        let request_timeout = duration(&mut cx, g.request_timeout.as_ref(), "request_timeout", Duration::from_secs(60));
+        let max_body = match &g.max_body {
+            None => 16 << 20,
+            Some(s) => match parse_size(s.get_ref()) {
+                Some(n) => n,
+                None => {
+                    cx.at(s.span().start, format!("max_body: {:?} is not a size like \"16MiB\"", s.get_ref()));
+                    0
+                }
+            },
+        };
+
+        let inherited: Vec<(String, String)> =
+            INHERITED_ENV.iter().filter_map(|k| env(k).map(|v| ((*k).to_string(), v))).collect();
+        let mut servers = Vec::new();
+        let mut prefixes: IndexMap<String, String> = IndexMap::new();
+        for (name, s) in raw.servers {
+            let at = name.span().start;
+            let name = name.into_inner();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+                cx.at(at, format!("server name {name:?} may only use [A-Za-z0-9-]"));
+            }
+            let prefix = s.prefix.as_ref().map_or(name.clone(), |p| p.get_ref().clone());
+            if !prefix.chars().all(name_char) {
+                let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
+                cx.at(at, format!("servers.{name}.prefix: {prefix:?} may only use [A-Za-z0-9_.-]"));
+            }
+            if !prefix.is_empty() && s.enabled {
+                if let Some(other) = prefixes.insert(prefix.clone(), name.clone()) {
+                    let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
+                    cx.at(at, format!("servers.{name}.prefix: {prefix:?} is already the prefix of server {other:?}"));
+                }
+            }
+            let timeout = duration(&mut cx, s.timeout.as_ref(), &format!("servers.{name}.timeout"), request_timeout);
+            let Some(command) = s.command else {
+                cx.at(at, format!("servers.{name}: needs `command` (a stdio server)"));
+                continue;
+            };
+            if command.get_ref().trim().is_empty() {
+                cx.at(command.span().start, format!("servers.{name}.command is empty"));
+            }
+            let mut child_env = Vec::new();
+            for (key, value) in s.env {
+                let span = value.span();
+                match expand(value.get_ref(), env) {
+                    Ok(v) => child_env.push((key, Secret(v))),
+                    Err(var) => cx.at(
+                        span.start,
+                        format!("servers.{name}.env.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
+                    ),
+                }
+            }
+            let cwd = match &s.cwd {
+                None => base.clone(),
+                Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
+                Some(c) => base.join(c),
+            };
+            servers.push(Server {
+                name: name.clone(),
+                prefix,
+                timeout,
+                enabled: s.enabled,
+                tools: Filter { allow: s.tools.allow, deny: s.tools.deny },
+                transport: Transport::Stdio(StdioSpec {
+                    command: command.into_inner(),
+                    args: s.args,
+                    cwd,
+                    env: child_env,
+                    inherited: inherited.clone(),
+                }),
+            });
+        }
+        if !cx.errors.is_empty() {
+            return Err(ConfigErrors(cx.errors));
+        }
+        Ok(Config {
+            file: path.to_path_buf(),
+            gateway: Gateway {
+                listen: listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
+                path: path_,
+                separator,
+                request_timeout,
+                allowed_origins: g.allowed_origins,
+                allowed_hosts: g.allowed_hosts,
+                max_body,
+            },
+            servers,
+        })
+    }
+}
+
+/// Characters allowed in public names, prefixes and the separator.
+pub fn name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')
+}
+
+fn duration(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str, default: Duration) -> Duration {
+    match v {
+        None => default,
+        Some(s) => match parse_duration(s.get_ref()) {
+            Some(d) => d,
+            None => {
+                cx.at(s.span().start, format!("{key}: {:?} is not a duration like \"30s\", \"500ms\" or \"2m\"", s.get_ref()));
+                default
+            }
+        },
+    }
+}
+
+/// Parses `"500ms"`, `"30s"`, `"2m"`, `"1h"`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let (n, unit) = s.split_at(split);
+    let n: f64 = n.parse().ok()?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    (secs > 0.0 && secs.is_finite()).then(|| Duration::from_secs_f64(secs))
+}
+
+/// Parses `"1048576"`, `"512KiB"`, `"16MiB"`, `"1GiB"` (also KB/MB/GB as powers of 1000).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: usize = n.parse().ok()?;
+    let mult = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(mult).filter(|&v| v > 0)
+}
+
+/// Expands `${VAR}` and `${VAR:-default}`; `$$` is a literal `$`. Returns the name of
+/// the first unset variable that has no default.
+pub fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(r) = after.strip_prefix('$') {
+            out.push('$');
+            rest = r;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let Some(end) = body.find('}') else {
+                out.push('$');
+                rest = after;
+                continue;
+            };
+            let inner = &body[..end];
+            let (var, default) = match inner.split_once(":-") {
+                Some((v, d)) => (v, Some(d)),
+                None => (inner, None),
+            };
+            match (env(var).filter(|v| !v.is_empty() || default.is_none()), default) {
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => return Err(var.to_string()),
+            }
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(k: &str) -> Option<String> {
+        match k {
+            "SET" => Some("value".into()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn expands() {
+        assert_eq!(expand("a${SET}b", &env).unwrap(), "avalueb");
+        assert_eq!(expand("${NOPE:-fast}", &env).unwrap(), "fast");
+        assert_eq!(expand("${EMPTY:-d}", &env).unwrap(), "d");
+        assert_eq!(expand("$$x $y", &env).unwrap(), "$x $y");
+        assert_eq!(expand("${NOPE}", &env).unwrap_err(), "NOPE");
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("*", "anything"));
+        assert!(glob("delete_*", "delete_all"));
+        assert!(!glob("delete_*", "create"));
+        assert!(glob("a?c", "abc"));
+        let f = Filter { allow: vec!["*".into()], deny: vec!["delete_*".into()] };
+        assert!(f.permits("create") && !f.permits("delete_x"));
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("5"), None);
+        assert_eq!(parse_size("16MiB"), Some(16 << 20));
+        assert_eq!(parse_size("x"), None);
+    }
+
+    #[test]
+    fn errors_are_located_and_secret_free() {
+        let src = "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[servers.a]\ncommand = \"x\"\nenv = { K = \"${MISSING}\", S = \"${SET}\" }\n";
+        let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
+        assert_eq!(e.0.len(), 1);
+        assert_eq!((e.0[0].line, e.0[0].column), (6, 11));
+        assert!(e.0[0].message.contains("servers.a.env.K") && e.0[0].message.contains("MISSING"));
+        assert!(!e.to_string().contains("value"));
+
+        let e = Config::parse(Path::new("g.toml"), "[gateway]\nlisten = \"x\"\nbogus = 1\n", &env).unwrap_err();
+        assert_eq!(e.0[0].line, 3, "{e}");
+        assert!(e.to_string().contains("bogus"), "{e}");
+
+        let ok = Config::parse(Path::new("g.toml"), "[servers.b]\ncommand = \"x\"\nenv = { S = \"${SET}\" }\n", &env).unwrap();
+        assert!(!format!("{ok:?}").contains("value"));
+        assert_eq!(ok.servers[0].prefix, "b");
+    }
+}

@@ -1,0 +1,267 @@
+//! A connection to one downstream server, whatever its transport.
+//!
+//! One task owns each connection (the child's pipes, later an HTTP session). Everyone
+//! else holds a cheap [`Connection`] handle and talks to it through a bounded channel,
+//! getting answers on oneshot channels. The owner mints the ids the downstream sees
+//! (the handle allocates them from a per-connection counter so that a dropped call
+//! can cancel its id without a round trip), keeps the pending map, and turns each
+//! `notifications/progress` back into the caller's own token.
+//!
+//! The handshake and listing are not done here: they are plain requests sent through
+//! the handle by [`crate::supervisor`], so every transport shares them.
+
+pub mod stdio;
+
+use crate::message::{self, Id, Outcome};
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// How many commands may wait for a connection's owner before senders wait too.
+pub const COMMAND_QUEUE: usize = 256;
+/// How many messages related to one call may queue for its client before they are dropped.
+pub const SINK_QUEUE: usize = 256;
+
+/// Where messages related to one call go (progress, log messages): serialized JSON-RPC
+/// messages for the calling client. Sends never wait; a client that cannot keep up
+/// loses these notifications rather than slowing the shared downstream.
+pub type Sink = mpsc::Sender<Bytes>;
+
+/// Why a downstream call failed. Every variant names the server.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DsError {
+    #[error("server '{server}' did not answer {method} within {}", fmt_duration(*after))]
+    Timeout { server: Arc<str>, method: String, after: Duration },
+    #[error("server '{server}' exited ({reason}) before answering {method}")]
+    Exited { server: Arc<str>, method: String, reason: String },
+    #[error("server '{server}' is not available: {reason}")]
+    Unavailable { server: Arc<str>, reason: String },
+}
+
+impl DsError {
+    pub fn code(&self) -> i64 {
+        match self {
+            DsError::Timeout { .. } => message::code::REQUEST_TIMEOUT,
+            _ => message::code::INTERNAL_ERROR,
+        }
+    }
+
+    pub fn server(&self) -> &str {
+        match self {
+            DsError::Timeout { server, .. } | DsError::Exited { server, .. } | DsError::Unavailable { server, .. } => {
+                server
+            }
+        }
+    }
+
+    /// The JSON-RPC error object a client receives.
+    pub fn to_error_object(&self) -> Box<RawValue> {
+        message::error_object(self.code(), &self.to_string(), Some(serde_json::json!({ "server": self.server() })))
+    }
+}
+
+pub fn fmt_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// The params of a call on its way downstream.
+pub enum Params {
+    /// Forwarded byte-for-byte.
+    Raw(Option<Box<RawValue>>),
+    /// Already opened by the router (to strip a namespace); `progress` is the client's
+    /// progress token, which the owner replaces with one of its own.
+    Object { params: Map<String, Value>, progress: Option<Id> },
+}
+
+/// A request for the connection's owner.
+pub enum Command {
+    Request {
+        id: u64,
+        method: String,
+        params: Params,
+        /// Related notifications for the caller (progress, log messages).
+        sink: Option<Sink>,
+        reply: oneshot::Sender<Result<Outcome, DsError>>,
+    },
+    Notify {
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
+    /// The caller gave up on request `id`: forget it and tell the downstream.
+    Cancel { id: u64, reason: &'static str },
+    /// Close the connection (stdin, then SIGTERM, then SIGKILL for a child).
+    Shutdown { done: oneshot::Sender<()> },
+}
+
+/// What a connection reports to its supervisor.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A notification that relates to no call (list_changed, resources/updated, ...).
+    Notification { method: String, params: Option<Box<RawValue>> },
+    /// The connection is gone; every pending call has already failed.
+    Closed { reason: String },
+}
+
+/// A cheap, clonable handle to one downstream connection.
+#[derive(Clone)]
+pub struct Connection {
+    server: Arc<str>,
+    tx: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("server", &self.server).finish()
+    }
+}
+
+impl Connection {
+    pub fn new(server: Arc<str>, tx: mpsc::Sender<Command>) -> Self {
+        Connection { server, tx, next_id: Arc::new(AtomicU64::new(1)) }
+    }
+
+    pub fn server(&self) -> &Arc<str> {
+        &self.server
+    }
+
+    /// Sends a request and waits for its answer for at most `timeout`. If the wait ends
+    /// early (timeout, or the caller's future is dropped) the downstream is sent
+    /// `notifications/cancelled` for it.
+    pub async fn call(
+        &self,
+        method: &str,
+        params: Params,
+        sink: Option<Sink>,
+        timeout: Duration,
+    ) -> Result<Outcome, DsError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::Request { id, method: method.to_owned(), params, sink, reply };
+        let gone = || DsError::Unavailable { server: self.server.clone(), reason: "connection closed".into() };
+        // Waiting here for room in the queue is the backpressure; it counts against the timeout.
+        let mut guard = CancelOnDrop { id, tx: &self.tx, armed: false, reason: "request cancelled by the client" };
+        let wait = async {
+            self.tx.send(cmd).await.map_err(|_| gone())?;
+            guard.armed = true;
+            rx.await.map_err(|_| gone())?
+        };
+        let res = tokio::time::timeout(timeout, wait).await;
+        let out = match res {
+            Ok(r) => r,
+            Err(_) => {
+                guard.reason = "timed out in mcp-gateway";
+                Err(DsError::Timeout { server: self.server.clone(), method: method.to_owned(), after: timeout })
+            }
+        };
+        if !matches!(out, Err(DsError::Timeout { .. })) {
+            guard.armed = false;
+        }
+        out
+    }
+
+    /// Sends a notification; it is dropped if the connection is gone.
+    pub async fn notify(&self, method: &str, params: Option<Box<RawValue>>) {
+        let _ = self.tx.send(Command::Notify { method: method.to_owned(), params }).await;
+    }
+
+    /// Asks the owner to close the connection and waits until it has.
+    pub async fn shutdown(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.tx.send(Command::Shutdown { done }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// Cancels a request downstream when its caller stops waiting for it.
+struct CancelOnDrop<'a> {
+    id: u64,
+    tx: &'a mpsc::Sender<Command>,
+    armed: bool,
+    reason: &'static str,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let cmd = Command::Cancel { id: self.id, reason: self.reason };
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(cmd).await;
+            });
+        }
+    }
+}
+
+/// A call waiting for its answer, as the owner of a connection keeps it.
+pub struct Pending {
+    pub method: String,
+    pub sink: Option<Sink>,
+    /// The caller's own progress token, restored on each `notifications/progress`.
+    pub progress: Option<Id>,
+    pub reply: oneshot::Sender<Result<Outcome, DsError>>,
+}
+
+/// Serializes a request for the wire, putting the owner's progress token in place of
+/// the caller's. Returns the bytes and the caller's token.
+pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option<Id>) {
+    let wire_id = Value::from(id);
+    match params {
+        Params::Raw(p) => (message::request(&wire_id, method, p.as_deref()), None),
+        Params::Object { mut params, progress } => {
+            if progress.is_some() {
+                let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(m) = meta {
+                    m.insert("progressToken".into(), Value::from(id));
+                }
+            }
+            let raw = message::to_raw(&Value::Object(params));
+            (message::request(&wire_id, method, Some(&raw)), progress)
+        }
+    }
+}
+
+/// Reads a downstream's id back: ours are integers, some servers echo them as strings.
+pub fn wire_id(id: &Id) -> Option<u64> {
+    match id {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Rewrites a `notifications/progress` from the downstream for the caller: the token
+/// becomes the caller's own again.
+pub fn restore_progress(params: &RawValue, token: &Id) -> Option<Bytes> {
+    let mut p: Map<String, Value> = serde_json::from_str(params.get()).ok()?;
+    p.insert("progressToken".into(), token.clone());
+    let raw = message::to_raw(&Value::Object(p));
+    Some(Bytes::from(message::notification("notifications/progress", Some(&raw))))
+}
+
+/// The progress token a downstream put in a `notifications/progress`, as our id.
+pub fn progress_token(params: Option<&RawValue>) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct P {
+        #[serde(rename = "progressToken")]
+        token: Value,
+    }
+    let p: P = serde_json::from_str(params?.get()).ok()?;
+    wire_id(&p.token)
+}

@@ -1,0 +1,434 @@
+//! The public Streamable HTTP endpoint (handshake era: 2025-03-26 … 2025-11-25).
+//!
+//! POST carries one JSON-RPC message. `initialize` opens a session with a random
+//! `Mcp-Session-Id`; every other message needs that header (400 without it, 404 for an
+//! unknown or ended session). A request is answered with JSON, or with an SSE stream
+//! when progress or log messages for it must flow first. GET opens the session's stream
+//! for server-initiated notifications; DELETE ends the session. Origin and Host are
+//! checked (403), bodies are bounded (413). Health: `/healthz`, `/readyz`, `/status`.
+
+use crate::downstream::SINK_QUEUE;
+use crate::message::{self, code, Id, Kind, Outcome};
+use crate::router::{Client, Gateway, SUPPORTED_VERSIONS};
+use crate::supervisor::Status;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use dashmap::DashMap;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info};
+
+/// How long a session may go unused before it is ended.
+pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
+/// Comment lines sent on idle SSE streams so dead peers are noticed.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// JSON-RPC code for a request the client cancelled (as in LSP).
+const REQUEST_CANCELLED: i64 = -32800;
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+
+/// One handshake-era client session.
+pub struct Session {
+    client: Client,
+    protocol_version: String,
+    /// Milliseconds since the gateway started, at the last request.
+    last_seen: AtomicU64,
+    /// A GET stream is open; server-initiated messages go to exactly one stream.
+    get_open: AtomicBool,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct Http {
+    gw: Arc<Gateway>,
+    sessions: Arc<DashMap<String, Arc<Session>>>,
+    started: Instant,
+}
+
+impl Http {
+    pub fn new(gw: Arc<Gateway>) -> Http {
+        Http { gw, sessions: Arc::new(DashMap::new()), started: Instant::now() }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Ends sessions idle for longer than [`SESSION_IDLE`]; run periodically.
+    pub fn expire_idle(&self) {
+        let now = self.now_ms();
+        let idle = u64::try_from(SESSION_IDLE.as_millis()).unwrap_or(u64::MAX);
+        self.sessions.retain(|id, s| {
+            let keep = s.get_open.load(Ordering::Relaxed) || now.saturating_sub(s.last_seen.load(Ordering::Relaxed)) < idle;
+            if !keep {
+                info!(session = %id, "session expired");
+                s.client.cancel_all();
+            }
+            keep
+        });
+    }
+
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+/// The axum app: the MCP endpoint at the configured path plus health routes.
+pub fn app(http: Http) -> Router {
+    let path = http.gw.config.gateway.path.clone();
+    let limit = http.gw.config.gateway.max_body;
+    Router::new()
+        .route(&path, get(get_stream).post(post).delete(delete))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(http)
+}
+
+/// A JSON-RPC error as an HTTP response with no id.
+fn rpc_error(status: StatusCode, code: i64, msg: &str) -> Response {
+    let body = message::response(&Value::Null, &Outcome::Error(message::error_object(code, msg, None)));
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn json_response(body: impl Into<Body>) -> Response {
+    let body: Body = body.into();
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Checks Origin (when present) and Host against localhost and the configured lists.
+fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> {
+    let g = &gw.config.gateway;
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        let ok = g.allowed_origins.iter().any(|o| o == origin)
+            || origin
+                .split_once("://")
+                .is_some_and(|(scheme, rest)| matches!(scheme, "http" | "https") && is_local_host(rest));
+        if !ok {
+            return Err(rpc_error(StatusCode::FORBIDDEN, code::INVALID_REQUEST, &format!("origin {origin} is not allowed")));
+        }
+    }
+    if let Some(host) = headers.get(header::HOST) {
+        let host = host.to_str().unwrap_or("");
+        let ok = is_local_host(host)
+            || g.allowed_hosts.iter().any(|h| h == host || host.rsplit_once(':').is_some_and(|(name, _)| name == h));
+        if !ok {
+            return Err(rpc_error(StatusCode::FORBIDDEN, code::INVALID_REQUEST, &format!("host {host} is not allowed")));
+        }
+    }
+    Ok(())
+}
+
+/// `localhost`, `127.0.0.1` or `[::1]`, with or without a port.
+fn is_local_host(hostport: &str) -> bool {
+    let host = if let Some(rest) = hostport.strip_prefix('[') {
+        rest.split_once(']').map_or("", |(h, _)| h)
+    } else {
+        hostport.split(':').next().unwrap_or("")
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "::1")
+}
+
+/// Finds the session a request names: 400 without the header, 404 when unknown.
+fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), Response> {
+    let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
+        return Err(rpc_error(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "missing Mcp-Session-Id header: send initialize first",
+        ));
+    };
+    match http.sessions.get(id) {
+        Some(s) => {
+            s.last_seen.store(http.now_ms(), Ordering::Relaxed);
+            Ok((id.to_owned(), s.clone()))
+        }
+        None => Err(rpc_error(StatusCode::NOT_FOUND, code::INVALID_REQUEST, "unknown or ended session")),
+    }
+}
+
+fn check_version(headers: &HeaderMap) -> Result<(), Response> {
+    match headers.get(VERSION_HEADER).map(|v| v.to_str().unwrap_or("")) {
+        None => Ok(()),
+        Some(v) if SUPPORTED_VERSIONS.contains(&v) => Ok(()),
+        Some(v) => Err(rpc_error(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            &format!("unsupported MCP-Protocol-Version {v:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
+        )),
+    }
+}
+
+/// 128 bits from the OS CSPRNG, as 32 hex characters.
+fn new_session_id() -> String {
+    use rand::RngCore;
+    // ThreadRng is a CSPRNG (ChaCha12) seeded from the OS.
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = check_origin_host(&http.gw, &headers) {
+        return r;
+    }
+    let msg = match Kind::parse(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            let msg = if body.first() == Some(&b'[') {
+                "batches are not supported: send one JSON-RPC message per POST".to_owned()
+            } else {
+                e.to_string()
+            };
+            return rpc_error(StatusCode::BAD_REQUEST, e.code(), &msg);
+        }
+    };
+    if let Kind::Request { id, method, params } = &msg {
+        if method == "initialize" {
+            return initialize(&http, id, params.as_deref());
+        }
+    }
+    let (sid, session) = match session(&http, &headers) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = check_version(&headers) {
+        return r;
+    }
+    match msg {
+        Kind::Notification { method, params } => {
+            http.gw.notification(&session.client, &method, params.as_deref());
+            StatusCode::ACCEPTED.into_response()
+        }
+        Kind::Response { .. } => {
+            debug!(session = %sid, "dropping a client response: no server→client request is pending");
+            StatusCode::ACCEPTED.into_response()
+        }
+        Kind::Request { id, method, params } => request(http, session, id, method, params).await,
+    }
+}
+
+fn initialize(http: &Http, id: &Id, params: Option<&serde_json::value::RawValue>) -> Response {
+    let outcome = http.gw.initialize_result(params);
+    let version = match &outcome {
+        Outcome::Result(r) => serde_json::from_str::<Value>(r.get())
+            .ok()
+            .and_then(|v| v.get("protocolVersion").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_default(),
+        Outcome::Error(_) => String::new(),
+    };
+    let sid = new_session_id();
+    let session = Session {
+        client: Client::new(sid.clone()),
+        protocol_version: version.clone(),
+        last_seen: AtomicU64::new(http.now_ms()),
+        get_open: AtomicBool::new(false),
+    };
+    http.sessions.insert(sid.clone(), Arc::new(session));
+    info!(session = %sid, %version, "session opened");
+    let mut resp = json_response(message::response(id, &outcome));
+    if let Ok(v) = HeaderValue::from_str(&sid) {
+        resp.headers_mut().insert(SESSION_HEADER, v);
+    }
+    resp
+}
+
+/// Runs one request; answers with JSON if nothing else has to be sent first, else SSE.
+async fn request(
+    http: Http,
+    session: Arc<Session>,
+    id: Id,
+    method: String,
+    params: Option<Box<serde_json::value::RawValue>>,
+) -> Response {
+    let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
+    let (done_tx, done) = oneshot::channel::<Vec<u8>>();
+    let gw = http.gw.clone();
+    tokio::spawn(async move {
+        let out = gw.request(&session.client, &id, &method, params, Some(sink)).await;
+        let out = out.unwrap_or_else(|| {
+            Outcome::Error(message::error_object(REQUEST_CANCELLED, "request cancelled by the client", None))
+        });
+        let _ = done_tx.send(message::response(&id, &out));
+    });
+    let mut out = Box::pin(outgoing(related, done));
+    match out.next().await {
+        Some((true, answer)) => json_response(answer),
+        Some((false, first)) => {
+            let rest = out.map(|(_, m)| m);
+            let events = futures::stream::once(async move { first })
+                .chain(rest)
+                .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
+            sse_response(Body::from_stream(events))
+        }
+        None => rpc_error(StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL_ERROR, "request task failed"),
+    }
+}
+
+/// What one request sends back, in order: related messages, then the answer (flagged
+/// `true`). Related messages queued before the answer always go out before it.
+fn outgoing(
+    related: mpsc::Receiver<bytes::Bytes>,
+    done: oneshot::Receiver<Vec<u8>>,
+) -> impl futures::Stream<Item = (bool, bytes::Bytes)> {
+    enum Answer {
+        Pending(oneshot::Receiver<Vec<u8>>),
+        Ready(Vec<u8>),
+        Sent,
+    }
+    futures::stream::unfold((related, Answer::Pending(done)), |(mut rx, answer)| async move {
+        match answer {
+            Answer::Sent => None,
+            Answer::Ready(out) => match rx.try_recv() {
+                Ok(m) => Some(((false, m), (rx, Answer::Ready(out)))),
+                Err(_) => Some(((true, bytes::Bytes::from(out)), (rx, Answer::Sent))),
+            },
+            Answer::Pending(mut done) => tokio::select! {
+                biased;
+                Some(m) = rx.recv() => Some(((false, m), (rx, Answer::Pending(done)))),
+                out = &mut done => {
+                    let out = out.ok()?;
+                    match rx.try_recv() {
+                        Ok(m) => Some(((false, m), (rx, Answer::Ready(out)))),
+                        Err(_) => Some(((true, bytes::Bytes::from(out)), (rx, Answer::Sent))),
+                    }
+                }
+            },
+        }
+    })
+}
+
+/// One JSON-RPC message framed as an SSE `message` event.
+fn event(json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + 24);
+    out.extend_from_slice(b"event: message\n");
+    for line in json.split(|&b| b == b'\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    out
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// GET: the session's stream of server-initiated messages (list_changed).
+async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
+    if let Err(r) = check_origin_host(&http.gw, &headers) {
+        return r;
+    }
+    let accepts = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
+    if !accepts {
+        return rpc_error(StatusCode::NOT_ACCEPTABLE, code::INVALID_REQUEST, "GET needs Accept: text/event-stream");
+    }
+    let (_, session) = match session(&http, &headers) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = check_version(&headers) {
+        return r;
+    }
+    if session.get_open.swap(true, Ordering::AcqRel) {
+        return rpc_error(StatusCode::CONFLICT, code::INVALID_REQUEST, "this session already has an open GET stream");
+    }
+    struct Open(Arc<Session>);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            self.0.get_open.store(false, Ordering::Release);
+        }
+    }
+    let open = Open(session);
+    let rx = http.gw.subscribe();
+    let stream = futures::stream::unfold((rx, open), |(mut rx, open)| async move {
+        loop {
+            match tokio::time::timeout(KEEPALIVE, rx.recv()).await {
+                Ok(Ok(m)) => return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, open))),
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
+                    debug!(missed = n, "GET stream lagged");
+                }
+                Ok(Err(_)) => return None,
+                Err(_) => return Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, open))),
+            }
+        }
+    });
+    sse_response(Body::from_stream(stream))
+}
+
+async fn delete(State(http): State<Http>, headers: HeaderMap) -> Response {
+    if let Err(r) = check_origin_host(&http.gw, &headers) {
+        return r;
+    }
+    let (sid, _) = match session(&http, &headers) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Some((_, s)) = http.sessions.remove(&sid) {
+        s.client.cancel_all();
+        info!(session = %sid, "session ended by the client");
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn readyz(State(http): State<Http>) -> Response {
+    if http.gw.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+/// Per-server state as JSON. Never includes env values.
+async fn status(State(http): State<Http>) -> Response {
+    let servers: Vec<Value> = http
+        .gw
+        .servers
+        .iter()
+        .map(|s| {
+            let st = s.state();
+            let (state, last_error) = match &st.status {
+                Status::Disabled => ("disabled", None),
+                Status::Starting => ("starting", None),
+                Status::Ready => ("ready", None),
+                Status::Down(why) => ("down", Some(why.clone())),
+                Status::Stopped => ("stopped", None),
+            };
+            json!({
+                "name": s.cfg.name,
+                "state": state,
+                "transport": s.cfg.transport.kind(),
+                "prefix": s.cfg.prefix,
+                "protocolVersion": st.info.as_ref().map(|i| i.protocol_version.clone()),
+                "uptimeSeconds": st.since.map(|t| t.elapsed().as_secs()),
+                "tools": st.lists.tools.len(),
+                "prompts": st.lists.prompts.len(),
+                "resources": st.lists.resources.len(),
+                "lastError": last_error,
+            })
+        })
+        .collect();
+    let versions: Vec<String> = http.sessions.iter().map(|s| s.protocol_version.clone()).collect();
+    let body = json!({ "servers": servers, "sessions": versions.len() });
+    json_response(body.to_string().into_bytes())
+}

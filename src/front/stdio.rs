@@ -1,0 +1,109 @@
+//! The gateway itself as a stdio MCP server: one JSON-RPC message per line on stdin,
+//! answers and notifications on stdout (and nothing else: every log goes to stderr).
+//! One implicit session; requests run concurrently.
+
+use crate::downstream::stdio::{read_line_limited, LineRead, MAX_LINE};
+use crate::message::{self, code, Kind, Outcome};
+use crate::router::{Client, Gateway};
+use bytes::Bytes;
+use serde_json::Value;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// Serves MCP on `input`/`output` until `input` ends.
+pub async fn serve<R, W>(gw: Arc<Gateway>, input: R, output: W)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (out_tx, out_rx) = mpsc::channel::<Bytes>(crate::downstream::SINK_QUEUE);
+    let writer = tokio::spawn(write_lines(output, out_rx));
+    let client = Arc::new(Client::new("stdio"));
+
+    // list_changed and other server-initiated messages.
+    let mut changes = gw.subscribe();
+    let fwd = out_tx.clone();
+    let notifier = tokio::spawn(async move {
+        loop {
+            match changes.recv().await {
+                Ok(m) => {
+                    if fwd.send(m).await.is_err() {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => return,
+            }
+        }
+    });
+
+    let mut reader = BufReader::with_capacity(64 << 10, input);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match read_line_limited(&mut reader, &mut line, MAX_LINE).await {
+            Ok(LineRead::Eof) => break,
+            Ok(LineRead::TooLong(n)) => {
+                let err = Outcome::Error(message::error_object(
+                    code::INVALID_REQUEST,
+                    &format!("message of {n} bytes is over the {MAX_LINE} byte limit"),
+                    None,
+                ));
+                let _ = out_tx.send(Bytes::from(message::response(&Value::Null, &err))).await;
+                continue;
+            }
+            Ok(LineRead::Line) => {}
+            Err(e) => {
+                warn!(error = %e, "reading stdin failed");
+                break;
+            }
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let msg = match Kind::parse(&line) {
+            Ok(m) => m,
+            Err(e) => {
+                let err = Outcome::Error(message::error_object(e.code(), &e.to_string(), None));
+                let _ = out_tx.send(Bytes::from(message::response(&Value::Null, &err))).await;
+                continue;
+            }
+        };
+        match msg {
+            Kind::Request { id, method, params } if method == "initialize" => {
+                let out = gw.initialize_result(params.as_deref());
+                let _ = out_tx.send(Bytes::from(message::response(&id, &out))).await;
+            }
+            Kind::Request { id, method, params } => {
+                let (gw, client, out) = (gw.clone(), client.clone(), out_tx.clone());
+                tokio::spawn(async move {
+                    // A cancelled request gets no answer, as the spec asks.
+                    if let Some(result) = gw.request(&client, &id, &method, params, Some(out.clone())).await {
+                        let _ = out.send(Bytes::from(message::response(&id, &result))).await;
+                    }
+                });
+            }
+            Kind::Notification { method, params } => gw.notification(&client, &method, params.as_deref()),
+            Kind::Response { .. } => debug!("dropping a client response: no server→client request is pending"),
+        }
+    }
+    client.cancel_all();
+    notifier.abort();
+    drop(out_tx);
+    // Answers still being computed hold senders; the writer ends when the last is gone.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+}
+
+async fn write_lines<W: AsyncWrite + Unpin>(mut out: W, mut rx: mpsc::Receiver<Bytes>) {
+    while let Some(m) = rx.recv().await {
+        if out.write_all(&m).await.is_err() || out.write_all(b"\n").await.is_err() {
+            return;
+        }
+        if rx.is_empty() && out.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = out.flush().await;
+}

@@ -1,0 +1,134 @@
+//! mcp-gateway: a team's MCP servers behind one endpoint.
+//!
+//! The map, in the order a request travels:
+//! - [`config`]: gateway.toml → validated [`config::Config`]; the only reader of the environment.
+//! - [`front`]: adapters for clients: [`front::http`] (Streamable HTTP, sessions, health)
+//!   and [`front::stdio`] (the gateway as a stdio server).
+//! - [`router`]: [`router::Gateway`], which answers what it can itself (initialize, ping,
+//!   lists from the catalog) and sends the rest to the owning server.
+//! - [`catalog`]: the merged tools, prompts and resources; public name ↔ (server, name).
+//! - [`supervisor`]: one server's life: start, handshake, list, re-list, stop.
+//! - [`downstream`]: a connection to one server, owned by one task; [`downstream::stdio`]
+//!   owns a child process.
+//! - [`message`]: the JSON-RPC envelope; params and results stay raw JSON.
+//!
+//! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
+
+pub mod catalog;
+pub mod config;
+pub mod downstream;
+pub mod front;
+pub mod message;
+pub mod router;
+pub mod supervisor;
+
+use anyhow::Context;
+use config::Config;
+use router::Gateway;
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::info;
+
+/// How long in-flight HTTP requests get to finish after a shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves the HTTP endpoint until `shutdown` completes, then stops every server.
+pub async fn serve(config: Config, listen: Option<SocketAddr>, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let addr = listen.unwrap_or(config.gateway.listen);
+    let path = config.gateway.path.clone();
+    let gw = Gateway::new(config);
+    gw.start().await;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    // A stable line on stderr that scripts and tests wait for.
+    eprintln!("mcp-gateway listening on http://{local}{path}");
+    info!(%local, %path, "listening");
+
+    let http = front::http::Http::new(gw.clone());
+    let janitor = {
+        let http = http.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                http.expire_idle();
+            }
+        })
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = front::http::app(http);
+    let mut stop_wait = stop_rx.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stop_wait.wait_for(|s| *s).await;
+    });
+    let mut server = Box::pin(server.into_future());
+    tokio::select! {
+        r = &mut server => r?,
+        _ = shutdown => {
+            info!("shutting down");
+            let _ = stop_tx.send(true);
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err() {
+                info!("grace period over; closing open streams");
+            }
+        }
+    }
+    drop(stop_rx);
+    janitor.abort();
+    gw.stop().await;
+    Ok(())
+}
+
+/// Serves MCP over this process's stdin/stdout until stdin ends or `shutdown` completes.
+pub async fn stdio(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let gw = Gateway::new(config);
+    gw.start().await;
+    tokio::select! {
+        _ = front::stdio::serve(gw.clone(), tokio::io::stdin(), tokio::io::stdout()) => {}
+        _ = shutdown => info!("shutting down"),
+    }
+    gw.stop().await;
+    Ok(())
+}
+
+/// With `connect`, starts every server and returns the merged catalog as text lines
+/// (public name, server, original name) plus collision notes; never shows env values.
+pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, bool)> {
+    let mut out = String::new();
+    let enabled = config.servers.iter().filter(|s| s.enabled).count();
+    out.push_str(&format!("{}: ok ({} servers, {} enabled)\n", config.file.display(), config.servers.len(), enabled));
+    if !connect {
+        return Ok((out, true));
+    }
+    let gw: Arc<Gateway> = Gateway::new(config);
+    gw.start().await;
+    let mut ok = true;
+    for s in &gw.servers {
+        let st = s.state();
+        let line = match &st.status {
+            supervisor::Status::Ready => format!("server {}: ready ({})", s.name, st.info.as_ref().map_or("", |i| i.protocol_version.as_str())),
+            supervisor::Status::Down(why) => {
+                ok = false;
+                format!("server {}: DOWN: {why}", s.name)
+            }
+            other => format!("server {}: {other:?}", s.name),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let catalog = gw.catalog();
+    let w = catalog.entries.iter().map(|e| e.public.len()).max().unwrap_or(0).max(11);
+    out.push_str(&format!("\n{:<9} {:<w$}  {:<16} {}\n", "KIND", "PUBLIC NAME", "SERVER", "ORIGINAL NAME"));
+    for e in &catalog.entries {
+        out.push_str(&format!("{:<9} {:<w$}  {:<16} {}\n", e.kind, e.public, e.server, e.original));
+    }
+    if !catalog.notes.is_empty() {
+        out.push_str("\nnotes:\n");
+        for n in &catalog.notes {
+            out.push_str(&format!("  {n}\n"));
+        }
+    }
+    gw.stop().await;
+    Ok((out, ok))
+}

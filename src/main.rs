@@ -1,0 +1,107 @@
+//! The `mcp-gateway` command: `serve` (default), `stdio` and `check`.
+
+use clap::{Parser, Subcommand};
+use mcp_gateway::config::Config;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "mcp-gateway", version, about = "A team's MCP servers behind one endpoint")]
+struct Cli {
+    /// The config file.
+    #[arg(long, global = true, env = "MCP_GATEWAY_CONFIG", default_value = "gateway.toml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve Streamable HTTP on gateway.listen (the default).
+    Serve {
+        /// Listen here instead of gateway.listen (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+    /// Serve the merged catalog over stdin/stdout (for an mcp.json "command" entry).
+    Stdio,
+    /// Validate the config; with --connect, start every server and print the catalog.
+    Check {
+        #[arg(long)]
+        connect: bool,
+    },
+}
+
+/// EX_USAGE: the config is invalid.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let config = match Config::load(&cli.config, &|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mcp-gateway: invalid config:\n{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mcp-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command.unwrap_or(Cmd::Serve { listen: None }) {
+            Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal()).await.map(|_| true),
+            Cmd::Stdio => mcp_gateway::stdio(config, shutdown_signal()).await.map(|_| true),
+            Cmd::Check { connect } => {
+                let (text, ok) = mcp_gateway::check(config, connect).await?;
+                print!("{text}"); // stdout-ok: check's report is its output
+                Ok(ok)
+            }
+        }
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("mcp-gateway: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr only (stdout belongs to JSON-RPC in stdio mode). The level comes
+/// from MCP_GATEWAY_LOG (or RUST_LOG), default `info`.
+fn init_logging() {
+    let filter = std::env::var("MCP_GATEWAY_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".to_owned());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

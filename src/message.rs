@@ -1,0 +1,328 @@
+//! The JSON-RPC envelope and typed views of the few fields the gateway rewrites.
+//!
+//! A message is parsed into an [`Envelope`]: `id` and `method` are read, while
+//! `params`, `result` and `error` stay as raw JSON text ([`RawValue`]) until some
+//! code needs to look inside. Forwarding a 20 MB tool result therefore costs one
+//! copy of the bytes and no re-serialization, and fields the gateway does not know
+//! pass through untouched. Pure: no I/O.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::fmt::Write as _;
+
+/// JSON-RPC error codes used by the gateway.
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// Used by the official SDKs for a request that timed out.
+    pub const REQUEST_TIMEOUT: i64 = -32001;
+    /// Resource not found (handshake-era revisions).
+    pub const RESOURCE_NOT_FOUND: i64 = -32002;
+}
+
+/// A request id exactly as the peer wrote it. `1` and `"1"` are different ids,
+/// and an id is returned to its sender with the same JSON type and digits.
+pub type Id = Value;
+
+/// A canonical key for an id, for hash maps: the JSON text, so `1` and `"1"` differ.
+pub fn id_key(id: &Id) -> String {
+    id.to_string()
+}
+
+/// What a parsed message is.
+#[derive(Debug)]
+pub enum Kind {
+    Request {
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
+    Notification {
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
+    /// A response. `id` is `None` when the peer sent none, `Some(Null)` for `"id": null`.
+    Response {
+        id: Option<Id>,
+        outcome: Outcome,
+    },
+}
+
+/// The two shapes of a response body.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Result(Box<RawValue>),
+    Error(Box<RawValue>),
+}
+
+/// Why a message could not be read. The first maps to -32700, the second to -32600.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("parse error: {0}")]
+    Json(String),
+    #[error("invalid request: {0}")]
+    Shape(String),
+}
+
+impl ParseError {
+    pub fn code(&self) -> i64 {
+        match self {
+            ParseError::Json(_) => code::PARSE_ERROR,
+            ParseError::Shape(_) => code::INVALID_REQUEST,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "present")]
+    id: Option<Value>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+/// Distinguishes `"id": null` (Some(Null)) from an absent id (None).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+impl Kind {
+    /// Parses one JSON-RPC message (not a batch).
+    pub fn parse(bytes: &[u8]) -> Result<Kind, ParseError> {
+        let wire: Wire = match serde_json::from_slice(bytes) {
+            Ok(w) => w,
+            Err(e) => {
+                // Valid JSON of the wrong shape (an array, a number, a field of the wrong
+                // type) is an invalid request, not a parse error.
+                return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                    Ok(_) => ParseError::Shape(e.to_string()),
+                    Err(_) => ParseError::Json(e.to_string()),
+                });
+            }
+        };
+        match wire.jsonrpc.map(RawValue::get) {
+            Some("\"2.0\"") => {}
+            _ => return Err(ParseError::Shape("\"jsonrpc\" must be \"2.0\"".into())),
+        }
+        let owned = |r: Option<&RawValue>| r.map(RawValue::to_owned);
+        if let Some(method) = wire.method {
+            if wire.result.is_some() || wire.error.is_some() {
+                return Err(ParseError::Shape("a request cannot carry a result or error".into()));
+            }
+            if let Some(p) = wire.params {
+                if !matches!(p.get().as_bytes().first(), Some(b'{') | Some(b'[')) {
+                    return Err(ParseError::Shape("\"params\" must be an object".into()));
+                }
+            }
+            return Ok(match wire.id {
+                None => Kind::Notification { method, params: owned(wire.params) },
+                Some(id @ (Value::String(_) | Value::Number(_))) => {
+                    Kind::Request { id, method, params: owned(wire.params) }
+                }
+                Some(_) => {
+                    return Err(ParseError::Shape("\"id\" must be a string or a number".into()))
+                }
+            });
+        }
+        let outcome = match (wire.result, wire.error) {
+            (Some(r), None) => Outcome::Result(r.to_owned()),
+            (None, Some(e)) => Outcome::Error(e.to_owned()),
+            _ => {
+                return Err(ParseError::Shape(
+                    "a message needs a \"method\", or exactly one of \"result\" and \"error\"".into(),
+                ))
+            }
+        };
+        Ok(Kind::Response { id: wire.id, outcome })
+    }
+
+    pub fn method(&self) -> Option<&str> {
+        match self {
+            Kind::Request { method, .. } | Kind::Notification { method, .. } => Some(method),
+            Kind::Response { .. } => None,
+        }
+    }
+}
+
+/// Writes a request line: `{"jsonrpc":"2.0","id":..,"method":..,"params":..}`.
+pub fn request(id: &Id, method: &str, params: Option<&RawValue>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + params.map_or(0, |p| p.get().len()));
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    write_value(&mut out, id);
+    out.extend_from_slice(b",\"method\":");
+    write_value(&mut out, &Value::String(method.to_owned()));
+    if let Some(p) = params {
+        out.extend_from_slice(b",\"params\":");
+        out.extend_from_slice(p.get().as_bytes());
+    }
+    out.push(b'}');
+    out
+}
+
+/// Writes a notification line.
+pub fn notification(method: &str, params: Option<&RawValue>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48 + params.map_or(0, |p| p.get().len()));
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    write_value(&mut out, &Value::String(method.to_owned()));
+    if let Some(p) = params {
+        out.extend_from_slice(b",\"params\":");
+        out.extend_from_slice(p.get().as_bytes());
+    }
+    out.push(b'}');
+    out
+}
+
+/// Writes a response with the given id (which may be `null`) and outcome.
+pub fn response(id: &Id, outcome: &Outcome) -> Vec<u8> {
+    let (key, body) = match outcome {
+        Outcome::Result(r) => ("result", r.get()),
+        Outcome::Error(e) => ("error", e.get()),
+    };
+    let mut out = Vec::with_capacity(40 + body.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    write_value(&mut out, id);
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+    out.extend_from_slice(body.as_bytes());
+    out.push(b'}');
+    out
+}
+
+fn write_value(out: &mut Vec<u8>, v: &Value) {
+    // Writing a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, v);
+}
+
+/// A JSON-RPC error object.
+pub fn error_object(code: i64, message: &str, data: Option<Value>) -> Box<RawValue> {
+    let mut m = Map::new();
+    m.insert("code".into(), code.into());
+    m.insert("message".into(), message.into());
+    if let Some(d) = data {
+        m.insert("data".into(), d);
+    }
+    to_raw(&Value::Object(m))
+}
+
+/// Serializes a value into an owned raw JSON value.
+pub fn to_raw(v: &Value) -> Box<RawValue> {
+    // A serde_json::Value always serializes.
+    RawValue::from_string(v.to_string()).unwrap_or_else(|_| empty_object())
+}
+
+/// `{}` as a raw value.
+pub fn empty_object() -> Box<RawValue> {
+    // "{}" is valid JSON.
+    RawValue::from_string("{}".to_owned()).expect("{} is JSON")
+}
+
+/// Reads params as a JSON object (absent params read as an empty object).
+pub fn params_object(params: Option<&RawValue>) -> Result<Map<String, Value>, String> {
+    match params {
+        None => Ok(Map::new()),
+        Some(p) => match serde_json::from_str::<Value>(p.get()) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(_) => Err("params must be an object".into()),
+            Err(e) => Err(e.to_string()),
+        },
+    }
+}
+
+/// The `code` and `message` of an error object, for logs and metrics.
+pub fn error_summary(err: &RawValue) -> (i64, String) {
+    #[derive(Deserialize)]
+    struct E {
+        #[serde(default)]
+        code: i64,
+        #[serde(default)]
+        message: String,
+    }
+    match serde_json::from_str::<E>(err.get()) {
+        Ok(e) => (e.code, e.message),
+        Err(_) => (0, String::new()),
+    }
+}
+
+/// A short, stable hex hash (FNV-1a, 64 bit), used to shorten names deterministically.
+pub fn short_hash(parts: &[&str], hex_len: usize) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            // A separator byte that never occurs in UTF-8, so ("ab","c") != ("a","bc").
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        for b in p.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    let mut s = String::with_capacity(16);
+    let _ = write!(s, "{h:016x}");
+    s.truncate(hex_len);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_keep_their_type() {
+        let Kind::Request { id, .. } = Kind::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x"}"#).unwrap() else {
+            panic!()
+        };
+        let Kind::Request { id: sid, .. } =
+            Kind::parse(br#"{"jsonrpc":"2.0","id":"1","method":"x"}"#).unwrap()
+        else {
+            panic!()
+        };
+        assert_ne!(id_key(&id), id_key(&sid));
+        assert_eq!(String::from_utf8(response(&sid, &Outcome::Result(empty_object()))).unwrap(),
+            r#"{"jsonrpc":"2.0","id":"1","result":{}}"#);
+    }
+
+    #[test]
+    fn errors_classify() {
+        assert_eq!(Kind::parse(b"{nope").unwrap_err().code(), code::PARSE_ERROR);
+        assert_eq!(Kind::parse(b"[1,2]").unwrap_err().code(), code::INVALID_REQUEST);
+        assert_eq!(Kind::parse(br#"{"id":1,"method":"x"}"#).unwrap_err().code(), code::INVALID_REQUEST);
+        assert_eq!(
+            Kind::parse(br#"{"jsonrpc":"2.0","id":{},"method":"x"}"#).unwrap_err().code(),
+            code::INVALID_REQUEST
+        );
+        assert_eq!(Kind::parse(br#"{"jsonrpc":"2.0","method":5}"#).unwrap_err().code(), code::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn responses_without_or_with_null_id() {
+        match Kind::parse(br#"{"jsonrpc":"2.0","result":{}}"#).unwrap() {
+            Kind::Response { id: None, .. } => {}
+            other => panic!("{other:?}"),
+        }
+        match Kind::parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":1,"message":"m"}}"#).unwrap() {
+            Kind::Response { id: Some(Value::Null), .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn raw_passthrough_keeps_bytes() {
+        let line = br#"{"jsonrpc":"2.0","id":3,"result":{"z":1,"a":[1.50,2e3],"unknown":{"k":"v"}}}"#;
+        let Kind::Response { outcome, .. } = Kind::parse(line).unwrap() else { panic!() };
+        assert_eq!(response(&Value::from(3), &outcome), line.to_vec());
+    }
+}

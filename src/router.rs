@@ -1,0 +1,372 @@
+//! One request in → answered here or sent to the right downstream → one response out.
+//!
+//! [`Gateway`] holds the servers and the merged catalog. Front ends (HTTP, stdio) are
+//! thin adapters: they parse messages, keep a [`Client`] per session and call
+//! [`Gateway::request`] / [`Gateway::notification`]. Everything they share lives here.
+
+use crate::catalog::{Catalog, Source};
+use crate::config::Config;
+use crate::downstream::{Params, Sink};
+use crate::message::{self, code, id_key, Id, Outcome};
+use crate::supervisor::{Event, ListKind, Server, Status};
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Protocol revisions the public endpoint speaks in the handshake era, newest first.
+pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+/// How many server-initiated messages may wait for a slow session before it misses some.
+const BROADCAST_QUEUE: usize = 256;
+
+/// The gateway's shared state: servers, catalog, and the fan-out of notifications.
+pub struct Gateway {
+    pub config: Config,
+    pub servers: Vec<Arc<Server>>,
+    catalog: RwLock<Arc<Catalog>>,
+    /// Server-initiated notifications for every session (list_changed).
+    broadcast: broadcast::Sender<Bytes>,
+}
+
+/// One client session as the router sees it: its in-flight requests, for cancellation.
+#[derive(Default)]
+pub struct Client {
+    /// Session id (HTTP) or "stdio"; used in logs.
+    pub id: String,
+    inflight: Mutex<HashMap<String, CancellationToken>>,
+}
+
+impl Client {
+    pub fn new(id: impl Into<String>) -> Client {
+        Client { id: id.into(), inflight: Mutex::new(HashMap::new()) }
+    }
+
+    fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Cancels every request still in flight (the session ended).
+    pub fn cancel_all(&self) {
+        for (_, t) in self.inflight().drain() {
+            t.cancel();
+        }
+    }
+}
+
+struct Unregister<'a> {
+    client: &'a Client,
+    key: String,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.client.inflight().remove(&self.key);
+    }
+}
+
+fn err(code: i64, msg: impl AsRef<str>) -> Outcome {
+    Outcome::Error(message::error_object(code, msg.as_ref(), None))
+}
+
+impl Gateway {
+    pub fn new(config: Config) -> Arc<Gateway> {
+        let servers = config.servers.iter().cloned().map(|s| Arc::new(Server::new(s))).collect();
+        let (broadcast, _) = broadcast::channel(BROADCAST_QUEUE);
+        Arc::new(Gateway { config, servers, catalog: RwLock::new(Arc::new(Catalog::default())), broadcast })
+    }
+
+    /// Starts every enabled server concurrently and waits until each is ready or has
+    /// failed; then builds the catalog. Servers keep being watched in the background.
+    pub async fn start(self: &Arc<Gateway>) {
+        let (events_tx, mut events_rx) = mpsc::channel(64);
+        let starts = self.servers.iter().enumerate().filter(|(_, s)| s.cfg.enabled).map(|(i, s)| {
+            let (s, events) = (s.clone(), events_tx.clone());
+            async move {
+                if let Some(incoming) = s.start().await {
+                    tokio::spawn(async move { s.watch(i, incoming, events).await });
+                }
+            }
+        });
+        futures::future::join_all(starts).await;
+        drop(events_tx);
+        self.rebuild_catalog(false);
+        let gw = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(ev) = events_rx.recv().await {
+                let Some(gw) = gw.upgrade() else { return };
+                gw.event(ev);
+            }
+        });
+    }
+
+    fn event(&self, ev: Event) {
+        match ev {
+            Event::ListsChanged { .. } => self.rebuild_catalog(true),
+            Event::Notification { server, method, .. } => {
+                debug!(server = %self.servers[server].name, %method, "dropping a server notification no client asked for");
+            }
+        }
+    }
+
+    /// Rebuilds the merged catalog; with `notify`, tells every session which lists changed.
+    pub fn rebuild_catalog(&self, notify: bool) {
+        let states: Vec<_> = self.servers.iter().map(|s| (s, s.state().lists.clone())).collect();
+        let sources: Vec<Source> = states
+            .iter()
+            .map(|(s, lists)| Source { server: &s.cfg.name, prefix: &s.cfg.prefix, lists, filter: &s.cfg.tools })
+            .collect();
+        let new = Catalog::build(&self.config.gateway.separator, &sources);
+        for note in &new.notes {
+            warn!("{note}");
+        }
+        let old = std::mem::replace(&mut *self.catalog.write().unwrap_or_else(|e| e.into_inner()), Arc::new(new));
+        if !notify {
+            return;
+        }
+        let new = self.catalog();
+        let changes = [
+            (ListKind::Tools, old.tools_result.get() != new.tools_result.get()),
+            (ListKind::Prompts, old.prompts_result.get() != new.prompts_result.get()),
+            (
+                ListKind::Resources,
+                old.resources_result.get() != new.resources_result.get()
+                    || old.templates_result.get() != new.templates_result.get(),
+            ),
+        ];
+        for (kind, changed) in changes {
+            if changed {
+                info!(notification = kind.notification(), "catalog changed; notifying clients");
+                let _ = self.broadcast.send(Bytes::from(message::notification(kind.notification(), None)));
+            }
+        }
+    }
+
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Server-initiated messages for sessions (list_changed), as serialized lines.
+    pub fn subscribe(&self) -> broadcast::Receiver<Bytes> {
+        self.broadcast.subscribe()
+    }
+
+    /// Closes every server.
+    pub async fn stop(&self) {
+        futures::future::join_all(self.servers.iter().map(|s| s.stop())).await;
+    }
+
+    /// True when every enabled server is ready.
+    pub fn ready(&self) -> bool {
+        self.servers.iter().filter(|s| s.cfg.enabled).all(|s| s.state().status == Status::Ready)
+    }
+
+    /// The `initialize` result: the negotiated version, the union of the downstream
+    /// capabilities, the servers' instructions under headings, and the gateway's own info.
+    pub fn initialize_result(&self, params: Option<&RawValue>) -> Outcome {
+        let requested = message::params_object(params)
+            .ok()
+            .and_then(|p| p.get("protocolVersion").and_then(Value::as_str).map(str::to_owned));
+        let version = match requested.as_deref() {
+            Some(v) if SUPPORTED_VERSIONS.contains(&v) => v,
+            _ => SUPPORTED_VERSIONS[0],
+        };
+        let mut caps = Map::new();
+        caps.insert("tools".into(), json!({ "listChanged": true }));
+        caps.insert("prompts".into(), json!({ "listChanged": true }));
+        caps.insert("resources".into(), json!({ "listChanged": true }));
+        let mut instructions = String::new();
+        for s in &self.servers {
+            let state = s.state();
+            let Some(info) = &state.info else { continue };
+            for (cap, value) in [("completions", json!({})), ("logging", json!({}))] {
+                if info.has(cap) {
+                    caps.insert(cap.into(), value);
+                }
+            }
+            if let Some(text) = info.instructions.as_deref().filter(|t| !t.trim().is_empty()) {
+                if !instructions.is_empty() {
+                    instructions.push_str("\n\n");
+                }
+                instructions.push_str(&format!("## {}\n{}", s.name, text.trim()));
+            }
+        }
+        let mut result = json!({
+            "protocolVersion": version,
+            "capabilities": caps,
+            "serverInfo": { "name": "mcp-gateway", "title": "MCP Gateway", "version": env!("CARGO_PKG_VERSION") },
+        });
+        if !instructions.is_empty() {
+            result["instructions"] = Value::String(instructions);
+        }
+        Outcome::Result(message::to_raw(&result))
+    }
+
+    /// Answers one request. Related notifications (progress, log messages) go to `sink`
+    /// before the answer. Returns `None` when the client cancelled the request.
+    pub async fn request(
+        &self,
+        client: &Client,
+        id: &Id,
+        method: &str,
+        params: Option<Box<RawValue>>,
+        sink: Option<Sink>,
+    ) -> Option<Outcome> {
+        let key = id_key(id);
+        let token = CancellationToken::new();
+        {
+            let mut inflight = client.inflight();
+            if inflight.contains_key(&key) {
+                return Some(err(code::INVALID_REQUEST, format!("request id {key} is already in use in this session")));
+            }
+            inflight.insert(key.clone(), token.clone());
+        }
+        let _unregister = Unregister { client, key };
+        tokio::select! {
+            out = self.dispatch(method, params, sink) => Some(out),
+            _ = token.cancelled() => None,
+        }
+    }
+
+    /// Handles a notification from a client.
+    pub fn notification(&self, client: &Client, method: &str, params: Option<&RawValue>) {
+        match method {
+            "notifications/cancelled" => {
+                let Some(id) = message::params_object(params).ok().and_then(|mut p| p.remove("requestId")) else {
+                    return;
+                };
+                if let Some(t) = client.inflight().get(&id_key(&id)) {
+                    debug!(session = %client.id, request = %id, "client cancelled a request");
+                    t.cancel();
+                }
+            }
+            "notifications/initialized" | "notifications/roots/list_changed" | "notifications/progress" => {}
+            other => debug!(session = %client.id, method = other, "ignoring client notification"),
+        }
+    }
+
+    async fn dispatch(&self, method: &str, params: Option<Box<RawValue>>, sink: Option<Sink>) -> Outcome {
+        let catalog = self.catalog();
+        let list = |result: &RawValue| -> Outcome {
+            match message::params_object(params.as_deref()) {
+                Ok(p) if p.get("cursor").is_some_and(|c| !c.is_null()) => {
+                    err(code::INVALID_PARAMS, "invalid cursor: this list has a single page")
+                }
+                Ok(_) => Outcome::Result(result.to_owned()),
+                Err(e) => err(code::INVALID_PARAMS, e),
+            }
+        };
+        match method {
+            "ping" => Outcome::Result(message::empty_object()),
+            "tools/list" => list(&catalog.tools_result),
+            "prompts/list" => list(&catalog.prompts_result),
+            "resources/list" => list(&catalog.resources_result),
+            "resources/templates/list" => list(&catalog.templates_result),
+            "logging/setLevel" => Outcome::Result(message::empty_object()),
+            "tools/call" | "prompts/get" => {
+                let (table, what) = if method == "tools/call" { (&catalog.tools, "tool") } else { (&catalog.prompts, "prompt") };
+                let mut p = match message::params_object(params.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return err(code::INVALID_PARAMS, e),
+                };
+                let Some(name) = p.get("name").and_then(Value::as_str) else {
+                    return err(code::INVALID_PARAMS, format!("{method} needs params.name"));
+                };
+                let Some(route) = table.get(name) else {
+                    return Outcome::Error(message::error_object(
+                        code::INVALID_PARAMS,
+                        &format!("unknown {what}: {name}"),
+                        Some(json!({ what: name })),
+                    ));
+                };
+                p.insert("name".into(), Value::String(route.name.clone()));
+                self.forward(route.server, method, p, sink).await
+            }
+            "resources/read" => {
+                let p = match message::params_object(params.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return err(code::INVALID_PARAMS, e),
+                };
+                let Some(uri) = p.get("uri").and_then(Value::as_str) else {
+                    return err(code::INVALID_PARAMS, "resources/read needs params.uri");
+                };
+                match self.resource_owner(&catalog, uri) {
+                    Some(server) => self.forward(server, method, p, sink).await,
+                    None => Outcome::Error(message::error_object(
+                        code::RESOURCE_NOT_FOUND,
+                        &format!("unknown resource: {uri}"),
+                        Some(json!({ "uri": uri })),
+                    )),
+                }
+            }
+            "completion/complete" => {
+                let mut p = match message::params_object(params.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return err(code::INVALID_PARAMS, e),
+                };
+                let Some(Value::Object(r)) = p.get_mut("ref") else {
+                    return err(code::INVALID_PARAMS, "completion/complete needs params.ref");
+                };
+                let server = match r.get("type").and_then(Value::as_str) {
+                    Some("ref/prompt") => {
+                        let name = r.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+                        let Some(route) = catalog.prompts.get(&name) else {
+                            return err(code::INVALID_PARAMS, format!("unknown prompt: {name}"));
+                        };
+                        r.insert("name".into(), Value::String(route.name.clone()));
+                        route.server
+                    }
+                    Some("ref/resource") => {
+                        let uri = r.get("uri").and_then(Value::as_str).unwrap_or_default().to_owned();
+                        match self.resource_owner(&catalog, &uri) {
+                            Some(s) => s,
+                            None => return err(code::INVALID_PARAMS, format!("unknown resource: {uri}")),
+                        }
+                    }
+                    other => return err(code::INVALID_PARAMS, format!("unknown ref type: {}", other.unwrap_or("(none)"))),
+                };
+                self.forward(server, method, p, sink).await
+            }
+            "initialize" => err(code::INVALID_REQUEST, "this session is already initialized"),
+            other => err(code::METHOD_NOT_FOUND, format!("method not found: {other}")),
+        }
+    }
+
+    /// A URI's server: listed URIs, then templates; failing both, the only server that
+    /// offers resources at all (servers may serve URIs they do not list).
+    fn resource_owner(&self, catalog: &Catalog, uri: &str) -> Option<usize> {
+        catalog.resource_owner(uri).or_else(|| {
+            let mut offering = self.servers.iter().enumerate().filter(|(_, s)| {
+                let st = s.state();
+                st.status == Status::Ready && st.info.as_ref().is_some_and(|i| i.has("resources"))
+            });
+            match (offering.next(), offering.next()) {
+                (Some((i, _)), None) => Some(i),
+                _ => None,
+            }
+        })
+    }
+
+    async fn forward(&self, server: usize, method: &str, mut params: Map<String, Value>, sink: Option<Sink>) -> Outcome {
+        let s = &self.servers[server];
+        let conn = match s.connection() {
+            Ok(c) => c,
+            Err(e) => return Outcome::Error(e.to_error_object()),
+        };
+        let progress = match params.get_mut("_meta") {
+            Some(Value::Object(meta)) => meta.remove("progressToken"),
+            _ => None,
+        };
+        let sink = if progress.is_some() || sink.is_some() { sink } else { None };
+        match conn.call(method, Params::Object { params, progress }, sink, s.cfg.timeout).await {
+            Ok(out) => out,
+            Err(e) => {
+                warn!(server = %s.name, method, error = %e, "downstream call failed");
+                Outcome::Error(e.to_error_object())
+            }
+        }
+    }
+}

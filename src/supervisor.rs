@@ -1,0 +1,343 @@
+//! One downstream server's life: start its transport, run the MCP handshake, list
+//! what it offers (every page), re-list on `list_changed`, and keep the state that
+//! routing and `/status` read. Transport-neutral: it only talks through a
+//! [`Connection`].
+
+use crate::catalog::Lists;
+use crate::config;
+use crate::downstream::{self, Connection, DsError, Incoming, Params};
+use crate::message::{self, Outcome};
+use serde_json::{json, Map, Value};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// The newest handshake-era revision; offered to every downstream.
+pub const DOWNSTREAM_VERSION: &str = "2025-11-25";
+/// A bound on pages followed per list, against servers that repeat a cursor forever.
+const MAX_PAGES: usize = 1000;
+
+/// Where a server is in its life.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    Disabled,
+    Starting,
+    Ready,
+    /// Could not start, or exited; the sentence says why.
+    Down(String),
+    Stopped,
+}
+
+/// What a server said about itself in the handshake.
+#[derive(Debug, Clone, Default)]
+pub struct InitInfo {
+    pub protocol_version: String,
+    /// `None` when the server sent no `capabilities` at all.
+    pub capabilities: Option<Map<String, Value>>,
+    pub server_info: Value,
+    pub instructions: Option<String>,
+}
+
+impl InitInfo {
+    pub fn has(&self, capability: &str) -> bool {
+        self.capabilities.as_ref().is_some_and(|c| c.contains_key(capability))
+    }
+}
+
+#[derive(Debug)]
+pub struct State {
+    pub status: Status,
+    pub conn: Option<Connection>,
+    pub info: Option<InitInfo>,
+    pub lists: Lists,
+    pub since: Option<Instant>,
+}
+
+/// A configured server and its live state.
+pub struct Server {
+    pub cfg: config::Server,
+    pub name: Arc<str>,
+    state: RwLock<State>,
+}
+
+/// Which list a `list_changed` notification refers to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ListKind {
+    Tools,
+    Prompts,
+    Resources,
+}
+
+impl ListKind {
+    pub fn from_notification(method: &str) -> Option<ListKind> {
+        match method {
+            "notifications/tools/list_changed" => Some(ListKind::Tools),
+            "notifications/prompts/list_changed" => Some(ListKind::Prompts),
+            "notifications/resources/list_changed" => Some(ListKind::Resources),
+            _ => None,
+        }
+    }
+
+    pub fn notification(self) -> &'static str {
+        match self {
+            ListKind::Tools => "notifications/tools/list_changed",
+            ListKind::Prompts => "notifications/prompts/list_changed",
+            ListKind::Resources => "notifications/resources/list_changed",
+        }
+    }
+}
+
+/// What a supervisor tells the rest of the gateway.
+#[derive(Debug)]
+pub enum Event {
+    /// A server's lists changed (or it became ready); the catalog must be rebuilt.
+    ListsChanged { server: usize },
+    /// A notification from a server that is not about lists (e.g. resources/updated).
+    Notification { server: usize, method: String, params: Option<Box<serde_json::value::RawValue>> },
+}
+
+impl Server {
+    pub fn new(cfg: config::Server) -> Server {
+        let status = if cfg.enabled { Status::Starting } else { Status::Disabled };
+        Server {
+            name: Arc::from(cfg.name.as_str()),
+            cfg,
+            state: RwLock::new(State { status, conn: None, info: None, lists: Lists::default(), since: None }),
+        }
+    }
+
+    pub fn state(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        let mut s = self.state.write().unwrap_or_else(|e| e.into_inner());
+        f(&mut s);
+    }
+
+    /// The connection to call, or an error naming the server and why it can't be called.
+    pub fn connection(&self) -> Result<Connection, DsError> {
+        let s = self.state();
+        match (&s.status, &s.conn) {
+            (Status::Ready, Some(c)) => Ok(c.clone()),
+            (status, _) => Err(DsError::Unavailable {
+                server: self.name.clone(),
+                reason: match status {
+                    Status::Disabled => "disabled in gateway.toml".into(),
+                    Status::Starting => "still starting".into(),
+                    Status::Down(why) => why.clone(),
+                    Status::Stopped => "stopped".into(),
+                    Status::Ready => "no connection".into(),
+                },
+            }),
+        }
+    }
+
+    /// Starts the server and runs the handshake and the first listing. Returns the
+    /// receiver of what the server says on its own, for [`Server::watch`].
+    pub async fn start(&self) -> Option<mpsc::Receiver<Incoming>> {
+        let (tx, rx) = mpsc::channel(64);
+        let conn = match &self.cfg.transport {
+            config::Transport::Stdio(spec) => downstream::stdio::spawn(self.name.clone(), spec, tx),
+        };
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                self.fail(format!("failed to start: {e}"));
+                return None;
+            }
+        };
+        match self.handshake(&conn).await {
+            Ok(info) => {
+                info!(server = %self.name, version = %info.protocol_version, "initialized");
+                let lists = self.list_all(&conn, &info).await;
+                info!(
+                    server = %self.name,
+                    tools = lists.tools.len(),
+                    prompts = lists.prompts.len(),
+                    resources = lists.resources.len(),
+                    templates = lists.templates.len(),
+                    "listed"
+                );
+                self.update(|s| {
+                    s.status = Status::Ready;
+                    s.conn = Some(conn);
+                    s.info = Some(info);
+                    s.lists = lists;
+                    s.since = Some(Instant::now());
+                });
+                Some(rx)
+            }
+            Err(e) => {
+                conn.shutdown().await;
+                self.fail(format!("initialize failed: {e}"));
+                None
+            }
+        }
+    }
+
+    fn fail(&self, why: String) {
+        warn!(server = %self.name, error = %why, "server unavailable");
+        self.update(|s| {
+            s.status = Status::Down(why);
+            s.conn = None;
+        });
+    }
+
+    /// Follows what a ready server says on its own until its connection closes.
+    pub async fn watch(&self, index: usize, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) {
+        while let Some(msg) = incoming.recv().await {
+            match msg {
+                Incoming::Notification { method, params } => match ListKind::from_notification(&method) {
+                    Some(kind) => {
+                        self.relist(kind).await;
+                        let _ = events.send(Event::ListsChanged { server: index }).await;
+                    }
+                    None => {
+                        let _ = events.send(Event::Notification { server: index, method, params }).await;
+                    }
+                },
+                Incoming::Closed { reason } => {
+                    let stopped = matches!(self.state().status, Status::Stopped);
+                    if !stopped {
+                        self.fail(format!("exited ({reason})"));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn relist(&self, kind: ListKind) {
+        let (conn, info) = {
+            let s = self.state();
+            match (&s.conn, &s.info) {
+                (Some(c), Some(i)) => (c.clone(), i.clone()),
+                _ => return,
+            }
+        };
+        let timeout = self.cfg.timeout;
+        match kind {
+            ListKind::Tools => {
+                let tools = self.list(&conn, &info, "tools/list", "tools", timeout).await;
+                self.update(|s| s.lists.tools = tools);
+            }
+            ListKind::Prompts => {
+                let prompts = self.list(&conn, &info, "prompts/list", "prompts", timeout).await;
+                self.update(|s| s.lists.prompts = prompts);
+            }
+            ListKind::Resources => {
+                let resources = self.list(&conn, &info, "resources/list", "resources", timeout).await;
+                let templates = self.list(&conn, &info, "resources/templates/list", "resourceTemplates", timeout).await;
+                self.update(|s| {
+                    s.lists.resources = resources;
+                    s.lists.templates = templates;
+                });
+            }
+        }
+        info!(server = %self.name, ?kind, "re-listed after list_changed");
+    }
+
+    /// Closes the connection (stdin, SIGTERM, SIGKILL) and marks the server stopped.
+    pub async fn stop(&self) {
+        let conn = {
+            let mut s = self.state.write().unwrap_or_else(|e| e.into_inner());
+            if matches!(s.status, Status::Ready | Status::Starting) {
+                s.status = Status::Stopped;
+            }
+            s.conn.take()
+        };
+        if let Some(c) = conn {
+            c.shutdown().await;
+        }
+    }
+
+    async fn handshake(&self, conn: &Connection) -> Result<InitInfo, String> {
+        let params = json!({
+            "protocolVersion": DOWNSTREAM_VERSION,
+            "capabilities": {},
+            "clientInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
+        });
+        let out = conn
+            .call("initialize", Params::Raw(Some(message::to_raw(&params))), None, self.cfg.timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let result = match out {
+            Outcome::Result(r) => r,
+            Outcome::Error(e) => return Err(format!("server answered {}", message::error_summary(&e).1)),
+        };
+        let mut r: Map<String, Value> =
+            serde_json::from_str(result.get()).map_err(|e| format!("initialize result is not an object: {e}"))?;
+        let info = InitInfo {
+            protocol_version: r.get("protocolVersion").and_then(Value::as_str).unwrap_or("2024-11-05").to_owned(),
+            capabilities: match r.remove("capabilities") {
+                Some(Value::Object(c)) => Some(c),
+                _ => None,
+            },
+            server_info: r.remove("serverInfo").unwrap_or(Value::Null),
+            instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
+        };
+        conn.notify("notifications/initialized", None).await;
+        Ok(info)
+    }
+
+    async fn list_all(&self, conn: &Connection, info: &InitInfo) -> Lists {
+        let t = self.cfg.timeout;
+        let (tools, prompts, resources, templates) = tokio::join!(
+            self.list(conn, info, "tools/list", "tools", t),
+            self.list(conn, info, "prompts/list", "prompts", t),
+            self.list(conn, info, "resources/list", "resources", t),
+            self.list(conn, info, "resources/templates/list", "resourceTemplates", t),
+        );
+        Lists { tools, prompts, resources, templates }
+    }
+
+    /// Lists one kind through all its pages. A server that declared no capabilities at
+    /// all is asked anyway; any error counts as an empty list.
+    async fn list(&self, conn: &Connection, info: &InitInfo, method: &str, key: &str, timeout: Duration) -> Vec<Map<String, Value>> {
+        let capability = method.split('/').next().unwrap_or(method);
+        if info.capabilities.is_some() && !info.has(capability) {
+            return Vec::new();
+        }
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = match &cursor {
+                Some(c) => Some(message::to_raw(&json!({ "cursor": c }))),
+                None => None,
+            };
+            let page = match conn.call(method, Params::Raw(params), None, timeout).await {
+                Ok(Outcome::Result(r)) => r,
+                Ok(Outcome::Error(e)) => {
+                    if info.capabilities.is_some() {
+                        warn!(server = %self.name, method, error = %message::error_summary(&e).1, "listing failed");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    warn!(server = %self.name, method, error = %e, "listing failed");
+                    break;
+                }
+            };
+            let mut page: Map<String, Value> = match serde_json::from_str(page.get()) {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!(server = %self.name, method, error = %e, "listing result is not an object");
+                    break;
+                }
+            };
+            if let Some(Value::Array(list)) = page.remove(key) {
+                items.extend(list.into_iter().filter_map(|v| match v {
+                    Value::Object(m) => Some(m),
+                    _ => None,
+                }));
+            }
+            match page.remove("nextCursor") {
+                Some(Value::String(c)) if !c.is_empty() && cursor.as_deref() != Some(&c) => cursor = Some(c),
+                _ => return items,
+            }
+        }
+        items
+    }
+}
