@@ -90,14 +90,23 @@ impl Catalog {
         let mut notes = Vec::new();
         let mut entries = Vec::new();
         let (tools, tools_list) = merge_named(separator, sources, "tool", &mut notes, &mut entries, |l| &l.tools, true);
-        let (prompts, prompts_list) =
-            merge_named(separator, sources, "prompt", &mut notes, &mut entries, |l| &l.prompts, false);
+        let (prompts, prompts_list) = merge_named(
+            separator,
+            sources,
+            "prompt",
+            &mut notes,
+            &mut entries,
+            |l| &l.prompts,
+            false,
+        );
 
         let mut resources: HashMap<String, usize> = HashMap::new();
         let mut resources_list = Vec::new();
         for (i, s) in sources.iter().enumerate() {
             for r in &s.lists.resources {
-                let Some(uri) = r.get("uri").and_then(Value::as_str) else { continue };
+                let Some(uri) = r.get("uri").and_then(Value::as_str) else {
+                    continue;
+                };
                 if let Some(&owner) = resources.get(uri) {
                     notes.push(format!(
                         "resource {uri} of server '{}' is hidden: server '{}' lists it first",
@@ -107,14 +116,21 @@ impl Catalog {
                 }
                 resources.insert(uri.to_owned(), i);
                 resources_list.push(Value::Object(r.clone()));
-                entries.push(Entry { kind: "resource", public: uri.into(), server: s.server.into(), original: uri.into() });
+                entries.push(Entry {
+                    kind: "resource",
+                    public: uri.into(),
+                    server: s.server.into(),
+                    original: uri.into(),
+                });
             }
         }
         let mut templates = Vec::new();
         let mut templates_list = Vec::new();
         for (i, s) in sources.iter().enumerate() {
             for t in &s.lists.templates {
-                let Some(uri) = t.get("uriTemplate").and_then(Value::as_str) else { continue };
+                let Some(uri) = t.get("uriTemplate").and_then(Value::as_str) else {
+                    continue;
+                };
                 templates.push((Template::parse(uri), i));
                 templates_list.push(Value::Object(t.clone()));
                 entries.push(Entry {
@@ -149,7 +165,10 @@ impl Catalog {
         if let Some(&s) = self.resources.get(uri) {
             return Some(s);
         }
-        self.templates.iter().find(|(t, _)| t.source == uri || t.matches(uri)).map(|&(_, s)| s)
+        self.templates
+            .iter()
+            .find(|(t, _)| t.source == uri || t.matches(uri))
+            .map(|&(_, s)| s)
     }
 }
 
@@ -169,17 +188,25 @@ fn merge_named(
     for (i, s) in sources.iter().enumerate() {
         let mut own: HashSet<&str> = HashSet::new();
         for item in pick(s.lists) {
-            let Some(name) = item.get("name").and_then(Value::as_str) else { continue };
+            let Some(name) = item.get("name").and_then(Value::as_str) else {
+                continue;
+            };
             if filtered && !s.filter.permits(name) {
                 continue;
             }
             if !own.insert(name) {
-                notes.push(format!("{kind} {name} of server '{}' is listed twice; the second is ignored", s.server));
+                notes.push(format!(
+                    "{kind} {name} of server '{}' is listed twice; the second is ignored",
+                    s.server
+                ));
                 continue;
             }
             let mut public = public_name(s.prefix, separator, name, s.server);
             if public != join(s.prefix, separator, name) {
-                notes.push(format!("{kind} {name} of server '{}' is public as {public} (name too long or invalid)", s.server));
+                notes.push(format!(
+                    "{kind} {name} of server '{}' is public as {public} (name too long or invalid)",
+                    s.server
+                ));
             }
             if let Some(owner) = table.get(&public) {
                 let hashed = hashed_name(&sanitize(&join(s.prefix, separator, name)), s.server, name);
@@ -189,15 +216,29 @@ fn merge_named(
                 ));
                 public = hashed;
                 if table.contains_key(&public) {
-                    notes.push(format!("{kind} {name} of server '{}' is dropped: no free name", s.server));
+                    notes.push(format!(
+                        "{kind} {name} of server '{}' is dropped: no free name",
+                        s.server
+                    ));
                     continue;
                 }
             }
             let mut item = item.clone();
             item.insert("name".into(), Value::String(public.clone()));
             list.push(Value::Object(item));
-            entries.push(Entry { kind, public: public.clone(), server: s.server.into(), original: name.into() });
-            table.insert(public, Route { server: i, name: name.to_owned() });
+            entries.push(Entry {
+                kind,
+                public: public.clone(),
+                server: s.server.into(),
+                original: name.into(),
+            });
+            table.insert(
+                public,
+                Route {
+                    server: i,
+                    name: name.to_owned(),
+                },
+            );
         }
     }
     (table, list)
@@ -279,7 +320,10 @@ impl Template {
         if !rest.is_empty() {
             parts.push(Part::Literal(rest.to_owned()));
         }
-        Template { source: s.to_owned(), parts }
+        Template {
+            source: s.to_owned(),
+            parts,
+        }
     }
 
     pub fn matches(&self, uri: &str) -> bool {
@@ -288,7 +332,9 @@ impl Template {
 }
 
 fn match_parts(parts: &[Part], s: &str) -> bool {
-    let Some((first, rest)) = parts.split_first() else { return s.is_empty() };
+    let Some((first, rest)) = parts.split_first() else {
+        return s.is_empty();
+    };
     match first {
         Part::Literal(l) => s.strip_prefix(l.as_str()).is_some_and(|r| match_parts(rest, r)),
         Part::Query => s.is_empty() || s.starts_with('?') || s.starts_with('&'),
@@ -303,7 +349,9 @@ fn match_parts(parts: &[Part], s: &str) -> bool {
             let stop = |c: char| matches!(first, Part::Simple | Part::Prefixed(_)) && matches!(c, '/' | '?' | '#');
             let limit = body.find(stop).unwrap_or(body.len());
             // Try the longest value first, then shorter ones (backtracking).
-            (min..=limit).rev().any(|n| body.is_char_boundary(n) && match_parts(rest, &body[n..]))
+            (min..=limit)
+                .rev()
+                .any(|n| body.is_char_boundary(n) && match_parts(rest, &body[n..]))
         }
     }
 }
@@ -322,44 +370,99 @@ mod tests {
 
     #[test]
     fn names_are_prefixed_and_routed() {
-        let a = Lists { tools: vec![tool("add"), tool("delete_all")], ..Default::default() };
-        let b = Lists { tools: vec![tool("add")], ..Default::default() };
+        let a = Lists {
+            tools: vec![tool("add"), tool("delete_all")],
+            ..Default::default()
+        };
+        let b = Lists {
+            tools: vec![tool("add")],
+            ..Default::default()
+        };
         let all = Filter::default();
-        let no_delete = Filter { allow: vec![], deny: vec!["delete_*".into()] };
+        let no_delete = Filter {
+            allow: vec![],
+            deny: vec!["delete_*".into()],
+        };
         let c = Catalog::build(
             "__",
             &[
-                Source { server: "calc", prefix: "calc", lists: &a, filter: &no_delete },
-                Source { server: "other", prefix: "", lists: &b, filter: &all },
+                Source {
+                    server: "calc",
+                    prefix: "calc",
+                    lists: &a,
+                    filter: &no_delete,
+                },
+                Source {
+                    server: "other",
+                    prefix: "",
+                    lists: &b,
+                    filter: &all,
+                },
             ],
         );
-        assert_eq!(c.tools["calc__add"], Route { server: 0, name: "add".into() });
-        assert_eq!(c.tools["add"], Route { server: 1, name: "add".into() });
+        assert_eq!(
+            c.tools["calc__add"],
+            Route {
+                server: 0,
+                name: "add".into()
+            }
+        );
+        assert_eq!(
+            c.tools["add"],
+            Route {
+                server: 1,
+                name: "add".into()
+            }
+        );
         assert!(!c.tools.contains_key("calc__delete_all"));
         assert!(c.tools_result.get().contains("\"x-extra\":1"));
     }
 
     #[test]
     fn collisions_and_long_names_are_hashed() {
-        let a = Lists { tools: vec![tool("x__y")], ..Default::default() };
-        let b = Lists { tools: vec![tool("y"), tool(&"n".repeat(80)), tool("has space")], ..Default::default() };
+        let a = Lists {
+            tools: vec![tool("x__y")],
+            ..Default::default()
+        };
+        let b = Lists {
+            tools: vec![tool("y"), tool(&"n".repeat(80)), tool("has space")],
+            ..Default::default()
+        };
         let all = Filter::default();
         let c = Catalog::build(
             "__",
             &[
-                Source { server: "a", prefix: "", lists: &a, filter: &all },
-                Source { server: "b", prefix: "x", lists: &b, filter: &all },
+                Source {
+                    server: "a",
+                    prefix: "",
+                    lists: &a,
+                    filter: &all,
+                },
+                Source {
+                    server: "b",
+                    prefix: "x",
+                    lists: &b,
+                    filter: &all,
+                },
             ],
         );
         assert_eq!(c.tools["x__y"].server, 0);
-        let renamed: Vec<_> = c.tools.iter().filter(|(_, r)| r.server == 1).map(|(k, _)| k.clone()).collect();
+        let renamed: Vec<_> = c
+            .tools
+            .iter()
+            .filter(|(_, r)| r.server == 1)
+            .map(|(k, _)| k.clone())
+            .collect();
         assert_eq!(renamed.len(), 3);
         for n in &renamed {
             assert!(n.len() <= MAX_NAME && n.chars().all(name_char), "{n}");
         }
         assert!(c.notes.iter().any(|n| n.contains("collision")));
         // Deterministic.
-        assert_eq!(public_name("x", "__", &"n".repeat(80), "b"), public_name("x", "__", &"n".repeat(80), "b"));
+        assert_eq!(
+            public_name("x", "__", &"n".repeat(80), "b"),
+            public_name("x", "__", &"n".repeat(80), "b")
+        );
     }
 
     #[test]

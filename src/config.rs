@@ -250,7 +250,12 @@ impl Ctx<'_> {
         let before = &self.src[..offset.min(self.src.len())];
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        self.errors.push(ConfigError { file: self.file.clone(), line, column, message });
+        self.errors.push(ConfigError {
+            file: self.file.clone(),
+            line,
+            column,
+            message,
+        });
     }
 }
 
@@ -272,7 +277,11 @@ impl Config {
 
     /// Validates config text as if read from `path`.
     pub fn parse(path: &Path, src: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
-        let mut cx = Ctx { file: path.display().to_string(), src, errors: Vec::new() };
+        let mut cx = Ctx {
+            file: path.display().to_string(),
+            src,
+            errors: Vec::new(),
+        };
         let raw: RawConfig = match toml::from_str(src) {
             Ok(r) => r,
             Err(e) => {
@@ -282,7 +291,11 @@ impl Config {
             }
         };
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        let base = if base.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            base
+        };
         let base = std::fs::canonicalize(&base).unwrap_or(base);
 
         let g = raw.gateway;
@@ -291,7 +304,10 @@ impl Config {
             Some(s) => match s.get_ref().parse::<SocketAddr>() {
                 Ok(a) => Some(a),
                 Err(_) => {
-                    cx.at(s.span().start, format!("listen: {:?} is not an address like \"127.0.0.1:8080\"", s.get_ref()));
+                    cx.at(
+                        s.span().start,
+                        format!("listen: {:?} is not an address like \"127.0.0.1:8080\"", s.get_ref()),
+                    );
                     None
                 }
             },
@@ -304,22 +320,35 @@ impl Config {
         let separator = g.separator.as_ref().map_or("__".to_string(), |s| s.get_ref().clone());
         if separator.is_empty() || !separator.chars().all(name_char) {
             let at = g.separator.as_ref().map_or(0, |s| s.span().start);
-            cx.at(at, format!("separator: {separator:?} may only use [A-Za-z0-9_.-] and must not be empty"));
+            cx.at(
+                at,
+                format!("separator: {separator:?} may only use [A-Za-z0-9_.-] and must not be empty"),
+            );
         }
-        let request_timeout = duration(&mut cx, g.request_timeout.as_ref(), "request_timeout", Duration::from_secs(60));
+        let request_timeout = duration(
+            &mut cx,
+            g.request_timeout.as_ref(),
+            "request_timeout",
+            Duration::from_secs(60),
+        );
         let max_body = match &g.max_body {
             None => 16 << 20,
             Some(s) => match parse_size(s.get_ref()) {
                 Some(n) => n,
                 None => {
-                    cx.at(s.span().start, format!("max_body: {:?} is not a size like \"16MiB\"", s.get_ref()));
+                    cx.at(
+                        s.span().start,
+                        format!("max_body: {:?} is not a size like \"16MiB\"", s.get_ref()),
+                    );
                     0
                 }
             },
         };
 
-        let inherited: Vec<(String, String)> =
-            INHERITED_ENV.iter().filter_map(|k| env(k).map(|v| ((*k).to_string(), v))).collect();
+        let inherited: Vec<(String, String)> = INHERITED_ENV
+            .iter()
+            .filter_map(|k| env(k).map(|v| ((*k).to_string(), v)))
+            .collect();
         let mut servers = Vec::new();
         let mut prefixes: IndexMap<String, String> = IndexMap::new();
         for (name, s) in raw.servers {
@@ -331,15 +360,26 @@ impl Config {
             let prefix = s.prefix.as_ref().map_or(name.clone(), |p| p.get_ref().clone());
             if !prefix.chars().all(name_char) {
                 let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
-                cx.at(at, format!("servers.{name}.prefix: {prefix:?} may only use [A-Za-z0-9_.-]"));
+                cx.at(
+                    at,
+                    format!("servers.{name}.prefix: {prefix:?} may only use [A-Za-z0-9_.-]"),
+                );
             }
             if !prefix.is_empty() && s.enabled {
                 if let Some(other) = prefixes.insert(prefix.clone(), name.clone()) {
                     let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
-                    cx.at(at, format!("servers.{name}.prefix: {prefix:?} is already the prefix of server {other:?}"));
+                    cx.at(
+                        at,
+                        format!("servers.{name}.prefix: {prefix:?} is already the prefix of server {other:?}"),
+                    );
                 }
             }
-            let timeout = duration(&mut cx, s.timeout.as_ref(), &format!("servers.{name}.timeout"), request_timeout);
+            let timeout = duration(
+                &mut cx,
+                s.timeout.as_ref(),
+                &format!("servers.{name}.timeout"),
+                request_timeout,
+            );
             let Some(command) = s.command else {
                 cx.at(at, format!("servers.{name}: needs `command` (a stdio server)"));
                 continue;
@@ -368,7 +408,10 @@ impl Config {
                 prefix,
                 timeout,
                 enabled: s.enabled,
-                tools: Filter { allow: s.tools.allow, deny: s.tools.deny },
+                tools: Filter {
+                    allow: s.tools.allow,
+                    deny: s.tools.deny,
+                },
                 transport: Transport::Stdio(StdioSpec {
                     command: command.into_inner(),
                     args: s.args,
@@ -408,7 +451,13 @@ fn duration(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str, default: Durat
         Some(s) => match parse_duration(s.get_ref()) {
             Some(d) => d,
             None => {
-                cx.at(s.span().start, format!("{key}: {:?} is not a duration like \"30s\", \"500ms\" or \"2m\"", s.get_ref()));
+                cx.at(
+                    s.span().start,
+                    format!(
+                        "{key}: {:?} is not a duration like \"30s\", \"500ms\" or \"2m\"",
+                        s.get_ref()
+                    ),
+                );
                 default
             }
         },
@@ -514,7 +563,10 @@ mod tests {
         assert!(glob("delete_*", "delete_all"));
         assert!(!glob("delete_*", "create"));
         assert!(glob("a?c", "abc"));
-        let f = Filter { allow: vec!["*".into()], deny: vec!["delete_*".into()] };
+        let f = Filter {
+            allow: vec!["*".into()],
+            deny: vec!["delete_*".into()],
+        };
         assert!(f.permits("create") && !f.permits("delete_x"));
     }
 
@@ -540,7 +592,12 @@ mod tests {
         assert_eq!(e.0[0].line, 3, "{e}");
         assert!(e.to_string().contains("bogus"), "{e}");
 
-        let ok = Config::parse(Path::new("g.toml"), "[servers.b]\ncommand = \"x\"\nenv = { S = \"${SET}\" }\n", &env).unwrap();
+        let ok = Config::parse(
+            Path::new("g.toml"),
+            "[servers.b]\ncommand = \"x\"\nenv = { S = \"${SET}\" }\n",
+            &env,
+        )
+        .unwrap();
         assert!(!format!("{ok:?}").contains("value"));
         assert_eq!(ok.servers[0].prefix, "b");
     }

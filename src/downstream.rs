@@ -35,9 +35,17 @@ pub type Sink = mpsc::Sender<Bytes>;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DsError {
     #[error("server '{server}' did not answer {method} within {}", fmt_duration(*after))]
-    Timeout { server: Arc<str>, method: String, after: Duration },
+    Timeout {
+        server: Arc<str>,
+        method: String,
+        after: Duration,
+    },
     #[error("server '{server}' exited ({reason}) before answering {method}")]
-    Exited { server: Arc<str>, method: String, reason: String },
+    Exited {
+        server: Arc<str>,
+        method: String,
+        reason: String,
+    },
     #[error("server '{server}' is not available: {reason}")]
     Unavailable { server: Arc<str>, reason: String },
 }
@@ -60,7 +68,11 @@ impl DsError {
 
     /// The JSON-RPC error object a client receives.
     pub fn to_error_object(&self) -> Box<RawValue> {
-        message::error_object(self.code(), &self.to_string(), Some(serde_json::json!({ "server": self.server() })))
+        message::error_object(
+            self.code(),
+            &self.to_string(),
+            Some(serde_json::json!({ "server": self.server() })),
+        )
     }
 }
 
@@ -78,7 +90,10 @@ pub enum Params {
     Raw(Option<Box<RawValue>>),
     /// Already opened by the router (to strip a namespace); `progress` is the client's
     /// progress token, which the owner replaces with one of its own.
-    Object { params: Map<String, Value>, progress: Option<Id> },
+    Object {
+        params: Map<String, Value>,
+        progress: Option<Id>,
+    },
 }
 
 /// A request for the connection's owner.
@@ -105,7 +120,10 @@ pub enum Command {
 #[derive(Debug)]
 pub enum Incoming {
     /// A notification that relates to no call (list_changed, resources/updated, ...).
-    Notification { method: String, params: Option<Box<RawValue>> },
+    Notification {
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
     /// The connection is gone; every pending call has already failed.
     Closed { reason: String },
 }
@@ -126,7 +144,11 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     pub fn new(server: Arc<str>, tx: mpsc::Sender<Command>) -> Self {
-        Connection { server, tx, next_id: Arc::new(AtomicU64::new(1)) }
+        Connection {
+            server,
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
     }
 
     pub fn server(&self) -> &Arc<str> {
@@ -145,10 +167,24 @@ impl Connection {
     ) -> Result<Outcome, DsError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
-        let cmd = Command::Request { id, method: method.to_owned(), params, sink, reply };
-        let gone = || DsError::Unavailable { server: self.server.clone(), reason: "connection closed".into() };
+        let cmd = Command::Request {
+            id,
+            method: method.to_owned(),
+            params,
+            sink,
+            reply,
+        };
+        let gone = || DsError::Unavailable {
+            server: self.server.clone(),
+            reason: "connection closed".into(),
+        };
         // Waiting here for room in the queue is the backpressure; it counts against the timeout.
-        let mut guard = CancelOnDrop { id, tx: &self.tx, armed: false, reason: "request cancelled by the client" };
+        let mut guard = CancelOnDrop {
+            id,
+            tx: &self.tx,
+            armed: false,
+            reason: "request cancelled by the client",
+        };
         let wait = async {
             self.tx.send(cmd).await.map_err(|_| gone())?;
             guard.armed = true;
@@ -159,7 +195,11 @@ impl Connection {
             Ok(r) => r,
             Err(_) => {
                 guard.reason = "timed out in mcp-gateway";
-                Err(DsError::Timeout { server: self.server.clone(), method: method.to_owned(), after: timeout })
+                Err(DsError::Timeout {
+                    server: self.server.clone(),
+                    method: method.to_owned(),
+                    after: timeout,
+                })
             }
         };
         if !matches!(out, Err(DsError::Timeout { .. })) {
@@ -170,7 +210,13 @@ impl Connection {
 
     /// Sends a notification; it is dropped if the connection is gone.
     pub async fn notify(&self, method: &str, params: Option<Box<RawValue>>) {
-        let _ = self.tx.send(Command::Notify { method: method.to_owned(), params }).await;
+        let _ = self
+            .tx
+            .send(Command::Notify {
+                method: method.to_owned(),
+                params,
+            })
+            .await;
     }
 
     /// Asks the owner to close the connection and waits until it has.
@@ -199,7 +245,10 @@ impl Drop for CancelOnDrop<'_> {
         if !self.armed {
             return;
         }
-        let cmd = Command::Cancel { id: self.id, reason: self.reason };
+        let cmd = Command::Cancel {
+            id: self.id,
+            reason: self.reason,
+        };
         if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
             let tx = self.tx.clone();
             tokio::spawn(async move {

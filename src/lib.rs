@@ -35,12 +35,18 @@ use tracing::info;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves the HTTP endpoint until `shutdown` completes, then stops every server.
-pub async fn serve(config: Config, listen: Option<SocketAddr>, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    config: Config,
+    listen: Option<SocketAddr>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let addr = listen.unwrap_or(config.gateway.listen);
     let path = config.gateway.path.clone();
     let gw = Gateway::new(config);
     gw.start().await;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     // A stable line on stderr that scripts and tests wait for.
     eprintln!("mcp-gateway listening on http://{local}{path}");
@@ -97,7 +103,12 @@ pub async fn stdio(config: Config, shutdown: impl Future<Output = ()>) -> anyhow
 pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, bool)> {
     let mut out = String::new();
     let enabled = config.servers.iter().filter(|s| s.enabled).count();
-    out.push_str(&format!("{}: ok ({} servers, {} enabled)\n", config.file.display(), config.servers.len(), enabled));
+    out.push_str(&format!(
+        "{}: ok ({} servers, {} enabled)\n",
+        config.file.display(),
+        config.servers.len(),
+        enabled
+    ));
     if !connect {
         return Ok((out, true));
     }
@@ -107,7 +118,11 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
     for s in &gw.servers {
         let st = s.state();
         let line = match &st.status {
-            supervisor::Status::Ready => format!("server {}: ready ({})", s.name, st.info.as_ref().map_or("", |i| i.protocol_version.as_str())),
+            supervisor::Status::Ready => format!(
+                "server {}: ready ({})",
+                s.name,
+                st.info.as_ref().map_or("", |i| i.protocol_version.as_str())
+            ),
             supervisor::Status::Down(why) => {
                 ok = false;
                 format!("server {}: DOWN: {why}", s.name)
@@ -118,10 +133,22 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
         out.push('\n');
     }
     let catalog = gw.catalog();
-    let w = catalog.entries.iter().map(|e| e.public.len()).max().unwrap_or(0).max(11);
-    out.push_str(&format!("\n{:<9} {:<w$}  {:<16} {}\n", "KIND", "PUBLIC NAME", "SERVER", "ORIGINAL NAME"));
+    let w = catalog
+        .entries
+        .iter()
+        .map(|e| e.public.len())
+        .max()
+        .unwrap_or(0)
+        .max(11);
+    out.push_str(&format!(
+        "\n{:<9} {:<w$}  {:<16} {}\n",
+        "KIND", "PUBLIC NAME", "SERVER", "ORIGINAL NAME"
+    ));
     for e in &catalog.entries {
-        out.push_str(&format!("{:<9} {:<w$}  {:<16} {}\n", e.kind, e.public, e.server, e.original));
+        out.push_str(&format!(
+            "{:<9} {:<w$}  {:<16} {}\n",
+            e.kind, e.public, e.server, e.original
+        ));
     }
     if !catalog.notes.is_empty() {
         out.push_str("\nnotes:\n");

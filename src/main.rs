@@ -55,7 +55,9 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command.unwrap_or(Cmd::Serve { listen: None }) {
-            Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal()).await.map(|_| true),
+            Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal())
+                .await
+                .map(|_| true),
             Cmd::Stdio => mcp_gateway::stdio(config, shutdown_signal()).await.map(|_| true),
             Cmd::Check { connect } => {
                 let (text, ok) = mcp_gateway::check(config, connect).await?;

@@ -46,10 +46,7 @@ pub enum Kind {
         params: Option<Box<RawValue>>,
     },
     /// A response. `id` is `None` when the peer sent none, `Some(Null)` for `"id": null`.
-    Response {
-        id: Option<Id>,
-        outcome: Outcome,
-    },
+    Response { id: Option<Id>, outcome: Outcome },
 }
 
 /// The two shapes of a response body.
@@ -127,13 +124,16 @@ impl Kind {
                 }
             }
             return Ok(match wire.id {
-                None => Kind::Notification { method, params: owned(wire.params) },
-                Some(id @ (Value::String(_) | Value::Number(_))) => {
-                    Kind::Request { id, method, params: owned(wire.params) }
-                }
-                Some(_) => {
-                    return Err(ParseError::Shape("\"id\" must be a string or a number".into()))
-                }
+                None => Kind::Notification {
+                    method,
+                    params: owned(wire.params),
+                },
+                Some(id @ (Value::String(_) | Value::Number(_))) => Kind::Request {
+                    id,
+                    method,
+                    params: owned(wire.params),
+                },
+                Some(_) => return Err(ParseError::Shape("\"id\" must be a string or a number".into())),
             });
         }
         let outcome = match (wire.result, wire.error) {
@@ -285,26 +285,34 @@ mod tests {
         let Kind::Request { id, .. } = Kind::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x"}"#).unwrap() else {
             panic!()
         };
-        let Kind::Request { id: sid, .. } =
-            Kind::parse(br#"{"jsonrpc":"2.0","id":"1","method":"x"}"#).unwrap()
-        else {
+        let Kind::Request { id: sid, .. } = Kind::parse(br#"{"jsonrpc":"2.0","id":"1","method":"x"}"#).unwrap() else {
             panic!()
         };
         assert_ne!(id_key(&id), id_key(&sid));
-        assert_eq!(String::from_utf8(response(&sid, &Outcome::Result(empty_object()))).unwrap(),
-            r#"{"jsonrpc":"2.0","id":"1","result":{}}"#);
+        assert_eq!(
+            String::from_utf8(response(&sid, &Outcome::Result(empty_object()))).unwrap(),
+            r#"{"jsonrpc":"2.0","id":"1","result":{}}"#
+        );
     }
 
     #[test]
     fn errors_classify() {
         assert_eq!(Kind::parse(b"{nope").unwrap_err().code(), code::PARSE_ERROR);
         assert_eq!(Kind::parse(b"[1,2]").unwrap_err().code(), code::INVALID_REQUEST);
-        assert_eq!(Kind::parse(br#"{"id":1,"method":"x"}"#).unwrap_err().code(), code::INVALID_REQUEST);
         assert_eq!(
-            Kind::parse(br#"{"jsonrpc":"2.0","id":{},"method":"x"}"#).unwrap_err().code(),
+            Kind::parse(br#"{"id":1,"method":"x"}"#).unwrap_err().code(),
             code::INVALID_REQUEST
         );
-        assert_eq!(Kind::parse(br#"{"jsonrpc":"2.0","method":5}"#).unwrap_err().code(), code::INVALID_REQUEST);
+        assert_eq!(
+            Kind::parse(br#"{"jsonrpc":"2.0","id":{},"method":"x"}"#)
+                .unwrap_err()
+                .code(),
+            code::INVALID_REQUEST
+        );
+        assert_eq!(
+            Kind::parse(br#"{"jsonrpc":"2.0","method":5}"#).unwrap_err().code(),
+            code::INVALID_REQUEST
+        );
     }
 
     #[test]
@@ -314,7 +322,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match Kind::parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":1,"message":"m"}}"#).unwrap() {
-            Kind::Response { id: Some(Value::Null), .. } => {}
+            Kind::Response {
+                id: Some(Value::Null), ..
+            } => {}
             other => panic!("{other:?}"),
         }
     }
@@ -322,7 +332,9 @@ mod tests {
     #[test]
     fn raw_passthrough_keeps_bytes() {
         let line = br#"{"jsonrpc":"2.0","id":3,"result":{"z":1,"a":[1.50,2e3],"unknown":{"k":"v"}}}"#;
-        let Kind::Response { outcome, .. } = Kind::parse(line).unwrap() else { panic!() };
+        let Kind::Response { outcome, .. } = Kind::parse(line).unwrap() else {
+            panic!()
+        };
         assert_eq!(response(&Value::from(3), &outcome), line.to_vec());
     }
 }

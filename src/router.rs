@@ -42,7 +42,10 @@ pub struct Client {
 
 impl Client {
     pub fn new(id: impl Into<String>) -> Client {
-        Client { id: id.into(), inflight: Mutex::new(HashMap::new()) }
+        Client {
+            id: id.into(),
+            inflight: Mutex::new(HashMap::new()),
+        }
     }
 
     fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
@@ -74,23 +77,38 @@ fn err(code: i64, msg: impl AsRef<str>) -> Outcome {
 
 impl Gateway {
     pub fn new(config: Config) -> Arc<Gateway> {
-        let servers = config.servers.iter().cloned().map(|s| Arc::new(Server::new(s))).collect();
+        let servers = config
+            .servers
+            .iter()
+            .cloned()
+            .map(|s| Arc::new(Server::new(s)))
+            .collect();
         let (broadcast, _) = broadcast::channel(BROADCAST_QUEUE);
-        Arc::new(Gateway { config, servers, catalog: RwLock::new(Arc::new(Catalog::default())), broadcast })
+        Arc::new(Gateway {
+            config,
+            servers,
+            catalog: RwLock::new(Arc::new(Catalog::default())),
+            broadcast,
+        })
     }
 
     /// Starts every enabled server concurrently and waits until each is ready or has
     /// failed; then builds the catalog. Servers keep being watched in the background.
     pub async fn start(self: &Arc<Gateway>) {
         let (events_tx, mut events_rx) = mpsc::channel(64);
-        let starts = self.servers.iter().enumerate().filter(|(_, s)| s.cfg.enabled).map(|(i, s)| {
-            let (s, events) = (s.clone(), events_tx.clone());
-            async move {
-                if let Some(incoming) = s.start().await {
-                    tokio::spawn(async move { s.watch(i, incoming, events).await });
+        let starts = self
+            .servers
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.cfg.enabled)
+            .map(|(i, s)| {
+                let (s, events) = (s.clone(), events_tx.clone());
+                async move {
+                    if let Some(incoming) = s.start().await {
+                        tokio::spawn(async move { s.watch(i, incoming, events).await });
+                    }
                 }
-            }
-        });
+            });
         futures::future::join_all(starts).await;
         drop(events_tx);
         self.rebuild_catalog(false);
@@ -117,13 +135,21 @@ impl Gateway {
         let states: Vec<_> = self.servers.iter().map(|s| (s, s.state().lists.clone())).collect();
         let sources: Vec<Source> = states
             .iter()
-            .map(|(s, lists)| Source { server: &s.cfg.name, prefix: &s.cfg.prefix, lists, filter: &s.cfg.tools })
+            .map(|(s, lists)| Source {
+                server: &s.cfg.name,
+                prefix: &s.cfg.prefix,
+                lists,
+                filter: &s.cfg.tools,
+            })
             .collect();
         let new = Catalog::build(&self.config.gateway.separator, &sources);
         for note in &new.notes {
             warn!("{note}");
         }
-        let old = std::mem::replace(&mut *self.catalog.write().unwrap_or_else(|e| e.into_inner()), Arc::new(new));
+        let old = std::mem::replace(
+            &mut *self.catalog.write().unwrap_or_else(|e| e.into_inner()),
+            Arc::new(new),
+        );
         if !notify {
             return;
         }
@@ -140,7 +166,9 @@ impl Gateway {
         for (kind, changed) in changes {
             if changed {
                 info!(notification = kind.notification(), "catalog changed; notifying clients");
-                let _ = self.broadcast.send(Bytes::from(message::notification(kind.notification(), None)));
+                let _ = self
+                    .broadcast
+                    .send(Bytes::from(message::notification(kind.notification(), None)));
             }
         }
     }
@@ -161,7 +189,10 @@ impl Gateway {
 
     /// True when every enabled server is ready.
     pub fn ready(&self) -> bool {
-        self.servers.iter().filter(|s| s.cfg.enabled).all(|s| s.state().status == Status::Ready)
+        self.servers
+            .iter()
+            .filter(|s| s.cfg.enabled)
+            .all(|s| s.state().status == Status::Ready)
     }
 
     /// The `initialize` result: the negotiated version, the union of the downstream
@@ -220,7 +251,10 @@ impl Gateway {
         {
             let mut inflight = client.inflight();
             if inflight.contains_key(&key) {
-                return Some(err(code::INVALID_REQUEST, format!("request id {key} is already in use in this session")));
+                return Some(err(
+                    code::INVALID_REQUEST,
+                    format!("request id {key} is already in use in this session"),
+                ));
             }
             inflight.insert(key.clone(), token.clone());
         }
@@ -235,7 +269,10 @@ impl Gateway {
     pub fn notification(&self, client: &Client, method: &str, params: Option<&RawValue>) {
         match method {
             "notifications/cancelled" => {
-                let Some(id) = message::params_object(params).ok().and_then(|mut p| p.remove("requestId")) else {
+                let Some(id) = message::params_object(params)
+                    .ok()
+                    .and_then(|mut p| p.remove("requestId"))
+                else {
                     return;
                 };
                 if let Some(t) = client.inflight().get(&id_key(&id)) {
@@ -267,7 +304,11 @@ impl Gateway {
             "resources/templates/list" => list(&catalog.templates_result),
             "logging/setLevel" => Outcome::Result(message::empty_object()),
             "tools/call" | "prompts/get" => {
-                let (table, what) = if method == "tools/call" { (&catalog.tools, "tool") } else { (&catalog.prompts, "prompt") };
+                let (table, what) = if method == "tools/call" {
+                    (&catalog.tools, "tool")
+                } else {
+                    (&catalog.prompts, "prompt")
+                };
                 let mut p = match message::params_object(params.as_deref()) {
                     Ok(p) => p,
                     Err(e) => return err(code::INVALID_PARAMS, e),
@@ -326,7 +367,12 @@ impl Gateway {
                             None => return err(code::INVALID_PARAMS, format!("unknown resource: {uri}")),
                         }
                     }
-                    other => return err(code::INVALID_PARAMS, format!("unknown ref type: {}", other.unwrap_or("(none)"))),
+                    other => {
+                        return err(
+                            code::INVALID_PARAMS,
+                            format!("unknown ref type: {}", other.unwrap_or("(none)")),
+                        )
+                    }
                 };
                 self.forward(server, method, p, sink).await
             }
@@ -350,7 +396,13 @@ impl Gateway {
         })
     }
 
-    async fn forward(&self, server: usize, method: &str, mut params: Map<String, Value>, sink: Option<Sink>) -> Outcome {
+    async fn forward(
+        &self,
+        server: usize,
+        method: &str,
+        mut params: Map<String, Value>,
+        sink: Option<Sink>,
+    ) -> Outcome {
         let s = &self.servers[server];
         let conn = match s.connection() {
             Ok(c) => c,
@@ -360,8 +412,15 @@ impl Gateway {
             Some(Value::Object(meta)) => meta.remove("progressToken"),
             _ => None,
         };
-        let sink = if progress.is_some() || sink.is_some() { sink } else { None };
-        match conn.call(method, Params::Object { params, progress }, sink, s.cfg.timeout).await {
+        let sink = if progress.is_some() || sink.is_some() {
+            sink
+        } else {
+            None
+        };
+        match conn
+            .call(method, Params::Object { params, progress }, sink, s.cfg.timeout)
+            .await
+        {
             Ok(out) => out,
             Err(e) => {
                 warn!(server = %s.name, method, error = %e, "downstream call failed");

@@ -94,16 +94,30 @@ pub enum Event {
     /// A server's lists changed (or it became ready); the catalog must be rebuilt.
     ListsChanged { server: usize },
     /// A notification from a server that is not about lists (e.g. resources/updated).
-    Notification { server: usize, method: String, params: Option<Box<serde_json::value::RawValue>> },
+    Notification {
+        server: usize,
+        method: String,
+        params: Option<Box<serde_json::value::RawValue>>,
+    },
 }
 
 impl Server {
     pub fn new(cfg: config::Server) -> Server {
-        let status = if cfg.enabled { Status::Starting } else { Status::Disabled };
+        let status = if cfg.enabled {
+            Status::Starting
+        } else {
+            Status::Disabled
+        };
         Server {
             name: Arc::from(cfg.name.as_str()),
             cfg,
-            state: RwLock::new(State { status, conn: None, info: None, lists: Lists::default(), since: None }),
+            state: RwLock::new(State {
+                status,
+                conn: None,
+                info: None,
+                lists: Lists::default(),
+                since: None,
+            }),
         }
     }
 
@@ -195,7 +209,13 @@ impl Server {
                         let _ = events.send(Event::ListsChanged { server: index }).await;
                     }
                     None => {
-                        let _ = events.send(Event::Notification { server: index, method, params }).await;
+                        let _ = events
+                            .send(Event::Notification {
+                                server: index,
+                                method,
+                                params,
+                            })
+                            .await;
                     }
                 },
                 Incoming::Closed { reason } => {
@@ -229,7 +249,9 @@ impl Server {
             }
             ListKind::Resources => {
                 let resources = self.list(&conn, &info, "resources/list", "resources", timeout).await;
-                let templates = self.list(&conn, &info, "resources/templates/list", "resourceTemplates", timeout).await;
+                let templates = self
+                    .list(&conn, &info, "resources/templates/list", "resourceTemplates", timeout)
+                    .await;
                 self.update(|s| {
                     s.lists.resources = resources;
                     s.lists.templates = templates;
@@ -260,7 +282,12 @@ impl Server {
             "clientInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
         });
         let out = conn
-            .call("initialize", Params::Raw(Some(message::to_raw(&params))), None, self.cfg.timeout)
+            .call(
+                "initialize",
+                Params::Raw(Some(message::to_raw(&params))),
+                None,
+                self.cfg.timeout,
+            )
             .await
             .map_err(|e| e.to_string())?;
         let result = match out {
@@ -270,7 +297,11 @@ impl Server {
         let mut r: Map<String, Value> =
             serde_json::from_str(result.get()).map_err(|e| format!("initialize result is not an object: {e}"))?;
         let info = InitInfo {
-            protocol_version: r.get("protocolVersion").and_then(Value::as_str).unwrap_or("2024-11-05").to_owned(),
+            protocol_version: r
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("2024-11-05")
+                .to_owned(),
             capabilities: match r.remove("capabilities") {
                 Some(Value::Object(c)) => Some(c),
                 _ => None,
@@ -290,12 +321,24 @@ impl Server {
             self.list(conn, info, "resources/list", "resources", t),
             self.list(conn, info, "resources/templates/list", "resourceTemplates", t),
         );
-        Lists { tools, prompts, resources, templates }
+        Lists {
+            tools,
+            prompts,
+            resources,
+            templates,
+        }
     }
 
     /// Lists one kind through all its pages. A server that declared no capabilities at
     /// all is asked anyway; any error counts as an empty list.
-    async fn list(&self, conn: &Connection, info: &InitInfo, method: &str, key: &str, timeout: Duration) -> Vec<Map<String, Value>> {
+    async fn list(
+        &self,
+        conn: &Connection,
+        info: &InitInfo,
+        method: &str,
+        key: &str,
+        timeout: Duration,
+    ) -> Vec<Map<String, Value>> {
         let capability = method.split('/').next().unwrap_or(method);
         if info.capabilities.is_some() && !info.has(capability) {
             return Vec::new();
@@ -303,10 +346,7 @@ impl Server {
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let params = match &cursor {
-                Some(c) => Some(message::to_raw(&json!({ "cursor": c }))),
-                None => None,
-            };
+            let params = cursor.as_ref().map(|c| message::to_raw(&json!({ "cursor": c })));
             let page = match conn.call(method, Params::Raw(params), None, timeout).await {
                 Ok(Outcome::Result(r)) => r,
                 Ok(Outcome::Error(e)) => {

@@ -3,7 +3,9 @@
 //! name, maps ids, and shuts it down (stdin closed, then SIGTERM, then SIGKILL to the
 //! whole group). A child that exits fails every pending call at once.
 
-use super::{encode_request, progress_token, restore_progress, wire_id, Command, Connection, DsError, Incoming, Pending};
+use super::{
+    encode_request, progress_token, restore_progress, wire_id, Command, Connection, DsError, Incoming, Pending,
+};
 use crate::config::StdioSpec;
 use crate::message::{self, Kind, Outcome};
 use bytes::Bytes;
@@ -37,10 +39,14 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
         .process_group(0)
         .kill_on_drop(true);
     let mut child = cmd.spawn().map_err(|e| {
-        io::Error::new(e.kind(), format!("cannot start `{}` in {}: {e}", spec.command, spec.cwd.display()))
+        io::Error::new(
+            e.kind(),
+            format!("cannot start `{}` in {}: {e}", spec.command, spec.cwd.display()),
+        )
     })?;
     let pid = child.id();
-    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
+    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
         return Err(io::Error::other("child pipes missing"));
     };
     let span = tracing::info_span!("downstream", server = %server, pid = pid.unwrap_or(0));
@@ -53,10 +59,20 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
     tokio::spawn(log_stderr(BufReader::new(stderr)).instrument(span.clone()));
     let (exit_tx, exit_rx) = oneshot::channel();
     tokio::spawn(async move {
-        let status = child.wait().await.map(describe).unwrap_or_else(|e| format!("wait failed: {e}"));
+        let status = child
+            .wait()
+            .await
+            .map(describe)
+            .unwrap_or_else(|e| format!("wait failed: {e}"));
         let _ = exit_tx.send(status);
     });
-    let actor = Actor { server: server.clone(), pending: HashMap::new(), write: Some(write_tx), incoming, pid };
+    let actor = Actor {
+        server: server.clone(),
+        pending: HashMap::new(),
+        write: Some(write_tx),
+        incoming,
+        pid,
+    };
     tokio::spawn(actor.run(rx, line_rx, exit_rx).instrument(span));
     Ok(Connection::new(server, tx))
 }
@@ -111,7 +127,10 @@ impl Actor {
         while let Some(cmd) = commands.recv().await {
             match cmd {
                 Command::Request { reply, .. } => {
-                    let _ = reply.send(Err(DsError::Unavailable { server: self.server.clone(), reason: "exited".into() }));
+                    let _ = reply.send(Err(DsError::Unavailable {
+                        server: self.server.clone(),
+                        reason: "exited".into(),
+                    }));
                 }
                 Command::Shutdown { done } => {
                     let _ = done.send(());
@@ -123,10 +142,24 @@ impl Actor {
 
     async fn command(&mut self, cmd: Command) {
         match cmd {
-            Command::Request { id, method, params, sink, reply } => {
+            Command::Request {
+                id,
+                method,
+                params,
+                sink,
+                reply,
+            } => {
                 let (mut line, progress) = encode_request(id, &method, params);
                 line.push(b'\n');
-                self.pending.insert(id, Pending { method, sink, progress, reply });
+                self.pending.insert(
+                    id,
+                    Pending {
+                        method,
+                        sink,
+                        progress,
+                        reply,
+                    },
+                );
                 self.write(line).await;
             }
             Command::Notify { method, params } => {
@@ -222,7 +255,10 @@ impl Actor {
                         let _ = sink.try_send(Bytes::from(message::notification(&method, params.as_deref())));
                     }
                 } else {
-                    info!(message = params.as_deref().map_or("", |p| p.get()), "downstream log message");
+                    info!(
+                        message = params.as_deref().map_or("", |p| p.get()),
+                        "downstream log message"
+                    );
                 }
             }
             "notifications/cancelled" => {
@@ -322,12 +358,22 @@ pub(crate) enum LineRead {
 
 /// Reads one `\n`-terminated line (without the newline) of at most `max` bytes. A longer
 /// line is consumed and reported, so the stream stays in step.
-pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(r: &mut R, out: &mut Vec<u8>, max: usize) -> io::Result<LineRead> {
+pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    out: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<LineRead> {
     let mut seen = 0usize;
     loop {
         let buf = r.fill_buf().await?;
         if buf.is_empty() {
-            return Ok(if seen == 0 { LineRead::Eof } else if seen > max { LineRead::TooLong(seen) } else { LineRead::Line });
+            return Ok(if seen == 0 {
+                LineRead::Eof
+            } else if seen > max {
+                LineRead::TooLong(seen)
+            } else {
+                LineRead::Line
+            });
         }
         let (chunk, done) = match memchr(buf) {
             Some(i) => (&buf[..i], i + 1),
@@ -344,7 +390,11 @@ pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(r: &mut R, out: &
             if out.last() == Some(&b'\r') {
                 out.pop();
             }
-            return Ok(if seen > max { LineRead::TooLong(seen) } else { LineRead::Line });
+            return Ok(if seen > max {
+                LineRead::TooLong(seen)
+            } else {
+                LineRead::Line
+            });
         }
         let n = buf.len();
         r.consume(n);

@@ -7,6 +7,10 @@
 //! for server-initiated notifications; DELETE ends the session. Origin and Host are
 //! checked (403), bodies are bounded (413). Health: `/healthz`, `/readyz`, `/status`.
 
+// Early-return helpers hand back a ready HTTP response as their error; boxing it would
+// only add an allocation on the rejection path.
+#![allow(clippy::result_large_err)]
+
 use crate::downstream::SINK_QUEUE;
 use crate::message::{self, code, Id, Kind, Outcome};
 use crate::router::{Client, Gateway, SUPPORTED_VERSIONS};
@@ -56,7 +60,11 @@ pub struct Http {
 
 impl Http {
     pub fn new(gw: Arc<Gateway>) -> Http {
-        Http { gw, sessions: Arc::new(DashMap::new()), started: Instant::now() }
+        Http {
+            gw,
+            sessions: Arc::new(DashMap::new()),
+            started: Instant::now(),
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -68,7 +76,8 @@ impl Http {
         let now = self.now_ms();
         let idle = u64::try_from(SESSION_IDLE.as_millis()).unwrap_or(u64::MAX);
         self.sessions.retain(|id, s| {
-            let keep = s.get_open.load(Ordering::Relaxed) || now.saturating_sub(s.last_seen.load(Ordering::Relaxed)) < idle;
+            let keep =
+                s.get_open.load(Ordering::Relaxed) || now.saturating_sub(s.last_seen.load(Ordering::Relaxed)) < idle;
             if !keep {
                 info!(session = %id, "session expired");
                 s.client.cancel_all();
@@ -116,15 +125,25 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> 
                 .split_once("://")
                 .is_some_and(|(scheme, rest)| matches!(scheme, "http" | "https") && is_local_host(rest));
         if !ok {
-            return Err(rpc_error(StatusCode::FORBIDDEN, code::INVALID_REQUEST, &format!("origin {origin} is not allowed")));
+            return Err(rpc_error(
+                StatusCode::FORBIDDEN,
+                code::INVALID_REQUEST,
+                &format!("origin {origin} is not allowed"),
+            ));
         }
     }
     if let Some(host) = headers.get(header::HOST) {
         let host = host.to_str().unwrap_or("");
         let ok = is_local_host(host)
-            || g.allowed_hosts.iter().any(|h| h == host || host.rsplit_once(':').is_some_and(|(name, _)| name == h));
+            || g.allowed_hosts
+                .iter()
+                .any(|h| h == host || host.rsplit_once(':').is_some_and(|(name, _)| name == h));
         if !ok {
-            return Err(rpc_error(StatusCode::FORBIDDEN, code::INVALID_REQUEST, &format!("host {host} is not allowed")));
+            return Err(rpc_error(
+                StatusCode::FORBIDDEN,
+                code::INVALID_REQUEST,
+                &format!("host {host} is not allowed"),
+            ));
         }
     }
     Ok(())
@@ -154,7 +173,11 @@ fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), R
             s.last_seen.store(http.now_ms(), Ordering::Relaxed);
             Ok((id.to_owned(), s.clone()))
         }
-        None => Err(rpc_error(StatusCode::NOT_FOUND, code::INVALID_REQUEST, "unknown or ended session")),
+        None => Err(rpc_error(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "unknown or ended session",
+        )),
     }
 }
 
@@ -165,7 +188,10 @@ fn check_version(headers: &HeaderMap) -> Result<(), Response> {
         Some(v) => Err(rpc_error(
             StatusCode::BAD_REQUEST,
             code::INVALID_REQUEST,
-            &format!("unsupported MCP-Protocol-Version {v:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
+            &format!(
+                "unsupported MCP-Protocol-Version {v:?}; supported: {}",
+                SUPPORTED_VERSIONS.join(", ")
+            ),
         )),
     }
 }
@@ -258,7 +284,11 @@ async fn request(
     tokio::spawn(async move {
         let out = gw.request(&session.client, &id, &method, params, Some(sink)).await;
         let out = out.unwrap_or_else(|| {
-            Outcome::Error(message::error_object(REQUEST_CANCELLED, "request cancelled by the client", None))
+            Outcome::Error(message::error_object(
+                REQUEST_CANCELLED,
+                "request cancelled by the client",
+                None,
+            ))
         });
         let _ = done_tx.send(message::response(&id, &out));
     });
@@ -272,7 +302,11 @@ async fn request(
                 .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
             sse_response(Body::from_stream(events))
         }
-        None => rpc_error(StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL_ERROR, "request task failed"),
+        None => rpc_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            code::INTERNAL_ERROR,
+            "request task failed",
+        ),
     }
 }
 
@@ -341,7 +375,11 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
     if !accepts {
-        return rpc_error(StatusCode::NOT_ACCEPTABLE, code::INVALID_REQUEST, "GET needs Accept: text/event-stream");
+        return rpc_error(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "GET needs Accept: text/event-stream",
+        );
     }
     let (_, session) = match session(&http, &headers) {
         Ok(s) => s,
@@ -351,7 +389,11 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
         return r;
     }
     if session.get_open.swap(true, Ordering::AcqRel) {
-        return rpc_error(StatusCode::CONFLICT, code::INVALID_REQUEST, "this session already has an open GET stream");
+        return rpc_error(
+            StatusCode::CONFLICT,
+            code::INVALID_REQUEST,
+            "this session already has an open GET stream",
+        );
     }
     struct Open(Arc<Session>);
     impl Drop for Open {
