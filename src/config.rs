@@ -584,7 +584,7 @@ mod tests {
         let src = "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[servers.a]\ncommand = \"x\"\nenv = { K = \"${MISSING}\", S = \"${SET}\" }\n";
         let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
         assert_eq!(e.0.len(), 1);
-        assert_eq!((e.0[0].line, e.0[0].column), (6, 11));
+        assert_eq!((e.0[0].line, e.0[0].column), (6, 13));
         assert!(e.0[0].message.contains("servers.a.env.K") && e.0[0].message.contains("MISSING"));
         assert!(!e.to_string().contains("value"));
 

@@ -435,6 +435,6 @@ mod tests {
                 LineRead::Line => got.push(String::from_utf8(out.clone()).unwrap()),
             }
         }
-        assert_eq!(got, ["short", "too long 24", "ok", "", "last"]);
+        assert_eq!(got, ["short", "too long 25", "ok", "", "last"]);
     }
 }

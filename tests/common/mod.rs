@@ -17,13 +17,24 @@ pub fn repo() -> PathBuf {
 
 /// The mock fixture server as a `[servers.NAME]` table body.
 pub fn mock(name: &str, extra: &[&str]) -> String {
-    let mut args = vec!["tests/fixtures/mock_server.py".to_string(), "--name".into(), name.into()];
+    let mut args = vec![
+        "tests/fixtures/mock_server.py".to_string(),
+        "--name".into(),
+        name.into(),
+    ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    format!("command = \"python3\"\nargs = {}\ncwd = {:?}\n", toml_list(&args), repo().display().to_string())
+    format!(
+        "command = \"python3\"\nargs = {}\ncwd = {:?}\n",
+        toml_list(&args),
+        repo().display().to_string()
+    )
 }
 
 pub fn toml_list(items: &[String]) -> String {
-    format!("[{}]", items.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", "))
+    format!(
+        "[{}]",
+        items.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ")
+    )
 }
 
 /// A running gateway. Killed (SIGKILL) on drop if still running.
@@ -86,7 +97,13 @@ impl Gateway {
             }
         };
         let base = url.rsplit_once('/').map(|(b, _)| b.to_string()).unwrap_or_default();
-        Gateway { child, url, base, dir, stderr: log }
+        Gateway {
+            child,
+            url,
+            base,
+            dir,
+            stderr: log,
+        }
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -138,9 +155,20 @@ impl Session {
             .await
             .expect("initialize");
         assert_eq!(resp.status(), 200);
-        let id = resp.headers().get("mcp-session-id").expect("session id").to_str().unwrap().to_string();
+        let id = resp
+            .headers()
+            .get("mcp-session-id")
+            .expect("session id")
+            .to_str()
+            .unwrap()
+            .to_string();
         let init: Value = resp.json().await.unwrap();
-        let s = Session { http, url: url.to_string(), id, init };
+        let s = Session {
+            http,
+            url: url.to_string(),
+            id,
+            init,
+        };
         s.notify("notifications/initialized", json!({})).await;
         s
     }
@@ -154,7 +182,12 @@ impl Session {
     }
 
     pub async fn notify(&self, method: &str, params: Value) {
-        let r = self.post().json(&json!({"jsonrpc":"2.0","method":method,"params":params})).send().await.unwrap();
+        let r = self
+            .post()
+            .json(&json!({"jsonrpc":"2.0","method":method,"params":params}))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 202);
     }
 
@@ -177,18 +210,28 @@ impl Session {
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Value {
-        self.request(json!(1), "tools/call", json!({"name": tool, "arguments": args})).await
+        self.request(json!(1), "tools/call", json!({"name": tool, "arguments": args}))
+            .await
     }
 
     pub async fn tool_names(&self) -> Vec<String> {
         let r = self.request(json!("list"), "tools/list", json!({})).await;
-        r["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect()
+        r["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
     }
 }
 
 /// Reads a POST answer: JSON, or SSE events with one JSON-RPC message each.
 pub async fn read_messages(r: reqwest::Response) -> Vec<Value> {
-    let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
     let body = r.text().await.unwrap();
     if ct.starts_with("text/event-stream") {
         parse_sse(&body)
@@ -200,7 +243,10 @@ pub async fn read_messages(r: reqwest::Response) -> Vec<Value> {
 pub fn parse_sse(body: &str) -> Vec<Value> {
     let mut out = Vec::new();
     for block in body.split("\n\n") {
-        let data: Vec<&str> = block.lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).collect();
+        let data: Vec<&str> = block
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+            .collect();
         if !data.is_empty() && !data.join("").trim().is_empty() {
             out.push(serde_json::from_str(&data.join("\n")).unwrap());
         }
@@ -210,7 +256,10 @@ pub fn parse_sse(body: &str) -> Vec<Value> {
 
 /// The text of the first content item of a tools/call response.
 pub fn text(resp: &Value) -> String {
-    resp["result"]["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text in {resp}")).to_string()
+    resp["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text in {resp}"))
+        .to_string()
 }
 
 /// Whether a process with this pid exists.
@@ -222,7 +271,9 @@ pub fn alive(pid: i32) -> bool {
 pub fn pids_matching(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
             if String::from_utf8_lossy(&cmd).replace('\0', " ").contains(needle) {
                 out.push(pid);
