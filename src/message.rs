@@ -158,23 +158,23 @@ impl Kind {
 
 /// Writes a request line: `{"jsonrpc":"2.0","id":..,"method":..,"params":..}`.
 pub fn request(id: &Id, method: &str, params: Option<&RawValue>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + params.map_or(0, |p| p.get().len()));
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-    write_value(&mut out, id);
-    out.extend_from_slice(b",\"method\":");
-    write_value(&mut out, &Value::String(method.to_owned()));
-    if let Some(p) = params {
-        out.extend_from_slice(b",\"params\":");
-        out.extend_from_slice(p.get().as_bytes());
-    }
-    out.push(b'}');
-    out
+    call(Some(id), method, params)
 }
 
 /// Writes a notification line.
 pub fn notification(method: &str, params: Option<&RawValue>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(48 + params.map_or(0, |p| p.get().len()));
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    call(None, method, params)
+}
+
+fn call(id: Option<&Id>, method: &str, params: Option<&RawValue>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + method.len() + params.map_or(0, |p| p.get().len()));
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
+    if let Some(id) = id {
+        out.extend_from_slice(b"\"id\":");
+        write_value(&mut out, id);
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"method\":");
     write_value(&mut out, &Value::String(method.to_owned()));
     if let Some(p) = params {
         out.extend_from_slice(b",\"params\":");
