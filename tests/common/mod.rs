@@ -9,6 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod ext;
+#[allow(unused_imports)]
+pub use ext::*;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_mcp-gateway");
 
 pub fn repo() -> PathBuf {
