@@ -8,7 +8,8 @@ Usage:
 Connects to URL (e.g. http://127.0.0.1:8080/mcp), lists all tools (following nextCursor),
 optionally calls --tool with --args, and prints ONE JSON line to stdout:
   {"tools":[...names], "result":[...content] | null, "isError":bool|null,
-   "structuredContent":...|null, "protocolVersion":"...", "serverInfo":{...}|null, "mode":"..."}
+   "structuredContent":...|null, "protocolVersion":"...", "serverInfo":{...}|null, "mode":"...",
+   "connectSeconds":float}   (connectSeconds: time to connect + handshake, incl. any probe)
 Exit 0 on success; on failure prints a message to stderr and exits 1 (2 for usage errors).
 
 mode=legacy: initialize handshake only. mode=auto (SDK default): first POSTs a
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -28,7 +30,9 @@ async def run(args: argparse.Namespace) -> dict:
     tool_args = json.loads(args.args) if args.args else {}
     if not isinstance(tool_args, dict):
         raise SystemExit("--args must be a JSON object")
+    started = time.monotonic()
     async with Client(args.url, mode=args.mode, read_timeout_seconds=args.timeout) as client:
+        connect_seconds = time.monotonic() - started
         names: list[str] = []
         cursor = None
         for _ in range(1000):
@@ -47,6 +51,7 @@ async def run(args: argparse.Namespace) -> dict:
             if client.server_info
             else None,
             "mode": args.mode,
+            "connectSeconds": round(connect_seconds, 3),
         }
         if args.tool:
             res = await client.call_tool(args.tool, tool_args)
