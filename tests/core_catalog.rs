@@ -17,7 +17,12 @@ const LONG_PREFIX_LEN: usize = 60;
 /// Four servers: `alpha` (prefix "a", deny globs), `first` and `second` (both unprefixed,
 /// so they collide), and `long` (a 60-character prefix, paginating 2 items per page).
 fn config() -> (String, Names) {
-    let n = Names { alpha: unique("alpha"), first: unique("first"), second: unique("second"), long: unique("long") };
+    let n = Names {
+        alpha: unique("alpha"),
+        first: unique("first"),
+        second: unique("second"),
+        long: unique("long"),
+    };
     let long_prefix = "g".repeat(LONG_PREFIX_LEN);
     let cfg = [
         server(
@@ -26,14 +31,24 @@ fn config() -> (String, Names) {
             &[],
             "prefix = \"a\"\ntools = { allow = [\"*\"], deny = [\"crash\", \"b?g\", \"add_*\"] }",
         ),
-        server("first", &n.first, &[], "prefix = \"\"\nenv = { WHO = \"first\" }\ntools = { allow = [\"e*\", \"add\"] }"),
+        server(
+            "first",
+            &n.first,
+            &[],
+            "prefix = \"\"\nenv = { WHO = \"first\" }\ntools = { allow = [\"e*\", \"add\"] }",
+        ),
         server(
             "second",
             &n.second,
             &[],
             "prefix = \"\"\nenv = { WHO = \"second\" }\ntools = { allow = [\"e*\"], deny = [\"echo_meta\"] }",
         ),
-        server("long", &n.long, &["--page-size", "2", "--tools", "7"], &format!("prefix = \"{long_prefix}\"")),
+        server(
+            "long",
+            &n.long,
+            &["--page-size", "2", "--tools", "7"],
+            &format!("prefix = \"{long_prefix}\""),
+        ),
     ]
     .concat();
     (cfg, n)
@@ -44,7 +59,9 @@ fn names(list: &[Value]) -> Vec<String> {
 }
 
 fn is_hashed_form(name: &str, stem: &str) -> bool {
-    let Some(rest) = name.strip_prefix(stem).and_then(|r| r.strip_prefix('_')) else { return false };
+    let Some(rest) = name.strip_prefix(stem).and_then(|r| r.strip_prefix('_')) else {
+        return false;
+    };
     rest.len() == 8 && rest.chars().all(|c| c.is_ascii_hexdigit())
 }
 
@@ -68,13 +85,27 @@ async fn lists_are_merged_with_prefixes_filters_collisions_and_long_names() {
     for t in ["echo", "add", "env", "echo_meta"] {
         assert!(has(t), "{t} missing from {tool_names:?}");
     }
-    assert!(!has("slow") && !has("crash") && !has("log"), "allow list not applied: {tool_names:?}");
+    assert!(
+        !has("slow") && !has("crash") && !has("log"),
+        "allow list not applied: {tool_names:?}"
+    );
 
     // Collision: `first` (earlier in the file) keeps echo/env; `second` gets hashed names.
-    let second_echo = tool_names.iter().find(|t| is_hashed_form(t, "echo")).expect("hashed echo of second").clone();
-    let second_env = tool_names.iter().find(|t| is_hashed_form(t, "env")).expect("hashed env of second").clone();
+    let second_echo = tool_names
+        .iter()
+        .find(|t| is_hashed_form(t, "echo"))
+        .expect("hashed echo of second")
+        .clone();
+    let second_env = tool_names
+        .iter()
+        .find(|t| is_hashed_form(t, "env"))
+        .expect("hashed env of second")
+        .clone();
     assert!(second_echo.len() <= 64 && second_env.len() <= 64);
-    assert!(!tool_names.iter().any(|t| is_hashed_form(t, "echo_meta")), "second's echo_meta is denied");
+    assert!(
+        !tool_names.iter().any(|t| is_hashed_form(t, "echo_meta")),
+        "second's echo_meta is denied"
+    );
     assert_eq!(text(&s.call("env", json!({"name": "WHO"})).await), "first");
     assert_eq!(text(&s.call(&second_env, json!({"name": "WHO"})).await), "second");
     assert_eq!(text(&s.call(&second_echo, json!({"text": "hi"})).await), "hi");
@@ -82,32 +113,60 @@ async fn lists_are_merged_with_prefixes_filters_collisions_and_long_names() {
     // Long prefix: every name is shortened to exactly 64 characters, unique, callable;
     // and all 16 tools (9 built-in + 7) arrived through pages of 2.
     let stem = "g".repeat(55);
-    let long: Vec<&Value> = tools.iter().filter(|t| t["name"].as_str().unwrap().starts_with(&stem)).collect();
-    assert_eq!(long.len(), 16, "pagination not followed: {:?}", names(&long.iter().map(|v| (*v).clone()).collect::<Vec<_>>()));
+    let long: Vec<&Value> = tools
+        .iter()
+        .filter(|t| t["name"].as_str().unwrap().starts_with(&stem))
+        .collect();
+    assert_eq!(
+        long.len(),
+        16,
+        "pagination not followed: {:?}",
+        names(&long.iter().map(|v| (*v).clone()).collect::<Vec<_>>())
+    );
     let mut seen = std::collections::HashSet::new();
     for t in &long {
         let name = t["name"].as_str().unwrap();
         assert_eq!(name.len(), 64, "{name}");
-        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)), "{name}");
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)),
+            "{name}"
+        );
         assert!(seen.insert(name.to_string()), "duplicate {name}");
     }
     for i in 0..7 {
         let desc = format!("Trivial tool {i}: echoes its arguments as JSON.");
-        assert!(long.iter().any(|t| t["description"] == desc.as_str()), "tool_{i} of long missing");
+        assert!(
+            long.iter().any(|t| t["description"] == desc.as_str()),
+            "tool_{i} of long missing"
+        );
     }
-    let long_add = long.iter().find(|t| t["description"] == "Add two numbers.").unwrap()["name"].as_str().unwrap();
+    let long_add = long.iter().find(|t| t["description"] == "Add two numbers.").unwrap()["name"]
+        .as_str()
+        .unwrap();
     assert_eq!(text(&s.call(long_add, json!({"a": 2, "b": 40})).await), "42");
-    let long_t6 = long.iter().find(|t| t["description"].as_str().unwrap().starts_with("Trivial tool 6")).unwrap();
-    assert_eq!(text(&s.call(long_t6["name"].as_str().unwrap(), json!({"k": 1})).await), "{\"k\":1}");
+    let long_t6 = long
+        .iter()
+        .find(|t| t["description"].as_str().unwrap().starts_with("Trivial tool 6"))
+        .unwrap();
+    assert_eq!(
+        text(&s.call(long_t6["name"].as_str().unwrap(), json!({"k": 1})).await),
+        "{\"k\":1}"
+    );
     // Nothing else: 6 + 4 + 2 + 16.
     assert_eq!(tools.len(), 28, "{tool_names:?}");
 
     // Prompts, resources and templates are merged too.
     let prompts = names(&s.list("prompts/list", "prompts").await);
     assert_eq!(prompts.len(), 4, "{prompts:?}");
-    assert!(prompts.contains(&"a__greet".into()) && prompts.contains(&"greet".into()), "{prompts:?}");
+    assert!(
+        prompts.contains(&"a__greet".into()) && prompts.contains(&"greet".into()),
+        "{prompts:?}"
+    );
     assert!(prompts.iter().any(|p| is_hashed_form(p, "greet")), "{prompts:?}");
-    assert!(prompts.iter().any(|p| p.starts_with(&stem) && p.len() == 64), "{prompts:?}");
+    assert!(
+        prompts.iter().any(|p| p.starts_with(&stem) && p.len() == 64),
+        "{prompts:?}"
+    );
     let resources = s.list("resources/list", "resources").await;
     let uris: Vec<&str> = resources.iter().map(|r| r["uri"].as_str().unwrap()).collect();
     let templates = s.list("resources/templates/list", "resourceTemplates").await;
@@ -138,7 +197,10 @@ async fn check_connect_reports_the_collision() {
     assert!(is_hashed_form(hashed, "echo"), "{note}");
     // The catalog table lists the hashed name against server second.
     assert!(
-        out.lines().any(|l| l.starts_with("tool") && l.contains(hashed) && l.contains("second") && l.trim_end().ends_with("echo")),
+        out.lines().any(|l| l.starts_with("tool")
+            && l.contains(hashed)
+            && l.contains("second")
+            && l.trim_end().ends_with("echo")),
         "{out}"
     );
     for s in ["alpha", "first", "second", "long"] {
@@ -159,7 +221,9 @@ async fn every_kind_of_call_reaches_every_server() {
     let long_greet = prompts.iter().find(|p| p.starts_with(&long_stem)).unwrap().clone();
     let long_echo = {
         let list = s.list("tools/list", "tools").await;
-        list.iter().find(|t| t["description"] == "Echo the given text." && t["name"].as_str().unwrap().starts_with(&long_stem)).unwrap()["name"]
+        list.iter()
+            .find(|t| t["description"] == "Echo the given text." && t["name"].as_str().unwrap().starts_with(&long_stem))
+            .unwrap()["name"]
             .as_str()
             .unwrap()
             .to_string()
@@ -172,21 +236,41 @@ async fn every_kind_of_call_reaches_every_server() {
     ];
     for (i, (mock_name, echo, greet)) in cases.iter().enumerate() {
         let id = json!(100 + i);
-        let r = s.call_id(id.clone(), echo, json!({"text": format!("to {mock_name}")})).await;
+        let r = s
+            .call_id(id.clone(), echo, json!({"text": format!("to {mock_name}")}))
+            .await;
         assert_eq!(r["id"], id);
         assert_eq!(text(&r), format!("to {mock_name}"));
 
-        let r = s.request(json!(i), "prompts/get", json!({"name": greet, "arguments": {"name": mock_name}})).await;
-        assert_eq!(r["result"]["messages"][0]["content"]["text"], format!("Hello, {mock_name}!"), "{r}");
+        let r = s
+            .request(
+                json!(i),
+                "prompts/get",
+                json!({"name": greet, "arguments": {"name": mock_name}}),
+            )
+            .await;
+        assert_eq!(
+            r["result"]["messages"][0]["content"]["text"],
+            format!("Hello, {mock_name}!"),
+            "{r}"
+        );
 
         let uri = format!("mock://{mock_name}/readme");
         let r = s.request(json!(i), "resources/read", json!({"uri": uri})).await;
-        assert_eq!(r["result"]["contents"][0]["text"], format!("readme of {mock_name}"), "{r}");
+        assert_eq!(
+            r["result"]["contents"][0]["text"],
+            format!("readme of {mock_name}"),
+            "{r}"
+        );
         assert_eq!(r["result"]["contents"][0]["uri"], uri.as_str());
 
         let uri = format!("mock://{mock_name}/items/{}", 40 + i);
         let r = s.request(json!(i), "resources/read", json!({"uri": uri})).await;
-        assert_eq!(r["result"]["contents"][0]["text"], format!("item {} of {mock_name}", 40 + i), "{r}");
+        assert_eq!(
+            r["result"]["contents"][0]["text"],
+            format!("item {} of {mock_name}", 40 + i),
+            "{r}"
+        );
 
         let r = s
             .request(

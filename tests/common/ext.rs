@@ -51,13 +51,24 @@ impl Gateway {
 
     /// GET on a path of the gateway (e.g. `/status`), as JSON.
     pub async fn get_json(&self, path: &str) -> Value {
-        reqwest::get(format!("{}{path}", self.base)).await.unwrap().json().await.unwrap()
+        reqwest::get(format!("{}{path}", self.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     /// A state of a server by name from /status.
     pub async fn server_status(&self, name: &str) -> Value {
         let st = self.get_json("/status").await;
-        st["servers"].as_array().unwrap().iter().find(|s| s["name"] == name).cloned().unwrap_or(Value::Null)
+        st["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
     }
 }
 
@@ -75,9 +86,19 @@ pub struct Messages {
 impl Messages {
     pub fn new(resp: reqwest::Response) -> Messages {
         let status = resp.status().as_u16();
-        let content_type =
-            resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
-        Messages { resp: Some(resp), status, content_type, buf: Vec::new(), ready: VecDeque::new(), seen: Vec::new() }
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        Messages {
+            resp: Some(resp),
+            status,
+            content_type,
+            buf: Vec::new(),
+            ready: VecDeque::new(),
+            seen: Vec::new(),
+        }
     }
 
     fn is_sse(&self) -> bool {
@@ -130,7 +151,10 @@ impl Messages {
     pub async fn response(&mut self, timeout: Duration) -> (Vec<Value>, Value) {
         let mut notes = Vec::new();
         loop {
-            let m = self.next(timeout).await.unwrap_or_else(|| panic!("no response; got {notes:?}"));
+            let m = self
+                .next(timeout)
+                .await
+                .unwrap_or_else(|| panic!("no response; got {notes:?}"));
             if m.get("id").is_some() {
                 return (notes, m);
             }
@@ -171,19 +195,24 @@ impl Session {
     }
 
     pub async fn call_id(&self, id: Value, tool: &str, args: Value) -> Value {
-        self.request(id, "tools/call", json!({"name": tool, "arguments": args})).await
+        self.request(id, "tools/call", json!({"name": tool, "arguments": args}))
+            .await
     }
 
     /// `method`'s list (e.g. "prompts/list" with key "prompts").
     pub async fn list(&self, method: &str, key: &str) -> Vec<Value> {
         let r = self.request(json!(method), method, json!({})).await;
-        r["result"][key].as_array().unwrap_or_else(|| panic!("{method}: {r}")).clone()
+        r["result"][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method}: {r}"))
+            .clone()
     }
 }
 
 /// The error object of a response, panicking when it is a result.
 pub fn error_of(resp: &Value) -> &Value {
-    resp.get("error").unwrap_or_else(|| panic!("expected an error, got {resp}"))
+    resp.get("error")
+        .unwrap_or_else(|| panic!("expected an error, got {resp}"))
 }
 
 /// Result of `mcp-gateway check`.
@@ -200,7 +229,11 @@ pub fn check(config: &str, extra: &[&str], env: &[(&str, &str)]) -> (CheckRun, t
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, config).unwrap();
     let mut cmd = Command::new(BIN);
-    cmd.arg("check").args(extra).arg("--config").arg(&path).env_remove("MCP_GATEWAY_CONFIG");
+    cmd.arg("check")
+        .args(extra)
+        .arg("--config")
+        .arg(&path)
+        .env_remove("MCP_GATEWAY_CONFIG");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -272,7 +305,14 @@ impl StdioGateway {
                 }
             });
         }
-        StdioGateway { child, stdin, lines, stdout, stderr, dir }
+        StdioGateway {
+            child,
+            stdin,
+            lines,
+            stdout,
+            stderr,
+            dir,
+        }
     }
 
     pub fn send_raw(&mut self, line: &str) {
@@ -299,7 +339,10 @@ impl StdioGateway {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let m = self.recv(left).unwrap_or_else(|| {
-                panic!("no response to {id}; got {others:?}; stderr:\n{}", self.stderr.lock().unwrap())
+                panic!(
+                    "no response to {id}; got {others:?}; stderr:\n{}",
+                    self.stderr.lock().unwrap()
+                )
             });
             if m.get("id") == Some(id) && m.get("method").is_none() {
                 return (others, m);
