@@ -1,0 +1,225 @@
+//! Bad input to the HTTP endpoint: each gets the right status and JSON-RPC error, and
+//! the gateway keeps serving.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+
+fn gateway() -> Gateway {
+    let name = unique("in");
+    Gateway::start(&format!(
+        "[gateway]\nmax_body = \"1KiB\"\n\n{}",
+        server("m", &name, &[], "")
+    ))
+}
+
+/// POSTs a raw body with the session header (when given); returns status and JSON body.
+async fn post_raw(gw: &Gateway, session: Option<&str>, body: &str) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(&gw.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    if let Some(s) = session {
+        req = req.header("mcp-session-id", s);
+    }
+    let r = req.body(body.to_string()).send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn code(v: &Value) -> i64 {
+    v["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no error code in {v}"))
+}
+
+#[tokio::test]
+async fn malformed_and_wrong_shape_messages() {
+    let gw = gateway();
+    let s = gw.session().await;
+    let (st, v) = post_raw(&gw, Some(&s.id), "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":").await;
+    assert_eq!((st, code(&v)), (400, -32700), "{v}");
+    assert_eq!(v["id"], Value::Null);
+    for bad in [
+        r#"{"jsonrpc":"2.0","id":1}"#,
+        "[]",
+        r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
+        r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+        r#"{"id":1,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":{"x":1},"method":"ping"}"#,
+        "42",
+    ] {
+        let (st, v) = post_raw(&gw, Some(&s.id), bad).await;
+        assert_eq!((st, code(&v)), (400, -32600), "{bad} → {v}");
+    }
+    // Still serving the same session.
+    assert_eq!(s.request(json!(1), "ping", json!({})).await["result"], json!({}));
+}
+
+#[tokio::test]
+async fn session_header_rules() {
+    let gw = gateway();
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let (st, v) = post_raw(&gw, None, ping).await;
+    assert_eq!((st, code(&v)), (400, -32600), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("Mcp-Session-Id"),
+        "{v}"
+    );
+    let (st, _) = post_raw(&gw, Some("0123456789abcdef0123456789abcdef"), ping).await;
+    assert_eq!(st, 404);
+
+    let s = gw.session().await;
+    let (st, v) = post_raw(&gw, Some(&s.id), ping).await;
+    assert_eq!((st, &v["result"]), (200, &json!({})));
+    let del = s
+        .http
+        .delete(&s.url)
+        .header("mcp-session-id", &s.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 200);
+    let (st, _) = post_raw(&gw, Some(&s.id), ping).await;
+    assert_eq!(st, 404, "a deleted session must be gone");
+    let del = s
+        .http
+        .delete(&s.url)
+        .header("mcp-session-id", &s.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 404);
+    let get = s
+        .http
+        .get(&s.url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &s.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 404);
+}
+
+#[tokio::test]
+async fn origin_and_host_are_checked() {
+    let gw = gateway();
+    let s = gw.session().await;
+    let ping = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
+    let r = s
+        .post()
+        .header("origin", "http://evil.example")
+        .json(&ping)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("evil.example"), "{v}");
+    // initialize from a bad origin opens no session.
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let r = reqwest::Client::new()
+        .post(&gw.url)
+        .header("origin", "http://evil.example")
+        .header("accept", "application/json, text/event-stream")
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("mcp-session-id").is_none());
+
+    let r = s
+        .post()
+        .header("origin", "http://localhost:1234")
+        .json(&ping)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["result"], json!({}));
+
+    // Host: written by hand so the client library cannot fix it up.
+    let body = ping.to_string();
+    let addr = gw.base.strip_prefix("http://").unwrap().to_string();
+    let path = gw.url.strip_prefix(&gw.base).unwrap().to_string();
+    let raw = |host: &str| {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            c,
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            s.id,
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    };
+    let evil = raw("evil.example.com");
+    assert!(evil.starts_with("HTTP/1.1 403"), "{evil}");
+    let local = raw(&addr);
+    assert!(local.starts_with("HTTP/1.1 200"), "{local}");
+}
+
+#[tokio::test]
+async fn body_limit_and_protocol_version() {
+    let gw = gateway();
+    let s = gw.session().await;
+    let big = "y".repeat(2048);
+    let r = s.post().json(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"m__echo","arguments":{"text": big}}})).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    // Just under the limit is fine.
+    let small = "y".repeat(600);
+    assert_eq!(text(&s.call("m__echo", json!({"text": small})).await), small);
+
+    let r = s
+        .http
+        .post(&s.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &s.id)
+        .header("mcp-protocol-version", "1999-01-01")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("1999-01-01"), "{v}");
+    // An older supported revision is accepted.
+    let r = s
+        .http
+        .post(&s.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &s.id)
+        .header("mcp-protocol-version", "2025-03-26")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn unknown_tool_and_method() {
+    let gw = gateway();
+    let s = gw.session().await;
+    let r = s.call_id(json!("u1"), "m__no_such_tool", json!({})).await;
+    assert_eq!(r["id"], "u1");
+    let e = error_of(&r);
+    assert!(e["message"].as_str().unwrap().contains("m__no_such_tool"), "{r}");
+    assert_eq!(e["code"], -32602);
+    let r = s.call("nobody__echo", json!({})).await;
+    assert!(
+        error_of(&r)["message"].as_str().unwrap().contains("nobody__echo"),
+        "{r}"
+    );
+    let r = s.request(json!(3), "tools/frobnicate", json!({})).await;
+    assert_eq!(r["id"], 3);
+    assert_eq!(error_of(&r)["code"], -32601, "{r}");
+    let r = s.request(json!(4), "prompts/get", json!({"name": "m__nope"})).await;
+    assert!(error_of(&r)["message"].as_str().unwrap().contains("m__nope"), "{r}");
+}
