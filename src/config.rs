@@ -72,6 +72,11 @@ struct RawGateway {
 #[serde(deny_unknown_fields)]
 struct RawServer {
     command: Option<Spanned<String>>,
+    url: Option<Spanned<String>>,
+    transport: Option<Spanned<String>>,
+    #[serde(default)]
+    headers: IndexMap<String, Spanned<String>>,
+    ca_file: Option<Spanned<String>>,
     #[serde(default)]
     args: Vec<String>,
     cwd: Option<String>,
@@ -144,14 +149,44 @@ pub struct Server {
 #[derive(Debug, Clone)]
 pub enum Transport {
     Stdio(StdioSpec),
+    Http(HttpSpec),
 }
 
 impl Transport {
     pub fn kind(&self) -> &'static str {
         match self {
             Transport::Stdio(_) => "stdio",
+            Transport::Http(h) => match h.mode {
+                HttpMode::Auto => "http",
+                HttpMode::Streamable => "streamable-http",
+                HttpMode::Sse => "sse",
+            },
         }
     }
+}
+
+/// Which HTTP transport a remote server speaks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HttpMode {
+    /// Streamable HTTP, falling back to legacy HTTP+SSE as the spec describes.
+    Auto,
+    Streamable,
+    /// The 2024-11-05 HTTP+SSE transport.
+    Sse,
+}
+
+/// A remote server.
+#[derive(Debug, Clone)]
+pub struct HttpSpec {
+    /// The URL as written in gateway.toml (before `${VAR}` expansion): safe to show.
+    pub url_display: String,
+    /// The expanded URL; may carry a credential in its query.
+    pub url: Secret,
+    pub mode: HttpMode,
+    /// Extra request headers, expanded; they are secrets.
+    pub headers: Vec<(String, Secret)>,
+    /// A PEM file of extra CA certificates to trust.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// A child process speaking MCP on its stdin/stdout.
@@ -380,9 +415,65 @@ impl Config {
                 &format!("servers.{name}.timeout"),
                 request_timeout,
             );
-            let Some(command) = s.command else {
-                cx.at(at, format!("servers.{name}: needs `command` (a stdio server)"));
-                continue;
+            let server = |transport| Server {
+                name: name.clone(),
+                prefix: prefix.clone(),
+                timeout,
+                enabled: s.enabled,
+                tools: Filter {
+                    allow: s.tools.allow.clone(),
+                    deny: s.tools.deny.clone(),
+                },
+                transport,
+            };
+            let command = match (s.command, s.url) {
+                (Some(_), Some(url)) => {
+                    cx.at(
+                        url.span().start,
+                        format!("servers.{name}: give either `command` (stdio) or `url` (HTTP), not both"),
+                    );
+                    continue;
+                }
+                (None, None) => {
+                    cx.at(
+                        at,
+                        format!("servers.{name}: needs `command` (a stdio server) or `url` (a remote server)"),
+                    );
+                    continue;
+                }
+                (None, Some(url)) => {
+                    for (key, v) in [
+                        ("args", !s.args.is_empty()),
+                        ("env", !s.env.is_empty()),
+                        ("cwd", s.cwd.is_some()),
+                    ] {
+                        if v {
+                            cx.at(
+                                at,
+                                format!("servers.{name}.{key} only applies to stdio servers (with `command`)"),
+                            );
+                        }
+                    }
+                    if let Some(t) = http_spec(&mut cx, &name, url, s.transport, s.headers, s.ca_file, &base, env) {
+                        servers.push(server(Transport::Http(t)));
+                    }
+                    continue;
+                }
+                (Some(command), None) => {
+                    for (key, v) in [
+                        ("transport", s.transport.is_some()),
+                        ("headers", !s.headers.is_empty()),
+                        ("ca_file", s.ca_file.is_some()),
+                    ] {
+                        if v {
+                            cx.at(
+                                at,
+                                format!("servers.{name}.{key} only applies to remote servers (with `url`)"),
+                            );
+                        }
+                    }
+                    command
+                }
             };
             if command.get_ref().trim().is_empty() {
                 cx.at(command.span().start, format!("servers.{name}.command is empty"));
@@ -403,23 +494,13 @@ impl Config {
                 Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
                 Some(c) => base.join(c),
             };
-            servers.push(Server {
-                name: name.clone(),
-                prefix,
-                timeout,
-                enabled: s.enabled,
-                tools: Filter {
-                    allow: s.tools.allow,
-                    deny: s.tools.deny,
-                },
-                transport: Transport::Stdio(StdioSpec {
-                    command: command.into_inner(),
-                    args: s.args,
-                    cwd,
-                    env: child_env,
-                    inherited: inherited.clone(),
-                }),
-            });
+            servers.push(server(Transport::Stdio(StdioSpec {
+                command: command.into_inner(),
+                args: s.args,
+                cwd,
+                env: child_env,
+                inherited: inherited.clone(),
+            })));
         }
         if !cx.errors.is_empty() {
             return Err(ConfigErrors(cx.errors));
@@ -438,6 +519,91 @@ impl Config {
             servers,
         })
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn http_spec(
+    cx: &mut Ctx,
+    name: &str,
+    url: Spanned<String>,
+    transport: Option<Spanned<String>>,
+    headers: IndexMap<String, Spanned<String>>,
+    ca_file: Option<Spanned<String>>,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<HttpSpec> {
+    let errors = cx.errors.len();
+    let expanded = match expand(url.get_ref(), env) {
+        Ok(u) => u,
+        Err(var) => {
+            cx.at(
+                url.span().start,
+                format!("servers.{name}.url: environment variable {var} is not set"),
+            );
+            String::new()
+        }
+    };
+    if !(expanded.is_empty() || expanded.starts_with("http://") || expanded.starts_with("https://")) {
+        cx.at(
+            url.span().start,
+            format!("servers.{name}.url must start with http:// or https://"),
+        );
+    }
+    let mode = match transport.as_ref().map(|t| t.get_ref().as_str()) {
+        None | Some("auto") => HttpMode::Auto,
+        Some("streamable-http") => HttpMode::Streamable,
+        Some("sse") => HttpMode::Sse,
+        Some(other) => {
+            let at = transport.as_ref().map_or(0, |t| t.span().start);
+            cx.at(
+                at,
+                format!("servers.{name}.transport: {other:?} is not one of auto, streamable-http, sse"),
+            );
+            HttpMode::Auto
+        }
+    };
+    let mut out_headers = Vec::new();
+    for (key, value) in headers {
+        if key.is_empty()
+            || !key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
+        {
+            cx.at(
+                value.span().start,
+                format!("servers.{name}.headers: {key:?} is not a valid header name"),
+            );
+            continue;
+        }
+        match expand(value.get_ref(), env) {
+            Ok(v) if v.bytes().any(|b| b == b'\r' || b == b'\n') => {
+                cx.at(value.span().start, format!("servers.{name}.headers.{key}: the value contains a line break"));
+            }
+            Ok(v) => out_headers.push((key, Secret(v))),
+            Err(var) => cx.at(
+                value.span().start,
+                format!("servers.{name}.headers.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
+            ),
+        }
+    }
+    let ca_file = ca_file.map(|c| {
+        let p = Path::new(c.get_ref());
+        let p = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+        if !p.is_file() {
+            cx.at(
+                c.span().start,
+                format!("servers.{name}.ca_file: {} is not a readable file", p.display()),
+            );
+        }
+        p
+    });
+    (cx.errors.len() == errors).then(|| HttpSpec {
+        url_display: url.into_inner(),
+        url: Secret(expanded),
+        mode,
+        headers: out_headers,
+        ca_file,
+    })
 }
 
 /// Characters allowed in public names, prefixes and the separator.

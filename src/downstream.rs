@@ -10,6 +10,8 @@
 //! The handshake and listing are not done here: they are plain requests sent through
 //! the handle by [`crate::supervisor`], so every transport shares them.
 
+pub mod http;
+pub mod sse;
 pub mod stdio;
 
 use crate::message::{self, Id, Outcome};
@@ -48,6 +50,12 @@ pub enum DsError {
     },
     #[error("server '{server}' is not available: {reason}")]
     Unavailable { server: Arc<str>, reason: String },
+    #[error("server '{server}' answered HTTP {status}: {detail}")]
+    Status {
+        server: Arc<str>,
+        status: u16,
+        detail: String,
+    },
 }
 
 impl DsError {
@@ -60,9 +68,10 @@ impl DsError {
 
     pub fn server(&self) -> &str {
         match self {
-            DsError::Timeout { server, .. } | DsError::Exited { server, .. } | DsError::Unavailable { server, .. } => {
-                server
-            }
+            DsError::Timeout { server, .. }
+            | DsError::Exited { server, .. }
+            | DsError::Unavailable { server, .. }
+            | DsError::Status { server, .. } => server,
         }
     }
 

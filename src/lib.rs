@@ -20,6 +20,7 @@ pub mod downstream;
 pub mod front;
 pub mod message;
 pub mod router;
+pub mod sse;
 pub mod supervisor;
 
 use anyhow::Context;

@@ -102,13 +102,11 @@ impl Gateway {
             .enumerate()
             .filter(|(_, s)| s.cfg.enabled)
             .map(|(i, s)| {
-                let (s, events) = (s.clone(), events_tx.clone());
-                async move {
-                    if let Some(incoming) = s.start().await {
-                        tokio::spawn(async move { s.watch(i, incoming, events).await });
-                    }
-                }
+                let (started, first_done) = tokio::sync::oneshot::channel();
+                tokio::spawn(s.clone().run(i, events_tx.clone(), started));
+                first_done
             });
+        let starts: Vec<_> = starts.collect();
         futures::future::join_all(starts).await;
         drop(events_tx);
         self.rebuild_catalog(false);

@@ -10,13 +10,31 @@ use crate::message::{self, Outcome};
 use serde_json::{json, Map, Value};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// The newest handshake-era revision; offered to every downstream.
 pub const DOWNSTREAM_VERSION: &str = "2025-11-25";
 /// A bound on pages followed per list, against servers that repeat a cursor forever.
 const MAX_PAGES: usize = 1000;
+
+/// First wait before reconnecting to a remote server, doubled up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Why a handshake failed.
+#[derive(Debug, thiserror::Error)]
+enum Handshake {
+    #[error("{0}")]
+    Call(DsError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn conn_kind(t: &config::Transport) -> &'static str {
+    t.kind()
+}
 
 /// Where a server is in its life.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +77,8 @@ pub struct Server {
     pub cfg: config::Server,
     pub name: Arc<str>,
     state: RwLock<State>,
+    /// Cancelled by [`Server::stop`]; ends the reconnect loop.
+    stop: CancellationToken,
 }
 
 /// Which list a `list_changed` notification refers to.
@@ -118,6 +138,7 @@ impl Server {
                 lists: Lists::default(),
                 since: None,
             }),
+            stop: CancellationToken::new(),
         }
     }
 
@@ -151,43 +172,112 @@ impl Server {
     /// Starts the server and runs the handshake and the first listing. Returns the
     /// receiver of what the server says on its own, for [`Server::watch`].
     pub async fn start(&self) -> Option<mpsc::Receiver<Incoming>> {
-        let (tx, rx) = mpsc::channel(64);
-        let conn = match &self.cfg.transport {
-            config::Transport::Stdio(spec) => downstream::stdio::spawn(self.name.clone(), spec, tx),
-        };
-        let conn = match conn {
+        let (conn, info, rx) = match self.connect().await {
             Ok(c) => c,
-            Err(e) => {
-                self.fail(format!("failed to start: {e}"));
+            Err(why) => {
+                self.fail(why);
                 return None;
             }
         };
-        match self.handshake(&conn).await {
-            Ok(info) => {
-                info!(server = %self.name, version = %info.protocol_version, "initialized");
-                let lists = self.list_all(&conn, &info).await;
-                info!(
-                    server = %self.name,
-                    tools = lists.tools.len(),
-                    prompts = lists.prompts.len(),
-                    resources = lists.resources.len(),
-                    templates = lists.templates.len(),
-                    "listed"
-                );
-                self.update(|s| {
-                    s.status = Status::Ready;
-                    s.conn = Some(conn);
-                    s.info = Some(info);
-                    s.lists = lists;
-                    s.since = Some(Instant::now());
-                });
-                Some(rx)
+        info!(server = %self.name, version = %info.protocol_version, transport = conn_kind(&self.cfg.transport), "initialized");
+        let lists = self.list_all(&conn, &info).await;
+        info!(
+            server = %self.name,
+            tools = lists.tools.len(),
+            prompts = lists.prompts.len(),
+            resources = lists.resources.len(),
+            templates = lists.templates.len(),
+            "listed"
+        );
+        self.update(|s| {
+            s.status = Status::Ready;
+            s.conn = Some(conn);
+            s.info = Some(info);
+            s.lists = lists;
+            s.since = Some(Instant::now());
+        });
+        Some(rx)
+    }
+
+    /// Opens the transport and runs the handshake. For `transport = "auto"` a server
+    /// that refuses the Streamable HTTP `initialize` with 400, 404 or 405 is tried again
+    /// as a legacy HTTP+SSE server, as the spec's backwards-compatibility section says.
+    async fn connect(&self) -> Result<(Connection, InitInfo, mpsc::Receiver<Incoming>), String> {
+        let (tx, rx) = mpsc::channel(64);
+        let spec = match &self.cfg.transport {
+            config::Transport::Stdio(spec) => {
+                let conn = downstream::stdio::spawn(self.name.clone(), spec, tx)
+                    .map_err(|e| format!("failed to start: {e}"))?;
+                return self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx));
             }
+            config::Transport::Http(spec) => spec,
+        };
+        if spec.mode != config::HttpMode::Sse {
+            let conn = downstream::http::spawn(self.name.clone(), spec, tx)?;
+            match self.handshake(&conn).await {
+                Ok(info) => return Ok((conn, info, rx)),
+                Err(Handshake::Call(DsError::Status {
+                    status: 400 | 404 | 405,
+                    ..
+                })) if spec.mode == config::HttpMode::Auto => {
+                    conn.shutdown().await;
+                    info!(server = %self.name, "Streamable HTTP refused; trying the legacy HTTP+SSE transport");
+                }
+                Err(e) => {
+                    conn.shutdown().await;
+                    return Err(format!("initialize failed: {e}"));
+                }
+            }
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let conn = downstream::sse::spawn(self.name.clone(), spec, tx)?;
+        self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx))
+    }
+
+    async fn handshake_or_close(&self, conn: Connection) -> Result<(Connection, InitInfo), String> {
+        match self.handshake(&conn).await {
+            Ok(info) => Ok((conn, info)),
             Err(e) => {
                 conn.shutdown().await;
-                self.fail(format!("initialize failed: {e}"));
-                None
+                Err(format!("initialize failed: {e}"))
             }
+        }
+    }
+
+    /// Runs the server for the gateway's lifetime: start, follow, and (for remote
+    /// servers) reconnect with capped backoff when it goes away. `started` fires after
+    /// the first attempt, whatever its outcome.
+    pub async fn run(self: Arc<Self>, index: usize, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
+        let mut started = Some(started);
+        let mut backoff = RETRY_MIN;
+        loop {
+            let incoming = tokio::select! {
+                i = self.start() => i,
+                _ = self.stop.cancelled() => return,
+            };
+            match started.take() {
+                Some(s) => {
+                    let _ = s.send(());
+                }
+                None if incoming.is_some() => {
+                    let _ = events.send(Event::ListsChanged { server: index }).await;
+                }
+                None => {}
+            }
+            if let Some(incoming) = incoming {
+                backoff = RETRY_MIN;
+                self.watch(index, incoming, events.clone()).await;
+            }
+            let reconnects = matches!(self.cfg.transport, config::Transport::Http(_));
+            if !reconnects || self.stop.is_cancelled() {
+                return;
+            }
+            info!(server = %self.name, retry_in = ?backoff, "will reconnect");
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.stop.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(RETRY_MAX);
         }
     }
 
@@ -221,7 +311,15 @@ impl Server {
                 Incoming::Closed { reason } => {
                     let stopped = matches!(self.state().status, Status::Stopped);
                     if !stopped {
-                        self.fail(format!("exited ({reason})"));
+                        let old = self.state.write().unwrap_or_else(|e| e.into_inner()).conn.take();
+                        let why = match self.cfg.transport {
+                            config::Transport::Stdio(_) => format!("exited ({reason})"),
+                            config::Transport::Http(_) => format!("connection lost ({reason})"),
+                        };
+                        self.fail(why);
+                        if let Some(old) = old {
+                            tokio::spawn(async move { old.shutdown().await });
+                        }
                     }
                     return;
                 }
@@ -263,6 +361,7 @@ impl Server {
 
     /// Closes the connection (stdin, SIGTERM, SIGKILL) and marks the server stopped.
     pub async fn stop(&self) {
+        self.stop.cancel();
         let conn = {
             let mut s = self.state.write().unwrap_or_else(|e| e.into_inner());
             if matches!(s.status, Status::Ready | Status::Starting) {
@@ -275,7 +374,7 @@ impl Server {
         }
     }
 
-    async fn handshake(&self, conn: &Connection) -> Result<InitInfo, String> {
+    async fn handshake(&self, conn: &Connection) -> Result<InitInfo, Handshake> {
         let params = json!({
             "protocolVersion": DOWNSTREAM_VERSION,
             "capabilities": {},
@@ -289,13 +388,18 @@ impl Server {
                 self.cfg.timeout,
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(Handshake::Call)?;
         let result = match out {
             Outcome::Result(r) => r,
-            Outcome::Error(e) => return Err(format!("server answered {}", message::error_summary(&e).1)),
+            Outcome::Error(e) => {
+                return Err(Handshake::Refused(format!(
+                    "server answered {}",
+                    message::error_summary(&e).1
+                )))
+            }
         };
-        let mut r: Map<String, Value> =
-            serde_json::from_str(result.get()).map_err(|e| format!("initialize result is not an object: {e}"))?;
+        let mut r: Map<String, Value> = serde_json::from_str(result.get())
+            .map_err(|e| Handshake::Refused(format!("initialize result is not an object: {e}")))?;
         let info = InitInfo {
             protocol_version: r
                 .get("protocolVersion")

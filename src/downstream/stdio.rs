@@ -51,7 +51,6 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
     };
     let span = tracing::info_span!("downstream", server = %server, pid = pid.unwrap_or(0));
 
-    let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let (write_tx, write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
     let (line_tx, line_rx) = mpsc::channel::<Vec<u8>>(64);
     tokio::spawn(write_lines(stdin, write_rx).instrument(span.clone()));
@@ -66,15 +65,49 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
             .unwrap_or_else(|e| format!("wait failed: {e}"));
         let _ = exit_tx.send(status);
     });
+    let pipe = Pipe {
+        write: write_tx,
+        lines: line_rx,
+        exit: exit_rx,
+        pid,
+        stop: None,
+    };
+    Ok(run_pipe(server, pipe, incoming, span))
+}
+
+/// A message stream to a server: lines out, lines in, and word of its end. A child's
+/// pipes are one; the legacy HTTP+SSE transport (a GET stream plus POSTs) is another.
+pub(super) struct Pipe {
+    /// Each message for the server, ending in a newline.
+    pub write: mpsc::Sender<Vec<u8>>,
+    /// Each message from the server.
+    pub lines: mpsc::Receiver<Vec<u8>>,
+    /// Completes with a sentence when the server is gone.
+    pub exit: oneshot::Receiver<String>,
+    /// The child's process group, to signal on shutdown.
+    pub pid: Option<u32>,
+    /// Cancelled when shutdown starts, for transports that must be told to stop.
+    pub stop: Option<tokio_util::sync::CancellationToken>,
+}
+
+/// Starts the task that owns `pipe` and returns its handle.
+pub(super) fn run_pipe(
+    server: Arc<str>,
+    pipe: Pipe,
+    incoming: mpsc::Sender<Incoming>,
+    span: tracing::Span,
+) -> Connection {
+    let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let actor = Actor {
         server: server.clone(),
         pending: HashMap::new(),
-        write: Some(write_tx),
+        write: Some(pipe.write),
         incoming,
-        pid,
+        pid: pipe.pid,
+        stop: pipe.stop,
     };
-    tokio::spawn(actor.run(rx, line_rx, exit_rx).instrument(span));
-    Ok(Connection::new(server, tx))
+    tokio::spawn(actor.run(rx, pipe.lines, pipe.exit).instrument(span));
+    Connection::new(server, tx)
 }
 
 struct Actor {
@@ -84,6 +117,7 @@ struct Actor {
     write: Option<mpsc::Sender<Vec<u8>>>,
     incoming: mpsc::Sender<Incoming>,
     pid: Option<u32>,
+    stop: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// How the child ended, as a sentence.
@@ -283,6 +317,9 @@ impl Actor {
     /// Closes stdin, waits, then SIGTERM, waits, then SIGKILL, to the whole process group.
     async fn shutdown(&mut self, exit: &mut Exit) {
         self.write = None;
+        if let Some(stop) = &self.stop {
+            stop.cancel();
+        }
         if tokio::time::timeout(GRACE, &mut *exit).await.is_err() {
             self.kill_group(libc::SIGTERM);
             if tokio::time::timeout(GRACE, &mut *exit).await.is_err() {

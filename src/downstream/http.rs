@@ -1,0 +1,548 @@
+//! A Streamable HTTP downstream (2025-03-26 … 2025-11-25).
+//!
+//! The task that owns the connection keeps the session (`Mcp-Session-Id`, negotiated
+//! `MCP-Protocol-Version`) and runs each request as its own small task: POST, then read
+//! a JSON answer or an SSE stream (progress and log messages on it belong to that call).
+//! A 404 on the session means the server forgot it: the gateway re-initializes and
+//! resends, once. A stream that ends before its answer is resumed with GET and
+//! `Last-Event-ID` when the server gave event ids. A GET stream carries the server's
+//! own notifications and reconnects with backoff. Shutdown sends DELETE.
+
+use super::{encode_request, restore_progress, wire_id, Command, Connection, DsError, Incoming, Params, Sink};
+use crate::config::{HttpSpec, Secret};
+use crate::message::{self, Kind, Outcome};
+use crate::sse;
+use bytes::Bytes;
+use futures::StreamExt;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use reqwest::StatusCode;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+const SESSION: &str = "mcp-session-id";
+const VERSION: &str = "mcp-protocol-version";
+/// Longest pause between GET stream reconnects.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How many times a broken response stream is resumed before the call fails.
+const MAX_RESUMES: usize = 5;
+
+/// Builds the HTTP client for one server: pooled keep-alive connections, rustls with
+/// the system roots plus an optional private CA.
+pub fn client(spec: &HttpSpec) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .use_rustls_tls();
+    if let Some(path) = &spec.ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("cannot read ca_file {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("ca_file {} is not PEM: {e}", path.display()))?;
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
+/// The configured headers, marked sensitive so they never show in debug output.
+pub fn headers(spec: &HttpSpec) -> Result<HeaderMap, String> {
+    let mut h = HeaderMap::new();
+    for (k, v) in &spec.headers {
+        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| format!("bad header name {k}"))?;
+        let mut value = HeaderValue::from_str(v.expose()).map_err(|_| format!("bad value for header {k}"))?;
+        value.set_sensitive(true);
+        h.insert(name, value);
+    }
+    Ok(h)
+}
+
+/// Starts the task that owns a Streamable HTTP session with one server.
+pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>) -> Result<Connection, String> {
+    let shared = Arc::new(Shared {
+        server: server.clone(),
+        http: client(spec)?,
+        url: spec.url.clone(),
+        url_display: spec.url_display.clone(),
+        headers: headers(spec)?,
+        session: RwLock::new(None),
+        version: RwLock::new(None),
+        init_params: Mutex::new(None),
+        reinit: tokio::sync::Mutex::new(()),
+        incoming,
+        stop: CancellationToken::new(),
+        listening: std::sync::atomic::AtomicBool::new(false),
+    });
+    let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
+    let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
+    tokio::spawn(run(shared, rx).instrument(span));
+    Ok(Connection::new(server, tx))
+}
+
+/// What the owner and its request tasks share.
+struct Shared {
+    server: Arc<str>,
+    http: reqwest::Client,
+    url: Secret,
+    url_display: String,
+    headers: HeaderMap,
+    session: RwLock<Option<String>>,
+    version: RwLock<Option<String>>,
+    /// The params of the first `initialize`, replayed when the server forgets the session.
+    init_params: Mutex<Option<Box<RawValue>>>,
+    /// One re-initialization at a time.
+    reinit: tokio::sync::Mutex<()>,
+    incoming: mpsc::Sender<Incoming>,
+    stop: CancellationToken,
+    /// The GET stream task is running.
+    listening: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn session(&self) -> Option<String> {
+        self.session.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> DsError {
+        DsError::Unavailable {
+            server: self.server.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A request with the session's headers.
+    fn request(&self, method: reqwest::Method, with_session: bool) -> reqwest::RequestBuilder {
+        let mut r = self
+            .http
+            .request(method, self.url.expose())
+            .headers(self.headers.clone());
+        if with_session {
+            if let Some(s) = self.session() {
+                r = r.header(SESSION, s);
+            }
+            if let Some(v) = self.version.read().unwrap_or_else(|e| e.into_inner()).as_deref() {
+                r = r.header(VERSION, v);
+            }
+        }
+        r
+    }
+
+    /// POSTs one JSON-RPC message.
+    async fn post(&self, body: Vec<u8>, with_session: bool) -> Result<reqwest::Response, DsError> {
+        self.request(reqwest::Method::POST, with_session)
+            .header(ACCEPT, "application/json, text/event-stream")
+            .header(CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.unavailable(describe(&e)))
+    }
+
+    /// Sends a message that expects no answer (a notification or a response).
+    async fn send(&self, body: Vec<u8>) {
+        match self.post(body, true).await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => debug!(status = %r.status(), "notification not accepted"),
+            Err(e) => debug!(error = %e, "notification not sent"),
+        }
+    }
+
+    /// The server forgot session `failed`: initialize again (once, however many calls
+    /// noticed) with the original params.
+    async fn reinitialize(&self, failed: Option<String>) -> Result<(), DsError> {
+        let _one = self.reinit.lock().await;
+        if self.session() != failed {
+            return Ok(());
+        }
+        let params = self.init_params.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(params) = params else {
+            return Err(self.unavailable("session lost before initialize"));
+        };
+        info!("server forgot the session; initializing again");
+        *self.session.write().unwrap_or_else(|e| e.into_inner()) = None;
+        let body = message::request(&Value::from(0), "initialize", Some(&params));
+        let resp = self.post(body, false).await?;
+        self.keep_session(&resp);
+        let outcome = self.read_answer(resp, 0, None, None).await?;
+        if let Outcome::Error(e) = outcome {
+            return Err(self.unavailable(format!("re-initialize failed: {}", message::error_summary(&e).1)));
+        }
+        self.send(message::notification("notifications/initialized", None))
+            .await;
+        Ok(())
+    }
+
+    fn keep_session(&self, resp: &reqwest::Response) {
+        if let Some(s) = resp.headers().get(SESSION).and_then(|v| v.to_str().ok()) {
+            *self.session.write().unwrap_or_else(|e| e.into_inner()) = Some(s.to_owned());
+        }
+    }
+
+    /// Reads the answer to request `id` from a successful POST (JSON or SSE), resuming a
+    /// broken stream when the server allows it.
+    async fn read_answer(
+        &self,
+        resp: reqwest::Response,
+        id: u64,
+        sink: Option<&Sink>,
+        progress: Option<&Value>,
+    ) -> Result<Outcome, DsError> {
+        let is_sse = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        if !is_sse {
+            let body = resp.bytes().await.map_err(|e| self.unavailable(describe(&e)))?;
+            return match Kind::parse(&body) {
+                Ok(Kind::Response { outcome, .. }) => Ok(outcome),
+                Ok(_) => Err(self.unavailable("answered a request with something other than a response")),
+                Err(e) => Err(self.unavailable(format!("answered with invalid JSON-RPC: {e}"))),
+            };
+        }
+        let mut first = Some(resp);
+        let mut parser = sse::Parser::new();
+        let mut retry = Duration::from_millis(1000);
+        for _ in 0..=MAX_RESUMES {
+            let resp = match first.take() {
+                Some(r) => r,
+                None => {
+                    let Some(last) = parser.last_id.clone() else {
+                        return Err(self.unavailable("the response stream ended before the answer (not resumable)"));
+                    };
+                    tokio::time::sleep(retry).await;
+                    debug!(last_event_id = %last, "resuming the response stream");
+                    let r = self
+                        .request(reqwest::Method::GET, true)
+                        .header(ACCEPT, "text/event-stream")
+                        .header("last-event-id", last)
+                        .send()
+                        .await
+                        .map_err(|e| self.unavailable(describe(&e)))?;
+                    if !r.status().is_success() {
+                        return Err(self.unavailable(format!(
+                            "the response stream broke and resuming it failed with HTTP {}",
+                            r.status()
+                        )));
+                    }
+                    r
+                }
+            };
+            let mut body = resp.bytes_stream();
+            while let Some(chunk) = body.next().await {
+                let Ok(chunk) = chunk else { break };
+                for ev in parser.feed(&chunk) {
+                    if let Some(r) = ev.retry {
+                        retry = Duration::from_millis(r);
+                    }
+                    if let Some(outcome) = self.stream_message(&ev.data, id, sink, progress).await {
+                        return Ok(outcome);
+                    }
+                }
+            }
+        }
+        Err(self.unavailable("the response stream kept breaking before the answer"))
+    }
+
+    /// Handles one message from a stream; returns the outcome if it answers `id`.
+    async fn stream_message(
+        &self,
+        data: &str,
+        id: u64,
+        sink: Option<&Sink>,
+        progress: Option<&Value>,
+    ) -> Option<Outcome> {
+        if data.trim().is_empty() {
+            return None;
+        }
+        match Kind::parse(data.as_bytes()) {
+            Ok(Kind::Response { id: Some(rid), outcome }) if wire_id(&rid) == Some(id) => Some(outcome),
+            Ok(Kind::Response { .. }) => None,
+            Ok(Kind::Notification { method, params }) => {
+                self.notification(method, params, sink, progress).await;
+                None
+            }
+            Ok(Kind::Request { id, method, .. }) => {
+                self.answer_server_request(id, &method).await;
+                None
+            }
+            Err(e) => {
+                warn!(error = %e, "skipping an event that is not JSON-RPC");
+                None
+            }
+        }
+    }
+
+    async fn notification(
+        &self,
+        method: String,
+        params: Option<Box<RawValue>>,
+        sink: Option<&Sink>,
+        progress: Option<&Value>,
+    ) {
+        match method.as_str() {
+            "notifications/progress" => {
+                if let (Some(sink), Some(token), Some(p)) = (sink, progress, params.as_deref()) {
+                    if let Some(bytes) = restore_progress(p, token) {
+                        let _ = sink.try_send(bytes);
+                    }
+                }
+            }
+            // On a call's own stream a log message belongs to that call.
+            "notifications/message" => match sink {
+                Some(sink) => {
+                    let _ = sink.try_send(Bytes::from(message::notification(&method, params.as_deref())));
+                }
+                None => info!(
+                    message = params.as_deref().map_or("", |p| p.get()),
+                    "downstream log message"
+                ),
+            },
+            "notifications/cancelled" => {}
+            _ => {
+                let _ = self.incoming.send(Incoming::Notification { method, params }).await;
+            }
+        }
+    }
+
+    /// Server→client requests: ping is answered here; the rest are refused for now.
+    async fn answer_server_request(&self, id: Value, method: &str) {
+        let outcome = if method == "ping" {
+            Outcome::Result(message::empty_object())
+        } else {
+            Outcome::Error(message::error_object(
+                message::code::METHOD_NOT_FOUND,
+                &format!("mcp-gateway does not forward {method} to clients"),
+                None,
+            ))
+        };
+        self.send(message::response(&id, &outcome)).await;
+    }
+
+    /// Follows the session's GET stream of server notifications, reconnecting with backoff.
+    async fn listen(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(500);
+        let mut last_id: Option<String> = None;
+        loop {
+            let mut req = self
+                .request(reqwest::Method::GET, true)
+                .header(ACCEPT, "text/event-stream");
+            if let Some(id) = &last_id {
+                req = req.header("last-event-id", id);
+            }
+            let resp = tokio::select! {
+                r = req.send() => r,
+                _ = self.stop.cancelled() => return,
+            };
+            match resp {
+                Ok(r) if r.status() == StatusCode::METHOD_NOT_ALLOWED => {
+                    debug!("the server offers no GET stream");
+                    return;
+                }
+                Ok(r) if r.status().is_success() => {
+                    backoff = Duration::from_millis(500);
+                    let mut parser = sse::Parser::new();
+                    parser.last_id = last_id.clone();
+                    let mut body = r.bytes_stream();
+                    loop {
+                        let chunk = tokio::select! {
+                            c = body.next() => c,
+                            _ = self.stop.cancelled() => return,
+                        };
+                        let Some(Ok(chunk)) = chunk else { break };
+                        for ev in parser.feed(&chunk) {
+                            if let Some(r) = ev.retry {
+                                backoff = Duration::from_millis(r);
+                            }
+                            self.stream_message(&ev.data, u64::MAX, None, None).await;
+                        }
+                    }
+                    last_id = parser.last_id;
+                    debug!("GET stream ended; reconnecting");
+                }
+                Ok(r) => {
+                    debug!(status = %r.status(), "GET stream refused");
+                    if r.status() == StatusCode::NOT_FOUND {
+                        let _ = self.reinitialize(self.session()).await;
+                    }
+                }
+                Err(e) => {
+                    // The server is gone: report it so the supervisor reconnects.
+                    let _ = self.incoming.send(Incoming::Closed { reason: describe(&e) }).await;
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.stop.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// A reqwest error as a sentence, without the URL (which may carry a credential).
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "cannot connect"
+    } else if e.is_timeout() {
+        "timed out"
+    } else if e.is_body() || e.is_decode() {
+        "the response broke off"
+    } else {
+        "request failed"
+    };
+    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut detail = String::new();
+    while let Some(s) = source {
+        detail = s.to_string();
+        source = s.source();
+    }
+    if detail.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}: {detail}")
+    }
+}
+
+async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
+    let inflight: Arc<Mutex<HashMap<u64, AbortHandle>>> = Arc::default();
+    while let Some(cmd) = commands.recv().await {
+        match cmd {
+            Command::Request {
+                id,
+                method,
+                params,
+                sink,
+                reply,
+            } => {
+                if method == "initialize" {
+                    if let Params::Raw(Some(p)) = &params {
+                        *shared.init_params.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
+                    }
+                }
+                let (body, progress) = encode_request(id, &method, params);
+                let task = {
+                    let (shared, inflight) = (shared.clone(), inflight.clone());
+                    tokio::spawn(async move {
+                        let out = call(&shared, id, &method, body, sink.as_ref(), progress.as_ref()).await;
+                        inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                        if let Err(DsError::Unavailable { reason, .. }) = &out {
+                            if reason.starts_with("cannot connect") {
+                                let _ = shared.incoming.send(Incoming::Closed { reason: reason.clone() }).await;
+                            }
+                        }
+                        let _ = reply.send(out);
+                    })
+                };
+                inflight
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id, task.abort_handle());
+            }
+            Command::Notify { method, params } => {
+                let body = message::notification(&method, params.as_deref());
+                let shared = shared.clone();
+                let start_listening = method == "notifications/initialized";
+                tokio::spawn(async move {
+                    shared.send(body).await;
+                    if start_listening && !shared.listening.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                        tokio::spawn(shared.clone().listen().in_current_span());
+                    }
+                });
+            }
+            Command::Cancel { id, reason } => {
+                if let Some(task) = inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
+                    task.abort();
+                    let params = message::to_raw(&serde_json::json!({ "requestId": id, "reason": reason }));
+                    let body = message::notification("notifications/cancelled", Some(&params));
+                    let shared = shared.clone();
+                    tokio::spawn(async move { shared.send(body).await });
+                }
+            }
+            Command::Shutdown { done } => {
+                shared.stop.cancel();
+                for (_, t) in inflight.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+                    t.abort();
+                }
+                if shared.session().is_some() {
+                    let delete = shared.request(reqwest::Method::DELETE, true).send();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), delete).await;
+                }
+                info!("session closed");
+                let _ = done.send(());
+                return;
+            }
+        }
+    }
+    shared.stop.cancel();
+}
+
+/// One request: POST, read the answer, re-initialize once on a forgotten session.
+async fn call(
+    shared: &Shared,
+    id: u64,
+    method: &str,
+    body: Vec<u8>,
+    sink: Option<&Sink>,
+    progress: Option<&Value>,
+) -> Result<Outcome, DsError> {
+    let is_init = method == "initialize";
+    for attempt in 0..2 {
+        let session = shared.session();
+        let resp = shared.post(body.clone(), !is_init).await?;
+        let status = resp.status();
+        if status == StatusCode::NOT_FOUND && session.is_some() && !is_init && attempt == 0 {
+            shared.reinitialize(session).await?;
+            continue;
+        }
+        if is_init {
+            shared.keep_session(&resp);
+        }
+        if status == StatusCode::ACCEPTED {
+            return Err(shared.unavailable(format!("answered {method} with 202 and no response")));
+        }
+        if !status.is_success() {
+            let text = resp.text().await.unwrap_or_default();
+            // A JSON-RPC error body is the server's answer; pass it on.
+            if let Ok(Kind::Response {
+                outcome: o @ Outcome::Error(_),
+                ..
+            }) = Kind::parse(text.as_bytes())
+            {
+                if !matches!(status.as_u16(), 401 | 403) {
+                    return Ok(o);
+                }
+            }
+            return Err(DsError::Status {
+                server: shared.server.clone(),
+                status: status.as_u16(),
+                detail: match status.as_u16() {
+                    401 | 403 => "the server refused the credentials (check `headers` in gateway.toml)".to_owned(),
+                    _ => text.chars().take(200).collect(),
+                },
+            });
+        }
+        let outcome = shared.read_answer(resp, id, sink, progress).await?;
+        if is_init {
+            if let Outcome::Result(r) = &outcome {
+                let v: Option<String> = serde_json::from_str::<Value>(r.get())
+                    .ok()
+                    .and_then(|v| v.get("protocolVersion").and_then(Value::as_str).map(str::to_owned));
+                *shared.version.write().unwrap_or_else(|e| e.into_inner()) = v;
+            }
+        }
+        return Ok(outcome);
+    }
+    Err(shared.unavailable(format!(
+        "forgot the session again after re-initializing ({})",
+        shared.url_display
+    )))
+}

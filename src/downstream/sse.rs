@@ -1,0 +1,136 @@
+//! The legacy HTTP+SSE transport (2024-11-05): a GET stream whose first `endpoint`
+//! event names the URL to POST messages to; the server's messages arrive as SSE
+//! `message` events on the GET stream. It is a message stream like a child's pipes,
+//! so the same owner task ([`super::stdio::run_pipe`]) drives it.
+
+use super::http::{client, headers};
+use super::stdio::{run_pipe, Pipe};
+use super::{Connection, Incoming};
+use crate::config::HttpSpec;
+use crate::sse;
+use futures::StreamExt;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn, Instrument};
+
+/// How long the server gets to name its POST endpoint.
+const ENDPOINT_WAIT: Duration = Duration::from_secs(10);
+
+/// Opens the GET stream and returns a handle at once; messages queue until the
+/// server has named its endpoint.
+pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>) -> Result<Connection, String> {
+    let http = client(spec)?;
+    let hdrs = headers(spec)?;
+    let url = reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("bad url {}: {e}", spec.url_display))?;
+    let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display, transport = "sse");
+    let (write_tx, mut write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
+    let (line_tx, line_rx) = mpsc::channel::<Vec<u8>>(64);
+    let (exit_tx, exit_rx) = oneshot::channel();
+    let (endpoint_tx, mut endpoint_rx) = watch::channel::<Option<reqwest::Url>>(None);
+    let stop = CancellationToken::new();
+
+    // The GET stream: the endpoint, then the server's messages.
+    {
+        let (http, hdrs, url, stop) = (http.clone(), hdrs.clone(), url.clone(), stop.clone());
+        tokio::spawn(
+            async move {
+                let reason = tokio::select! {
+                    r = read_stream(&http, hdrs, url, endpoint_tx, line_tx) => r,
+                    _ = stop.cancelled() => "closed by the gateway".to_owned(),
+                };
+                let _ = exit_tx.send(reason);
+            }
+            .instrument(span.clone()),
+        );
+    }
+    // POSTs, in order, once the endpoint is known.
+    tokio::spawn(
+        async move {
+            let endpoint = match tokio::time::timeout(ENDPOINT_WAIT, endpoint_rx.wait_for(Option::is_some)).await {
+                Ok(Ok(e)) => e.clone(),
+                _ => {
+                    warn!("the server named no endpoint on its SSE stream");
+                    return;
+                }
+            };
+            let Some(endpoint) = endpoint else { return };
+            while let Some(mut line) = write_rx.recv().await {
+                if line.last() == Some(&b'\n') {
+                    line.pop();
+                }
+                let r = http
+                    .post(endpoint.clone())
+                    .headers(hdrs.clone())
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(line)
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status().is_success() => {}
+                    Ok(r) => warn!(status = %r.status(), "the server refused a message"),
+                    Err(e) => warn!(error = %e.without_url(), "posting a message failed"),
+                }
+            }
+        }
+        .instrument(span.clone()),
+    );
+    let pipe = Pipe {
+        write: write_tx,
+        lines: line_rx,
+        exit: exit_rx,
+        pid: None,
+        stop: Some(stop),
+    };
+    Ok(run_pipe(server, pipe, incoming, span))
+}
+
+/// Reads the GET stream until it ends; returns why it ended.
+async fn read_stream(
+    http: &reqwest::Client,
+    hdrs: reqwest::header::HeaderMap,
+    url: reqwest::Url,
+    endpoint: watch::Sender<Option<reqwest::Url>>,
+    lines: mpsc::Sender<Vec<u8>>,
+) -> String {
+    let resp = match http
+        .get(url.clone())
+        .headers(hdrs)
+        .header(ACCEPT, "text/event-stream")
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return format!("cannot open the SSE stream: {}", e.without_url()),
+    };
+    if !resp.status().is_success() {
+        return format!("the SSE stream was refused with HTTP {}", resp.status());
+    }
+    let mut parser = sse::Parser::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let Ok(chunk) = chunk else {
+            return "the SSE stream broke".to_owned();
+        };
+        for ev in parser.feed(&chunk) {
+            match ev.event.as_str() {
+                "endpoint" => match url.join(ev.data.trim()) {
+                    Ok(u) => {
+                        debug!(endpoint = %u.path(), "server named its endpoint");
+                        let _ = endpoint.send(Some(u));
+                    }
+                    Err(e) => return format!("the server named a bad endpoint: {e}"),
+                },
+                "" | "message" => {
+                    if lines.send(ev.data.into_bytes()).await.is_err() {
+                        return "closed".to_owned();
+                    }
+                }
+                other => debug!(event = other, "ignoring an SSE event"),
+            }
+        }
+    }
+    "the SSE stream ended".to_owned()
+}
