@@ -65,7 +65,7 @@ pub async fn serve(
         })
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let app = front::http::app(http);
+    let app = front::http::app(http.clone());
     let mut stop_wait = stop_rx.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = stop_wait.wait_for(|s| *s).await;
@@ -76,6 +76,8 @@ pub async fn serve(
         _ = shutdown => {
             info!("shutting down");
             let _ = stop_tx.send(true);
+            // GET streams never finish by themselves; end them now, not after the grace.
+            http.close_streams();
             if tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err() {
                 info!("grace period over; closing open streams");
             }

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 /// How long a session may go unused before it is ended.
@@ -56,6 +57,9 @@ pub struct Http {
     gw: Arc<Gateway>,
     sessions: Arc<DashMap<String, Arc<Session>>>,
     started: Instant,
+    /// Cancelled when shutdown begins: GET streams end then, since they never finish
+    /// on their own and would hold the graceful shutdown for its whole grace period.
+    closing: CancellationToken,
 }
 
 impl Http {
@@ -64,7 +68,13 @@ impl Http {
             gw,
             sessions: Arc::new(DashMap::new()),
             started: Instant::now(),
+            closing: CancellationToken::new(),
         }
+    }
+
+    /// Ends every open GET stream; called when shutdown begins.
+    pub fn close_streams(&self) {
+        self.closing.cancel();
     }
 
     fn now_ms(&self) -> u64 {
@@ -403,15 +413,23 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
     }
     let open = Open(session);
     let rx = http.gw.subscribe();
-    let stream = futures::stream::unfold((rx, open), |(mut rx, open)| async move {
-        loop {
-            match tokio::time::timeout(KEEPALIVE, rx.recv()).await {
-                Ok(Ok(m)) => return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, open))),
-                Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
-                    debug!(missed = n, "GET stream lagged");
+    let closing = http.closing.clone();
+    let stream = futures::stream::unfold((rx, open), move |(mut rx, open)| {
+        let closing = closing.clone();
+        async move {
+            loop {
+                let next = tokio::select! {
+                    _ = closing.cancelled() => return None,
+                    next = tokio::time::timeout(KEEPALIVE, rx.recv()) => next,
+                };
+                match next {
+                    Ok(Ok(m)) => return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, open))),
+                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
+                        debug!(missed = n, "GET stream lagged");
+                    }
+                    Ok(Err(_)) => return None,
+                    Err(_) => return Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, open))),
                 }
-                Ok(Err(_)) => return None,
-                Err(_) => return Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, open))),
             }
         }
     });
