@@ -186,3 +186,24 @@ async fn sigterm_stops_serve_and_its_children() {
     );
     assert!(children.iter().all(|&p| !alive(p)));
 }
+
+#[tokio::test]
+async fn sigterm_with_an_open_get_stream_exits_promptly() {
+    let a = unique("term-get");
+    let mut gw = Gateway::start(&server("a", &a, &[], ""));
+    let s = gw.session().await;
+    let mut get = s.get_stream().await;
+    let t0 = Instant::now();
+    let status = gw.terminate();
+    assert!(status.success(), "{status:?}\n{}", gw.logs());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        get.next(Duration::from_secs(5)).await.is_none(),
+        "GET stream should end"
+    );
+    assert!(mock_pids(&a).is_empty(), "children left behind");
+}
