@@ -7,10 +7,6 @@
 //! for server-initiated notifications; DELETE ends the session. Origin and Host are
 //! checked (403), bodies are bounded (413). Health: `/healthz`, `/readyz`, `/status`.
 
-// Early-return helpers hand back a ready HTTP response as their error; boxing it would
-// only add an allocation on the rejection path.
-#![allow(clippy::result_large_err)]
-
 use crate::downstream::SINK_QUEUE;
 use crate::message::{self, code, Id, Kind, Outcome};
 use crate::router::{Client, Gateway, SUPPORTED_VERSIONS};
@@ -116,8 +112,32 @@ pub fn app(http: Http) -> Router {
 
 /// A JSON-RPC error as an HTTP response with no id.
 fn rpc_error(status: StatusCode, code: i64, msg: &str) -> Response {
-    let body = message::response(&Value::Null, &Outcome::Error(message::error_object(code, msg, None)));
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    Reject { status, code, message: msg.to_owned() }.answer(&Value::Null)
+}
+
+/// A request refused before it reaches the router: an HTTP status plus a JSON-RPC error.
+struct Reject {
+    status: StatusCode,
+    code: i64,
+    message: String,
+}
+
+impl Reject {
+    fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Reject {
+        Reject { status, code, message: message.into() }
+    }
+
+    /// The error response, echoing the request's id when there is one.
+    fn answer(self, id: &Id) -> Response {
+        let body = message::response(id, &Outcome::Error(message::error_object(self.code, &self.message, None)));
+        (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    }
+}
+
+impl IntoResponse for Reject {
+    fn into_response(self) -> Response {
+        self.answer(&Value::Null)
+    }
 }
 
 fn json_response(body: impl Into<Body>) -> Response {
@@ -126,7 +146,7 @@ fn json_response(body: impl Into<Body>) -> Response {
 }
 
 /// Checks Origin (when present) and Host against localhost and the configured lists.
-fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> {
+fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
     let g = &gw.config.gateway;
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
@@ -135,7 +155,7 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> 
                 .split_once("://")
                 .is_some_and(|(scheme, rest)| matches!(scheme, "http" | "https") && is_local_host(rest));
         if !ok {
-            return Err(rpc_error(
+            return Err(Reject::new(
                 StatusCode::FORBIDDEN,
                 code::INVALID_REQUEST,
                 &format!("origin {origin} is not allowed"),
@@ -149,7 +169,7 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> 
                 .iter()
                 .any(|h| h == host || host.rsplit_once(':').is_some_and(|(name, _)| name == h));
         if !ok {
-            return Err(rpc_error(
+            return Err(Reject::new(
                 StatusCode::FORBIDDEN,
                 code::INVALID_REQUEST,
                 &format!("host {host} is not allowed"),
@@ -170,9 +190,9 @@ fn is_local_host(hostport: &str) -> bool {
 }
 
 /// Finds the session a request names: 400 without the header, 404 when unknown.
-fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), Response> {
+fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), Reject> {
     let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
-        return Err(rpc_error(
+        return Err(Reject::new(
             StatusCode::BAD_REQUEST,
             code::INVALID_REQUEST,
             "missing Mcp-Session-Id header: send initialize first",
@@ -183,7 +203,7 @@ fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), R
             s.last_seen.store(http.now_ms(), Ordering::Relaxed);
             Ok((id.to_owned(), s.clone()))
         }
-        None => Err(rpc_error(
+        None => Err(Reject::new(
             StatusCode::NOT_FOUND,
             code::INVALID_REQUEST,
             "unknown or ended session",
@@ -191,11 +211,11 @@ fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), R
     }
 }
 
-fn check_version(headers: &HeaderMap) -> Result<(), Response> {
+fn check_version(headers: &HeaderMap) -> Result<(), Reject> {
     match headers.get(VERSION_HEADER).map(|v| v.to_str().unwrap_or("")) {
         None => Ok(()),
         Some(v) if SUPPORTED_VERSIONS.contains(&v) => Ok(()),
-        Some(v) => Err(rpc_error(
+        Some(v) => Err(Reject::new(
             StatusCode::BAD_REQUEST,
             code::INVALID_REQUEST,
             &format!(
@@ -217,7 +237,7 @@ fn new_session_id() -> String {
 
 async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = check_origin_host(&http.gw, &headers) {
-        return r;
+        return r.into_response();
     }
     let msg = match Kind::parse(&body) {
         Ok(m) => m,
@@ -235,12 +255,16 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
             return initialize(&http, id, params.as_deref());
         }
     }
+    let id = match &msg {
+        Kind::Request { id, .. } => id.clone(),
+        _ => Value::Null,
+    };
     let (sid, session) = match session(&http, &headers) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.answer(&id),
     };
     if let Err(r) = check_version(&headers) {
-        return r;
+        return r.answer(&id);
     }
     match msg {
         Kind::Notification { method, params } => {
@@ -378,7 +402,7 @@ fn sse_response(body: Body) -> Response {
 /// GET: the session's stream of server-initiated messages (list_changed).
 async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
     if let Err(r) = check_origin_host(&http.gw, &headers) {
-        return r;
+        return r.into_response();
     }
     let accepts = headers
         .get(header::ACCEPT)
@@ -393,10 +417,10 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
     }
     let (_, session) = match session(&http, &headers) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if let Err(r) = check_version(&headers) {
-        return r;
+        return r.into_response();
     }
     if session.get_open.swap(true, Ordering::AcqRel) {
         return rpc_error(
@@ -438,11 +462,11 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
 
 async fn delete(State(http): State<Http>, headers: HeaderMap) -> Response {
     if let Err(r) = check_origin_host(&http.gw, &headers) {
-        return r;
+        return r.into_response();
     }
     let (sid, _) = match session(&http, &headers) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if let Some((_, s)) = http.sessions.remove(&sid) {
         s.client.cancel_all();
