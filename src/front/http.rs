@@ -112,7 +112,12 @@ pub fn app(http: Http) -> Router {
 
 /// A JSON-RPC error as an HTTP response with no id.
 fn rpc_error(status: StatusCode, code: i64, msg: &str) -> Response {
-    Reject { status, code, message: msg.to_owned() }.answer(&Value::Null)
+    Reject {
+        status,
+        code,
+        message: msg.to_owned(),
+    }
+    .answer(&Value::Null)
 }
 
 /// A request refused before it reaches the router: an HTTP status plus a JSON-RPC error.
@@ -124,12 +129,19 @@ struct Reject {
 
 impl Reject {
     fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Reject {
-        Reject { status, code, message: message.into() }
+        Reject {
+            status,
+            code,
+            message: message.into(),
+        }
     }
 
     /// The error response, echoing the request's id when there is one.
     fn answer(self, id: &Id) -> Response {
-        let body = message::response(id, &Outcome::Error(message::error_object(self.code, &self.message, None)));
+        let body = message::response(
+            id,
+            &Outcome::Error(message::error_object(self.code, &self.message, None)),
+        );
         (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
     }
 }
@@ -158,7 +170,7 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
             return Err(Reject::new(
                 StatusCode::FORBIDDEN,
                 code::INVALID_REQUEST,
-                &format!("origin {origin} is not allowed"),
+                format!("origin {origin} is not allowed"),
             ));
         }
     }
@@ -172,7 +184,7 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
             return Err(Reject::new(
                 StatusCode::FORBIDDEN,
                 code::INVALID_REQUEST,
-                &format!("host {host} is not allowed"),
+                format!("host {host} is not allowed"),
             ));
         }
     }
@@ -218,7 +230,7 @@ fn check_version(headers: &HeaderMap) -> Result<(), Reject> {
         Some(v) => Err(Reject::new(
             StatusCode::BAD_REQUEST,
             code::INVALID_REQUEST,
-            &format!(
+            format!(
                 "unsupported MCP-Protocol-Version {v:?}; supported: {}",
                 SUPPORTED_VERSIONS.join(", ")
             ),
