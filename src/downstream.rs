@@ -11,6 +11,7 @@
 //! the handle by [`crate::supervisor`], so every transport shares them.
 
 pub mod http;
+pub mod pipe;
 pub mod sse;
 pub mod stdio;
 

@@ -1,10 +1,10 @@
 //! The legacy HTTP+SSE transport (2024-11-05): a GET stream whose first `endpoint`
 //! event names the URL to POST messages to; the server's messages arrive as SSE
 //! `message` events on the GET stream. It is a message stream like a child's pipes,
-//! so the same owner task ([`super::stdio::run_pipe`]) drives it.
+//! so the same owner task ([`super::pipe::run_pipe`]) drives it.
 
 use super::http::{client, headers};
-use super::stdio::{run_pipe, Pipe};
+use super::pipe::{run_pipe, Pipe};
 use super::{Connection, Incoming};
 use crate::config::HttpSpec;
 use crate::sse;

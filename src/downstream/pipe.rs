@@ -1,0 +1,281 @@
+//! The task that owns a message stream to one server (a child's pipes, or the legacy
+//! HTTP+SSE transport): it mints ids, keeps the pending calls, restores progress
+//! tokens, answers the server's pings, reports what relates to no call, and fails every
+//! pending call at once when the stream ends.
+
+use super::{
+    encode_request, progress_token, restore_progress, wire_id, Command, Connection, DsError, Incoming, Pending,
+};
+use crate::message::{self, Kind, Outcome};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn, Instrument};
+
+/// How long a child gets after its stdin closes, and again after SIGTERM.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// A message stream to a server: lines out, lines in, and word of its end. A child's
+/// pipes are one; the legacy HTTP+SSE transport (a GET stream plus POSTs) is another.
+pub struct Pipe {
+    /// Each message for the server, ending in a newline.
+    pub write: mpsc::Sender<Vec<u8>>,
+    /// Each message from the server.
+    pub lines: mpsc::Receiver<Vec<u8>>,
+    /// Completes with a sentence when the server is gone.
+    pub exit: oneshot::Receiver<String>,
+    /// The child's process group, to signal on shutdown.
+    pub pid: Option<u32>,
+    /// Cancelled when shutdown starts, for transports that must be told to stop.
+    pub stop: Option<tokio_util::sync::CancellationToken>,
+}
+
+/// Starts the task that owns `pipe` and returns its handle.
+pub fn run_pipe(server: Arc<str>, pipe: Pipe, incoming: mpsc::Sender<Incoming>, span: tracing::Span) -> Connection {
+    let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
+    let actor = Actor {
+        server: server.clone(),
+        pending: HashMap::new(),
+        write: Some(pipe.write),
+        incoming,
+        pid: pipe.pid,
+        stop: pipe.stop,
+    };
+    tokio::spawn(actor.run(rx, pipe.lines, pipe.exit).instrument(span));
+    Connection::new(server, tx)
+}
+
+struct Actor {
+    server: Arc<str>,
+    pending: HashMap<u64, Pending>,
+    /// Lines for the child's stdin; `None` once stdin is closed.
+    write: Option<mpsc::Sender<Vec<u8>>>,
+    incoming: mpsc::Sender<Incoming>,
+    pid: Option<u32>,
+    stop: Option<tokio_util::sync::CancellationToken>,
+}
+
+/// How the child ended, as a sentence.
+type Exit = oneshot::Receiver<String>;
+
+impl Actor {
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>, mut lines: mpsc::Receiver<Vec<u8>>, mut exit: Exit) {
+        let reason = loop {
+            tokio::select! {
+                cmd = commands.recv() => match cmd {
+                    Some(Command::Shutdown { done }) => {
+                        self.shutdown(&mut exit).await;
+                        self.fail_all("the gateway is shutting down");
+                        let _ = done.send(());
+                        return;
+                    }
+                    Some(cmd) => self.command(cmd).await,
+                    None => {
+                        self.shutdown(&mut exit).await;
+                        return;
+                    }
+                },
+                line = lines.recv() => match line {
+                    Some(line) => self.line(&line).await,
+                    None => {
+                        // Stdout closed: the child is exiting; give it a moment to report.
+                        break match tokio::time::timeout(Duration::from_millis(200), &mut exit).await {
+                            Ok(Ok(s)) => s,
+                            _ => "closed its stdout".to_owned(),
+                        };
+                    }
+                },
+                status = &mut exit => break status.unwrap_or_else(|_| "exited".to_owned()),
+            }
+        };
+        warn!(%reason, in_flight = self.pending.len(), "server exited");
+        self.fail_all(&reason);
+        self.kill_group(libc::SIGKILL);
+        let _ = self.incoming.send(Incoming::Closed { reason }).await;
+        // Keep answering commands with errors until every handle is gone.
+        while let Some(cmd) = commands.recv().await {
+            match cmd {
+                Command::Request { reply, .. } => {
+                    let _ = reply.send(Err(DsError::Unavailable {
+                        server: self.server.clone(),
+                        reason: "exited".into(),
+                    }));
+                }
+                Command::Shutdown { done } => {
+                    let _ = done.send(());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Request {
+                id,
+                method,
+                params,
+                sink,
+                reply,
+            } => {
+                let (mut line, progress) = encode_request(id, &method, params);
+                line.push(b'\n');
+                self.pending.insert(
+                    id,
+                    Pending {
+                        method,
+                        sink,
+                        progress,
+                        reply,
+                    },
+                );
+                self.write(line).await;
+            }
+            Command::Notify { method, params } => {
+                let mut line = message::notification(&method, params.as_deref());
+                line.push(b'\n');
+                self.write(line).await;
+            }
+            Command::Cancel { id, reason } => {
+                if let Some(p) = self.pending.remove(&id) {
+                    debug!(id, method = %p.method, reason, "cancelling downstream request");
+                    let params = message::to_raw(&serde_json::json!({ "requestId": id, "reason": reason }));
+                    let mut line = message::notification("notifications/cancelled", Some(&params));
+                    line.push(b'\n');
+                    self.write(line).await;
+                }
+            }
+            // Handled in the run loop; answered here only for completeness.
+            Command::Shutdown { done } => {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    async fn write(&mut self, line: Vec<u8>) {
+        if let Some(w) = &self.write {
+            if w.send(line).await.is_err() {
+                self.write = None;
+            }
+        }
+    }
+
+    async fn line(&mut self, line: &[u8]) {
+        let kind = match Kind::parse(line) {
+            Ok(k) => k,
+            Err(e) => {
+                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                warn!(error = %e, line = %shown, "skipping a stdout line that is not JSON-RPC");
+                return;
+            }
+        };
+        match kind {
+            Kind::Response { id, outcome } => {
+                let Some(n) = id.as_ref().and_then(wire_id) else {
+                    debug!(?id, "skipping a response with no usable id");
+                    return;
+                };
+                match self.pending.remove(&n) {
+                    Some(p) => {
+                        let _ = p.reply.send(Ok(outcome));
+                    }
+                    None => debug!(id = n, "skipping a response to no pending request"),
+                }
+            }
+            Kind::Notification { method, params } => self.notification(method, params).await,
+            Kind::Request { id, method, .. } => {
+                // Server→client requests: the gateway answers ping itself; routing
+                // sampling, elicitation and roots to clients is not built yet.
+                let outcome = if method == "ping" {
+                    Outcome::Result(message::empty_object())
+                } else {
+                    Outcome::Error(message::error_object(
+                        message::code::METHOD_NOT_FOUND,
+                        &format!("mcp-gateway does not forward {method} to clients"),
+                        None,
+                    ))
+                };
+                let mut out = message::response(&id, &outcome);
+                out.push(b'\n');
+                self.write(out).await;
+            }
+        }
+    }
+
+    async fn notification(&mut self, method: String, params: Option<Box<serde_json::value::RawValue>>) {
+        match method.as_str() {
+            "notifications/progress" => {
+                let Some(p) = progress_token(params.as_deref()).and_then(|t| self.pending.get(&t)) else {
+                    debug!("dropping progress for no pending request");
+                    return;
+                };
+                if let (Some(sink), Some(token), Some(raw)) = (&p.sink, &p.progress, params.as_deref()) {
+                    if let Some(bytes) = restore_progress(raw, token) {
+                        let _ = sink.try_send(bytes);
+                    }
+                }
+            }
+            "notifications/message" => {
+                // Over a shared pipe a log message carries no link to a call. It goes to the
+                // caller only when exactly one call is in flight; otherwise the gateway logs it.
+                let mut only = self.pending.values().filter(|p| p.sink.is_some());
+                if let (1, Some(p)) = (self.pending.len(), only.next()) {
+                    if let Some(sink) = &p.sink {
+                        let _ = sink.try_send(Bytes::from(message::notification(&method, params.as_deref())));
+                    }
+                } else {
+                    info!(
+                        message = params.as_deref().map_or("", |p| p.get()),
+                        "downstream log message"
+                    );
+                }
+            }
+            "notifications/cancelled" => {
+                debug!("downstream cancelled a request of ours; ignoring");
+            }
+            _ => {
+                let _ = self.incoming.send(Incoming::Notification { method, params }).await;
+            }
+        }
+    }
+
+    fn fail_all(&mut self, reason: &str) {
+        for (_, p) in self.pending.drain() {
+            let _ = p.reply.send(Err(DsError::Exited {
+                server: self.server.clone(),
+                method: p.method,
+                reason: reason.to_owned(),
+            }));
+        }
+    }
+
+    /// Closes stdin, waits, then SIGTERM, waits, then SIGKILL, to the whole process group.
+    async fn shutdown(&mut self, exit: &mut Exit) {
+        self.write = None;
+        if let Some(stop) = &self.stop {
+            stop.cancel();
+        }
+        if tokio::time::timeout(GRACE, &mut *exit).await.is_err() {
+            self.kill_group(libc::SIGTERM);
+            if tokio::time::timeout(GRACE, &mut *exit).await.is_err() {
+                self.kill_group(libc::SIGKILL);
+                let _ = exit.await;
+            }
+        }
+        // Whatever the child left behind in its group goes too.
+        self.kill_group(libc::SIGKILL);
+        info!("server stopped");
+    }
+
+    fn kill_group(&self, signal: libc::c_int) {
+        if let Some(pid) = self.pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
+            // SAFETY: kill(2) with a negative pid signals the process group we created for
+            // the child (process_group(0) made its pid the group id). No memory is touched.
+            unsafe {
+                libc::kill(-pid, signal);
+            }
+        }
+    }
+}
