@@ -1,1 +1,1162 @@
-fn main() {}
+//! `mcp-gateway-bench`: `tools/call` round trips, three ways.
+//!
+//! - `direct`: the fixture as our own stdio child, requests id-multiplexed over its
+//!   stdin/stdout (the baseline the gateway cannot beat).
+//! - `gateway`: the real gateway binary with that fixture behind it; one MCP session,
+//!   one keep-alive HTTP/1.1 connection per worker.
+//! - `baseline`: a bare hyper server (own runtime, same process) answering fixed
+//!   JSON-RPC bytes to every POST: the cost of the HTTP hop alone.
+//!
+//! Each (mode, concurrency) case: warm up, then run for `--duration` (or `--calls`),
+//! with `concurrency` workers each keeping one request in flight. Latencies are kept
+//! whole (one `u64` per call) and sorted; percentiles are nearest-rank.
+//! Exits non-zero if any call fails.
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::sync::{mpsc, oneshot};
+
+const PROTOCOL_VERSION: &str = "2025-06-18";
+const SERVER: &str = "fast";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mcp-gateway-bench",
+    about = "tools/call round trips: direct stdio vs gateway vs bare HTTP"
+)]
+struct Args {
+    /// Modes to run, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "direct,gateway,baseline")]
+    mode: Vec<Mode>,
+    /// Concurrency levels (requests in flight), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    concurrency: Vec<usize>,
+    /// Measured time per case (e.g. 5s, 500ms, 2.5).
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    duration: Duration,
+    /// Measured calls per case instead of a duration.
+    #[arg(long)]
+    calls: Option<u64>,
+    /// Unmeasured warmup per case.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    warmup: Duration,
+    /// Smoke test: 0.5 s per case, 0.1 s warmup.
+    #[arg(long)]
+    quick: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The gateway binary (gateway mode).
+    #[arg(long, default_value = "target/release/mcp-gateway")]
+    gateway_bin: PathBuf,
+    /// The stdio MCP fixture (a Python script with an `echo` tool).
+    #[arg(long, default_value = "tests/fixtures/echo_server.py")]
+    fixture: PathBuf,
+    /// Extra arguments for the fixture (e.g. --fixture-arg=--name --fixture-arg=fast).
+    #[arg(long = "fixture-arg", allow_hyphen_values = true)]
+    fixture_args: Vec<String>,
+    /// The Python interpreter.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Internal: run the baseline HTTP server (used by `--mode baseline`).
+    #[arg(long, hide = true)]
+    serve_baseline: bool,
+    /// The text each echo call sends.
+    #[arg(long, default_value = "hi")]
+    text: String,
+    /// A call taking longer than this counts as failed.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    call_timeout: Duration,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Direct,
+    Gateway,
+    Baseline,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::Gateway => "gateway",
+            Mode::Baseline => "baseline",
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("bad duration {s:?}"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("bad duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+// ---------------------------------------------------------------- process stats
+
+/// `VmRSS` and `VmHWM` of a process, in KiB.
+fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// User + system CPU time of a process so far.
+fn cpu_time(pid: &str) -> Option<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    Some(Duration::from_secs_f64(ticks as f64 / hz as f64))
+}
+
+/// Direct children of a process (needs CONFIG_PROC_CHILDREN; empty otherwise).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// CPU time of the processes whose cost a case's per-call CPU columns show.
+#[derive(Clone, Default)]
+struct Procs {
+    gateway: Option<u32>,
+    fixture: Option<u32>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct CpuSnap {
+    bench: Option<Duration>,
+    gateway: Option<Duration>,
+    fixture: Option<Duration>,
+}
+
+impl Procs {
+    fn snap(&self) -> CpuSnap {
+        CpuSnap {
+            bench: cpu_time("self"),
+            gateway: self.gateway.and_then(|p| cpu_time(&p.to_string())),
+            fixture: self.fixture.and_then(|p| cpu_time(&p.to_string())),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- JSON-RPC helpers
+
+#[derive(Deserialize)]
+struct Reply<'a> {
+    #[serde(default, borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+}
+
+fn call_body(id: u64, tool: &str, text: &str) -> Vec<u8> {
+    let args = json!({ "text": text });
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#)
+        .into_bytes()
+}
+
+fn initialize_body(id: u64) -> Vec<u8> {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": { "name": "mcp-gateway-bench", "version": env!("CARGO_PKG_VERSION") },
+        },
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Checks one JSON-RPC answer: a result, the right id (when `id` is given), the echoed text.
+fn check_reply(body: &[u8], id: Option<u64>, expect: &str) -> Result<()> {
+    let r: Reply = serde_json::from_slice(body).with_context(|| format!("bad JSON: {}", show(body)))?;
+    if let Some(e) = r.error {
+        bail!("JSON-RPC error: {}", e.get());
+    }
+    let Some(result) = r.result else {
+        bail!("no result: {}", show(body));
+    };
+    if let Some(want) = id {
+        let got = r.id.map(|v| v.get()).unwrap_or("null");
+        if got != want.to_string() {
+            bail!("answer for id {got}, expected {want}");
+        }
+    }
+    if !result.get().contains(expect) {
+        bail!("result without the echoed text: {}", result.get());
+    }
+    Ok(())
+}
+
+fn show(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    if s.chars().count() > 300 {
+        format!("{}…", s.chars().take(300).collect::<String>())
+    } else {
+        s.into_owned()
+    }
+}
+
+/// The JSON of an SSE-framed answer: the last `data:` event (progress events come first).
+fn sse_last_data(body: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(body);
+    let mut last = String::new();
+    for event in text.split("\n\n") {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if !data.is_empty() {
+            last = data.join("\n");
+        }
+    }
+    last.into_bytes()
+}
+
+// ---------------------------------------------------------------- direct: stdio child
+
+/// Our own id-multiplexed stdio MCP client: one writer task, one reader task.
+struct StdioClient {
+    lines: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>>,
+    child: tokio::sync::Mutex<Child>,
+    pid: u32,
+}
+
+impl StdioClient {
+    async fn spawn(args: &Args) -> Result<Arc<StdioClient>> {
+        let mut child = Command::new(&args.python)
+            .arg(&args.fixture)
+            .args(&args.fixture_args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {} {}", args.python, args.fixture.display()))?;
+        let pid = child.id().context("child has no pid")?;
+        let stdin = child.stdin.take().context("no stdin")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>> = Arc::default();
+        tokio::spawn(write_lines(stdin, rx));
+        tokio::spawn(read_lines(stdout, pending.clone()));
+        let client = Arc::new(StdioClient {
+            lines: tx,
+            pending,
+            child: tokio::sync::Mutex::new(child),
+            pid,
+        });
+        let init = tokio::time::timeout(Duration::from_secs(30), client.request(0, initialize_body(0)))
+            .await
+            .context("initialize timed out")??;
+        let r: Reply = serde_json::from_slice(&init)?;
+        if r.result.is_none() {
+            bail!("initialize failed: {}", show(&init));
+        }
+        client.send(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec())?;
+        Ok(client)
+    }
+
+    fn send(&self, mut line: Vec<u8>) -> Result<()> {
+        line.push(b'\n');
+        self.lines.send(line).map_err(|_| anyhow!("child stdin is closed"))
+    }
+
+    async fn request(&self, id: u64, line: Vec<u8>) -> Result<Vec<u8>> {
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(id, tx);
+        self.send(line)?;
+        rx.await
+            .map_err(|_| anyhow!("child closed stdout with request {id} pending"))
+    }
+
+    async fn stop(&self) {
+        let mut child = self.child.lock().await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
+async fn write_lines(stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    let mut w = BufWriter::new(stdin);
+    while let Some(line) = rx.recv().await {
+        if w.write_all(&line).await.is_err() {
+            return;
+        }
+        while let Ok(more) = rx.try_recv() {
+            if w.write_all(&more).await.is_err() {
+                return;
+            }
+        }
+        if w.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn read_lines(stdout: ChildStdout, pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>>) {
+    #[derive(Deserialize)]
+    struct IdOnly {
+        #[serde(default)]
+        id: Option<u64>,
+    }
+    let mut r = BufReader::with_capacity(64 << 10, stdout);
+    loop {
+        let mut line = Vec::with_capacity(128);
+        match r.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let Ok(IdOnly { id: Some(id) }) = serde_json::from_slice::<IdOnly>(&line) else {
+            continue;
+        };
+        if let Some(tx) = pending.lock().unwrap().remove(&id) {
+            let _ = tx.send(line);
+        }
+    }
+    pending.lock().unwrap().clear();
+}
+
+// ---------------------------------------------------------------- HTTP client
+
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    path: String,
+    host: HeaderValue,
+    session: Option<HeaderValue>,
+}
+
+async fn connect(addr: SocketAddr) -> Result<http1::SendRequest<Full<Bytes>>> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connect {addr}"))?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// One POST; returns the status, the session header and the JSON-RPC answer.
+async fn post(
+    sender: &mut http1::SendRequest<Full<Bytes>>,
+    t: &Target,
+    body: Vec<u8>,
+) -> Result<(StatusCode, Option<HeaderValue>, Vec<u8>)> {
+    let mut req = Request::post(t.path.as_str())
+        .header(HOST, t.host.clone())
+        .header(ACCEPT, "application/json, text/event-stream")
+        .header(CONTENT_TYPE, "application/json");
+    if let Some(s) = &t.session {
+        req = req
+            .header("mcp-session-id", s.clone())
+            .header("mcp-protocol-version", PROTOCOL_VERSION);
+    }
+    let req = req.body(Full::new(Bytes::from(body)))?;
+    sender.ready().await.context("connection closed")?;
+    let resp: Response<hyper::body::Incoming> = sender.send_request(req).await?;
+    let status = resp.status();
+    let sse = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let session = resp.headers().get("mcp-session-id").cloned();
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    let body = if sse { sse_last_data(&bytes) } else { bytes.to_vec() };
+    Ok((status, session, body))
+}
+
+// ---------------------------------------------------------------- workers
+
+enum Worker {
+    Direct {
+        client: Arc<StdioClient>,
+    },
+    Http {
+        target: Target,
+        sender: Option<http1::SendRequest<Full<Bytes>>>,
+        check_id: bool,
+    },
+}
+
+struct Shared {
+    next_id: AtomicU64,
+    tool: String,
+    text: String,
+    expect: String,
+}
+
+impl Worker {
+    async fn call(&mut self, sh: &Shared) -> Result<()> {
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = call_body(id, &sh.tool, &sh.text);
+        match self {
+            Worker::Direct { client } => {
+                let line = client.request(id, body).await?;
+                check_reply(&line, Some(id), &sh.expect)
+            }
+            Worker::Http {
+                target,
+                sender,
+                check_id,
+            } => {
+                if sender.is_none() {
+                    *sender = Some(connect(target.addr).await?);
+                }
+                let s = sender.as_mut().expect("connected");
+                let r = post(s, target, body).await;
+                let (status, _, answer) = match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        *sender = None;
+                        return Err(e);
+                    }
+                };
+                if status != StatusCode::OK {
+                    bail!("HTTP {status}: {}", show(&answer));
+                }
+                check_reply(&answer, check_id.then_some(id), &sh.expect)
+            }
+        }
+    }
+
+    /// After a timeout the connection is mid-request: start over on a new one.
+    fn reset(&mut self) {
+        if let Worker::Http { sender, .. } = self {
+            *sender = None;
+        }
+    }
+}
+
+#[derive(Default)]
+struct WorkerOut {
+    lat_ns: Vec<u64>,
+    errors: u64,
+    first_error: Option<String>,
+    last_done: Option<Instant>,
+}
+
+struct Plan {
+    warm_end: Instant,
+    end: Option<Instant>,
+    budget: Option<Arc<AtomicU64>>,
+    call_timeout: Duration,
+}
+
+async fn run_worker(mut w: Worker, sh: Arc<Shared>, plan: Arc<Plan>) -> WorkerOut {
+    let mut out = WorkerOut::default();
+    loop {
+        let t0 = Instant::now();
+        let measured = t0 >= plan.warm_end;
+        if plan.end.is_some_and(|e| t0 >= e) {
+            break;
+        }
+        if measured {
+            if let Some(b) = &plan.budget {
+                if b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        let r = match tokio::time::timeout(plan.call_timeout, w.call(&sh)).await {
+            Ok(r) => r,
+            Err(_) => {
+                w.reset();
+                Err(anyhow!("no answer within {:?}", plan.call_timeout))
+            }
+        };
+        let done = Instant::now();
+        match r {
+            Ok(()) if measured => {
+                out.lat_ns
+                    .push(u64::try_from((done - t0).as_nanos()).unwrap_or(u64::MAX));
+                out.last_done = Some(done);
+            }
+            Ok(()) => {}
+            Err(e) => {
+                out.errors += 1;
+                if out.first_error.is_none() {
+                    out.first_error = Some(format!("{e:#}"));
+                }
+                if out.errors >= 1000 && out.lat_ns.is_empty() {
+                    break; // Nothing works; don't spin.
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- results
+
+#[derive(Clone, Debug, serde::Serialize)]
+struct CaseResult {
+    mode: &'static str,
+    concurrency: usize,
+    calls: u64,
+    errors: u64,
+    first_error: Option<String>,
+    seconds: f64,
+    calls_per_sec: f64,
+    p50_us: f64,
+    p90_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    mean_us: f64,
+    /// CPU time per measured call, in microseconds, of the bench process itself.
+    bench_cpu_us_per_call: Option<f64>,
+    gateway_cpu_us_per_call: Option<f64>,
+    fixture_cpu_us_per_call: Option<f64>,
+    /// Gateway `VmRSS` and `VmHWM` after the case, KiB.
+    gateway_rss_kib: Option<u64>,
+    gateway_hwm_kib: Option<u64>,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+async fn run_case(
+    mode: Mode,
+    concurrency: usize,
+    workers: Vec<Worker>,
+    sh: Arc<Shared>,
+    args: &Args,
+    procs: &Procs,
+) -> CaseResult {
+    let start = Instant::now();
+    let warm_end = start + args.warmup;
+    let plan = Arc::new(Plan {
+        warm_end,
+        end: if args.calls.is_some() {
+            None
+        } else {
+            Some(warm_end + args.duration)
+        },
+        budget: args.calls.map(|n| Arc::new(AtomicU64::new(n))),
+        call_timeout: args.call_timeout,
+    });
+    // Snapshot CPU when the measured window starts.
+    let cpu0 = {
+        let procs = procs.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(warm_end.into()).await;
+            procs.snap()
+        })
+    };
+    let tasks: Vec<_> = workers
+        .into_iter()
+        .map(|w| tokio::spawn(run_worker(w, sh.clone(), plan.clone())))
+        .collect();
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    let mut first_error = None;
+    let mut last = warm_end;
+    for t in tasks {
+        match t.await {
+            Ok(o) => {
+                lat.extend_from_slice(&o.lat_ns);
+                errors += o.errors;
+                if first_error.is_none() {
+                    first_error = o.first_error;
+                }
+                if let Some(d) = o.last_done {
+                    last = last.max(d);
+                }
+            }
+            Err(e) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| format!("worker panicked: {e}"));
+            }
+        }
+    }
+    let cpu1 = procs.snap();
+    let cpu0 = cpu0.await.unwrap_or_default();
+    lat.sort_unstable();
+    let calls = lat.len() as u64;
+    let seconds = last.saturating_duration_since(warm_end).as_secs_f64();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let per_call = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(a), Some(b)) if calls > 0 => Some(b.saturating_sub(a).as_secs_f64() * 1e6 / calls as f64),
+        _ => None,
+    };
+    let rss = procs.gateway.and_then(rss_kib);
+    CaseResult {
+        mode: mode.name(),
+        concurrency,
+        calls,
+        errors,
+        first_error,
+        seconds,
+        calls_per_sec: if seconds > 0.0 { calls as f64 / seconds } else { 0.0 },
+        p50_us: us(percentile(&lat, 50.0)),
+        p90_us: us(percentile(&lat, 90.0)),
+        p99_us: us(percentile(&lat, 99.0)),
+        max_us: us(lat.last().copied().unwrap_or(0)),
+        mean_us: if calls > 0 {
+            lat.iter().map(|&n| n as f64).sum::<f64>() / calls as f64 / 1000.0
+        } else {
+            0.0
+        },
+        bench_cpu_us_per_call: per_call(cpu0.bench, cpu1.bench),
+        gateway_cpu_us_per_call: per_call(cpu0.gateway, cpu1.gateway),
+        fixture_cpu_us_per_call: per_call(cpu0.fixture, cpu1.fixture),
+        gateway_rss_kib: rss.map(|r| r.0),
+        gateway_hwm_kib: rss.map(|r| r.1),
+    }
+}
+
+// ---------------------------------------------------------------- modes
+
+async fn bench_direct(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
+    let client = StdioClient::spawn(args).await?;
+    let sh = Arc::new(Shared {
+        next_id: AtomicU64::new(1),
+        tool: "echo".into(),
+        text: args.text.clone(),
+        expect: expected_text(&args.text),
+    });
+    let procs = Procs {
+        gateway: None,
+        fixture: Some(client.pid),
+    };
+    for &c in &args.concurrency {
+        let workers = (0..c).map(|_| Worker::Direct { client: client.clone() }).collect();
+        let r = run_case(Mode::Direct, c, workers, sh.clone(), args, &procs).await;
+        progress(&r);
+        out.push(r);
+    }
+    client.stop().await;
+    Ok(())
+}
+
+/// The gateway's idle RSS (after startup and one session), KiB, reported separately.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+struct GatewayInfo {
+    idle_rss_kib: Option<u64>,
+    peak_rss_kib: Option<u64>,
+    final_rss_kib: Option<u64>,
+    warnings: Vec<String>,
+    shutdown: String,
+}
+
+async fn bench_gateway(args: &Args, out: &mut Vec<CaseResult>) -> Result<GatewayInfo> {
+    let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let fixture = std::fs::canonicalize(&args.fixture)
+        .with_context(|| format!("fixture {} not found", args.fixture.display()))?;
+    let mut fargs = vec![toml_str(&fixture.to_string_lossy())];
+    fargs.extend(args.fixture_args.iter().map(|a| toml_str(a)));
+    let config = format!(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\n\n\
+         [servers.{SERVER}]\ncommand = {}\nargs = [{}]\n",
+        toml_str(&args.python),
+        fargs.join(", ")
+    );
+    let config_path = dir.join("gateway.toml");
+    std::fs::write(&config_path, config)?;
+    let result = run_gateway(args, &config_path, out).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> Result<GatewayInfo> {
+    let mut cmd = Command::new(&args.gateway_bin);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .env("MCP_GATEWAY_LOG", "warn");
+    let (mut child, addr, path, mut stderr) = spawn_listening(cmd, "mcp-gateway listening on ")
+        .await
+        .with_context(|| format!("gateway {}", args.gateway_bin.display()))?;
+    let pid = child.id().context("gateway has no pid")?;
+    // Keep draining stderr so the gateway never blocks on it; keep what it says.
+    let said: Arc<Mutex<Vec<String>>> = Arc::default();
+    let drain = {
+        let said = said.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stderr.next_line().await {
+                let mut s = said.lock().unwrap();
+                if s.len() < 50 {
+                    s.push(line);
+                }
+            }
+        })
+    };
+    let mut target = Target {
+        addr,
+        path,
+        host: HeaderValue::from_str(&addr.to_string())?,
+        session: None,
+    };
+
+    // One session for the whole run.
+    let mut s = connect(addr).await?;
+    let (status, sid, body) = post(&mut s, &target, initialize_body(0)).await?;
+    if status != StatusCode::OK {
+        bail!("initialize: HTTP {status}: {}", show(&body));
+    }
+    target.session = Some(sid.context("initialize answered without mcp-session-id")?);
+    let (status, _, _) = post(
+        &mut s,
+        &target,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec(),
+    )
+    .await?;
+    if status != StatusCode::ACCEPTED {
+        bail!("notifications/initialized: HTTP {status}");
+    }
+    let tool = format!("{SERVER}__echo");
+    let sh = Arc::new(Shared {
+        next_id: AtomicU64::new(1),
+        tool: tool.clone(),
+        text: args.text.clone(),
+        expect: expected_text(&args.text),
+    });
+    // One checked call so a broken setup fails loudly before any timing.
+    let mut probe = Worker::Http {
+        target: target.clone(),
+        sender: Some(s),
+        check_id: true,
+    };
+    probe.call(&sh).await.context("first tools/call through the gateway")?;
+    drop(probe);
+
+    let fixture = children(pid).first().copied();
+    let procs = Procs {
+        gateway: Some(pid),
+        fixture,
+    };
+    let mut info = GatewayInfo {
+        idle_rss_kib: rss_kib(pid).map(|r| r.0),
+        ..GatewayInfo::default()
+    };
+    for &c in &args.concurrency {
+        let mut workers = Vec::with_capacity(c);
+        for _ in 0..c {
+            workers.push(Worker::Http {
+                target: target.clone(),
+                sender: Some(connect(addr).await?),
+                check_id: true,
+            });
+        }
+        let r = run_case(Mode::Gateway, c, workers, sh.clone(), args, &procs).await;
+        progress(&r);
+        out.push(r);
+    }
+    if let Some((rss, hwm)) = rss_kib(pid) {
+        info.final_rss_kib = Some(rss);
+        info.peak_rss_kib = Some(hwm);
+    }
+
+    // Graceful stop: SIGTERM, then wait.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    let t0 = Instant::now();
+    info.shutdown = match tokio::time::timeout(Duration::from_secs(20), child.wait()).await {
+        Ok(Ok(st)) => format!(
+            "exited after SIGTERM in {:.0} ms ({st})",
+            t0.elapsed().as_secs_f64() * 1e3
+        ),
+        Ok(Err(e)) => format!("wait failed: {e}"),
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            "did not exit within 20 s of SIGTERM; killed".to_owned()
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    info.warnings = said.lock().unwrap().clone();
+    Ok(info)
+}
+
+/// The echoed text as it appears inside the JSON result (escaped).
+fn expected_text(text: &str) -> String {
+    let quoted = serde_json::to_string(text).unwrap_or_default();
+    quoted[1..quoted.len() - 1].to_owned()
+}
+
+/// The baseline server: a bare hyper HTTP/1.1 server answering fixed JSON-RPC bytes
+/// to every request. Runs as a separate process (this binary with `--serve-baseline`)
+/// on a default multi-thread runtime, like the gateway.
+async fn serve_baseline(text: &str) -> Result<()> {
+    let answer = Bytes::from(
+        json!({
+            "jsonrpc": "2.0",
+            "id": 1,
+            "result": { "content": [{ "type": "text", "text": text }] },
+        })
+        .to_string(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    eprintln!("baseline listening on http://{}/mcp", listener.local_addr()?);
+    // Stop when the parent closes our stdin.
+    tokio::spawn(async {
+        let mut buf = [0u8; 64];
+        let mut stdin = tokio::io::stdin();
+        while matches!(tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await, Ok(n) if n > 0) {}
+        std::process::exit(0);
+    });
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let answer = answer.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let answer = answer.clone();
+                async move {
+                    let _ = req.into_body().collect().await;
+                    let mut resp = Response::new(Full::new(answer));
+                    resp.headers_mut()
+                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Spawns a child that prints `PREFIX http://ADDR/PATH` on stderr when ready; returns
+/// the child, its address and path, and the rest of its stderr.
+async fn spawn_listening(
+    mut cmd: Command,
+    prefix: &str,
+) -> Result<(
+    Child,
+    SocketAddr,
+    String,
+    tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
+)> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", cmd.as_std().get_program()))?;
+    let mut stderr = BufReader::new(child.stderr.take().context("no stderr")?).lines();
+    let url = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = stderr.next_line().await? {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return Ok(rest.to_owned());
+            }
+            eprintln!("child: {line}");
+        }
+        bail!("exited before listening")
+    })
+    .await
+    .context("did not start listening within 60 s")??;
+    let url = url.strip_prefix("http://").unwrap_or(&url);
+    let (hostport, path) = url.split_once('/').unwrap_or((url, ""));
+    let addr: SocketAddr = hostport
+        .parse()
+        .with_context(|| format!("bad listen address {hostport}"))?;
+    Ok((child, addr, format!("/{path}"), stderr))
+}
+
+async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--serve-baseline").arg("--text").arg(&args.text);
+    let (mut child, addr, path, _stderr) = spawn_listening(cmd, "baseline listening on ").await?;
+    let procs = Procs {
+        gateway: None,
+        fixture: child.id(),
+    };
+    let target = Target {
+        addr,
+        path,
+        host: HeaderValue::from_str(&addr.to_string())?,
+        session: Some(HeaderValue::from_static("0123456789abcdef0123456789abcdef")),
+    };
+    let sh = Arc::new(Shared {
+        next_id: AtomicU64::new(1),
+        tool: format!("{SERVER}__echo"),
+        text: args.text.clone(),
+        expect: expected_text(&args.text),
+    });
+    for &c in &args.concurrency {
+        let mut workers = Vec::with_capacity(c);
+        for _ in 0..c {
+            workers.push(Worker::Http {
+                target: target.clone(),
+                sender: Some(connect(addr).await?),
+                check_id: false, // fixed answer bytes
+            });
+        }
+        let r = run_case(Mode::Baseline, c, workers, sh.clone(), args, &procs).await;
+        progress(&r);
+        out.push(r);
+    }
+    drop(child.stdin.take());
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+    Ok(())
+}
+
+fn progress(r: &CaseResult) {
+    eprintln!(
+        "  {:<8} c={:<4} {:>9.0} calls/s  p50 {:>8.1} us  p99 {:>8.1} us  errors {}",
+        r.mode, r.concurrency, r.calls_per_sec, r.p50_us, r.p99_us, r.errors
+    );
+}
+
+// ---------------------------------------------------------------- output
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("unknown", |(_, m)| m.trim())
+        .to_owned();
+    json!({
+        "nproc": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpu": model,
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}
+
+fn find<'a>(rs: &'a [CaseResult], mode: &str, c: usize) -> Option<&'a CaseResult> {
+    rs.iter().find(|r| r.mode == mode && r.concurrency == c)
+}
+
+fn comparisons(rs: &[CaseResult], concurrency: &[usize]) -> Vec<Value> {
+    concurrency
+        .iter()
+        .filter_map(|&c| {
+            let d = find(rs, "direct", c)?;
+            let g = find(rs, "gateway", c)?;
+            Some(json!({
+                "concurrency": c,
+                "added_p50_us": g.p50_us - d.p50_us,
+                "added_p99_us": g.p99_us - d.p99_us,
+                "throughput_ratio": if d.calls_per_sec > 0.0 { g.calls_per_sec / d.calls_per_sec } else { 0.0 },
+            }))
+        })
+        .collect()
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
+    let m = machine();
+    println!(
+        "machine: {} CPUs, {}; fixture {}; warmup {:?}, {}",
+        m["nproc"],
+        m["cpu"].as_str().unwrap_or(""),
+        args.fixture.display(),
+        args.warmup,
+        args.calls.map_or(format!("{:?} per case", args.duration), |n| format!(
+            "{n} calls per case"
+        ))
+    );
+    println!();
+    println!(
+        "{:<9} {:>5} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>14} {:>14} {:>14}",
+        "mode",
+        "conc",
+        "calls",
+        "calls/s",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "max us",
+        "errors",
+        "bench cpu/call",
+        "gw cpu/call",
+        "child cpu/call"
+    );
+    for r in rs {
+        println!(
+            "{:<9} {:>5} {:>9} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>14} {:>14} {:>14}",
+            r.mode,
+            r.concurrency,
+            r.calls,
+            r.calls_per_sec,
+            r.p50_us,
+            r.p90_us,
+            r.p99_us,
+            r.max_us,
+            r.errors,
+            opt(r.bench_cpu_us_per_call),
+            opt(r.gateway_cpu_us_per_call),
+            opt(r.fixture_cpu_us_per_call),
+        );
+    }
+    println!("(cpu/call: us of user+system CPU per measured call; child = the fixture, or the baseline server)");
+    if let Some(g) = gw {
+        let kib = |v: Option<u64>| v.map_or("-".into(), |v| format!("{:.1} MiB", v as f64 / 1024.0));
+        println!();
+        println!(
+            "gateway RSS: idle {}, peak (VmHWM) {}, after load {}; {}",
+            kib(g.idle_rss_kib),
+            kib(g.peak_rss_kib),
+            kib(g.final_rss_kib),
+            g.shutdown
+        );
+        for w in &g.warnings {
+            println!("gateway said: {w}");
+        }
+    }
+    let cmp = comparisons(rs, &args.concurrency);
+    if !cmp.is_empty() {
+        println!();
+    }
+    for c in cmp {
+        println!(
+            "gateway vs direct at c={}: p50 {:+.1} us, p99 {:+.1} us, throughput x{:.2}",
+            c["concurrency"],
+            c["added_p50_us"].as_f64().unwrap_or(0.0),
+            c["added_p99_us"].as_f64().unwrap_or(0.0),
+            c["throughput_ratio"].as_f64().unwrap_or(0.0)
+        );
+    }
+    for r in rs.iter().filter(|r| r.errors > 0) {
+        println!(
+            "ERRORS {} c={}: {} failed; first: {}",
+            r.mode,
+            r.concurrency,
+            r.errors,
+            r.first_error.as_deref().unwrap_or("?")
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if args.serve_baseline {
+        return serve_baseline(&args.text).await;
+    }
+    if args.quick {
+        args.duration = Duration::from_millis(500);
+        args.warmup = Duration::from_millis(100);
+    }
+    if args.concurrency.contains(&0) {
+        bail!("--concurrency must be at least 1");
+    }
+    let mut results = Vec::new();
+    let mut gw_info = None;
+    let mut setup_failed = false;
+    for &mode in &args.mode {
+        eprintln!("{}:", mode.name());
+        let r = match mode {
+            Mode::Direct => bench_direct(&args, &mut results).await,
+            Mode::Gateway => bench_gateway(&args, &mut results).await.map(|g| gw_info = Some(g)),
+            Mode::Baseline => bench_baseline(&args, &mut results).await,
+        };
+        if let Err(e) = r {
+            eprintln!("{} mode failed: {e:#}", mode.name());
+            setup_failed = true;
+        }
+    }
+    if args.json {
+        let doc = json!({
+            "machine": machine(),
+            "fixture": args.fixture.display().to_string(),
+            "warmup_s": args.warmup.as_secs_f64(),
+            "duration_s": args.calls.is_none().then_some(args.duration.as_secs_f64()),
+            "calls": args.calls,
+            "results": results,
+            "gateway": gw_info,
+            "gateway_vs_direct": comparisons(&results, &args.concurrency),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print_table(&args, &results, gw_info.as_ref());
+    }
+    let errors: u64 = results.iter().map(|r| r.errors).sum();
+    let empty = results.iter().any(|r| r.calls == 0);
+    if setup_failed || errors > 0 || empty {
+        eprintln!(
+            "FAILED: {errors} failed calls{}",
+            if setup_failed { ", a mode failed to run" } else { "" }
+        );
+        std::process::exit(1);
+    }
+    Ok(())
+}
