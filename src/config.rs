@@ -52,6 +52,23 @@ struct RawConfig {
     gateway: RawGateway,
     #[serde(default)]
     servers: IndexMap<Spanned<String>, RawServer>,
+    #[serde(default)]
+    rate_limits: RawGlobalLimits,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGlobalLimits {
+    per_client: Option<Spanned<String>>,
+    per_ip: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServerLimits {
+    per_server: Option<Spanned<String>>,
+    #[serde(default)]
+    per_tool: IndexMap<String, Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -88,6 +105,8 @@ struct RawServer {
     enabled: bool,
     #[serde(default)]
     tools: RawFilter,
+    #[serde(default)]
+    rate_limits: RawServerLimits,
 }
 
 fn yes() -> bool {
@@ -113,6 +132,69 @@ pub struct Config {
     pub gateway: Gateway,
     /// Servers in file order; that order decides name collisions (first wins).
     pub servers: Vec<Server>,
+    /// `[rate_limits]`: `per_client` and `per_ip`.
+    pub rate_limits: RateLimits,
+}
+
+/// Rate limits; which fields apply depends on where they were written.
+#[derive(Debug, Clone, Default)]
+pub struct RateLimits {
+    pub per_client: Option<Rate>,
+    pub per_ip: Option<Rate>,
+    pub per_server: Option<Rate>,
+    /// Keyed by the server's own tool name.
+    pub per_tool: Vec<(String, Rate)>,
+}
+
+/// Per which period a rate counts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Per {
+    Second,
+    Minute,
+    Hour,
+}
+
+/// `"N/s"`, `"N/m"` or `"N/h"`, optionally followed by `" burst B"` (default burst N).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rate {
+    pub count: u32,
+    pub per: Per,
+    pub burst: u32,
+}
+
+impl Rate {
+    pub fn parse(s: &str) -> Option<Rate> {
+        let mut words = s.split_whitespace();
+        let (n, per) = words.next()?.split_once('/')?;
+        let count: u32 = n.parse().ok().filter(|&c| c > 0)?;
+        let per = match per {
+            "s" => Per::Second,
+            "m" => Per::Minute,
+            "h" => Per::Hour,
+            _ => return None,
+        };
+        let burst = match (words.next(), words.next(), words.next()) {
+            (None, _, _) => count,
+            (Some("burst"), Some(b), None) => b.parse().ok().filter(|&b| b > 0)?,
+            _ => return None,
+        };
+        Some(Rate { count, per, burst })
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let per = match self.per {
+            Per::Second => "s",
+            Per::Minute => "m",
+            Per::Hour => "h",
+        };
+        write!(f, "{}/{per}", self.count)?;
+        if self.burst != self.count {
+            write!(f, " burst {}", self.burst)?;
+        }
+        Ok(())
+    }
 }
 
 /// `[gateway]`: the public endpoint and defaults.
@@ -143,6 +225,8 @@ pub struct Server {
     pub enabled: bool,
     pub tools: Filter,
     pub transport: Transport,
+    /// `per_server` and `per_tool`.
+    pub rate_limits: RateLimits,
 }
 
 /// How to reach a server.
@@ -380,6 +464,11 @@ impl Config {
             },
         };
 
+        let rate_limits = RateLimits {
+            per_client: rate(&mut cx, raw.rate_limits.per_client.as_ref(), "rate_limits.per_client"),
+            per_ip: rate(&mut cx, raw.rate_limits.per_ip.as_ref(), "rate_limits.per_ip"),
+            ..RateLimits::default()
+        };
         let inherited: Vec<(String, String)> = INHERITED_ENV
             .iter()
             .filter_map(|k| env(k).map(|v| ((*k).to_string(), v)))
@@ -415,6 +504,23 @@ impl Config {
                 &format!("servers.{name}.timeout"),
                 request_timeout,
             );
+            let server_limits = RateLimits {
+                per_server: rate(
+                    &mut cx,
+                    s.rate_limits.per_server.as_ref(),
+                    &format!("servers.{name}.rate_limits.per_server"),
+                ),
+                per_tool: s
+                    .rate_limits
+                    .per_tool
+                    .iter()
+                    .filter_map(|(tool, r)| {
+                        rate(&mut cx, Some(r), &format!("servers.{name}.rate_limits.per_tool.{tool}"))
+                            .map(|r| (tool.clone(), r))
+                    })
+                    .collect(),
+                ..RateLimits::default()
+            };
             let server = |transport| Server {
                 name: name.clone(),
                 prefix: prefix.clone(),
@@ -425,6 +531,7 @@ impl Config {
                     deny: s.tools.deny.clone(),
                 },
                 transport,
+                rate_limits: server_limits.clone(),
             };
             let command = match (s.command, s.url) {
                 (Some(_), Some(url)) => {
@@ -517,8 +624,24 @@ impl Config {
                 max_body,
             },
             servers,
+            rate_limits,
         })
     }
+}
+
+fn rate(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str) -> Option<Rate> {
+    let v = v?;
+    let r = Rate::parse(v.get_ref());
+    if r.is_none() {
+        cx.at(
+            v.span().start,
+            format!(
+                "{key}: {:?} is not a rate like \"20/s\", \"5/m\" or \"100/h burst 10\"",
+                v.get_ref()
+            ),
+        );
+    }
+    r
 }
 
 #[allow(clippy::too_many_arguments)]

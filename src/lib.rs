@@ -18,6 +18,7 @@ pub mod catalog;
 pub mod config;
 pub mod downstream;
 pub mod front;
+pub mod limit;
 pub mod message;
 pub mod router;
 pub mod sse;
@@ -61,12 +62,14 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 http.expire_idle();
+                http.gateway().limits.shrink();
             }
         })
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = front::http::app(http.clone());
     let mut stop_wait = stop_rx.clone();
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = stop_wait.wait_for(|s| *s).await;
     });

@@ -22,6 +22,8 @@ pub mod code {
     pub const REQUEST_TIMEOUT: i64 = -32001;
     /// Resource not found (handshake-era revisions).
     pub const RESOURCE_NOT_FOUND: i64 = -32002;
+    /// A rate limit was hit; `data.retryAfterMs` says when to try again.
+    pub const RATE_LIMITED: i64 = -32029;
 }
 
 /// A request id exactly as the peer wrote it. `1` and `"1"` are different ids,

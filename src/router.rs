@@ -7,6 +7,7 @@
 use crate::catalog::{Catalog, Source};
 use crate::config::Config;
 use crate::downstream::{Params, Sink};
+use crate::limit::{Limited, Limits};
 use crate::message::{self, code, id_key, Id, Outcome};
 use crate::supervisor::{Event, ListKind, Server, Status};
 use bytes::Bytes;
@@ -30,6 +31,7 @@ pub struct Gateway {
     catalog: RwLock<Arc<Catalog>>,
     /// Server-initiated notifications for every session (list_changed).
     broadcast: broadcast::Sender<Bytes>,
+    pub limits: Limits,
 }
 
 /// One client session as the router sees it: its in-flight requests, for cancellation.
@@ -84,11 +86,18 @@ impl Gateway {
             .map(|s| Arc::new(Server::new(s)))
             .collect();
         let (broadcast, _) = broadcast::channel(BROADCAST_QUEUE);
+        let per_server: Vec<_> = config
+            .servers
+            .iter()
+            .map(|s| (s.name.clone(), s.rate_limits.clone()))
+            .collect();
+        let limits = Limits::new(&config.rate_limits, &per_server);
         Arc::new(Gateway {
             config,
             servers,
             catalog: RwLock::new(Arc::new(Catalog::default())),
             broadcast,
+            limits,
         })
     }
 
@@ -257,6 +266,9 @@ impl Gateway {
             inflight.insert(key.clone(), token.clone());
         }
         let _unregister = Unregister { client, key };
+        if let Err(l) = self.limits.check_client(&client.id) {
+            return Some(limited(method, &l));
+        }
         tokio::select! {
             out = self.dispatch(method, params, sink) => Some(out),
             _ = token.cancelled() => None,
@@ -321,6 +333,10 @@ impl Gateway {
                         Some(json!({ what: name })),
                     ));
                 };
+                let tool = (method == "tools/call").then_some(route.name.as_str());
+                if let Err(l) = self.limits.check_server(route.server, tool) {
+                    return limited(method, &l);
+                }
                 p.insert("name".into(), Value::String(route.name.clone()));
                 self.forward(route.server, method, p, sink).await
             }
@@ -402,6 +418,12 @@ impl Gateway {
         sink: Option<Sink>,
     ) -> Outcome {
         let s = &self.servers[server];
+        if method != "tools/call" && method != "prompts/get" {
+            // Those two were checked with their names already.
+            if let Err(l) = self.limits.check_server(server, None) {
+                return limited(method, &l);
+            }
+        }
         let conn = match s.connection() {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
@@ -425,5 +447,24 @@ impl Gateway {
                 Outcome::Error(e.to_error_object())
             }
         }
+    }
+}
+
+/// The answer to a request over a rate limit. A tool call gets a tool result with
+/// `isError`, whose text a model can act on; anything else a JSON-RPC error with
+/// `data.retryAfterMs`.
+fn limited(method: &str, l: &Limited) -> Outcome {
+    debug!(method, limit = %l.what, "rate limited");
+    if method == "tools/call" {
+        Outcome::Result(message::to_raw(&json!({
+            "content": [{ "type": "text", "text": l.message() }],
+            "isError": true,
+        })))
+    } else {
+        Outcome::Error(message::error_object(
+            code::RATE_LIMITED,
+            &l.message(),
+            Some(json!({ "retryAfterMs": l.retry_after_ms(), "limit": l.what })),
+        ))
     }
 }

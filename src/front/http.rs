@@ -92,6 +92,10 @@ impl Http {
         });
     }
 
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gw
+    }
+
     pub fn sessions(&self) -> usize {
         self.sessions.len()
     }
@@ -101,13 +105,36 @@ impl Http {
 pub fn app(http: Http) -> Router {
     let path = http.gw.config.gateway.path.clone();
     let limit = http.gw.config.gateway.max_body;
+    let mcp = axum::routing::MethodRouter::new()
+        .get(get_stream)
+        .post(post)
+        .delete(delete)
+        .layer(axum::middleware::from_fn_with_state(http.clone(), per_ip));
     Router::new()
-        .route(&path, get(get_stream).post(post).delete(delete))
+        .route(&path, mcp)
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(http)
+}
+
+/// The per-IP limit, checked before a body is read or parsed: 429 with `Retry-After`.
+async fn per_ip(State(http): State<Http>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+    if let Some(axum::extract::ConnectInfo(addr)) = peer {
+        if let Err(l) = http.gw.limits.check_ip(addr.ip()) {
+            let secs = l.retry_after.as_secs_f64().ceil().max(1.0);
+            let mut resp = rpc_error(StatusCode::TOO_MANY_REQUESTS, code::RATE_LIMITED, &l.message());
+            if let Ok(v) = HeaderValue::from_str(&format!("{secs:.0}")) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return resp;
+        }
+    }
+    next.run(req).await
 }
 
 /// A JSON-RPC error as an HTTP response with no id.

@@ -1,0 +1,146 @@
+//! Rate limits (GCRA, via governor), checked before any downstream is touched:
+//! per client (its session, or "stdio"), per server, per tool of a server, and per IP
+//! before a request body is even parsed.
+
+use crate::config::{Rate, RateLimits};
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+/// A limit that was hit: what it is, and when to try again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limited {
+    /// e.g. `per_client limit 20/s`, `server 'github' per_tool limit for create_issue 1/m`.
+    pub what: String,
+    pub retry_after: Duration,
+}
+
+impl Limited {
+    pub fn retry_after_ms(&self) -> u64 {
+        u64::try_from(self.retry_after.as_millis()).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// The sentence a client (or a model) reads.
+    pub fn message(&self) -> String {
+        format!(
+            "Rate limit exceeded ({}). Retry after {:.1} s.",
+            self.what,
+            self.retry_after.as_secs_f64().max(0.001)
+        )
+    }
+}
+
+/// Every limiter of the gateway.
+pub struct Limits {
+    per_client: Option<(DefaultKeyedRateLimiter<String>, Rate)>,
+    per_ip: Option<(DefaultKeyedRateLimiter<IpAddr>, Rate)>,
+    /// Indexed like the servers in gateway.toml.
+    servers: Vec<ServerLimits>,
+}
+
+#[derive(Default)]
+struct ServerLimits {
+    name: String,
+    per_server: Option<(DefaultDirectRateLimiter, Rate)>,
+    /// Keyed by the server's own tool name.
+    per_tool: HashMap<String, (DefaultDirectRateLimiter, Rate)>,
+}
+
+fn quota(r: &Rate) -> Quota {
+    let one = NonZeroU32::MIN;
+    let n = NonZeroU32::new(r.count).unwrap_or(one);
+    let burst = NonZeroU32::new(r.burst).unwrap_or(n);
+    let q = match r.per {
+        crate::config::Per::Second => Quota::per_second(n),
+        crate::config::Per::Minute => Quota::per_minute(n),
+        crate::config::Per::Hour => Quota::per_hour(n),
+    };
+    q.allow_burst(burst)
+}
+
+impl Limits {
+    /// `servers` gives each server's name and limits, in gateway.toml order.
+    pub fn new(global: &RateLimits, servers: &[(String, RateLimits)]) -> Limits {
+        Limits {
+            per_client: global.per_client.clone().map(|r| (RateLimiter::keyed(quota(&r)), r)),
+            per_ip: global.per_ip.clone().map(|r| (RateLimiter::keyed(quota(&r)), r)),
+            servers: servers
+                .iter()
+                .map(|(name, l)| ServerLimits {
+                    name: name.clone(),
+                    per_server: l.per_server.clone().map(|r| (RateLimiter::direct(quota(&r)), r)),
+                    per_tool: l
+                        .per_tool
+                        .iter()
+                        .map(|(tool, r)| (tool.clone(), (RateLimiter::direct(quota(r)), r.clone())))
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Checks (and spends) the client's own limit.
+    pub fn check_client(&self, client: &str) -> Result<(), Limited> {
+        let Some((l, rate)) = &self.per_client else {
+            return Ok(());
+        };
+        l.check_key(&client.to_owned()).map_err(|n| {
+            limited(
+                format!("per_client limit {rate}"),
+                n.wait_time_from(DefaultClock::default().now()),
+            )
+        })
+    }
+
+    /// Checks the pre-parse limit for an address.
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), Limited> {
+        let Some((l, rate)) = &self.per_ip else { return Ok(()) };
+        l.check_key(&ip).map_err(|n| {
+            limited(
+                format!("per_ip limit {rate}"),
+                n.wait_time_from(DefaultClock::default().now()),
+            )
+        })
+    }
+
+    /// Checks a call to `server`, and to its tool `tool` when given.
+    pub fn check_server(&self, server: usize, tool: Option<&str>) -> Result<(), Limited> {
+        let Some(s) = self.servers.get(server) else {
+            return Ok(());
+        };
+        let now = DefaultClock::default().now();
+        if let Some((l, rate)) = tool.and_then(|t| s.per_tool.get(t)) {
+            l.check().map_err(|n| {
+                let tool = tool.unwrap_or_default();
+                limited(
+                    format!("server '{}' limit for tool {tool} {rate}", s.name),
+                    n.wait_time_from(now),
+                )
+            })?;
+        }
+        if let Some((l, rate)) = &s.per_server {
+            l.check()
+                .map_err(|n| limited(format!("server '{}' limit {rate}", s.name), n.wait_time_from(now)))?;
+        }
+        Ok(())
+    }
+
+    /// Forgets clients and addresses that have not been seen for a while.
+    pub fn shrink(&self) {
+        if let Some((l, _)) = &self.per_client {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+        if let Some((l, _)) = &self.per_ip {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+    }
+}
+
+fn limited(what: String, retry_after: Duration) -> Limited {
+    Limited { what, retry_after }
+}
