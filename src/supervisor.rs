@@ -79,6 +79,8 @@ pub struct Server {
     state: RwLock<State>,
     /// Cancelled by [`Server::stop`]; ends the reconnect loop.
     stop: CancellationToken,
+    /// Times the server was started again after its first start.
+    pub restarts: std::sync::atomic::AtomicU64,
 }
 
 /// Which list a `list_changed` notification refers to.
@@ -139,6 +141,7 @@ impl Server {
                 since: None,
             }),
             stop: CancellationToken::new(),
+            restarts: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -260,6 +263,7 @@ impl Server {
                     let _ = s.send(());
                 }
                 None if incoming.is_some() => {
+                    self.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let _ = events.send(Event::ListsChanged { server: index }).await;
                 }
                 None => {}
@@ -319,6 +323,13 @@ impl Server {
                         self.fail(why);
                         if let Some(old) = old {
                             tokio::spawn(async move { old.shutdown().await });
+                        }
+                        // A remote server comes back by reconnecting: until then its tools,
+                        // prompts and resources leave the catalog (clients get list_changed
+                        // now and again when they return).
+                        if matches!(self.cfg.transport, config::Transport::Http(_)) {
+                            self.update(|s| s.lists = Lists::default());
+                            let _ = events.send(Event::ListsChanged { server: index }).await;
                         }
                     }
                     return;
