@@ -12,6 +12,9 @@ use std::time::Duration;
 mod ext;
 #[allow(unused_imports)]
 pub use ext::*;
+mod remote;
+#[allow(unused_imports)]
+pub use remote::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mcp-gateway");
 
