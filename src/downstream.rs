@@ -144,6 +144,8 @@ pub struct Connection {
     server: Arc<str>,
     tx: mpsc::Sender<Command>,
     next_id: Arc<AtomicU64>,
+    /// The child's pid, for a stdio server.
+    pid: Option<u32>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -158,7 +160,18 @@ impl Connection {
             server,
             tx,
             next_id: Arc::new(AtomicU64::new(1)),
+            pid: None,
         }
+    }
+
+    /// The same handle, noting the child's pid (shown in `/status`).
+    pub fn with_pid(mut self, pid: Option<u32>) -> Self {
+        self.pid = pid;
+        self
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
     }
 
     pub fn server(&self) -> &Arc<str> {

@@ -20,6 +20,7 @@ pub mod downstream;
 pub mod front;
 pub mod limit;
 pub mod message;
+pub mod metrics;
 pub mod router;
 pub mod sse;
 pub mod supervisor;

@@ -9,12 +9,14 @@ use crate::config::Config;
 use crate::downstream::{Params, Sink};
 use crate::limit::{Limited, Limits};
 use crate::message::{self, code, id_key, Id, Outcome};
+use crate::metrics::{self, Metrics};
 use crate::supervisor::{Event, ListKind, Server, Status};
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -32,6 +34,7 @@ pub struct Gateway {
     /// Server-initiated notifications for every session (list_changed).
     broadcast: broadcast::Sender<Bytes>,
     pub limits: Limits,
+    pub metrics: Metrics,
 }
 
 /// One client session as the router sees it: its in-flight requests, for cancellation.
@@ -98,6 +101,7 @@ impl Gateway {
             catalog: RwLock::new(Arc::new(Catalog::default())),
             broadcast,
             limits,
+            metrics: Metrics::default(),
         })
     }
 
@@ -266,12 +270,53 @@ impl Gateway {
             inflight.insert(key.clone(), token.clone());
         }
         let _unregister = Unregister { client, key };
-        if let Err(l) = self.limits.check_client(&client.id) {
-            return Some(limited(method, &l));
-        }
-        tokio::select! {
-            out = self.dispatch(method, params, sink) => Some(out),
-            _ = token.cancelled() => None,
+        let started = Instant::now();
+        let _in_flight = self.metrics.in_flight();
+        let mut info = CallInfo::default();
+        let out = match self.limits.check_client(&client.id) {
+            Err(l) => Some(self.limited(method, &l, &mut info)),
+            Ok(()) => tokio::select! {
+                out = self.dispatch(method, params, sink, &mut info) => Some(out),
+                _ = token.cancelled() => None,
+            },
+        };
+        self.observe(method, &info, out.as_ref(), started.elapsed());
+        out
+    }
+
+    fn observe(&self, method: &str, info: &CallInfo, out: Option<&Outcome>, took: std::time::Duration) {
+        let outcome = match (info.rate_limited, out) {
+            (true, _) => metrics::Outcome::RateLimited,
+            (false, None) => metrics::Outcome::Cancelled,
+            (false, Some(Outcome::Error(_))) => metrics::Outcome::Error,
+            (false, Some(Outcome::Result(r))) if method == "tools/call" && is_tool_error(r) => {
+                metrics::Outcome::ToolError
+            }
+            (false, Some(Outcome::Result(_))) => metrics::Outcome::Ok,
+        };
+        let server = info.server.map_or("", |i| self.servers[i].cfg.name.as_str());
+        self.metrics
+            .record(method, server, info.tool.as_deref().unwrap_or(""), outcome, took);
+    }
+
+    /// The answer to a request over a rate limit. A tool call gets a tool result with
+    /// `isError`, whose text a model can act on; anything else a JSON-RPC error with
+    /// `data.retryAfterMs`.
+    fn limited(&self, method: &str, l: &Limited, info: &mut CallInfo) -> Outcome {
+        debug!(method, limit = %l.what, "rate limited");
+        self.metrics.rate_limited(&l.what);
+        info.rate_limited = true;
+        if method == "tools/call" {
+            Outcome::Result(message::to_raw(&json!({
+                "content": [{ "type": "text", "text": l.message() }],
+                "isError": true,
+            })))
+        } else {
+            Outcome::Error(message::error_object(
+                code::RATE_LIMITED,
+                &l.message(),
+                Some(json!({ "retryAfterMs": l.retry_after_ms(), "limit": l.what })),
+            ))
         }
     }
 
@@ -295,7 +340,13 @@ impl Gateway {
         }
     }
 
-    async fn dispatch(&self, method: &str, params: Option<Box<RawValue>>, sink: Option<Sink>) -> Outcome {
+    async fn dispatch(
+        &self,
+        method: &str,
+        params: Option<Box<RawValue>>,
+        sink: Option<Sink>,
+        info: &mut CallInfo,
+    ) -> Outcome {
         let catalog = self.catalog();
         let list = |result: &RawValue| -> Outcome {
             match message::params_object(params.as_deref()) {
@@ -333,12 +384,15 @@ impl Gateway {
                         Some(json!({ what: name })),
                     ));
                 };
+                if method == "tools/call" {
+                    info.tool = Some(name.to_owned());
+                }
                 let tool = (method == "tools/call").then_some(route.name.as_str());
                 if let Err(l) = self.limits.check_server(route.server, tool) {
-                    return limited(method, &l);
+                    return self.limited(method, &l, info);
                 }
                 p.insert("name".into(), Value::String(route.name.clone()));
-                self.forward(route.server, method, p, sink).await
+                self.forward(route.server, method, p, sink, info).await
             }
             "resources/read" => {
                 let p = match message::params_object(params.as_deref()) {
@@ -349,7 +403,7 @@ impl Gateway {
                     return err(code::INVALID_PARAMS, "resources/read needs params.uri");
                 };
                 match self.resource_owner(&catalog, uri) {
-                    Some(server) => self.forward(server, method, p, sink).await,
+                    Some(server) => self.forward(server, method, p, sink, info).await,
                     None => Outcome::Error(message::error_object(
                         code::RESOURCE_NOT_FOUND,
                         &format!("unknown resource: {uri}"),
@@ -388,7 +442,7 @@ impl Gateway {
                         )
                     }
                 };
-                self.forward(server, method, p, sink).await
+                self.forward(server, method, p, sink, info).await
             }
             "initialize" => err(code::INVALID_REQUEST, "this session is already initialized"),
             other => err(code::METHOD_NOT_FOUND, format!("method not found: {other}")),
@@ -416,12 +470,14 @@ impl Gateway {
         method: &str,
         mut params: Map<String, Value>,
         sink: Option<Sink>,
+        info: &mut CallInfo,
     ) -> Outcome {
+        info.server = Some(server);
         let s = &self.servers[server];
         if method != "tools/call" && method != "prompts/get" {
             // Those two were checked with their names already.
             if let Err(l) = self.limits.check_server(server, None) {
-                return limited(method, &l);
+                return self.limited(method, &l, info);
             }
         }
         let conn = match s.connection() {
@@ -450,21 +506,22 @@ impl Gateway {
     }
 }
 
-/// The answer to a request over a rate limit. A tool call gets a tool result with
-/// `isError`, whose text a model can act on; anything else a JSON-RPC error with
-/// `data.retryAfterMs`.
-fn limited(method: &str, l: &Limited) -> Outcome {
-    debug!(method, limit = %l.what, "rate limited");
-    if method == "tools/call" {
-        Outcome::Result(message::to_raw(&json!({
-            "content": [{ "type": "text", "text": l.message() }],
-            "isError": true,
-        })))
-    } else {
-        Outcome::Error(message::error_object(
-            code::RATE_LIMITED,
-            &l.message(),
-            Some(json!({ "retryAfterMs": l.retry_after_ms(), "limit": l.what })),
-        ))
+/// Whether a tool result says `isError: true`.
+fn is_tool_error(result: &RawValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct R {
+        #[serde(rename = "isError", default)]
+        is_error: bool,
     }
+    serde_json::from_str::<R>(result.get()).is_ok_and(|r| r.is_error)
+}
+
+/// What the router learned about a request on its way, for metrics and traces.
+#[derive(Default)]
+pub struct CallInfo {
+    /// The server it went to.
+    pub server: Option<usize>,
+    /// The public tool name, for tools/call.
+    pub tool: Option<String>,
+    pub rate_limited: bool,
 }

@@ -70,6 +70,8 @@ pub struct State {
     pub info: Option<InitInfo>,
     pub lists: Lists,
     pub since: Option<Instant>,
+    /// Why the server last failed, kept after it recovers.
+    pub last_error: Option<String>,
 }
 
 /// A configured server and its live state.
@@ -139,6 +141,7 @@ impl Server {
                 info: None,
                 lists: Lists::default(),
                 since: None,
+                last_error: None,
             }),
             stop: CancellationToken::new(),
             restarts: std::sync::atomic::AtomicU64::new(0),
@@ -288,7 +291,8 @@ impl Server {
     fn fail(&self, why: String) {
         warn!(server = %self.name, error = %why, "server unavailable");
         self.update(|s| {
-            s.status = Status::Down(why);
+            s.status = Status::Down(why.clone());
+            s.last_error = Some(why);
             s.conn = None;
         });
     }

@@ -65,7 +65,7 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
         pid,
         stop: None,
     };
-    Ok(run_pipe(server, pipe, incoming, span))
+    Ok(run_pipe(server, pipe, incoming, span).with_pid(pid))
 }
 
 fn describe(status: std::process::ExitStatus) -> String {

@@ -115,6 +115,8 @@ pub fn app(http: Http) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
+        .route("/", get(status_page))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(http)
 }
@@ -522,36 +524,121 @@ async fn readyz(State(http): State<Http>) -> Response {
     }
 }
 
-/// Per-server state as JSON. Never includes env values.
-async fn status(State(http): State<Http>) -> Response {
+/// Per-server state as JSON. Never includes env values, headers or expanded URLs.
+fn status_json(http: &Http) -> Value {
     let servers: Vec<Value> = http
         .gw
         .servers
         .iter()
         .map(|s| {
             let st = s.state();
-            let (state, last_error) = match &st.status {
-                Status::Disabled => ("disabled", None),
-                Status::Starting => ("starting", None),
-                Status::Ready => ("ready", None),
-                Status::Down(why) => ("down", Some(why.clone())),
-                Status::Stopped => ("stopped", None),
+            let state = match &st.status {
+                Status::Disabled => "disabled",
+                Status::Starting => "starting",
+                Status::Ready => "ready",
+                Status::Down(_) => "down",
+                Status::Stopped => "stopped",
+            };
+            let url = match &s.cfg.transport {
+                crate::config::Transport::Http(h) => Some(h.url_display.clone()),
+                crate::config::Transport::Stdio(_) => None,
             };
             json!({
                 "name": s.cfg.name,
                 "state": state,
                 "transport": s.cfg.transport.kind(),
+                "url": url,
                 "prefix": s.cfg.prefix,
+                "pid": st.conn.as_ref().and_then(|c| c.pid()),
                 "protocolVersion": st.info.as_ref().map(|i| i.protocol_version.clone()),
-                "uptimeSeconds": st.since.map(|t| t.elapsed().as_secs()),
+                "uptimeSeconds": st.since.filter(|_| st.status == Status::Ready).map(|t| t.elapsed().as_secs()),
                 "tools": st.lists.tools.len(),
                 "prompts": st.lists.prompts.len(),
                 "resources": st.lists.resources.len(),
-                "lastError": last_error,
+                "restarts": s.restarts.load(Ordering::Relaxed),
+                "lastError": st.last_error,
             })
         })
         .collect();
-    let versions: Vec<String> = http.sessions.iter().map(|s| s.protocol_version.clone()).collect();
-    let body = json!({ "servers": servers, "sessions": versions.len() });
-    json_response(body.to_string().into_bytes())
+    let mut by_version: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for s in http.sessions.iter() {
+        *by_version.entry(s.protocol_version.clone()).or_default() += 1;
+    }
+    json!({ "servers": servers, "sessions": http.sessions.len(), "sessionsByVersion": by_version })
+}
+
+async fn status(State(http): State<Http>) -> Response {
+    json_response(status_json(&http).to_string().into_bytes())
+}
+
+/// A small HTML page showing what `/status` shows.
+async fn status_page(State(http): State<Http>) -> Response {
+    let status = status_json(&http);
+    let mut rows = String::new();
+    for s in status["servers"].as_array().into_iter().flatten() {
+        let cell = |k: &str| match &s[k] {
+            Value::Null => String::new(),
+            Value::String(v) => html_escape(v),
+            other => html_escape(&other.to_string()),
+        };
+        rows.push_str(&format!(
+            "<tr class=\"{state}\"><td>{name}</td><td>{state}</td><td>{transport}</td><td>{pid}</td><td>{up}</td><td>{tools}</td><td>{prompts}</td><td>{resources}</td><td>{restarts}</td><td>{err}</td></tr>\n",
+            name = cell("name"),
+            state = cell("state"),
+            transport = cell("transport"),
+            pid = cell("pid"),
+            up = cell("uptimeSeconds"),
+            tools = cell("tools"),
+            prompts = cell("prompts"),
+            resources = cell("resources"),
+            restarts = cell("restarts"),
+            err = cell("lastError"),
+        ));
+    }
+    let page = format!(
+        r#"<!doctype html>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5"><title>mcp-gateway</title>
+<style>body{{font:14px system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
+tr.ready td:nth-child(2){{color:#070}}tr.down td:nth-child(2){{color:#b00}}</style></head>
+<body><h1>mcp-gateway {version}</h1>
+<p>Endpoint <code>{path}</code> · {sessions} session(s) · <a href="/status">/status</a> · <a href="/metrics">/metrics</a> · <a href="/readyz">/readyz</a></p>
+<table><tr><th>server</th><th>state</th><th>transport</th><th>pid</th><th>uptime (s)</th><th>tools</th><th>prompts</th><th>resources</th><th>restarts</th><th>last error</th></tr>
+{rows}</table></body></html>
+"#,
+        version = env!("CARGO_PKG_VERSION"),
+        path = html_escape(&http.gw.config.gateway.path),
+        sessions = status["sessions"],
+    );
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Prometheus text exposition.
+async fn metrics(State(http): State<Http>) -> Response {
+    let servers: Vec<_> = http
+        .gw
+        .servers
+        .iter()
+        .map(|s| {
+            let up = s.state().status == Status::Ready;
+            let restarts = s.restarts.load(Ordering::Relaxed);
+            (s.cfg.name.as_str(), s.cfg.transport.kind(), up, restarts)
+        })
+        .collect();
+    let snap = crate::metrics::Snapshot {
+        sessions: http.sessions.len(),
+        servers,
+    };
+    let body = http.gw.metrics.render(&snap);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+        .into_response()
 }

@@ -1,0 +1,234 @@
+//! Prometheus metrics, served as text at `GET /metrics`. A small registry of our own:
+//! counters and histograms keyed by their label values, atomics on the hot path.
+
+use dashmap::DashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the latency histogram buckets, in seconds.
+const BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0,
+];
+
+/// How a request ended, as the `outcome` label says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Ok,
+    /// A JSON-RPC error answer.
+    Error,
+    /// A tool result with `isError: true`.
+    ToolError,
+    RateLimited,
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::ToolError => "tool_error",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum in nanoseconds.
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
+/// Labels of a request: method, server ("" when the gateway answered), tool (public
+/// name, "" when not a tool call), outcome.
+type RequestKey = (String, String, String, Outcome);
+
+/// The gateway's metrics.
+#[derive(Default)]
+pub struct Metrics {
+    requests: DashMap<RequestKey, AtomicU64>,
+    /// Latency by (method, server).
+    latency: DashMap<(String, String), Histogram>,
+    in_flight: AtomicI64,
+    /// Rate-limited requests by the limit's description.
+    rate_limited: DashMap<String, AtomicU64>,
+}
+
+/// Decrements the in-flight gauge when dropped.
+pub struct InFlight<'a>(&'a Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What the rest of the gateway reports about itself when scraped.
+pub struct Snapshot<'a> {
+    pub sessions: usize,
+    /// (server, transport, up, restarts)
+    pub servers: Vec<(&'a str, &'static str, bool, u64)>,
+}
+
+impl Metrics {
+    pub fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self)
+    }
+
+    pub fn record(&self, method: &str, server: &str, tool: &str, outcome: Outcome, took: Duration) {
+        let key = (method.to_owned(), server.to_owned(), tool.to_owned(), outcome);
+        self.requests.entry(key).or_default().fetch_add(1, Ordering::Relaxed);
+        self.latency
+            .entry((method.to_owned(), server.to_owned()))
+            .or_default()
+            .observe(took);
+    }
+
+    pub fn rate_limited(&self, limit: &str) {
+        self.rate_limited
+            .entry(limit.to_owned())
+            .or_default()
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self, snap: &Snapshot) -> String {
+        let mut out = String::with_capacity(4096);
+        out.push_str("# HELP mcp_gateway_requests_total Client requests by method, server, tool and outcome.\n");
+        out.push_str("# TYPE mcp_gateway_requests_total counter\n");
+        for e in &self.requests {
+            let (m, s, t, o) = e.key();
+            let _ = writeln!(
+                out,
+                "mcp_gateway_requests_total{{method=\"{}\",server=\"{}\",tool=\"{}\",outcome=\"{}\"}} {}",
+                esc(m),
+                esc(s),
+                esc(t),
+                o.as_str(),
+                e.value().load(Ordering::Relaxed)
+            );
+        }
+        out.push_str("# HELP mcp_gateway_request_duration_seconds Client request latency by method and server.\n");
+        out.push_str("# TYPE mcp_gateway_request_duration_seconds histogram\n");
+        for e in &self.latency {
+            let (m, s) = e.key();
+            let labels = format!("method=\"{}\",server=\"{}\"", esc(m), esc(s));
+            let h = e.value();
+            let mut cumulative = 0;
+            for (i, b) in BUCKETS.iter().enumerate() {
+                cumulative += h.buckets[i].load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "mcp_gateway_request_duration_seconds_bucket{{{labels},le=\"{b}\"}} {cumulative}"
+                );
+            }
+            let count = h.count.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "mcp_gateway_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {count}"
+            );
+            let sum = h.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+            let _ = writeln!(out, "mcp_gateway_request_duration_seconds_sum{{{labels}}} {sum}");
+            let _ = writeln!(out, "mcp_gateway_request_duration_seconds_count{{{labels}}} {count}");
+        }
+        out.push_str("# HELP mcp_gateway_requests_in_flight Client requests being handled.\n");
+        out.push_str("# TYPE mcp_gateway_requests_in_flight gauge\n");
+        let _ = writeln!(
+            out,
+            "mcp_gateway_requests_in_flight {}",
+            self.in_flight.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP mcp_gateway_sessions Open client sessions.\n");
+        out.push_str("# TYPE mcp_gateway_sessions gauge\n");
+        let _ = writeln!(out, "mcp_gateway_sessions {}", snap.sessions);
+        out.push_str("# HELP mcp_gateway_downstream_up Whether a server is initialized and reachable.\n");
+        out.push_str("# TYPE mcp_gateway_downstream_up gauge\n");
+        for (name, transport, up, _) in &snap.servers {
+            let _ = writeln!(
+                out,
+                "mcp_gateway_downstream_up{{server=\"{}\",transport=\"{transport}\"}} {}",
+                esc(name),
+                u8::from(*up)
+            );
+        }
+        out.push_str("# HELP mcp_gateway_downstream_restarts_total Times a server was started again.\n");
+        out.push_str("# TYPE mcp_gateway_downstream_restarts_total counter\n");
+        for (name, _, _, restarts) in &snap.servers {
+            let _ = writeln!(
+                out,
+                "mcp_gateway_downstream_restarts_total{{server=\"{}\"}} {restarts}",
+                esc(name)
+            );
+        }
+        out.push_str("# HELP mcp_gateway_rate_limited_total Requests refused by a rate limit.\n");
+        out.push_str("# TYPE mcp_gateway_rate_limited_total counter\n");
+        for e in &self.rate_limited {
+            let _ = writeln!(
+                out,
+                "mcp_gateway_rate_limited_total{{limit=\"{}\"}} {}",
+                esc(e.key()),
+                e.value().load(Ordering::Relaxed)
+            );
+        }
+        out
+    }
+}
+
+/// Escapes a label value.
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histograms() {
+        let m = Metrics::default();
+        {
+            let _g = m.in_flight();
+            m.record(
+                "tools/call",
+                "calc",
+                "calc__add",
+                Outcome::Ok,
+                Duration::from_micros(300),
+            );
+            m.record("tools/call", "calc", "calc__add", Outcome::Ok, Duration::from_millis(2));
+        }
+        m.rate_limited("per_client limit 1/s");
+        let text = m.render(&Snapshot {
+            sessions: 2,
+            servers: vec![("calc", "stdio", true, 1)],
+        });
+        assert!(text.contains(
+            "mcp_gateway_requests_total{method=\"tools/call\",server=\"calc\",tool=\"calc__add\",outcome=\"ok\"} 2"
+        ));
+        assert!(text.contains(
+            "mcp_gateway_request_duration_seconds_bucket{method=\"tools/call\",server=\"calc\",le=\"0.0005\"} 1"
+        ));
+        assert!(text.contains("mcp_gateway_request_duration_seconds_count{method=\"tools/call\",server=\"calc\"} 2"));
+        assert!(text.contains("mcp_gateway_requests_in_flight 0"));
+        assert!(text.contains("mcp_gateway_sessions 2"));
+        assert!(text.contains("mcp_gateway_downstream_up{server=\"calc\",transport=\"stdio\"} 1"));
+        assert!(text.contains("mcp_gateway_rate_limited_total{limit=\"per_client limit 1/s\"} 1"));
+    }
+}
