@@ -54,6 +54,19 @@ struct RawConfig {
     servers: IndexMap<Spanned<String>, RawServer>,
     #[serde(default)]
     rate_limits: RawGlobalLimits,
+    #[serde(default)]
+    telemetry: RawTelemetry,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    otlp_endpoint: Option<Spanned<String>>,
+    otlp_protocol: Option<Spanned<String>>,
+    service_name: Option<Spanned<String>>,
+    log_format: Option<Spanned<String>>,
+    #[serde(default)]
+    record_payloads: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -136,6 +149,48 @@ pub struct Config {
     pub rate_limits: RateLimits,
 }
 
+    /// `[telemetry]`: log format and OpenTelemetry export.
+    pub telemetry: Telemetry,
+}
+
+/// `[telemetry]`, with the `OTEL_*` environment applied.
+#[derive(Debug, Clone)]
+pub struct Telemetry {
+    /// Where spans go: the OTLP URL exactly as the exporter uses it (for http/protobuf
+    /// with `/v1/traces` appended). `None`: no export.
+    pub otlp_endpoint: Option<String>,
+    pub otlp_protocol: OtlpProtocol,
+    pub service_name: String,
+    pub log_format: LogFormat,
+    /// Record tool arguments and results on spans (opt-in).
+    pub record_payloads: bool,
+    /// How long finished spans wait before a batch is sent (`OTEL_BSP_SCHEDULE_DELAY`, ms).
+    pub batch_delay: Option<Duration>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            otlp_endpoint: None,
+            otlp_protocol: OtlpProtocol::HttpProtobuf,
+            service_name: "mcp-gateway".into(),
+            log_format: LogFormat::Text,
+            record_payloads: false,
+            batch_delay: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OtlpProtocol {
+    HttpProtobuf,
+    Grpc,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LogFormat {
+    Text,
+    Json,
 /// Rate limits; which fields apply depends on where they were written.
 #[derive(Debug, Clone, Default)]
 pub struct RateLimits {
@@ -489,6 +544,7 @@ impl Config {
                     format!("servers.{name}.prefix: {prefix:?} may only use [A-Za-z0-9_.-]"),
                 );
             }
+        let telemetry = telemetry(&mut cx, raw.telemetry, env);
             if !prefix.is_empty() && s.enabled {
                 if let Some(other) = prefixes.insert(prefix.clone(), name.clone()) {
                     let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
@@ -660,10 +716,109 @@ fn http_spec(
         Ok(u) => u,
         Err(var) => {
             cx.at(
+            telemetry,
                 url.span().start,
                 format!("servers.{name}.url: environment variable {var} is not set"),
             );
             String::new()
+/// `[telemetry]`: a key in the file wins over its `OTEL_*` variable. Errors about a
+/// variable point at the `[telemetry]` key that would override it, or at line 1.
+fn telemetry(cx: &mut Ctx, t: RawTelemetry, env: &dyn Fn(&str) -> Option<String>) -> Telemetry {
+    let from_env = |key: &str| env(key).filter(|v| !v.trim().is_empty());
+    let protocol = match &t.otlp_protocol {
+        Some(p) => (
+            p.get_ref().clone(),
+            p.span().start,
+            "telemetry.otlp_protocol".to_owned(),
+        ),
+        None => (
+            from_env("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_else(|| "http/protobuf".into()),
+            0,
+            "OTEL_EXPORTER_OTLP_PROTOCOL (from the environment)".to_owned(),
+        ),
+    };
+    let otlp_protocol = match protocol.0.trim() {
+        "http/protobuf" => OtlpProtocol::HttpProtobuf,
+        "grpc" => OtlpProtocol::Grpc,
+        other => {
+            cx.at(
+                protocol.1,
+                format!("{}: {other:?} is not one of \"http/protobuf\", \"grpc\"", protocol.2),
+            );
+            OtlpProtocol::HttpProtobuf
+        }
+    };
+    let endpoint = match &t.otlp_endpoint {
+        Some(e) => match expand(e.get_ref(), env) {
+            Ok(v) => Some((v, e.span().start, "telemetry.otlp_endpoint".to_owned())),
+            Err(var) => {
+                cx.at(
+                    e.span().start,
+                    format!("telemetry.otlp_endpoint: environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        None => from_env("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .map(|v| (v, 0, "OTEL_EXPORTER_OTLP_ENDPOINT (from the environment)".to_owned())),
+    };
+    let otlp_endpoint = endpoint.and_then(|(url, at, key)| {
+        let url = url.trim().to_owned();
+        let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+        if !matches!(rest, Some(r) if !r.is_empty() && !r.starts_with('/')) {
+            cx.at(
+                at,
+                format!("{key}: {url:?} is not a URL like \"http://127.0.0.1:4318\""),
+            );
+            return None;
+        }
+        Some(match otlp_protocol {
+            // The base URL, as with OTEL_EXPORTER_OTLP_ENDPOINT: the signal's path is added.
+            OtlpProtocol::HttpProtobuf if !url.ends_with("/v1/traces") => {
+                format!("{}/v1/traces", url.trim_end_matches('/'))
+            }
+            _ => url,
+        })
+    });
+    let service_name = match &t.service_name {
+        Some(s) if s.get_ref().trim().is_empty() => {
+            cx.at(s.span().start, "telemetry.service_name is empty".into());
+            String::new()
+        }
+        Some(s) => s.get_ref().clone(),
+        None => from_env("OTEL_SERVICE_NAME").unwrap_or_else(|| "mcp-gateway".into()),
+    };
+    let log_format = match t.log_format.as_ref().map(|f| (f.get_ref().as_str(), f.span().start)) {
+        None | Some(("text", _)) => LogFormat::Text,
+        Some(("json", _)) => LogFormat::Json,
+        Some((other, at)) => {
+            cx.at(
+                at,
+                format!("telemetry.log_format: {other:?} is not one of \"text\", \"json\""),
+            );
+            LogFormat::Text
+        }
+    };
+    let batch_delay = from_env("OTEL_BSP_SCHEDULE_DELAY").and_then(|v| match v.trim().parse::<u64>() {
+        Ok(ms) => Some(Duration::from_millis(ms.max(1))),
+        Err(_) => {
+            cx.at(
+                0,
+                format!("OTEL_BSP_SCHEDULE_DELAY (from the environment): {v:?} is not a number of milliseconds"),
+            );
+            None
+        }
+    });
+    Telemetry {
+        otlp_endpoint,
+        otlp_protocol,
+        service_name,
+        log_format,
+        record_payloads: t.record_payloads,
+        batch_delay,
+    }
+}
+
         }
     };
     if !(expanded.is_empty() || expanded.starts_with("http://") || expanded.starts_with("https://")) {
@@ -891,3 +1046,40 @@ mod tests {
         assert_eq!(ok.servers[0].prefix, "b");
     }
 }
+    #[test]
+    fn telemetry_table_and_otel_env() {
+        let none = |_: &str| None;
+        let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();
+        assert_eq!(c.telemetry.otlp_endpoint, None);
+        assert_eq!(c.telemetry.service_name, "mcp-gateway");
+
+        let src = "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"\nlog_format = \"json\"\nrecord_payloads = true\n";
+        let c = Config::parse(Path::new("g.toml"), src, &none).unwrap();
+        let t = &c.telemetry;
+        assert_eq!(t.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
+        assert_eq!((t.log_format, t.record_payloads), (LogFormat::Json, true));
+
+        let otel = |k: &str| match k {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4317".to_owned()),
+            "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".to_owned()),
+            "OTEL_SERVICE_NAME" => Some("svc".to_owned()),
+            "OTEL_BSP_SCHEDULE_DELAY" => Some("100".to_owned()),
+            _ => None,
+        };
+        let t = Config::parse(Path::new("g.toml"), "", &otel).unwrap().telemetry;
+        assert_eq!(t.otlp_endpoint.as_deref(), Some("http://collector:4317"));
+        assert_eq!(t.otlp_protocol, OtlpProtocol::Grpc);
+        assert_eq!(t.service_name, "svc");
+        assert_eq!(t.batch_delay, Some(Duration::from_millis(100)));
+
+        let src = "[telemetry]\notlp_protocol = \"http/json\"\nlog_format = \"xml\"\nsampling = 1\n";
+        let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err();
+        assert_eq!((e.0[0].line, e.0[0].column), (4, 1), "{e}");
+        assert!(e.to_string().contains("sampling"), "{e}");
+        let src = "[telemetry]\notlp_protocol = \"http/json\"\nlog_format = \"xml\"\notlp_endpoint = \"localhost:4318\"\n";
+        let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err();
+        let lines: Vec<_> = e.0.iter().map(|e| (e.line, e.column)).collect();
+        assert_eq!(lines, [(2, 17), (4, 17), (3, 14)], "{e}");
+        assert!(e.to_string().contains("telemetry.otlp_protocol: \"http/json\""), "{e}");
+    }
+

@@ -11,6 +11,8 @@
 //! - [`downstream`]: a connection to one server, owned by one task; [`downstream::stdio`]
 //!   owns a child process.
 //! - [`message`]: the JSON-RPC envelope; params and results stay raw JSON.
+//! - [`telemetry`]: the log subscriber and OpenTelemetry spans (one per client request,
+//!   one per downstream call), W3C trace context in and out.
 //!
 //! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
 
@@ -24,6 +26,7 @@ pub mod metrics;
 pub mod router;
 pub mod sse;
 pub mod supervisor;
+pub mod telemetry;
 
 use anyhow::Context;
 use config::Config;

@@ -38,7 +38,6 @@ const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
     let config = match Config::load(&cli.config, &|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {
@@ -53,6 +52,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Logging starts once the config is read: [telemetry] decides its format and whether
+    // spans are exported. The exporter's batch task lives on the runtime.
+    let telemetry = {
+        let _rt = runtime.enter();
+        mcp_gateway::telemetry::init(&config.telemetry, &log_filter())
+    };
     let result = runtime.block_on(async move {
         match cli.command.unwrap_or(Cmd::Serve { listen: None }) {
             Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal())
@@ -66,6 +71,8 @@ fn main() -> ExitCode {
             }
         }
     });
+    // Send the spans still queued while the runtime that runs the exporter is alive.
+    telemetry.shutdown();
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -78,15 +85,10 @@ fn main() -> ExitCode {
 
 /// Logs go to stderr only (stdout belongs to JSON-RPC in stdio mode). The level comes
 /// from MCP_GATEWAY_LOG (or RUST_LOG), default `info`.
-fn init_logging() {
-    let filter = std::env::var("MCP_GATEWAY_LOG")
+fn log_filter() -> String {
+    std::env::var("MCP_GATEWAY_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".to_owned());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+        .unwrap_or_else(|_| "info".to_owned())
 }
 
 async fn shutdown_signal() {

@@ -11,15 +11,16 @@ use crate::limit::{Limited, Limits};
 use crate::message::{self, code, id_key, Id, Outcome};
 use crate::metrics::{self, Metrics};
 use crate::supervisor::{Event, ListKind, Server, Status};
+use crate::telemetry::{self, DownstreamSpan};
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 /// Protocol revisions the public endpoint speaks in the handshake era, newest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
@@ -42,6 +43,10 @@ pub struct Gateway {
 pub struct Client {
     /// Session id (HTTP) or "stdio"; used in logs.
     pub id: String,
+    /// `network.transport` on spans: `tcp` (HTTP) or `pipe` (stdio).
+    pub transport: &'static str,
+    /// The protocol version the session negotiated, once known (for spans).
+    pub protocol_version: OnceLock<String>,
     inflight: Mutex<HashMap<String, CancellationToken>>,
 }
 
@@ -51,11 +56,19 @@ impl Client {
             id: id.into(),
             inflight: Mutex::new(HashMap::new()),
         }
+            transport: "tcp",
+            protocol_version: OnceLock::new(),
     }
 
     fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
         self.inflight.lock().unwrap_or_else(|e| e.into_inner())
     }
+    /// Sets `network.transport` for this session's spans.
+    pub fn transport(mut self, transport: &'static str) -> Client {
+        self.transport = transport;
+        self
+    }
+
 
     /// Cancels every request still in flight (the session ended).
     pub fn cancel_all(&self) {
@@ -264,6 +277,7 @@ impl Gateway {
             if inflight.contains_key(&key) {
                 return Some(err(
                     code::INVALID_REQUEST,
+    /// `parent` is the client's trace context from transport headers, if any.
                     format!("request id {key} is already in use in this session"),
                 ));
             }
@@ -271,14 +285,28 @@ impl Gateway {
         }
         let _unregister = Unregister { client, key };
         let started = Instant::now();
+        parent: Option<opentelemetry::Context>,
         let _in_flight = self.metrics.in_flight();
+        let origin = telemetry::Origin {
+            session: &client.id,
+            protocol_version: client.protocol_version.get().map_or("", String::as_str),
+            transport: client.transport,
+            parent,
+        };
+        let span = telemetry::request_span(origin, id, method, params.as_deref());
         let mut info = CallInfo::default();
         let out = match self.limits.check_client(&client.id) {
             Err(l) => Some(self.limited(method, &l, &mut info)),
-            Ok(()) => tokio::select! {
-                out = self.dispatch(method, params, sink, &mut info) => Some(out),
-                _ = token.cancelled() => None,
-            },
+            Ok(()) => {
+                // The span is current while dispatching: forward() parents its child on it.
+                let work = async {
+                    tokio::select! {
+                        out = self.dispatch(method, params, sink, &mut info) => Some(out),
+                        _ = token.cancelled() => None,
+                    }
+                };
+                work.instrument(span.clone()).await
+            }
         };
         self.observe(method, &info, out.as_ref(), started.elapsed());
         out
@@ -296,6 +324,7 @@ impl Gateway {
         };
         let server = info.server.map_or("", |i| self.servers[i].cfg.name.as_str());
         self.metrics
+        telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
             .record(method, server, info.tool.as_deref().unwrap_or(""), outcome, took);
     }
 
@@ -493,10 +522,27 @@ impl Gateway {
         } else {
             None
         };
-        match conn
+        let version = telemetry::exporting()
+            .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
+            .flatten();
+        let ds = DownstreamSpan::new(
+            &tracing::Span::current(),
+            &s.name,
+            match s.cfg.transport {
+                crate::config::Transport::Stdio(_) => "pipe",
+                crate::config::Transport::Http(_) => "tcp",
+            },
+            version.as_deref(),
+            method,
+            params.get("name").and_then(Value::as_str),
+        );
+        ds.inject(&mut params);
+        let res = conn
             .call(method, Params::Object { params, progress }, sink, s.cfg.timeout)
-            .await
-        {
+            .instrument(ds.span.clone())
+            .await;
+        ds.finish(&res);
+        match res {
             Ok(out) => out,
             Err(e) => {
                 warn!(server = %s.name, method, error = %e, "downstream call failed");

@@ -12,6 +12,7 @@ use super::{encode_request, restore_progress, wire_id, Command, Connection, DsEr
 use crate::config::{HttpSpec, Secret};
 use crate::message::{self, Kind, Outcome};
 use crate::sse;
+use crate::telemetry::TraceHeaders;
 use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
@@ -136,8 +137,24 @@ impl Shared {
 
     /// POSTs one JSON-RPC message.
     async fn post(&self, body: Vec<u8>, with_session: bool) -> Result<reqwest::Response, DsError> {
-        self.request(reqwest::Method::POST, with_session)
-            .header(ACCEPT, "application/json, text/event-stream")
+        self.post_traced(body, with_session, None).await
+    }
+
+    /// POSTs one JSON-RPC message with the call's W3C trace context as headers.
+    async fn post_traced(
+        &self,
+        body: Vec<u8>,
+        with_session: bool,
+        trace: Option<&TraceHeaders>,
+    ) -> Result<reqwest::Response, DsError> {
+        let mut r = self.request(reqwest::Method::POST, with_session);
+        if let Some(t) = trace {
+            r = r.header("traceparent", &t.traceparent);
+            if let Some(s) = &t.tracestate {
+                r = r.header("tracestate", s);
+            }
+        }
+        r.header(ACCEPT, "application/json, text/event-stream")
             .header(CONTENT_TYPE, "application/json")
             .body(body)
             .send()
@@ -432,10 +449,26 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 let task = {
                     let (shared, inflight) = (shared.clone(), inflight.clone());
                     tokio::spawn(async move {
-                        let out = call(&shared, id, &method, body, sink.as_ref(), progress.as_ref()).await;
+                        let out = call(
+                            &shared,
+                            id,
+                            &method,
+                            body,
+                            sink.as_ref(),
+                            progress.as_ref(),
+                            trace.as_ref(),
+                        )
+                        .await;
                         inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                         if let Err(DsError::Unavailable { reason, .. }) = &out {
                             if reason.starts_with("cannot connect") {
+                // The downstream span's context, put in params._meta by the router.
+                let trace = match &params {
+                    Params::Object { params, .. } if crate::telemetry::exporting() => {
+                        crate::telemetry::meta_headers(params)
+                    }
+                    _ => None,
+                };
                                 let _ = shared.incoming.send(Incoming::Closed { reason: reason.clone() }).await;
                             }
                         }
@@ -497,7 +530,7 @@ async fn call(
     let is_init = method == "initialize";
     for attempt in 0..2 {
         let session = shared.session();
-        let resp = shared.post(body.clone(), !is_init).await?;
+        let resp = shared.post_traced(body.clone(), !is_init, trace).await?;
         let status = resp.status();
         if status == StatusCode::NOT_FOUND && session.is_some() && !is_init && attempt == 0 {
             shared.reinitialize(session).await?;
@@ -507,6 +540,7 @@ async fn call(
             shared.keep_session(&resp);
         }
         if status == StatusCode::ACCEPTED {
+    trace: Option<&TraceHeaders>,
             return Err(shared.unavailable(format!("answered {method} with 202 and no response")));
         }
         if !status.is_success() {

@@ -316,7 +316,10 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
             debug!(session = %sid, "dropping a client response: no server→client request is pending");
             StatusCode::ACCEPTED.into_response()
         }
-        Kind::Request { id, method, params } => request(http, session, id, method, params).await,
+        Kind::Request { id, method, params } => {
+            let parent = crate::telemetry::from_headers(&headers);
+            request(http, session, id, method, params, parent).await
+        }
     }
 }
 
@@ -331,7 +334,11 @@ fn initialize(http: &Http, id: &Id, params: Option<&serde_json::value::RawValue>
     };
     let sid = new_session_id();
     let session = Session {
-        client: Client::new(sid.clone()),
+        client: {
+            let c = Client::new(sid.clone());
+            let _ = c.protocol_version.set(version.clone());
+            c
+        },
         protocol_version: version.clone(),
         last_seen: AtomicU64::new(http.now_ms()),
         get_open: AtomicBool::new(false),
@@ -353,11 +360,14 @@ async fn request(
     method: String,
     params: Option<Box<serde_json::value::RawValue>>,
 ) -> Response {
+    parent: Option<opentelemetry::Context>,
     let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let (done_tx, done) = oneshot::channel::<Vec<u8>>();
     let gw = http.gw.clone();
     tokio::spawn(async move {
-        let out = gw.request(&session.client, &id, &method, params, Some(sink)).await;
+        let out = gw
+            .request(&session.client, &id, &method, params, Some(sink), parent)
+            .await;
         let out = out.unwrap_or_else(|| {
             Outcome::Error(message::error_object(
                 REQUEST_CANCELLED,

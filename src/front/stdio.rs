@@ -20,7 +20,7 @@ where
 {
     let (out_tx, out_rx) = mpsc::channel::<Bytes>(crate::downstream::SINK_QUEUE);
     let writer = tokio::spawn(write_lines(output, out_rx));
-    let client = Arc::new(Client::new("stdio"));
+    let client = Arc::new(Client::new("stdio").transport("pipe"));
 
     // list_changed and other server-initiated messages.
     let mut changes = gw.subscribe();
@@ -80,12 +80,19 @@ where
                 let (gw, client, out) = (gw.clone(), client.clone(), out_tx.clone());
                 tokio::spawn(async move {
                     // A cancelled request gets no answer, as the spec asks.
-                    if let Some(result) = gw.request(&client, &id, &method, params, Some(out.clone())).await {
+                    if let Some(result) = gw.request(&client, &id, &method, params, Some(out.clone()), None).await {
                         let _ = out.send(Bytes::from(message::response(&id, &result))).await;
                     }
                 });
             }
             Kind::Notification { method, params } => gw.notification(&client, &method, params.as_deref()),
+                if let Outcome::Result(r) = &out {
+                    if let Ok(v) = serde_json::from_str::<Value>(r.get()) {
+                        if let Some(version) = v.get("protocolVersion").and_then(Value::as_str) {
+                            let _ = client.protocol_version.set(version.to_owned());
+                        }
+                    }
+                }
             Kind::Response { .. } => debug!("dropping a client response: no server→client request is pending"),
         }
     }

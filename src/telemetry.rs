@@ -1,0 +1,629 @@
+//! Logs and OpenTelemetry traces: the one place that builds the `tracing` subscriber.
+//!
+//! Log lines go to stderr as text or JSON (`[telemetry] log_format`). With an OTLP
+//! endpoint, spans are also exported (http/protobuf or gRPC, batched on the runtime).
+//!
+//! Two spans follow the OpenTelemetry MCP semantic conventions:
+//! - [`request_span`]: one client request, kind SERVER, named `{method} {target}`
+//!   (`tools/call calc__add`). A client's W3C `traceparent` (HTTP header, or
+//!   `params._meta.traceparent`) makes it a child of the client's span.
+//! - [`DownstreamSpan`]: one call to a downstream server, kind CLIENT, a child of the
+//!   request span, named with the downstream's own name (`tools/call add`). Its context
+//!   travels to the server in `params._meta.traceparent` (and as HTTP headers).
+//!
+//! Both are DEBUG spans with this module as their target: the OpenTelemetry layer
+//! always takes them, while the log layer only formats them when asked to log at debug,
+//! so at the default level a request costs no log formatting. Without an exporter the
+//! spans are disabled and the helpers here return at once.
+//!
+//! Tool arguments and results are recorded only with `record_payloads = true`;
+//! configured secrets (env values, headers, URLs) never reach a span.
+
+use crate::config::{self, LogFormat, OtlpProtocol};
+use crate::downstream::DsError;
+use crate::message::{Id, Outcome};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry::Context;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tracing::field::Empty;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+/// The target of the spans that are exported.
+const TARGET: &str = "mcp_gateway::telemetry";
+/// Longest tool argument or result text recorded on a span (with `record_payloads`).
+const MAX_PAYLOAD: usize = 16 << 10;
+/// How long the exporter waits for the collector.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+static RECORD_PAYLOADS: AtomicBool = AtomicBool::new(false);
+
+/// True when spans are exported; everything that costs more than a branch is skipped
+/// otherwise.
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// The installed exporter; [`Telemetry::shutdown`] sends the spans still queued.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Flushes and stops the exporter. Call from outside the runtime's worker threads
+    /// while the runtime is still alive (the batch task runs on it).
+    pub fn shutdown(self) {
+        if let Some(p) = self.provider {
+            EXPORTING.store(false, Ordering::Relaxed);
+            if let Err(e) = p.shutdown() {
+                eprintln!("mcp-gateway: flushing traces failed: {e}");
+            }
+        }
+    }
+}
+
+/// Installs the global subscriber: log lines on stderr filtered by `log_filter` (an
+/// `EnvFilter` directive such as `info`) and, when an OTLP endpoint is configured, the
+/// OpenTelemetry layer. Must run inside a Tokio runtime context (the exporter's batch
+/// task and gRPC channel live on it).
+pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
+    let filter = tracing_subscriber::EnvFilter::new(log_filter);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let fmt = match cfg.log_format {
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
+    };
+    let (provider, error) = match cfg.otlp_endpoint.as_deref() {
+        None => (None, None),
+        Some(endpoint) => match provider(cfg, endpoint) {
+            Ok(p) => (Some(p), None),
+            Err(e) => (None, Some(e)),
+        },
+    };
+    let otel = provider.as_ref().map(|p| {
+        let tracer = p.tracer("mcp-gateway");
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                meta.target() == TARGET
+                    || (meta.is_event()
+                        && *meta.level() <= tracing::Level::WARN
+                        && meta.target().starts_with("mcp_gateway"))
+            }))
+    });
+    tracing_subscriber::registry().with(fmt).with(otel).init();
+    if let Some(e) = error {
+        tracing::warn!(error = %e, "cannot export traces; continuing without");
+    }
+    if provider.is_some() {
+        RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
+        EXPORTING.store(true, Ordering::Relaxed);
+        tracing::info!(
+            endpoint = cfg.otlp_endpoint.as_deref().unwrap_or_default(),
+            protocol = ?cfg.otlp_protocol,
+            "exporting traces"
+        );
+    }
+    Telemetry { provider }
+}
+
+fn provider(cfg: &config::Telemetry, endpoint: &str) -> Result<SdkTracerProvider, String> {
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+    let exporter = match cfg.otlp_protocol {
+        OtlpProtocol::HttpProtobuf => {
+            let http = reqwest::Client::builder()
+                .use_rustls_tls()
+                .timeout(EXPORT_TIMEOUT)
+                .build()
+                .map_err(|e| e.to_string())?;
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(http)
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(endpoint)
+                .with_timeout(EXPORT_TIMEOUT)
+                .build()
+        }
+        OtlpProtocol::Grpc => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .with_timeout(EXPORT_TIMEOUT);
+            if endpoint.starts_with("https://") {
+                b = b.with_tls_config(
+                    opentelemetry_otlp::tonic_types::transport::ClientTlsConfig::new().with_native_roots(),
+                );
+            }
+            b.build()
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let mut batch = opentelemetry_sdk::trace::BatchConfigBuilder::default();
+    if let Some(d) = cfg.batch_delay {
+        batch = batch.with_scheduled_delay(d);
+    }
+    let processor = opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+        exporter,
+        opentelemetry_sdk::runtime::Tokio,
+    )
+    .with_batch_config(batch.build())
+    .build();
+    let resource = opentelemetry_sdk::Resource::builder_empty()
+        .with_service_name(cfg.service_name.clone())
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(resource)
+        .build())
+}
+
+// ---------------------------------------------------------------- propagation
+
+/// Reads a trace context from HTTP headers (`traceparent`, `tracestate`).
+pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<Context> {
+    if !exporting() || !headers.contains_key("traceparent") {
+        return None;
+    }
+    struct H<'a>(&'a axum::http::HeaderMap);
+    impl Extractor for H<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            self.0.get(key).and_then(|v| v.to_str().ok())
+        }
+        fn keys(&self) -> Vec<&str> {
+            self.0.keys().map(|k| k.as_str()).collect()
+        }
+    }
+    valid(TraceContextPropagator::new().extract(&H(headers)))
+}
+
+fn valid(cx: Context) -> Option<Context> {
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// The `traceparent`/`tracestate` pair of a context, as the W3C headers carry them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct TraceHeaders {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+}
+
+impl Injector for TraceHeaders {
+    fn set(&mut self, key: &str, value: String) {
+        match key {
+            "traceparent" => self.traceparent = value,
+            "tracestate" if !value.is_empty() => self.tracestate = Some(value),
+            _ => {}
+        }
+    }
+}
+
+fn headers_of(span: &Span) -> Option<TraceHeaders> {
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut h = TraceHeaders::default();
+    TraceContextPropagator::new().inject_context(&cx, &mut h);
+    (!h.traceparent.is_empty()).then_some(h)
+}
+
+/// The trace context a call carries in `params._meta` (read by the HTTP downstream to
+/// send it as headers too).
+pub fn meta_headers(params: &Map<String, Value>) -> Option<TraceHeaders> {
+    let meta = params.get("_meta")?.as_object()?;
+    Some(TraceHeaders {
+        traceparent: meta.get("traceparent")?.as_str()?.to_owned(),
+        tracestate: meta.get("tracestate").and_then(Value::as_str).map(str::to_owned),
+    })
+}
+
+// ---------------------------------------------------------------- client requests
+
+/// What a request span needs to know about its session.
+pub struct Origin<'a> {
+    pub session: &'a str,
+    pub protocol_version: &'a str,
+    /// `network.transport`: `tcp` (HTTP) or `pipe` (stdio).
+    pub transport: &'static str,
+    /// The client's context from HTTP headers, if any (else `params._meta` is read).
+    pub parent: Option<Context>,
+}
+
+/// The few params fields a span is named and parented by, read without building a tree.
+#[derive(Deserialize, Default)]
+struct Peek<'a> {
+    #[serde(default, borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    uri: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<&'a RawValue>,
+    #[serde(default, rename = "_meta")]
+    meta: Option<PeekMeta>,
+}
+
+#[derive(Deserialize, Default)]
+struct PeekMeta {
+    #[serde(default)]
+    traceparent: Option<String>,
+    #[serde(default)]
+    tracestate: Option<String>,
+}
+
+impl Extractor for PeekMeta {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            "traceparent" => self.traceparent.as_deref(),
+            "tracestate" => self.tracestate.as_deref(),
+            _ => None,
+        }
+    }
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
+    }
+}
+
+/// The span of one client request (disabled, at no cost, when nothing exports).
+pub fn request_span(origin: Origin<'_>, id: &Id, method: &str, params: Option<&RawValue>) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
+    let span = tracing::debug_span!(
+        target: TARGET,
+        parent: None,
+        "mcp.request",
+        "otel.name" = Empty,
+        "otel.kind" = "server",
+        "otel.status_code" = Empty,
+        "mcp.method.name" = method,
+        "mcp.session.id" = origin.session,
+        "mcp.protocol.version" = Empty,
+        "jsonrpc.request.id" = Empty,
+        "network.transport" = origin.transport,
+        "gen_ai.operation.name" = Empty,
+        "gen_ai.tool.name" = Empty,
+        "gen_ai.prompt.name" = Empty,
+        "mcp.resource.uri" = Empty,
+        "gen_ai.tool.call.arguments" = Empty,
+        "gen_ai.tool.call.result" = Empty,
+        "error.type" = Empty,
+        "mcp.gateway.outcome" = Empty,
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    if !origin.protocol_version.is_empty() {
+        span.record("mcp.protocol.version", origin.protocol_version);
+    }
+    record_id(&span, id);
+    let peek: Peek = params
+        .and_then(|p| serde_json::from_str(p.get()).ok())
+        .unwrap_or_default();
+    let target = match method {
+        "tools/call" => peek.name.as_deref().inspect(|n| {
+            span.record("gen_ai.tool.name", *n);
+            span.record("gen_ai.operation.name", "execute_tool");
+        }),
+        "prompts/get" => peek.name.as_deref().inspect(|n| {
+            span.record("gen_ai.prompt.name", *n);
+        }),
+        "resources/read" => {
+            if let Some(u) = peek.uri.as_deref() {
+                span.record("mcp.resource.uri", u);
+            }
+            None
+        }
+        _ => None,
+    };
+    span.record("otel.name", span_name(method, target).as_str());
+    if method == "tools/call" && RECORD_PAYLOADS.load(Ordering::Relaxed) {
+        if let Some(a) = peek.arguments {
+            span.record("gen_ai.tool.call.arguments", clip(a.get()));
+        }
+    }
+    let parent = origin
+        .parent
+        .or_else(|| peek.meta.and_then(|m| valid(TraceContextPropagator::new().extract(&m))));
+    if let Some(cx) = parent {
+        let _ = span.set_parent(cx);
+    }
+    span
+}
+
+fn span_name(method: &str, target: Option<&str>) -> String {
+    match target {
+        Some(t) => format!("{method} {t}"),
+        None => method.to_owned(),
+    }
+}
+
+fn record_id(span: &Span, id: &Id) {
+    match id {
+        Value::String(s) => span.record("jsonrpc.request.id", s.as_str()),
+        other => span.record("jsonrpc.request.id", other.to_string().as_str()),
+    };
+}
+
+fn clip(s: &str) -> &str {
+    if s.len() <= MAX_PAYLOAD {
+        return s;
+    }
+    let mut end = MAX_PAYLOAD;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// How a request or call ended, as `mcp.gateway.outcome`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    Ok,
+    Error,
+    ToolError,
+    RateLimited,
+    Cancelled,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Ok => "ok",
+            Kind::Error => "error",
+            Kind::ToolError => "tool_error",
+            Kind::RateLimited => "rate_limited",
+            Kind::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Records how a request ended. `None` is a cancelled request; `rate_limited` marks an
+/// answer the gateway's own limits produced.
+pub fn finish_request(span: &Span, method: &str, out: Option<&Outcome>, rate_limited: bool) {
+    if span.is_disabled() {
+        return;
+    }
+    match out {
+        None => finish(span, Kind::Cancelled, "cancelled"),
+        Some(o) => {
+            let kind = classify(method, o);
+            let kind = if rate_limited && kind != Kind::Ok {
+                Kind::RateLimited
+            } else {
+                kind
+            };
+            match (kind, o) {
+                (Kind::Ok, _) => finish(span, Kind::Ok, ""),
+                (_, Outcome::Error(e)) => finish(span, kind, &error_code(e)),
+                (Kind::RateLimited, _) => finish(span, kind, "rate_limited"),
+                _ => finish(span, kind, "tool_error"),
+            }
+            if method == "tools/call" && RECORD_PAYLOADS.load(Ordering::Relaxed) {
+                if let Outcome::Result(r) = o {
+                    span.record("gen_ai.tool.call.result", clip(r.get()));
+                }
+            }
+        }
+    }
+}
+
+fn finish(span: &Span, kind: Kind, error_type: &str) {
+    span.record("mcp.gateway.outcome", kind.as_str());
+    if kind != Kind::Ok {
+        span.record("error.type", error_type);
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+fn classify(method: &str, o: &Outcome) -> Kind {
+    #[derive(Deserialize)]
+    struct R {
+        #[serde(default, rename = "isError")]
+        is_error: bool,
+    }
+    match o {
+        Outcome::Error(_) => Kind::Error,
+        Outcome::Result(r) if method == "tools/call" => match serde_json::from_str::<R>(r.get()) {
+            Ok(R { is_error: true }) => Kind::ToolError,
+            _ => Kind::Ok,
+        },
+        Outcome::Result(_) => Kind::Ok,
+    }
+}
+
+/// A JSON-RPC error's code as text (`"-32602"`), for `error.type`.
+fn error_code(e: &RawValue) -> String {
+    #[derive(Deserialize)]
+    struct E {
+        #[serde(default)]
+        code: i64,
+    }
+    serde_json::from_str::<E>(e.get()).map_or_else(|_| "error".to_owned(), |e| e.code.to_string())
+}
+
+// ---------------------------------------------------------------- downstream calls
+
+/// The span of one call to a downstream server. Dropped unfinished (the client
+/// cancelled, so the call was abandoned), it records `cancelled`.
+pub struct DownstreamSpan {
+    pub span: Span,
+    method_is_tool: bool,
+    done: bool,
+}
+
+impl DownstreamSpan {
+    /// A CLIENT span under `parent` for `method` on `server`; `target` is the name the
+    /// server knows the tool or prompt by.
+    pub fn new(
+        parent: &Span,
+        server: &str,
+        transport: &'static str,
+        protocol_version: Option<&str>,
+        method: &str,
+        target: Option<&str>,
+    ) -> DownstreamSpan {
+        let method_is_tool = method == "tools/call";
+        if parent.is_disabled() || !exporting() {
+            return DownstreamSpan {
+                span: Span::none(),
+                method_is_tool,
+                done: true,
+            };
+        }
+        let span = tracing::debug_span!(
+            target: TARGET,
+            parent: parent,
+            "mcp.downstream",
+            "otel.name" = span_name(method, target).as_str(),
+            "otel.kind" = "client",
+            "otel.status_code" = Empty,
+            "mcp.method.name" = method,
+            "mcp.gateway.server" = server,
+            "mcp.protocol.version" = protocol_version,
+            "jsonrpc.request.id" = Empty,
+            "network.transport" = transport,
+            "gen_ai.operation.name" = Empty,
+            "gen_ai.tool.name" = Empty,
+            "gen_ai.prompt.name" = Empty,
+            "error.type" = Empty,
+            "mcp.gateway.outcome" = Empty,
+        );
+        match (method, target) {
+            ("tools/call", Some(t)) => {
+                span.record("gen_ai.tool.name", t);
+                span.record("gen_ai.operation.name", "execute_tool");
+            }
+            ("prompts/get", Some(t)) => {
+                span.record("gen_ai.prompt.name", t);
+            }
+            _ => {}
+        }
+        DownstreamSpan {
+            span,
+            method_is_tool,
+            done: false,
+        }
+    }
+
+    /// Puts this span's context into `params._meta.traceparent` (and `tracestate`),
+    /// replacing whatever the client sent there.
+    pub fn inject(&self, params: &mut Map<String, Value>) {
+        if self.done {
+            return;
+        }
+        let Some(h) = headers_of(&self.span) else { return };
+        let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(m) = meta {
+            m.insert("traceparent".into(), Value::String(h.traceparent));
+            match h.tracestate {
+                Some(s) => m.insert("tracestate".into(), Value::String(s)),
+                None => m.remove("tracestate"),
+            };
+        }
+    }
+
+    /// Records the result of the call.
+    pub fn finish(mut self, res: &Result<Outcome, DsError>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let method = if self.method_is_tool { "tools/call" } else { "" };
+        match res {
+            Ok(o) => match classify(method, o) {
+                Kind::Ok => finish(&self.span, Kind::Ok, ""),
+                Kind::Error => {
+                    let code = match o {
+                        Outcome::Error(e) => error_code(e),
+                        Outcome::Result(_) => String::new(),
+                    };
+                    finish(&self.span, Kind::Error, &code)
+                }
+                k => finish(&self.span, k, "tool_error"),
+            },
+            Err(e) => finish(
+                &self.span,
+                Kind::Error,
+                match e {
+                    DsError::Timeout { .. } => "timeout",
+                    DsError::Exited { .. } => "server_exited",
+                    DsError::Unavailable { .. } => "unavailable",
+                    DsError::Status { .. } => "http_status",
+                },
+            ),
+        }
+    }
+}
+
+impl Drop for DownstreamSpan {
+    fn drop(&mut self) {
+        if !self.done {
+            finish(&self.span, Kind::Cancelled, "cancelled");
+        }
+    }
+}
+
+/// Records the id a downstream call went out with on the current (downstream) span.
+pub fn record_wire_id(id: u64) {
+    if exporting() {
+        let span = Span::current();
+        if !span.is_disabled() {
+            span.record("jsonrpc.request.id", id.to_string().as_str());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clips_on_char_boundaries() {
+        let s = "é".repeat(MAX_PAYLOAD);
+        let c = clip(&s);
+        assert!(c.len() <= MAX_PAYLOAD && s.starts_with(c));
+        assert_eq!(clip("short"), "short");
+    }
+
+    #[test]
+    fn classifies_outcomes() {
+        let r = |s: &str| Outcome::Result(RawValue::from_string(s.into()).unwrap());
+        assert_eq!(
+            classify("tools/call", &r(r#"{"content":[],"isError":true}"#)),
+            Kind::ToolError
+        );
+        assert_eq!(classify("tools/call", &r(r#"{"content":[]}"#)), Kind::Ok);
+        assert_eq!(classify("prompts/get", &r(r#"{"isError":true}"#)), Kind::Ok);
+        let e = RawValue::from_string(r#"{"code":-32602,"message":"x"}"#.into()).unwrap();
+        assert_eq!(error_code(&e), "-32602");
+    }
+
+    #[test]
+    fn meta_headers_read_back() {
+        let p: Map<String, Value> =
+            serde_json::from_str(r#"{"_meta":{"traceparent":"00-a-b-01","tracestate":"k=v"}}"#).unwrap();
+        let h = meta_headers(&p).unwrap();
+        assert_eq!(h.traceparent, "00-a-b-01");
+        assert_eq!(h.tracestate.as_deref(), Some("k=v"));
+    }
+}
