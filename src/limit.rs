@@ -19,16 +19,21 @@ pub struct Limited {
 }
 
 impl Limited {
+    /// Rounded up: waiting exactly this long is always enough.
     pub fn retry_after_ms(&self) -> u64 {
-        u64::try_from(self.retry_after.as_millis()).unwrap_or(u64::MAX).max(1)
+        u64::try_from(self.retry_after.as_nanos().div_ceil(1_000_000))
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
-    /// The sentence a client (or a model) reads.
+    /// The sentence a client (or a model) reads; the wait is rounded up to 0.1 s.
     pub fn message(&self) -> String {
+        let tenths = self.retry_after.as_nanos().div_ceil(100_000_000).max(1);
         format!(
-            "Rate limit exceeded ({}). Retry after {:.1} s.",
+            "Rate limit exceeded ({}). Retry after {}.{} s.",
             self.what,
-            self.retry_after.as_secs_f64().max(0.001)
+            tenths / 10,
+            tenths % 10
         )
     }
 }
@@ -143,4 +148,21 @@ impl Limits {
 
 fn limited(what: String, retry_after: Duration) -> Limited {
     Limited { what, retry_after }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advertised_waits_round_up() {
+        let l = |ns| limited("x".into(), Duration::from_nanos(ns));
+        assert_eq!(l(199_600_000).retry_after_ms(), 200);
+        assert_eq!(l(200_000_000).retry_after_ms(), 200);
+        assert_eq!(l(1).retry_after_ms(), 1);
+        assert!(l(440_000_000).message().ends_with("Retry after 0.5 s."));
+        assert!(l(40_000_000).message().ends_with("Retry after 0.1 s."));
+        assert!(l(20_000_000_000).message().ends_with("Retry after 20.0 s."));
+        assert!(l(0).message().ends_with("Retry after 0.1 s."));
+    }
 }
