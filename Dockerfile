@@ -1,9 +1,10 @@
-# Multi-stage build of a small mcp-gateway image.
+# Multi-stage build of a small mcp-gateway image: `docker compose up` uses it.
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-RUN cargo build --release --bin mcp-gateway
+RUN cargo build --release --locked --bin mcp-gateway \
+    && strip target/release/mcp-gateway
 
 FROM debian:bookworm-slim
 # python3 runs the fixture servers of the shipped gateway.toml; drop it if yours need none.
