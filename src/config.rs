@@ -147,8 +147,6 @@ pub struct Config {
     pub servers: Vec<Server>,
     /// `[rate_limits]`: `per_client` and `per_ip`.
     pub rate_limits: RateLimits,
-}
-
     /// `[telemetry]`: log format and OpenTelemetry export.
     pub telemetry: Telemetry,
 }
@@ -191,6 +189,8 @@ pub enum OtlpProtocol {
 pub enum LogFormat {
     Text,
     Json,
+}
+
 /// Rate limits; which fields apply depends on where they were written.
 #[derive(Debug, Clone, Default)]
 pub struct RateLimits {
@@ -524,6 +524,7 @@ impl Config {
             per_ip: rate(&mut cx, raw.rate_limits.per_ip.as_ref(), "rate_limits.per_ip"),
             ..RateLimits::default()
         };
+        let telemetry = telemetry(&mut cx, raw.telemetry, env);
         let inherited: Vec<(String, String)> = INHERITED_ENV
             .iter()
             .filter_map(|k| env(k).map(|v| ((*k).to_string(), v)))
@@ -544,7 +545,6 @@ impl Config {
                     format!("servers.{name}.prefix: {prefix:?} may only use [A-Za-z0-9_.-]"),
                 );
             }
-        let telemetry = telemetry(&mut cx, raw.telemetry, env);
             if !prefix.is_empty() && s.enabled {
                 if let Some(other) = prefixes.insert(prefix.clone(), name.clone()) {
                     let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
@@ -681,46 +681,11 @@ impl Config {
             },
             servers,
             rate_limits,
+            telemetry,
         })
     }
 }
 
-fn rate(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str) -> Option<Rate> {
-    let v = v?;
-    let r = Rate::parse(v.get_ref());
-    if r.is_none() {
-        cx.at(
-            v.span().start,
-            format!(
-                "{key}: {:?} is not a rate like \"20/s\", \"5/m\" or \"100/h burst 10\"",
-                v.get_ref()
-            ),
-        );
-    }
-    r
-}
-
-#[allow(clippy::too_many_arguments)]
-fn http_spec(
-    cx: &mut Ctx,
-    name: &str,
-    url: Spanned<String>,
-    transport: Option<Spanned<String>>,
-    headers: IndexMap<String, Spanned<String>>,
-    ca_file: Option<Spanned<String>>,
-    base: &Path,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Option<HttpSpec> {
-    let errors = cx.errors.len();
-    let expanded = match expand(url.get_ref(), env) {
-        Ok(u) => u,
-        Err(var) => {
-            cx.at(
-            telemetry,
-                url.span().start,
-                format!("servers.{name}.url: environment variable {var} is not set"),
-            );
-            String::new()
 /// `[telemetry]`: a key in the file wins over its `OTEL_*` variable. Errors about a
 /// variable point at the `[telemetry]` key that would override it, or at line 1.
 fn telemetry(cx: &mut Ctx, t: RawTelemetry, env: &dyn Fn(&str) -> Option<String>) -> Telemetry {
@@ -819,6 +784,41 @@ fn telemetry(cx: &mut Ctx, t: RawTelemetry, env: &dyn Fn(&str) -> Option<String>
     }
 }
 
+fn rate(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str) -> Option<Rate> {
+    let v = v?;
+    let r = Rate::parse(v.get_ref());
+    if r.is_none() {
+        cx.at(
+            v.span().start,
+            format!(
+                "{key}: {:?} is not a rate like \"20/s\", \"5/m\" or \"100/h burst 10\"",
+                v.get_ref()
+            ),
+        );
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn http_spec(
+    cx: &mut Ctx,
+    name: &str,
+    url: Spanned<String>,
+    transport: Option<Spanned<String>>,
+    headers: IndexMap<String, Spanned<String>>,
+    ca_file: Option<Spanned<String>>,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<HttpSpec> {
+    let errors = cx.errors.len();
+    let expanded = match expand(url.get_ref(), env) {
+        Ok(u) => u,
+        Err(var) => {
+            cx.at(
+                url.span().start,
+                format!("servers.{name}.url: environment variable {var} is not set"),
+            );
+            String::new()
         }
     };
     if !(expanded.is_empty() || expanded.starts_with("http://") || expanded.starts_with("https://")) {
@@ -1024,36 +1024,14 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_located_and_secret_free() {
-        let src = "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[servers.a]\ncommand = \"x\"\nenv = { K = \"${MISSING}\", S = \"${SET}\" }\n";
-        let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
-        assert_eq!(e.0.len(), 1);
-        assert_eq!((e.0[0].line, e.0[0].column), (6, 13));
-        assert!(e.0[0].message.contains("servers.a.env.K") && e.0[0].message.contains("MISSING"));
-        assert!(!e.to_string().contains("value"));
-
-        let e = Config::parse(Path::new("g.toml"), "[gateway]\nlisten = \"x\"\nbogus = 1\n", &env).unwrap_err();
-        assert_eq!(e.0[0].line, 3, "{e}");
-        assert!(e.to_string().contains("bogus"), "{e}");
-
-        let ok = Config::parse(
-            Path::new("g.toml"),
-            "[servers.b]\ncommand = \"x\"\nenv = { S = \"${SET}\" }\n",
-            &env,
-        )
-        .unwrap();
-        assert!(!format!("{ok:?}").contains("value"));
-        assert_eq!(ok.servers[0].prefix, "b");
-    }
-}
-    #[test]
     fn telemetry_table_and_otel_env() {
         let none = |_: &str| None;
         let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();
         assert_eq!(c.telemetry.otlp_endpoint, None);
         assert_eq!(c.telemetry.service_name, "mcp-gateway");
 
-        let src = "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"\nlog_format = \"json\"\nrecord_payloads = true\n";
+        let src =
+            "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"\nlog_format = \"json\"\nrecord_payloads = true\n";
         let c = Config::parse(Path::new("g.toml"), src, &none).unwrap();
         let t = &c.telemetry;
         assert_eq!(t.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
@@ -1076,10 +1054,34 @@ mod tests {
         let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err();
         assert_eq!((e.0[0].line, e.0[0].column), (4, 1), "{e}");
         assert!(e.to_string().contains("sampling"), "{e}");
-        let src = "[telemetry]\notlp_protocol = \"http/json\"\nlog_format = \"xml\"\notlp_endpoint = \"localhost:4318\"\n";
+        let src =
+            "[telemetry]\notlp_protocol = \"http/json\"\nlog_format = \"xml\"\notlp_endpoint = \"localhost:4318\"\n";
         let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err();
         let lines: Vec<_> = e.0.iter().map(|e| (e.line, e.column)).collect();
         assert_eq!(lines, [(2, 17), (4, 17), (3, 14)], "{e}");
         assert!(e.to_string().contains("telemetry.otlp_protocol: \"http/json\""), "{e}");
     }
 
+    #[test]
+    fn errors_are_located_and_secret_free() {
+        let src = "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[servers.a]\ncommand = \"x\"\nenv = { K = \"${MISSING}\", S = \"${SET}\" }\n";
+        let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
+        assert_eq!(e.0.len(), 1);
+        assert_eq!((e.0[0].line, e.0[0].column), (6, 13));
+        assert!(e.0[0].message.contains("servers.a.env.K") && e.0[0].message.contains("MISSING"));
+        assert!(!e.to_string().contains("value"));
+
+        let e = Config::parse(Path::new("g.toml"), "[gateway]\nlisten = \"x\"\nbogus = 1\n", &env).unwrap_err();
+        assert_eq!(e.0[0].line, 3, "{e}");
+        assert!(e.to_string().contains("bogus"), "{e}");
+
+        let ok = Config::parse(
+            Path::new("g.toml"),
+            "[servers.b]\ncommand = \"x\"\nenv = { S = \"${SET}\" }\n",
+            &env,
+        )
+        .unwrap();
+        assert!(!format!("{ok:?}").contains("value"));
+        assert_eq!(ok.servers[0].prefix, "b");
+    }
+}

@@ -189,8 +189,8 @@ impl Connection {
         timeout: Duration,
     ) -> Result<Outcome, DsError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (reply, rx) = oneshot::channel();
         crate::telemetry::record_wire_id(id);
+        let (reply, rx) = oneshot::channel();
         let cmd = Command::Request {
             id,
             method: method.to_owned(),

@@ -54,21 +54,21 @@ impl Client {
     pub fn new(id: impl Into<String>) -> Client {
         Client {
             id: id.into(),
-            inflight: Mutex::new(HashMap::new()),
-        }
             transport: "tcp",
             protocol_version: OnceLock::new(),
+            inflight: Mutex::new(HashMap::new()),
+        }
     }
 
-    fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
-        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
-    }
     /// Sets `network.transport` for this session's spans.
     pub fn transport(mut self, transport: &'static str) -> Client {
         self.transport = transport;
         self
     }
 
+    fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     /// Cancels every request still in flight (the session ended).
     pub fn cancel_all(&self) {
@@ -262,6 +262,7 @@ impl Gateway {
 
     /// Answers one request. Related notifications (progress, log messages) go to `sink`
     /// before the answer. Returns `None` when the client cancelled the request.
+    /// `parent` is the client's trace context from transport headers, if any.
     pub async fn request(
         &self,
         client: &Client,
@@ -269,24 +270,8 @@ impl Gateway {
         method: &str,
         params: Option<Box<RawValue>>,
         sink: Option<Sink>,
-    ) -> Option<Outcome> {
-        let key = id_key(id);
-        let token = CancellationToken::new();
-        {
-            let mut inflight = client.inflight();
-            if inflight.contains_key(&key) {
-                return Some(err(
-                    code::INVALID_REQUEST,
-    /// `parent` is the client's trace context from transport headers, if any.
-                    format!("request id {key} is already in use in this session"),
-                ));
-            }
-            inflight.insert(key.clone(), token.clone());
-        }
-        let _unregister = Unregister { client, key };
-        let started = Instant::now();
         parent: Option<opentelemetry::Context>,
-        let _in_flight = self.metrics.in_flight();
+    ) -> Option<Outcome> {
         let origin = telemetry::Origin {
             session: &client.id,
             protocol_version: client.protocol_version.get().map_or("", String::as_str),
@@ -294,6 +279,21 @@ impl Gateway {
             parent,
         };
         let span = telemetry::request_span(origin, id, method, params.as_deref());
+        let key = id_key(id);
+        let token = CancellationToken::new();
+        {
+            let mut inflight = client.inflight();
+            if inflight.contains_key(&key) {
+                return Some(err(
+                    code::INVALID_REQUEST,
+                    format!("request id {key} is already in use in this session"),
+                ));
+            }
+            inflight.insert(key.clone(), token.clone());
+        }
+        let _unregister = Unregister { client, key };
+        let started = Instant::now();
+        let _in_flight = self.metrics.in_flight();
         let mut info = CallInfo::default();
         let out = match self.limits.check_client(&client.id) {
             Err(l) => Some(self.limited(method, &l, &mut info)),
@@ -309,6 +309,7 @@ impl Gateway {
             }
         };
         self.observe(method, &info, out.as_ref(), started.elapsed());
+        telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
         out
     }
 
@@ -324,7 +325,6 @@ impl Gateway {
         };
         let server = info.server.map_or("", |i| self.servers[i].cfg.name.as_str());
         self.metrics
-        telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
             .record(method, server, info.tool.as_deref().unwrap_or(""), outcome, took);
     }
 

@@ -445,6 +445,13 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                         *shared.init_params.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
                     }
                 }
+                // The downstream span's context, put in params._meta by the router.
+                let trace = match &params {
+                    Params::Object { params, .. } if crate::telemetry::exporting() => {
+                        crate::telemetry::meta_headers(params)
+                    }
+                    _ => None,
+                };
                 let (body, progress) = encode_request(id, &method, params);
                 let task = {
                     let (shared, inflight) = (shared.clone(), inflight.clone());
@@ -462,13 +469,6 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                         inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                         if let Err(DsError::Unavailable { reason, .. }) = &out {
                             if reason.starts_with("cannot connect") {
-                // The downstream span's context, put in params._meta by the router.
-                let trace = match &params {
-                    Params::Object { params, .. } if crate::telemetry::exporting() => {
-                        crate::telemetry::meta_headers(params)
-                    }
-                    _ => None,
-                };
                                 let _ = shared.incoming.send(Incoming::Closed { reason: reason.clone() }).await;
                             }
                         }
@@ -526,6 +526,7 @@ async fn call(
     body: Vec<u8>,
     sink: Option<&Sink>,
     progress: Option<&Value>,
+    trace: Option<&TraceHeaders>,
 ) -> Result<Outcome, DsError> {
     let is_init = method == "initialize";
     for attempt in 0..2 {
@@ -540,7 +541,6 @@ async fn call(
             shared.keep_session(&resp);
         }
         if status == StatusCode::ACCEPTED {
-    trace: Option<&TraceHeaders>,
             return Err(shared.unavailable(format!("answered {method} with 202 and no response")));
         }
         if !status.is_success() {

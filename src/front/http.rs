@@ -359,8 +359,8 @@ async fn request(
     id: Id,
     method: String,
     params: Option<Box<serde_json::value::RawValue>>,
-) -> Response {
     parent: Option<opentelemetry::Context>,
+) -> Response {
     let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let (done_tx, done) = oneshot::channel::<Vec<u8>>();
     let gw = http.gw.clone();

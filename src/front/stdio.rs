@@ -74,6 +74,13 @@ where
         match msg {
             Kind::Request { id, method, params } if method == "initialize" => {
                 let out = gw.initialize_result(params.as_deref());
+                if let Outcome::Result(r) = &out {
+                    if let Ok(v) = serde_json::from_str::<Value>(r.get()) {
+                        if let Some(version) = v.get("protocolVersion").and_then(Value::as_str) {
+                            let _ = client.protocol_version.set(version.to_owned());
+                        }
+                    }
+                }
                 let _ = out_tx.send(Bytes::from(message::response(&id, &out))).await;
             }
             Kind::Request { id, method, params } => {
@@ -86,13 +93,6 @@ where
                 });
             }
             Kind::Notification { method, params } => gw.notification(&client, &method, params.as_deref()),
-                if let Outcome::Result(r) = &out {
-                    if let Ok(v) = serde_json::from_str::<Value>(r.get()) {
-                        if let Some(version) = v.get("protocolVersion").and_then(Value::as_str) {
-                            let _ = client.protocol_version.set(version.to_owned());
-                        }
-                    }
-                }
             Kind::Response { .. } => debug!("dropping a client response: no server→client request is pending"),
         }
     }
