@@ -416,6 +416,8 @@ impl Gateway {
                 if method == "tools/call" {
                     info.tool = Some(name.to_owned());
                 }
+                // Known from here on, so a limited call counts under its server too.
+                info.server = Some(route.server);
                 let tool = (method == "tools/call").then_some(route.name.as_str());
                 if let Err(l) = self.limits.check_server(route.server, tool) {
                     return self.limited(method, &l, info);

@@ -128,6 +128,7 @@ async fn per_ip(State(http): State<Http>, req: axum::extract::Request, next: axu
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
     if let Some(axum::extract::ConnectInfo(addr)) = peer {
         if let Err(l) = http.gw.limits.check_ip(addr.ip()) {
+            http.gw.metrics.rate_limited(&l.what);
             let secs = l.retry_after.as_secs_f64().ceil().max(1.0);
             let mut resp = rpc_error(StatusCode::TOO_MANY_REQUESTS, code::RATE_LIMITED, &l.message());
             if let Ok(v) = HeaderValue::from_str(&format!("{secs:.0}")) {
