@@ -56,6 +56,40 @@ struct RawConfig {
     rate_limits: RawGlobalLimits,
     #[serde(default)]
     telemetry: RawTelemetry,
+    #[serde(default)]
+    clients: IndexMap<Spanned<String>, RawClient>,
+    #[serde(default)]
+    auth: RawAuth,
+}
+
+/// `[clients.NAME]`: who may call, and what they may see.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    token: Option<Spanned<String>>,
+    token_sha256: Option<Spanned<String>>,
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+    rate_limit: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    oauth: Option<Spanned<RawOAuth>>,
+}
+
+/// `[auth.oauth]`: the gateway as an OAuth 2.1 resource server.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOAuth {
+    issuer: Spanned<String>,
+    audience: Spanned<String>,
+    jwks_url: Spanned<String>,
+    client_claim: Option<Spanned<String>>,
+    resource: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -96,6 +130,7 @@ struct RawGateway {
     #[serde(default)]
     allowed_hosts: Vec<String>,
     max_body: Option<Spanned<String>>,
+    shutdown_grace: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -120,6 +155,7 @@ struct RawServer {
     tools: RawFilter,
     #[serde(default)]
     rate_limits: RawServerLimits,
+    restart: Option<Spanned<String>>,
 }
 
 fn yes() -> bool {
@@ -149,6 +185,93 @@ pub struct Config {
     pub rate_limits: RateLimits,
     /// `[telemetry]`: log format and OpenTelemetry export.
     pub telemetry: Telemetry,
+    /// `[clients.*]` and `[auth.oauth]`: who may use the endpoint, and what each sees.
+    pub auth: Auth,
+}
+
+/// `[clients.*]` and `[auth.oauth]`. With neither, the endpoint is open (as before).
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    /// In file order.
+    pub clients: Vec<ClientSpec>,
+    pub oauth: Option<OAuth>,
+}
+
+impl Auth {
+    /// Whether requests to the MCP endpoint need a bearer token.
+    pub fn required(&self) -> bool {
+        !self.clients.is_empty() || self.oauth.is_some()
+    }
+
+    pub fn client(&self, name: &str) -> Option<&ClientSpec> {
+        self.clients.iter().find(|c| c.name == name)
+    }
+}
+
+/// One `[clients.NAME]` table.
+#[derive(Debug, Clone)]
+pub struct ClientSpec {
+    pub name: String,
+    /// SHA-256 of its static bearer token; `None` for a client that only signs in with
+    /// OAuth (or only runs `stdio --client`).
+    pub token: Option<TokenDigest>,
+    /// Globs over public tool and prompt names and resource URIs (empty allow: all).
+    pub filter: Filter,
+    /// The client's own limit, besides `[rate_limits] per_client`.
+    pub rate_limit: Option<Rate>,
+}
+
+impl ClientSpec {
+    /// Whether it sees everything (no allow and no deny globs).
+    pub fn unrestricted(&self) -> bool {
+        self.filter.allow.is_empty() && self.filter.deny.is_empty()
+    }
+}
+
+/// The SHA-256 digest of a bearer token; never shown (`Debug` prints `sha256:****`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenDigest(pub [u8; 32]);
+
+impl TokenDigest {
+    pub fn of(token: &str) -> TokenDigest {
+        let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(d.as_ref());
+        TokenDigest(out)
+    }
+
+    /// From 64 hex digits (either case).
+    pub fn from_hex(hex: &str) -> Option<TokenDigest> {
+        let hex = hex.trim().as_bytes();
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (o, pair) in out.iter_mut().zip(hex.chunks(2)) {
+            let s = std::str::from_utf8(pair).ok()?;
+            *o = u8::from_str_radix(s, 16).ok()?;
+        }
+        Some(TokenDigest(out))
+    }
+}
+
+impl fmt::Debug for TokenDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("sha256:****")
+    }
+}
+
+/// `[auth.oauth]`: JWT bearer tokens from one issuer.
+#[derive(Debug, Clone)]
+pub struct OAuth {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_url: String,
+    /// The claim whose (string) value names the client; default `sub`.
+    pub client_claim: String,
+    /// The public URL of the MCP endpoint, for the protected-resource metadata; `None`:
+    /// derived from each request's Host header (`http://HOST{path}`).
+    pub resource: Option<String>,
 }
 
 /// `[telemetry]`, with the `OTEL_*` environment applied.
@@ -268,6 +391,8 @@ pub struct Gateway {
     pub allowed_hosts: Vec<String>,
     /// Largest accepted request body; more is answered with 413.
     pub max_body: usize,
+    /// How long in-flight requests get to finish after SIGTERM or SIGINT.
+    pub shutdown_grace: Duration,
 }
 
 /// One `[servers.NAME]` entry.
@@ -282,6 +407,16 @@ pub struct Server {
     pub transport: Transport,
     /// `per_server` and `per_tool`.
     pub rate_limits: RateLimits,
+    pub restart: Restart,
+}
+
+/// When a server that went away is started again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Restart {
+    /// After a crash (non-zero exit, signal) or a lost connection; not after a clean exit.
+    OnFailure,
+    Always,
+    Never,
 }
 
 /// How to reach a server.
@@ -505,6 +640,12 @@ impl Config {
             "request_timeout",
             Duration::from_secs(60),
         );
+        let shutdown_grace = duration(
+            &mut cx,
+            g.shutdown_grace.as_ref(),
+            "shutdown_grace",
+            Duration::from_secs(10),
+        );
         let max_body = match &g.max_body {
             None => 16 << 20,
             Some(s) => match parse_size(s.get_ref()) {
@@ -525,6 +666,7 @@ impl Config {
             ..RateLimits::default()
         };
         let telemetry = telemetry(&mut cx, raw.telemetry, env);
+        let auth = auth(&mut cx, raw.clients, raw.auth, env);
         let inherited: Vec<(String, String)> = INHERITED_ENV
             .iter()
             .filter_map(|k| env(k).map(|v| ((*k).to_string(), v)))
@@ -577,6 +719,19 @@ impl Config {
                     .collect(),
                 ..RateLimits::default()
             };
+            let restart = match s.restart.as_ref().map(|r| r.get_ref().as_str()) {
+                None | Some("on-failure") => Restart::OnFailure,
+                Some("always") => Restart::Always,
+                Some("never") => Restart::Never,
+                Some(other) => {
+                    let at = s.restart.as_ref().map_or(at, |r| r.span().start);
+                    cx.at(
+                        at,
+                        format!("servers.{name}.restart: {other:?} is not one of on-failure, always, never"),
+                    );
+                    Restart::OnFailure
+                }
+            };
             let server = |transport| Server {
                 name: name.clone(),
                 prefix: prefix.clone(),
@@ -588,6 +743,7 @@ impl Config {
                 },
                 transport,
                 rate_limits: server_limits.clone(),
+                restart,
             };
             let command = match (s.command, s.url) {
                 (Some(_), Some(url)) => {
@@ -678,12 +834,122 @@ impl Config {
                 allowed_origins: g.allowed_origins,
                 allowed_hosts: g.allowed_hosts,
                 max_body,
+                shutdown_grace,
             },
             servers,
             rate_limits,
             telemetry,
+            auth,
         })
     }
+}
+
+/// `[clients.*]` and `[auth.oauth]`. Tokens are hashed here and only their digests kept.
+fn auth(
+    cx: &mut Ctx,
+    clients: IndexMap<Spanned<String>, RawClient>,
+    raw: RawAuth,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Auth {
+    let mut out = Vec::new();
+    let mut seen: Vec<(TokenDigest, String)> = Vec::new();
+    for (name, c) in clients {
+        let at = name.span().start;
+        let name = name.into_inner();
+        if name.trim().is_empty() || name.chars().any(char::is_control) {
+            cx.at(at, format!("client name {name:?} must not be empty or hold control characters"));
+        }
+        let token = match (&c.token, &c.token_sha256) {
+            (Some(_), Some(h)) => {
+                cx.at(
+                    h.span().start,
+                    format!("clients.{name}: give either `token` or `token_sha256`, not both"),
+                );
+                None
+            }
+            (Some(t), None) => match expand(t.get_ref(), env) {
+                Ok(v) if v.trim().is_empty() => {
+                    cx.at(t.span().start, format!("clients.{name}.token is empty"));
+                    None
+                }
+                Ok(v) => Some((TokenDigest::of(&v), t.span().start, "token")),
+                Err(var) => {
+                    cx.at(
+                        t.span().start,
+                        format!("clients.{name}.token: environment variable {var} is not set"),
+                    );
+                    None
+                }
+            },
+            (None, Some(h)) => match TokenDigest::from_hex(h.get_ref()) {
+                Some(d) => Some((d, h.span().start, "token_sha256")),
+                None => {
+                    cx.at(
+                        h.span().start,
+                        format!("clients.{name}.token_sha256 is not 64 hex digits (a SHA-256 digest)"),
+                    );
+                    None
+                }
+            },
+            (None, None) => None,
+        };
+        let token = token.map(|(digest, at, key)| {
+            if let Some((_, other)) = seen.iter().find(|(d, _)| *d == digest) {
+                cx.at(at, format!("clients.{name}.{key}: client {other:?} has the same token"));
+            }
+            seen.push((digest, name.clone()));
+            digest
+        });
+        let rate_limit = rate(cx, c.rate_limit.as_ref(), &format!("clients.{name}.rate_limit"));
+        out.push(ClientSpec {
+            name,
+            token,
+            filter: Filter {
+                allow: c.allow,
+                deny: c.deny,
+            },
+            rate_limit,
+        });
+    }
+    let oauth = raw.oauth.map(|o| {
+        let o = o.into_inner();
+        let mut value = |v: &Spanned<String>, key: &str| match expand(v.get_ref(), env) {
+            Ok(s) if s.trim().is_empty() => {
+                cx.at(v.span().start, format!("auth.oauth.{key} is empty"));
+                String::new()
+            }
+            Ok(s) => s.trim().to_owned(),
+            Err(var) => {
+                cx.at(
+                    v.span().start,
+                    format!("auth.oauth.{key}: environment variable {var} is not set"),
+                );
+                String::new()
+            }
+        };
+        let issuer = value(&o.issuer, "issuer");
+        let audience = value(&o.audience, "audience");
+        let jwks_url = value(&o.jwks_url, "jwks_url");
+        let client_claim = o.client_claim.as_ref().map_or("sub".to_owned(), |c| value(c, "client_claim"));
+        let resource = o.resource.as_ref().map(|r| value(r, "resource"));
+        let urls = [(Some(&jwks_url), &o.jwks_url, "jwks_url")]
+            .into_iter()
+            .chain(o.resource.as_ref().map(|r| (resource.as_ref(), r, "resource")));
+        for (v, raw, key) in urls {
+            let v = v.map_or("", String::as_str);
+            if !(v.is_empty() || v.starts_with("http://") || v.starts_with("https://")) {
+                cx.at(raw.span().start, format!("auth.oauth.{key} must start with http:// or https://"));
+            }
+        }
+        OAuth {
+            issuer,
+            audience,
+            jwks_url,
+            client_claim,
+            resource,
+        }
+    });
+    Auth { clients: out, oauth }
 }
 
 /// `[telemetry]`: a key in the file wins over its `OTEL_*` variable. Errors about a
@@ -1060,6 +1326,63 @@ mod tests {
         let lines: Vec<_> = e.0.iter().map(|e| (e.line, e.column)).collect();
         assert_eq!(lines, [(2, 17), (4, 17), (3, 14)], "{e}");
         assert!(e.to_string().contains("telemetry.otlp_protocol: \"http/json\""), "{e}");
+    }
+
+    #[test]
+    fn clients_and_oauth() {
+        let none = |_: &str| None;
+        let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();
+        assert!(!c.auth.required());
+
+        let env = |k: &str| (k == "ALICE_TOKEN").then(|| "s3cret-alice".to_owned());
+        let digest = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"; // "secret"
+        let src = format!(
+            "[clients.alice]\ntoken = \"${{ALICE_TOKEN}}\"\nallow = [\"calc__*\"]\nrate_limit = \"5/s\"\n\n\
+             [clients.bob]\ntoken_sha256 = \"{}\"\ndeny = [\"calc__delete*\"]\n\n[clients.carol]\n\n\
+             [auth.oauth]\nissuer = \"https://issuer.example\"\naudience = \"mcp-gateway\"\n\
+             jwks_url = \"https://issuer.example/jwks.json\"\n",
+            digest.to_uppercase()
+        );
+        let c = Config::parse(Path::new("g.toml"), &src, &env).unwrap();
+        assert!(c.auth.required());
+        let names: Vec<_> = c.auth.clients.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["alice", "bob", "carol"]);
+        let alice = c.auth.client("alice").unwrap();
+        assert_eq!(alice.token, Some(TokenDigest::of("s3cret-alice")));
+        assert_eq!(alice.rate_limit, Rate::parse("5/s"));
+        assert!(alice.filter.permits("calc__add") && !alice.filter.permits("docs__x"));
+        assert_eq!(c.auth.client("bob").unwrap().token, Some(TokenDigest::of("secret")));
+        assert!(c.auth.client("carol").unwrap().token.is_none());
+        assert!(c.auth.client("carol").unwrap().unrestricted());
+        let o = c.auth.oauth.as_ref().unwrap();
+        assert_eq!((o.client_claim.as_str(), o.resource.as_deref()), ("sub", None));
+        // Neither the token nor its digest shows.
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret") && !shown.contains("2bb80d") && !shown.contains("2BB80D"));
+
+        let bad = "[clients.a]\ntoken = \"${NOPE}\"\n\n[clients.b]\ntoken_sha256 = \"abc\"\n\n\
+                   [clients.c]\ntoken = \"x\"\ntoken_sha256 = \"y\"\n\n[clients.d]\ntoken = \"same\"\n\n\
+                   [clients.e]\ntoken = \"same\"\nrate_limit = \"fast\"\n\n\
+                   [auth.oauth]\nissuer = \"i\"\naudience = \"\"\njwks_url = \"ftp://x\"\n";
+        let e = Config::parse(Path::new("g.toml"), bad, &none).unwrap_err();
+        let text = e.to_string();
+        for want in [
+            "g.toml:2:9: clients.a.token: environment variable NOPE is not set",
+            "g.toml:5:16: clients.b.token_sha256 is not 64 hex digits",
+            "g.toml:9:16: clients.c: give either `token` or `token_sha256`, not both",
+            "g.toml:15:9: clients.e.token: client \"d\" has the same token",
+            "g.toml:16:14: clients.e.rate_limit: \"fast\" is not a rate",
+            "g.toml:20:12: auth.oauth.audience is empty",
+            "g.toml:21:12: auth.oauth.jwks_url must start with http:// or https://",
+        ] {
+            assert!(text.contains(want), "{want}\nnot in\n{text}");
+        }
+        assert!(!text.contains("same\""), "{text}");
+
+        let e = Config::parse(Path::new("g.toml"), "[clients.a]\ntokn = \"x\"\n", &none).unwrap_err();
+        assert!(e.to_string().contains("tokn"), "{e}");
+        let e = Config::parse(Path::new("g.toml"), "[auth.oauth]\nissuer = \"x\"\n", &none).unwrap_err();
+        assert!(e.to_string().contains("audience"), "{e}");
     }
 
     #[test]

@@ -134,8 +134,9 @@ pub enum Incoming {
         method: String,
         params: Option<Box<RawValue>>,
     },
-    /// The connection is gone; every pending call has already failed.
-    Closed { reason: String },
+    /// The connection is gone; every pending call has already failed. `clean` when a
+    /// child exited with status 0.
+    Closed { reason: String, clean: bool },
 }
 
 /// A cheap, clonable handle to one downstream connection.

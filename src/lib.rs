@@ -16,6 +16,7 @@
 //!
 //! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
 
+pub mod auth;
 pub mod catalog;
 pub mod config;
 pub mod downstream;
@@ -37,15 +38,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
 
-/// How long in-flight HTTP requests get to finish after a shutdown signal.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
 /// Serves the HTTP endpoint until `shutdown` completes, then stops every server.
 pub async fn serve(
     config: Config,
     listen: Option<SocketAddr>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let grace = config.gateway.shutdown_grace;
     let addr = listen.unwrap_or(config.gateway.listen);
     let path = config.gateway.path.clone();
     let gw = Gateway::new(config);
@@ -85,7 +84,7 @@ pub async fn serve(
             let _ = stop_tx.send(true);
             // GET streams never finish by themselves; end them now, not after the grace.
             http.close_streams();
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err() {
+            if tokio::time::timeout(grace, &mut server).await.is_err() {
                 info!("grace period over; closing open streams");
             }
         }
@@ -100,10 +99,8 @@ pub async fn serve(
 pub async fn stdio(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let gw = Gateway::new(config);
     gw.start().await;
-    tokio::select! {
-        _ = front::stdio::serve(gw.clone(), tokio::io::stdin(), tokio::io::stdout()) => {}
-        _ = shutdown => info!("shutting down"),
-    }
+    let grace = gw.config.gateway.shutdown_grace;
+    front::stdio::serve(gw.clone(), tokio::io::stdin(), tokio::io::stdout(), shutdown, grace).await;
     gw.stop().await;
     Ok(())
 }

@@ -48,6 +48,8 @@ pub struct Client {
     /// The protocol version the session negotiated, once known (for spans).
     pub protocol_version: OnceLock<String>,
     inflight: Mutex<HashMap<String, CancellationToken>>,
+    /// Woken whenever a request of this client finishes.
+    finished: tokio::sync::Notify,
 }
 
 impl Client {
@@ -57,6 +59,7 @@ impl Client {
             transport: "tcp",
             protocol_version: OnceLock::new(),
             inflight: Mutex::new(HashMap::new()),
+            finished: tokio::sync::Notify::new(),
         }
     }
 
@@ -68,6 +71,17 @@ impl Client {
 
     fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
         self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Completes when no request of this client is in flight.
+    pub async fn idle(&self) {
+        loop {
+            let woken = self.finished.notified();
+            if self.inflight().is_empty() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// Cancels every request still in flight (the session ended).
@@ -86,6 +100,7 @@ struct Unregister<'a> {
 impl Drop for Unregister<'_> {
     fn drop(&mut self) {
         self.client.inflight().remove(&self.key);
+        self.client.finished.notify_waiters();
     }
 }
 
@@ -407,6 +422,11 @@ impl Gateway {
                     return err(code::INVALID_PARAMS, format!("{method} needs params.name"));
                 };
                 let Some(route) = table.get(name) else {
+                    // A name under the prefix of a server that is down is that server's
+                    // problem, not an unknown name: say so.
+                    if let Some(e) = self.down_server_for(name) {
+                        return Outcome::Error(e.to_error_object());
+                    }
                     return Outcome::Error(message::error_object(
                         code::INVALID_PARAMS,
                         &format!("unknown {what}: {name}"),
@@ -478,6 +498,19 @@ impl Gateway {
             "initialize" => err(code::INVALID_REQUEST, "this session is already initialized"),
             other => err(code::METHOD_NOT_FOUND, format!("method not found: {other}")),
         }
+    }
+
+    /// The error of a server that is not ready and whose prefix `name` carries.
+    fn down_server_for(&self, name: &str) -> Option<crate::downstream::DsError> {
+        let sep = &self.config.gateway.separator;
+        self.servers.iter().find_map(|s| {
+            let prefixed = !s.cfg.prefix.is_empty()
+                && name.strip_prefix(s.cfg.prefix.as_str()).is_some_and(|rest| rest.starts_with(sep.as_str()));
+            if !prefixed {
+                return None;
+            }
+            s.connection().err()
+        })
     }
 
     /// A URI's server: listed URIs, then templates; failing both, the only server that

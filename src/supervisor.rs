@@ -19,9 +19,16 @@ pub const DOWNSTREAM_VERSION: &str = "2025-11-25";
 /// A bound on pages followed per list, against servers that repeat a cursor forever.
 const MAX_PAGES: usize = 1000;
 
-/// First wait before reconnecting to a remote server, doubled up to [`RETRY_MAX`].
+/// First wait before starting a server again, doubled up to [`RETRY_MAX`].
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// A server up this long is healthy again: its backoff starts over.
+const STABLE: Duration = Duration::from_secs(10);
+/// This many failures of a child within [`CRASH_WINDOW`] make a crash loop.
+const CRASH_LOOP: usize = 5;
+const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// How often a crash-looping child is tried.
+const SLOW_RETRY: Duration = Duration::from_secs(60);
 
 /// Why a handshake failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +51,8 @@ pub enum Status {
     Ready,
     /// Could not start, or exited; the sentence says why.
     Down(String),
+    /// Crash-looping: retried slowly.
+    Failed(String),
     Stopped,
 }
 
@@ -167,7 +176,7 @@ impl Server {
                 reason: match status {
                     Status::Disabled => "disabled in gateway.toml".into(),
                     Status::Starting => "still starting".into(),
-                    Status::Down(why) => why.clone(),
+                    Status::Down(why) | Status::Failed(why) => why.clone(),
                     Status::Stopped => "stopped".into(),
                     Status::Ready => "no connection".into(),
                 },
@@ -250,13 +259,17 @@ impl Server {
         }
     }
 
-    /// Runs the server for the gateway's lifetime: start, follow, and (for remote
-    /// servers) reconnect with capped backoff when it goes away. `started` fires after
-    /// the first attempt, whatever its outcome.
+    /// Runs the server for the gateway's lifetime: start, follow, and start again
+    /// after it goes away as its `restart` policy says, with capped exponential backoff.
+    /// A child that keeps crashing ([`CRASH_LOOP`] failures within [`CRASH_WINDOW`],
+    /// none of them up for [`STABLE`]) is marked failed and retried every
+    /// [`SLOW_RETRY`]. `started` fires after the first attempt, whatever its outcome.
     pub async fn run(self: Arc<Self>, index: usize, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
+        let mut failures: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
         loop {
+            let began = Instant::now();
             let incoming = tokio::select! {
                 i = self.start() => i,
                 _ = self.stop.cancelled() => return,
@@ -271,17 +284,48 @@ impl Server {
                 }
                 None => {}
             }
-            if let Some(incoming) = incoming {
-                backoff = RETRY_MIN;
-                self.watch(index, incoming, events.clone()).await;
-            }
-            let reconnects = matches!(self.cfg.transport, config::Transport::Http(_));
-            if !reconnects || self.stop.is_cancelled() {
+            let clean = match incoming {
+                Some(incoming) => self.watch(index, incoming, events.clone()).await,
+                None => false,
+            };
+            if self.stop.is_cancelled() {
                 return;
             }
-            info!(server = %self.name, retry_in = ?backoff, "will reconnect");
+            let again = match self.cfg.restart {
+                config::Restart::Never => false,
+                config::Restart::OnFailure => !clean,
+                config::Restart::Always => true,
+            };
+            if !again {
+                return;
+            }
+            if began.elapsed() >= STABLE {
+                backoff = RETRY_MIN;
+                failures.clear();
+            }
+            let stdio = matches!(self.cfg.transport, config::Transport::Stdio(_));
+            let now = Instant::now();
+            failures.push_back(now);
+            while failures.front().is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW) {
+                failures.pop_front();
+            }
+            let delay = if stdio && failures.len() >= CRASH_LOOP {
+                let why = format!(
+                    "crash loop: {} failures within {}s; retrying every {}s (last: {})",
+                    failures.len(),
+                    CRASH_WINDOW.as_secs(),
+                    SLOW_RETRY.as_secs(),
+                    self.state().last_error.clone().unwrap_or_default()
+                );
+                warn!(server = %self.name, "{why}");
+                self.update(|s| s.status = Status::Failed(why));
+                SLOW_RETRY
+            } else {
+                backoff
+            };
+            info!(server = %self.name, retry_in = ?delay, "will start again");
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(delay) => {}
                 _ = self.stop.cancelled() => return,
             }
             backoff = (backoff * 2).min(RETRY_MAX);
@@ -298,7 +342,13 @@ impl Server {
     }
 
     /// Follows what a ready server says on its own until its connection closes.
-    pub async fn watch(&self, index: usize, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) {
+    /// Returns whether it ended cleanly (a child's exit status 0, or a stop).
+    pub async fn watch(
+        &self,
+        index: usize,
+        mut incoming: mpsc::Receiver<Incoming>,
+        events: mpsc::Sender<Event>,
+    ) -> bool {
         while let Some(msg) = incoming.recv().await {
             match msg {
                 Incoming::Notification { method, params } => match ListKind::from_notification(&method) {
@@ -316,7 +366,7 @@ impl Server {
                             .await;
                     }
                 },
-                Incoming::Closed { reason } => {
+                Incoming::Closed { reason, clean } => {
                     let stopped = matches!(self.state().status, Status::Stopped);
                     if !stopped {
                         let old = self.state.write().unwrap_or_else(|e| e.into_inner()).conn.take();
@@ -336,10 +386,11 @@ impl Server {
                             let _ = events.send(Event::ListsChanged { server: index }).await;
                         }
                     }
-                    return;
+                    return clean || stopped;
                 }
             }
         }
+        true
     }
 
     async fn relist(&self, kind: ListKind) {

@@ -348,6 +348,7 @@ impl Shared {
         let mut backoff = Duration::from_millis(500);
         let mut last_id: Option<String> = None;
         loop {
+            let session = self.session();
             let mut req = self
                 .request(reqwest::Method::GET, true)
                 .header(ACCEPT, "text/event-stream");
@@ -387,12 +388,19 @@ impl Shared {
                 Ok(r) => {
                     debug!(status = %r.status(), "GET stream refused");
                     if r.status() == StatusCode::NOT_FOUND {
-                        let _ = self.reinitialize(self.session()).await;
+                        // Re-initialize only if nobody has since replaced the session we sent.
+                        let _ = self.reinitialize(session).await;
                     }
                 }
                 Err(e) => {
                     // The server is gone: report it so the supervisor reconnects.
-                    let _ = self.incoming.send(Incoming::Closed { reason: describe(&e) }).await;
+                    let _ = self
+                        .incoming
+                        .send(Incoming::Closed {
+                            reason: describe(&e),
+                            clean: false,
+                        })
+                        .await;
                     return;
                 }
             }
@@ -469,7 +477,13 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                         inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                         if let Err(DsError::Unavailable { reason, .. }) = &out {
                             if reason.starts_with("cannot connect") {
-                                let _ = shared.incoming.send(Incoming::Closed { reason: reason.clone() }).await;
+                                let _ = shared
+                                    .incoming
+                                    .send(Incoming::Closed {
+                                        reason: reason.clone(),
+                                        clean: false,
+                                    })
+                                    .await;
                             }
                         }
                         let _ = reply.send(out);

@@ -93,7 +93,8 @@ impl Actor {
         warn!(%reason, in_flight = self.pending.len(), "server exited");
         self.fail_all(&reason);
         self.kill_group(libc::SIGKILL);
-        let _ = self.incoming.send(Incoming::Closed { reason }).await;
+        let clean = reason == super::stdio::CLEAN_EXIT;
+        let _ = self.incoming.send(Incoming::Closed { reason, clean }).await;
         // Keep answering commands with errors until every handle is gone.
         while let Some(cmd) = commands.recv().await {
             match cmd {

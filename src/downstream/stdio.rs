@@ -68,9 +68,13 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
     Ok(run_pipe(server, pipe, incoming, span).with_pid(pid))
 }
 
+/// How [`describe`] puts a clean exit.
+pub const CLEAN_EXIT: &str = "exit status 0";
+
 fn describe(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
+        (Some(0), _) => CLEAN_EXIT.to_owned(),
         (Some(c), _) => format!("exit status {c}"),
         (None, Some(s)) => format!("killed by signal {s}"),
         _ => "exited".to_owned(),

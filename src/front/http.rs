@@ -548,6 +548,7 @@ fn status_json(http: &Http) -> Value {
                 Status::Starting => "starting",
                 Status::Ready => "ready",
                 Status::Down(_) => "down",
+                Status::Failed(_) => "failed",
                 Status::Stopped => "stopped",
             };
             let url = match &s.cfg.transport {

@@ -7,13 +7,16 @@ use crate::message::{self, code, Kind, Outcome};
 use crate::router::{Client, Gateway};
 use bytes::Bytes;
 use serde_json::Value;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-/// Serves MCP on `input`/`output` until `input` ends.
-pub async fn serve<R, W>(gw: Arc<Gateway>, input: R, output: W)
+/// Serves MCP on `input`/`output` until `input` ends or `shutdown` completes; then
+/// waits up to `grace` for requests still in flight.
+pub async fn serve<R, W>(gw: Arc<Gateway>, input: R, output: W, shutdown: impl Future<Output = ()>, grace: Duration)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -41,9 +44,18 @@ where
 
     let mut reader = BufReader::with_capacity(64 << 10, input);
     let mut line = Vec::new();
+    tokio::pin!(shutdown);
+    let mut stopping = false;
     loop {
         line.clear();
-        match read_line_limited(&mut reader, &mut line, MAX_LINE).await {
+        let read = tokio::select! {
+            r = read_line_limited(&mut reader, &mut line, MAX_LINE) => r,
+            _ = &mut shutdown => {
+                stopping = true;
+                break;
+            }
+        };
+        match read {
             Ok(LineRead::Eof) => break,
             Ok(LineRead::TooLong(n)) => {
                 let err = Outcome::Error(message::error_object(
@@ -94,6 +106,12 @@ where
             }
             Kind::Notification { method, params } => gw.notification(&client, &method, params.as_deref()),
             Kind::Response { .. } => debug!("dropping a client response: no server→client request is pending"),
+        }
+    }
+    if stopping {
+        info!(grace = ?grace, "shutting down; waiting for requests in flight");
+        if tokio::time::timeout(grace, client.idle()).await.is_err() {
+            info!("grace period over");
         }
     }
     client.cancel_all();
