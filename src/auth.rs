@@ -1,0 +1,779 @@
+//! Who is calling, and what they may see: bearer tokens in, an [`Identity`] out.
+//!
+//! Two kinds of credential, both sent as `Authorization: Bearer …`:
+//! - static tokens of `[clients.NAME]` tables. Only their SHA-256 digests are kept; the
+//!   digest of a presented token is compared with every client's, in constant time and
+//!   without stopping at a match;
+//! - with `[auth.oauth]`, JWTs from one issuer (OAuth 2.1 resource server): the signature
+//!   is checked against the issuer's JWKS (fetched once, cached, fetched again for an
+//!   unknown `kid` at most every [`REFETCH_EVERY`]), then `iss`, `aud`, `exp` and `nbf`.
+//!   The configured claim names the client; a `[clients.NAME]` table of that name (with
+//!   or without a token) gives its allowlist and rate limit, else it has full access.
+//!
+//! An identity's [`Policy`] filters the catalog: lists show only permitted tool and prompt
+//! names and resource URIs, and a hidden one is answered exactly like an unknown one.
+//! Tokens never reach logs or errors: rejections carry a reason, never the credential.
+
+use crate::catalog::Catalog;
+use crate::config::{self, Filter, OAuth, Rate, TokenDigest};
+use crate::limit::Limited;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+use tracing::{debug, info, warn};
+
+/// The realm named in `WWW-Authenticate`.
+pub const REALM: &str = "mcp-gateway";
+/// Where the protected-resource metadata (RFC 9728) is served.
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+/// An unknown `kid` makes the JWKS be fetched again, but not more often than this.
+pub const REFETCH_EVERY: Duration = Duration::from_secs(30);
+/// After a failed fetch (and no keys at all), the next try waits this long.
+const RETRY_FAILED_FETCH: Duration = Duration::from_secs(5);
+/// Keys older than this are fetched again on the next token (old ones kept on failure).
+const MAX_KEY_AGE: Duration = Duration::from_secs(3600);
+/// Clock skew allowed on `exp` and `nbf`, in seconds.
+const LEEWAY: u64 = 30;
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Signature algorithms accepted on JWTs (never `none`, never HMAC).
+const ALGORITHMS: &[Algorithm] = &[
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::PS384,
+    Algorithm::PS512,
+    Algorithm::ES256,
+    Algorithm::ES384,
+    Algorithm::EdDSA,
+];
+
+/// An authenticated caller.
+#[derive(Debug)]
+pub struct Identity {
+    /// The client's name: its `[clients.NAME]` table, or the OAuth claim's value.
+    pub name: String,
+    /// `None`: full access, no limit of its own.
+    pub policy: Option<Arc<Policy>>,
+}
+
+impl Identity {
+    /// Whether it may see and use a public tool or prompt name, or a resource URI.
+    pub fn permits(&self, name: &str) -> bool {
+        self.policy.as_ref().map_or(true, |p| p.permits(name))
+    }
+
+    /// Checks (and spends) the client's own `rate_limit`.
+    pub fn check_rate(&self) -> Result<(), Limited> {
+        self.policy.as_ref().map_or(Ok(()), |p| p.check_rate())
+    }
+
+    /// The list results this identity sees; `None` when it sees the catalog's own.
+    pub fn views(&self, catalog: &Arc<Catalog>) -> Option<Arc<Views>> {
+        self.policy.as_ref().and_then(|p| p.views(catalog))
+    }
+}
+
+/// What one `[clients.NAME]` table says about its client.
+pub struct Policy {
+    pub name: String,
+    filter: Filter,
+    limiter: Option<(DefaultDirectRateLimiter, Rate)>,
+    /// Filtered list results for the catalog they were made from.
+    views: Mutex<Option<(Weak<Catalog>, Arc<Views>)>>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name)
+            .field("filter", &self.filter)
+            .field("rate_limit", &self.limiter.as_ref().map(|(_, r)| r.to_string()))
+            .finish()
+    }
+}
+
+/// A catalog's four list results as one restricted client sees them.
+#[derive(Debug)]
+pub struct Views {
+    pub tools: Box<RawValue>,
+    pub prompts: Box<RawValue>,
+    pub resources: Box<RawValue>,
+    pub templates: Box<RawValue>,
+}
+
+impl Policy {
+    fn new(spec: &config::ClientSpec) -> Policy {
+        Policy {
+            name: spec.name.clone(),
+            filter: spec.filter.clone(),
+            limiter: spec.rate_limit.clone().map(|r| (RateLimiter::direct(quota(&r)), r)),
+            views: Mutex::new(None),
+        }
+    }
+
+    fn restricted(&self) -> bool {
+        !(self.filter.allow.is_empty() && self.filter.deny.is_empty())
+    }
+
+    pub fn permits(&self, name: &str) -> bool {
+        self.filter.permits(name)
+    }
+
+    pub fn check_rate(&self) -> Result<(), Limited> {
+        let Some((l, rate)) = &self.limiter else {
+            return Ok(());
+        };
+        l.check().map_err(|n| Limited {
+            what: format!("client '{}' limit {rate}", self.name),
+            retry_after: n.wait_time_from(DefaultClock::default().now()),
+        })
+    }
+
+    /// The filtered lists, made once per catalog; `None` when nothing is filtered.
+    pub fn views(&self, catalog: &Arc<Catalog>) -> Option<Arc<Views>> {
+        if !self.restricted() {
+            return None;
+        }
+        let mut cached = self.views.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((of, v)) = cached.as_ref() {
+            if std::ptr::eq(of.as_ptr(), Arc::as_ptr(catalog)) {
+                return Some(v.clone());
+            }
+        }
+        let v = Arc::new(Views {
+            tools: filter_list(&catalog.tools_result, "tools", "name", &self.filter),
+            prompts: filter_list(&catalog.prompts_result, "prompts", "name", &self.filter),
+            resources: filter_list(&catalog.resources_result, "resources", "uri", &self.filter),
+            templates: filter_list(&catalog.templates_result, "resourceTemplates", "uriTemplate", &self.filter),
+        });
+        *cached = Some((Arc::downgrade(catalog), v.clone()));
+        Some(v)
+    }
+}
+
+/// `{key: [items]}` keeping the items whose `field` the filter permits.
+fn filter_list(result: &RawValue, key: &str, field: &str, filter: &Filter) -> Box<RawValue> {
+    let mut m: Map<String, Value> = serde_json::from_str(result.get()).unwrap_or_default();
+    if let Some(Value::Array(items)) = m.get_mut(key) {
+        items.retain(|i| i.get(field).and_then(Value::as_str).is_some_and(|n| filter.permits(n)));
+    }
+    crate::message::to_raw(&Value::Object(m))
+}
+
+fn quota(r: &Rate) -> Quota {
+    let n = NonZeroU32::new(r.count).unwrap_or(NonZeroU32::MIN);
+    let q = match r.per {
+        config::Per::Second => Quota::per_second(n),
+        config::Per::Minute => Quota::per_minute(n),
+        config::Per::Hour => Quota::per_hour(n),
+    };
+    q.allow_burst(NonZeroU32::new(r.burst).unwrap_or(n))
+}
+
+/// Why a request was refused. The text is for logs and the 401 body; it never holds
+/// the credential.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Denied {
+    /// No `Authorization: Bearer …` header.
+    Missing,
+    /// A credential that is not accepted, and why.
+    Invalid(String),
+}
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Denied::Missing => f.write_str("authentication required: send Authorization: Bearer <token>"),
+            Denied::Invalid(why) => write!(f, "invalid bearer token: {why}"),
+        }
+    }
+}
+
+/// Turns credentials into identities; built from the config, shared by every front end.
+pub struct Authenticator {
+    /// Every `[clients.*]` table, by name.
+    policies: HashMap<String, Arc<Policy>>,
+    /// Static token digests and the identity each one is.
+    tokens: Vec<(TokenDigest, Arc<Identity>)>,
+    oauth: Option<Jwt>,
+    required: bool,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("clients", &self.policies.keys().collect::<Vec<_>>())
+            .field("oauth", &self.oauth.as_ref().map(|o| &o.cfg.issuer))
+            .finish()
+    }
+}
+
+impl Authenticator {
+    pub fn new(auth: &config::Auth) -> Authenticator {
+        let policies: HashMap<String, Arc<Policy>> = auth
+            .clients
+            .iter()
+            .map(|c| (c.name.clone(), Arc::new(Policy::new(c))))
+            .collect();
+        let tokens = auth
+            .clients
+            .iter()
+            .filter_map(|c| {
+                let identity = Arc::new(Identity {
+                    name: c.name.clone(),
+                    policy: policies.get(&c.name).cloned(),
+                });
+                c.token.map(|d| (d, identity))
+            })
+            .collect();
+        Authenticator {
+            policies,
+            tokens,
+            oauth: auth.oauth.clone().map(Jwt::new),
+            required: auth.required(),
+        }
+    }
+
+    /// Whether every request must carry a bearer token.
+    pub fn required(&self) -> bool {
+        self.required
+    }
+
+    pub fn oauth(&self) -> Option<&OAuth> {
+        self.oauth.as_ref().map(|o| &o.cfg)
+    }
+
+    /// The identity of a configured client, for `stdio --client NAME`.
+    pub fn client(&self, name: &str) -> Option<Arc<Identity>> {
+        self.policies.get(name).map(|p| {
+            Arc::new(Identity {
+                name: name.to_owned(),
+                policy: Some(p.clone()),
+            })
+        })
+    }
+
+    /// The identity behind an `Authorization` header value (`None`: no header).
+    pub async fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Arc<Identity>, Denied> {
+        let Some(value) = authorization else {
+            return Err(Denied::Missing);
+        };
+        let token = bearer(value).ok_or_else(|| Denied::Invalid("not a Bearer credential".into()))?;
+        if let Some(identity) = self.static_token(token) {
+            return Ok(identity);
+        }
+        match &self.oauth {
+            Some(jwt) if looks_like_jwt(token) => {
+                let name = jwt.verify(token).await.map_err(Denied::Invalid)?;
+                let policy = self.policies.get(&name).cloned();
+                Ok(Arc::new(Identity { name, policy }))
+            }
+            _ => Err(Denied::Invalid("unknown token".into())),
+        }
+    }
+
+    /// Compares the token's digest with every client's: constant time per comparison,
+    /// and all of them, whatever matches.
+    fn static_token(&self, token: &str) -> Option<Arc<Identity>> {
+        if self.tokens.is_empty() {
+            return None;
+        }
+        let presented = TokenDigest::of(token);
+        let mut found = 0u64;
+        for (i, (digest, _)) in self.tokens.iter().enumerate() {
+            let hit = digest.0.ct_eq(&presented.0);
+            found.conditional_assign(&(i as u64 + 1), hit);
+        }
+        let index = usize::try_from(found).ok()?.checked_sub(1)?;
+        self.tokens.get(index).map(|(_, id)| id.clone())
+    }
+
+    /// The `WWW-Authenticate` value for a refusal: the realm, with OAuth the metadata
+    /// URL (RFC 9728), and `error="invalid_token"` when a token was sent but refused.
+    pub fn challenge(&self, denied: &Denied, resource: &str) -> String {
+        let mut out = format!("Bearer realm=\"{REALM}\"");
+        if self.oauth.is_some() {
+            out.push_str(&format!(", resource_metadata=\"{}\"", metadata_url(resource)));
+        }
+        if matches!(denied, Denied::Invalid(_)) {
+            out.push_str(", error=\"invalid_token\"");
+        }
+        out
+    }
+
+    /// The protected-resource metadata document (RFC 9728) for `resource`.
+    pub fn metadata(&self, resource: &str) -> Option<Value> {
+        let o = self.oauth()?;
+        Some(serde_json::json!({
+            "resource": resource,
+            "authorization_servers": [o.issuer],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "mcp-gateway",
+        }))
+    }
+
+    /// Fetches the JWKS now (at startup), so the first token does not wait for it.
+    pub async fn prefetch(&self) {
+        if let Some(jwt) = &self.oauth {
+            jwt.refresh(false).await;
+        }
+    }
+}
+
+/// The public URL of the MCP endpoint: `[auth.oauth] resource`, else `http://HOST{path}`.
+pub fn resource_url(oauth: Option<&OAuth>, host: Option<&str>, path: &str) -> String {
+    if let Some(r) = oauth.and_then(|o| o.resource.as_ref()) {
+        return r.clone();
+    }
+    format!("http://{}{path}", host.unwrap_or("localhost"))
+}
+
+/// `scheme://authority` of `resource` + [`METADATA_PATH`].
+pub fn metadata_url(resource: &str) -> String {
+    let origin = match resource.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+            format!("{scheme}://{authority}")
+        }
+        None => resource.trim_end_matches('/').to_owned(),
+    };
+    format!("{origin}{METADATA_PATH}")
+}
+
+/// The token of `Bearer <token>` (scheme case-insensitive, RFC 7235).
+fn bearer(value: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(value).ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn looks_like_jwt(token: &str) -> bool {
+    token.split('.').count() == 3
+}
+
+// ---------------------------------------------------------------- JWT
+
+struct Jwt {
+    cfg: OAuth,
+    http: reqwest::Client,
+    keys: RwLock<Arc<KeySet>>,
+    /// Held while fetching, so concurrent unknown `kid`s cause one fetch.
+    fetching: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct KeySet {
+    keys: Vec<Key>,
+    /// When the last fetch was tried, and whether it worked.
+    last_try: Option<(Instant, bool)>,
+    fetched: Option<Instant>,
+}
+
+struct Key {
+    kid: Option<String>,
+    /// The key's own `alg`, when the JWKS says.
+    alg: Option<Algorithm>,
+    key: DecodingKey,
+}
+
+impl Jwt {
+    fn new(cfg: OAuth) -> Jwt {
+        let http = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .build()
+            .unwrap_or_default();
+        Jwt {
+            cfg,
+            http,
+            keys: RwLock::new(Arc::new(KeySet::default())),
+            fetching: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn keys(&self) -> Arc<KeySet> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Checks a JWT and returns the client claim's value.
+    async fn verify(&self, token: &str) -> Result<String, String> {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| format!("malformed JWT: {e}"))?;
+        if !ALGORITHMS.contains(&header.alg) {
+            return Err(format!("algorithm {:?} is not accepted", header.alg));
+        }
+        let kid = header.kid.as_deref();
+        let mut keys = self.keys();
+        let stale = keys.fetched.map_or(true, |t| t.elapsed() >= MAX_KEY_AGE);
+        if stale || candidates(&keys, kid, header.alg).is_empty() {
+            // An unknown key: maybe the issuer rotated its keys.
+            self.refresh(!stale).await;
+            keys = self.keys();
+        }
+        let found = candidates(&keys, kid, header.alg);
+        if found.is_empty() {
+            return Err(match kid {
+                Some(k) => format!("no key {k:?} in the issuer's JWKS"),
+                None => "no key in the issuer's JWKS fits".to_owned(),
+            });
+        }
+        let mut validation = Validation::new(header.alg);
+        validation.set_issuer(&[&self.cfg.issuer]);
+        validation.set_audience(&[&self.cfg.audience]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        validation.validate_nbf = true;
+        validation.leeway = LEEWAY;
+        let mut last = String::new();
+        for key in found {
+            match jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &validation) {
+                Ok(data) => {
+                    return match data.claims.get(&self.cfg.client_claim) {
+                        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+                        _ => Err(format!("no string claim {:?} names the client", self.cfg.client_claim)),
+                    };
+                }
+                Err(e) => last = describe(&e),
+            }
+        }
+        Err(last)
+    }
+
+    /// Fetches the JWKS unless another task just did, or (with `throttle`) unless the
+    /// last fetch is younger than [`REFETCH_EVERY`]. Failures keep the old keys.
+    async fn refresh(&self, throttle: bool) {
+        let before = self.keys().last_try;
+        let _one = self.fetching.lock().await;
+        let now = self.keys();
+        if now.last_try != before {
+            return; // someone fetched while we waited
+        }
+        if let Some((at, ok)) = now.last_try {
+            let wait = if ok { REFETCH_EVERY } else { RETRY_FAILED_FETCH };
+            if (throttle || !ok) && at.elapsed() < wait {
+                return;
+            }
+        }
+        let started = Instant::now();
+        let next = match self.fetch().await {
+            Ok(keys) => {
+                info!(url = %self.cfg.jwks_url, keys = keys.len(), "fetched the issuer's JWKS");
+                KeySet {
+                    keys,
+                    last_try: Some((started, true)),
+                    fetched: Some(started),
+                }
+            }
+            Err(e) => {
+                warn!(url = %self.cfg.jwks_url, error = %e, "cannot fetch the issuer's JWKS");
+                KeySet {
+                    keys: now.clone_keys(),
+                    last_try: Some((started, false)),
+                    fetched: now.fetched,
+                }
+            }
+        };
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    }
+
+    async fn fetch(&self) -> Result<Vec<Key>, String> {
+        let resp = self
+            .http
+            .get(&self.cfg.jwks_url)
+            .header("accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("HTTP {}", resp.status()));
+        }
+        let body = resp.bytes().await.map_err(|e| e.without_url().to_string())?;
+        parse_jwks(&body)
+    }
+}
+
+impl KeySet {
+    fn clone_keys(&self) -> Vec<Key> {
+        self.keys
+            .iter()
+            .map(|k| Key {
+                kid: k.kid.clone(),
+                alg: k.alg,
+                key: k.key.clone(),
+            })
+            .collect()
+    }
+}
+
+/// Keys that may have signed a token with this `kid` (any, when it has none) and `alg`.
+fn candidates<'a>(keys: &'a KeySet, kid: Option<&str>, alg: Algorithm) -> Vec<&'a Key> {
+    keys.keys
+        .iter()
+        .filter(|k| kid.map_or(true, |kid| k.kid.as_deref() == Some(kid)))
+        .filter(|k| k.alg.map_or(true, |a| a == alg))
+        .collect()
+}
+
+/// The signing keys of a JWKS document; keys it cannot use (encryption keys, symmetric
+/// keys, unknown types) are skipped.
+fn parse_jwks(body: &[u8]) -> Result<Vec<Key>, String> {
+    #[derive(serde::Deserialize)]
+    struct Set {
+        keys: Vec<Value>,
+    }
+    let set: Set = serde_json::from_slice(body).map_err(|e| format!("not a JWKS document: {e}"))?;
+    let mut out = Vec::new();
+    for v in set.keys {
+        let Ok(jwk) = serde_json::from_value::<Jwk>(v) else {
+            debug!("skipping a JWKS key of an unknown type");
+            continue;
+        };
+        if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_))
+            || matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption))
+        {
+            continue;
+        }
+        let alg = match jwk.common.key_algorithm.map(|a| a.to_string().parse::<Algorithm>()) {
+            None => None,
+            Some(Ok(a)) if ALGORITHMS.contains(&a) => Some(a),
+            Some(_) => continue,
+        };
+        match DecodingKey::from_jwk(&jwk) {
+            Ok(key) => out.push(Key {
+                kid: jwk.common.key_id.clone(),
+                alg,
+                key,
+            }),
+            Err(e) => debug!(error = %e, "skipping an unusable JWKS key"),
+        }
+    }
+    Ok(out)
+}
+
+/// A short reason for a failed JWT check.
+fn describe(e: &jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind as K;
+    match e.kind() {
+        K::ExpiredSignature => "token expired".into(),
+        K::ImmatureSignature => "token not valid yet (nbf)".into(),
+        K::InvalidIssuer => "wrong issuer".into(),
+        K::InvalidAudience => "wrong audience".into(),
+        K::InvalidSignature => "bad signature".into(),
+        K::MissingRequiredClaim(c) => format!("missing claim {c}"),
+        K::InvalidAlgorithm => "algorithm does not fit the key".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Lists, Source};
+    use crate::config::{ClientSpec, Filter};
+    use serde_json::json;
+
+    fn spec(name: &str, token: Option<&str>, allow: &[&str], deny: &[&str]) -> ClientSpec {
+        ClientSpec {
+            name: name.into(),
+            token: token.map(TokenDigest::of),
+            filter: Filter {
+                allow: allow.iter().map(|s| s.to_string()).collect(),
+                deny: deny.iter().map(|s| s.to_string()).collect(),
+            },
+            rate_limit: None,
+        }
+    }
+
+    fn auth(clients: Vec<ClientSpec>) -> Authenticator {
+        Authenticator::new(&config::Auth { clients, oauth: None })
+    }
+
+    #[tokio::test]
+    async fn static_tokens() {
+        let a = auth(vec![
+            spec("alice", Some("tok-a"), &[], &[]),
+            spec("bob", Some("tok-b"), &["x*"], &[]),
+            spec("carol", None, &[], &[]),
+        ]);
+        assert!(a.required());
+        let who = |h: &str| {
+            let h = h.as_bytes().to_vec();
+            let a = &a;
+            async move { a.authenticate(Some(&h)).await.map(|i| i.name.clone()) }
+        };
+        assert_eq!(who("Bearer tok-a").await.unwrap(), "alice");
+        assert_eq!(who("bearer   tok-b ").await.unwrap(), "bob");
+        assert_eq!(a.authenticate(None).await.unwrap_err(), Denied::Missing);
+        for bad in ["Bearer tok-c", "Bearer ", "Basic dG9rLWE=", "tok-a", "Bearer tok-a2"] {
+            let e = who(bad).await.unwrap_err();
+            assert!(matches!(&e, Denied::Invalid(_)), "{bad}");
+            assert!(!e.to_string().contains("tok-"), "{e}");
+        }
+        assert!(!format!("{a:?}").contains("tok-"));
+        assert!(a.client("carol").is_some() && a.client("dave").is_none());
+        assert_eq!(
+            a.challenge(&Denied::Missing, "http://h/mcp"),
+            "Bearer realm=\"mcp-gateway\""
+        );
+        assert!(!auth(vec![]).required());
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            metadata_url("https://gw.example:8443/team/mcp"),
+            "https://gw.example:8443/.well-known/oauth-protected-resource"
+        );
+        assert_eq!(resource_url(None, Some("127.0.0.1:9"), "/mcp"), "http://127.0.0.1:9/mcp");
+    }
+
+    fn tool(name: &str) -> Map<String, Value> {
+        json!({"name": name, "inputSchema": {"type": "object"}}).as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn views_filter_and_are_cached_per_catalog() {
+        let lists = Lists {
+            tools: vec![tool("add"), tool("delete"), tool("search")],
+            prompts: vec![tool("greet")],
+            resources: vec![json!({"uri": "docs://a", "name": "a"}).as_object().cloned().unwrap()],
+            templates: vec![json!({"uriTemplate": "mem://{k}", "name": "m"}).as_object().cloned().unwrap()],
+        };
+        let all = Filter::default();
+        let sources = [Source {
+            server: "calc",
+            prefix: "calc",
+            lists: &lists,
+            filter: &all,
+        }];
+        let catalog = Arc::new(Catalog::build("__", &sources));
+        let a = auth(vec![
+            spec("alice", None, &["calc__*", "docs://*"], &["calc__delete"]),
+            spec("open", None, &[], &[]),
+        ]);
+        let alice = a.client("alice").unwrap();
+        let v = alice.views(&catalog).unwrap();
+        let names = |raw: &RawValue, key: &str, field: &str| -> Vec<String> {
+            let v: Value = serde_json::from_str(raw.get()).unwrap();
+            v[key].as_array().unwrap().iter().map(|i| i[field].as_str().unwrap().to_owned()).collect()
+        };
+        assert_eq!(names(&v.tools, "tools", "name"), ["calc__add", "calc__search"]);
+        assert_eq!(names(&v.prompts, "prompts", "name"), ["calc__greet"]);
+        assert_eq!(names(&v.resources, "resources", "uri"), ["docs://a"]);
+        assert!(names(&v.templates, "resourceTemplates", "uriTemplate").is_empty());
+        assert!(v.tools.get().contains("inputSchema"));
+        assert!(Arc::ptr_eq(&v, &alice.views(&catalog).unwrap()));
+        let rebuilt = Arc::new(Catalog::build("__", &sources));
+        assert!(!Arc::ptr_eq(&v, &alice.views(&rebuilt).unwrap()));
+        assert!(alice.permits("calc__add") && !alice.permits("calc__delete") && !alice.permits("mem://x"));
+        assert!(a.client("open").unwrap().views(&catalog).is_none());
+    }
+
+    #[test]
+    fn client_rate_limit() {
+        let mut s = spec("alice", None, &[], &[]);
+        s.rate_limit = Rate::parse("2/m");
+        let a = auth(vec![s]);
+        let alice = a.client("alice").unwrap();
+        assert!(alice.check_rate().is_ok() && alice.check_rate().is_ok());
+        let l = alice.check_rate().unwrap_err();
+        assert_eq!(l.what, "client 'alice' limit 2/m");
+    }
+
+    // ------------------------------------------------------------ JWT
+
+    use jsonwebtoken::{EncodingKey, Header};
+    use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+
+    fn b64(bytes: &[u8]) -> String {
+        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for c in bytes.chunks(3) {
+            let n = c.iter().enumerate().fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+            for i in 0..=c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            }
+        }
+        out
+    }
+
+    /// A fresh P-256 key: its encoding key and its JWK.
+    fn es256_key(kid: &str) -> (EncodingKey, Value) {
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+        let point = pair.public_key().as_ref();
+        let jwk = json!({"kty": "EC", "crv": "P-256", "kid": kid, "use": "sig", "alg": "ES256",
+                         "x": b64(&point[1..33]), "y": b64(&point[33..65])});
+        (EncodingKey::from_ec_der(pkcs8.as_ref()), jwk)
+    }
+
+    fn jwt_with(keys: Vec<Key>) -> Jwt {
+        let jwt = Jwt::new(OAuth {
+            issuer: "https://issuer.example".into(),
+            audience: "mcp-gateway".into(),
+            // Nothing listens there: a refetch fails fast and keeps the keys.
+            jwks_url: "http://127.0.0.1:1/jwks".into(),
+            client_claim: "sub".into(),
+            resource: None,
+        });
+        let now = Instant::now();
+        *jwt.keys.write().unwrap() = Arc::new(KeySet {
+            keys,
+            last_try: Some((now, true)),
+            fetched: Some(now),
+        });
+        jwt
+    }
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    #[tokio::test]
+    async fn jwts() {
+        let (enc, jwk) = es256_key("k1");
+        let (other, _) = es256_key("k1");
+        let keys = parse_jwks(json!({"keys": [jwk, {"kty": "oct", "k": "c2VjcmV0"}]}).to_string().as_bytes()).unwrap();
+        assert_eq!(keys.len(), 1, "the symmetric key is skipped");
+        let jwt = jwt_with(keys);
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some("k1".into());
+        let sign_as = |header: &Header, claims: Value, key: &EncodingKey| jsonwebtoken::encode(header, &claims, key).unwrap();
+        let sign = |claims: Value, key: &EncodingKey| sign_as(&header, claims, key);
+        let good = json!({"iss": "https://issuer.example", "aud": ["x", "mcp-gateway"], "sub": "alice", "exp": now() + 300});
+        assert_eq!(jwt.verify(&sign(good.clone(), &enc)).await.unwrap(), "alice");
+
+        let with = |k: &str, v: Value| {
+            let mut c = good.clone();
+            c[k] = v;
+            c
+        };
+        let cases = [
+            (sign(with("exp", json!(now() - 120)), &enc), "token expired"),
+            (sign(with("nbf", json!(now() + 120)), &enc), "token not valid yet (nbf)"),
+            (sign(with("aud", json!("other")), &enc), "wrong audience"),
+            (sign(with("iss", json!("https://evil.example")), &enc), "wrong issuer"),
+            (sign(good.clone(), &other), "bad signature"),
+            (sign(with("sub", json!(7)), &enc), "no string claim \"sub\" names the client"),
+        ];
+        for (token, want) in cases {
+            assert_eq!(jwt.verify(&token).await.unwrap_err(), want);
+        }
+        // Within the leeway.
+        assert!(jwt.verify(&sign(with("exp", json!(now() - 5)), &enc)).await.is_ok());
+        let mut h2 = header.clone();
+        h2.kid = Some("k2".into());
+        let unknown = sign_as(&h2, good.clone(), &enc);
+        assert_eq!(jwt.verify(&unknown).await.unwrap_err(), "no key \"k2\" in the issuer's JWKS");
+        let hs = jsonwebtoken::encode(&Header::default(), &good, &EncodingKey::from_secret(b"c2VjcmV0")).unwrap();
+        assert!(jwt.verify(&hs).await.unwrap_err().contains("not accepted"));
+    }
+}
