@@ -68,7 +68,10 @@ pub struct Identity {
 impl Identity {
     /// Whether it may see and use a public tool or prompt name, or a resource URI.
     pub fn permits(&self, name: &str) -> bool {
-        self.policy.as_ref().map_or(true, |p| p.permits(name))
+        match &self.policy {
+            None => true,
+            Some(p) => p.permits(name),
+        }
     }
 
     /// Checks (and spends) the client's own `rate_limit`.
@@ -153,7 +156,12 @@ impl Policy {
             tools: filter_list(&catalog.tools_result, "tools", "name", &self.filter),
             prompts: filter_list(&catalog.prompts_result, "prompts", "name", &self.filter),
             resources: filter_list(&catalog.resources_result, "resources", "uri", &self.filter),
-            templates: filter_list(&catalog.templates_result, "resourceTemplates", "uriTemplate", &self.filter),
+            templates: filter_list(
+                &catalog.templates_result,
+                "resourceTemplates",
+                "uriTemplate",
+                &self.filter,
+            ),
         });
         *cached = Some((Arc::downgrade(catalog), v.clone()));
         Some(v)
@@ -412,7 +420,10 @@ impl Jwt {
         }
         let kid = header.kid.as_deref();
         let mut keys = self.keys();
-        let stale = keys.fetched.map_or(true, |t| t.elapsed() >= MAX_KEY_AGE);
+        let stale = match keys.fetched {
+            Some(t) => t.elapsed() >= MAX_KEY_AGE,
+            None => true,
+        };
         if stale || candidates(&keys, kid, header.alg).is_empty() {
             // An unknown key: maybe the issuer rotated its keys.
             self.refresh(!stale).await;
@@ -516,8 +527,8 @@ impl KeySet {
 fn candidates<'a>(keys: &'a KeySet, kid: Option<&str>, alg: Algorithm) -> Vec<&'a Key> {
     keys.keys
         .iter()
-        .filter(|k| kid.map_or(true, |kid| k.kid.as_deref() == Some(kid)))
-        .filter(|k| k.alg.map_or(true, |a| a == alg))
+        .filter(|k| kid.is_none() || k.kid.as_deref() == kid)
+        .filter(|k| k.alg.is_none() || k.alg == Some(alg))
         .collect()
 }
 
@@ -631,11 +642,17 @@ mod tests {
             metadata_url("https://gw.example:8443/team/mcp"),
             "https://gw.example:8443/.well-known/oauth-protected-resource"
         );
-        assert_eq!(resource_url(None, Some("127.0.0.1:9"), "/mcp"), "http://127.0.0.1:9/mcp");
+        assert_eq!(
+            resource_url(None, Some("127.0.0.1:9"), "/mcp"),
+            "http://127.0.0.1:9/mcp"
+        );
     }
 
     fn tool(name: &str) -> Map<String, Value> {
-        json!({"name": name, "inputSchema": {"type": "object"}}).as_object().cloned().unwrap()
+        json!({"name": name, "inputSchema": {"type": "object"}})
+            .as_object()
+            .cloned()
+            .unwrap()
     }
 
     #[test]
@@ -644,7 +661,10 @@ mod tests {
             tools: vec![tool("add"), tool("delete"), tool("search")],
             prompts: vec![tool("greet")],
             resources: vec![json!({"uri": "docs://a", "name": "a"}).as_object().cloned().unwrap()],
-            templates: vec![json!({"uriTemplate": "mem://{k}", "name": "m"}).as_object().cloned().unwrap()],
+            templates: vec![json!({"uriTemplate": "mem://{k}", "name": "m"})
+                .as_object()
+                .cloned()
+                .unwrap()],
         };
         let all = Filter::default();
         let sources = [Source {
@@ -662,7 +682,12 @@ mod tests {
         let v = alice.views(&catalog).unwrap();
         let names = |raw: &RawValue, key: &str, field: &str| -> Vec<String> {
             let v: Value = serde_json::from_str(raw.get()).unwrap();
-            v[key].as_array().unwrap().iter().map(|i| i[field].as_str().unwrap().to_owned()).collect()
+            v[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i[field].as_str().unwrap().to_owned())
+                .collect()
         };
         assert_eq!(names(&v.tools, "tools", "name"), ["calc__add", "calc__search"]);
         assert_eq!(names(&v.prompts, "prompts", "name"), ["calc__greet"]);
@@ -696,7 +721,10 @@ mod tests {
         const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut out = String::new();
         for c in bytes.chunks(3) {
-            let n = c.iter().enumerate().fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+            let n = c
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
             for i in 0..=c.len() {
                 out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
             }
@@ -741,14 +769,21 @@ mod tests {
     async fn jwts() {
         let (enc, jwk) = es256_key("k1");
         let (other, _) = es256_key("k1");
-        let keys = parse_jwks(json!({"keys": [jwk, {"kty": "oct", "k": "c2VjcmV0"}]}).to_string().as_bytes()).unwrap();
+        let keys = parse_jwks(
+            json!({"keys": [jwk, {"kty": "oct", "k": "c2VjcmV0"}]})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
         assert_eq!(keys.len(), 1, "the symmetric key is skipped");
         let jwt = jwt_with(keys);
         let mut header = Header::new(Algorithm::ES256);
         header.kid = Some("k1".into());
-        let sign_as = |header: &Header, claims: Value, key: &EncodingKey| jsonwebtoken::encode(header, &claims, key).unwrap();
+        let sign_as =
+            |header: &Header, claims: Value, key: &EncodingKey| jsonwebtoken::encode(header, &claims, key).unwrap();
         let sign = |claims: Value, key: &EncodingKey| sign_as(&header, claims, key);
-        let good = json!({"iss": "https://issuer.example", "aud": ["x", "mcp-gateway"], "sub": "alice", "exp": now() + 300});
+        let good =
+            json!({"iss": "https://issuer.example", "aud": ["x", "mcp-gateway"], "sub": "alice", "exp": now() + 300});
         assert_eq!(jwt.verify(&sign(good.clone(), &enc)).await.unwrap(), "alice");
 
         let with = |k: &str, v: Value| {
@@ -762,7 +797,10 @@ mod tests {
             (sign(with("aud", json!("other")), &enc), "wrong audience"),
             (sign(with("iss", json!("https://evil.example")), &enc), "wrong issuer"),
             (sign(good.clone(), &other), "bad signature"),
-            (sign(with("sub", json!(7)), &enc), "no string claim \"sub\" names the client"),
+            (
+                sign(with("sub", json!(7)), &enc),
+                "no string claim \"sub\" names the client",
+            ),
         ];
         for (token, want) in cases {
             assert_eq!(jwt.verify(&token).await.unwrap_err(), want);
@@ -772,7 +810,10 @@ mod tests {
         let mut h2 = header.clone();
         h2.kid = Some("k2".into());
         let unknown = sign_as(&h2, good.clone(), &enc);
-        assert_eq!(jwt.verify(&unknown).await.unwrap_err(), "no key \"k2\" in the issuer's JWKS");
+        assert_eq!(
+            jwt.verify(&unknown).await.unwrap_err(),
+            "no key \"k2\" in the issuer's JWKS"
+        );
         let hs = jsonwebtoken::encode(&Header::default(), &good, &EncodingKey::from_secret(b"c2VjcmV0")).unwrap();
         assert!(jwt.verify(&hs).await.unwrap_err().contains("not accepted"));
     }
