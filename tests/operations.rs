@@ -472,7 +472,8 @@ async fn metrics_count_requests_latency_sessions_and_downstreams() {
     let (m_name, boom_name) = (unique("m"), unique("boom"));
     let config = [
         limited_server("m", &m_name, r#"{ per_tool = { echo = "2/m" } }"#),
-        server("boom", &boom_name, &[], ""),
+        // Not restarted, so it stays down for the scrape.
+        server("boom", &boom_name, &[], "restart = \"never\"\n"),
     ]
     .concat();
     let gw = Gateway::start(&config);
@@ -750,7 +751,7 @@ async fn a_down_server_makes_readyz_503_and_status_says_why() {
     let config = [
         secret_server("good", &name),
         format!(
-            "[servers.broken]\ncommand = \"/nonexistent/mcp-server-{}\"\nenv = {{ API_TOKEN = \"{SECRET}\" }}\n",
+            "[servers.broken]\ncommand = \"/nonexistent/mcp-server-{}\"\nrestart = \"never\"\nenv = {{ API_TOKEN = \"{SECRET}\" }}\n",
             std::process::id()
         ),
     ]
