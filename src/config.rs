@@ -315,7 +315,7 @@ pub enum LogFormat {
 }
 
 /// Rate limits; which fields apply depends on where they were written.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RateLimits {
     pub per_client: Option<Rate>,
     pub per_ip: Option<Rate>,
@@ -396,7 +396,7 @@ pub struct Gateway {
 }
 
 /// One `[servers.NAME]` entry.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Server {
     pub name: String,
     /// Put before the server's tool and prompt names; empty means unprefixed.
@@ -420,7 +420,7 @@ pub enum Restart {
 }
 
 /// How to reach a server.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Transport {
     Stdio(StdioSpec),
     Http(HttpSpec),
@@ -450,7 +450,7 @@ pub enum HttpMode {
 }
 
 /// A remote server.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HttpSpec {
     /// The URL as written in gateway.toml (before `${VAR}` expansion): safe to show.
     pub url_display: String,
@@ -464,7 +464,7 @@ pub struct HttpSpec {
 }
 
 /// A child process speaking MCP on its stdin/stdout.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StdioSpec {
     pub command: String,
     pub args: Vec<String>,
@@ -477,7 +477,7 @@ pub struct StdioSpec {
 }
 
 /// `allow`/`deny` globs over a server's own tool names (`*` and `?`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Filter {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
@@ -857,7 +857,10 @@ fn auth(
         let at = name.span().start;
         let name = name.into_inner();
         if name.trim().is_empty() || name.chars().any(char::is_control) {
-            cx.at(at, format!("client name {name:?} must not be empty or hold control characters"));
+            cx.at(
+                at,
+                format!("client name {name:?} must not be empty or hold control characters"),
+            );
         }
         let token = match (&c.token, &c.token_sha256) {
             (Some(_), Some(h)) => {
@@ -930,7 +933,10 @@ fn auth(
         let issuer = value(&o.issuer, "issuer");
         let audience = value(&o.audience, "audience");
         let jwks_url = value(&o.jwks_url, "jwks_url");
-        let client_claim = o.client_claim.as_ref().map_or("sub".to_owned(), |c| value(c, "client_claim"));
+        let client_claim = o
+            .client_claim
+            .as_ref()
+            .map_or("sub".to_owned(), |c| value(c, "client_claim"));
         let resource = o.resource.as_ref().map(|r| value(r, "resource"));
         let urls = [(Some(&jwks_url), &o.jwks_url, "jwks_url")]
             .into_iter()
@@ -938,7 +944,10 @@ fn auth(
         for (v, raw, key) in urls {
             let v = v.map_or("", String::as_str);
             if !(v.is_empty() || v.starts_with("http://") || v.starts_with("https://")) {
-                cx.at(raw.span().start, format!("auth.oauth.{key} must start with http:// or https://"));
+                cx.at(
+                    raw.span().start,
+                    format!("auth.oauth.{key} must start with http:// or https://"),
+                );
             }
         }
         OAuth {
@@ -1148,6 +1157,12 @@ fn http_spec(
         headers: out_headers,
         ca_file,
     })
+}
+
+/// Looks a variable up in this process's environment: the lookup `main` and reloads
+/// hand to [`Config::load`], so this module stays the only reader of the environment.
+pub fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok()
 }
 
 /// Characters allowed in public names, prefixes and the separator.

@@ -24,6 +24,7 @@ pub mod front;
 pub mod limit;
 pub mod message;
 pub mod metrics;
+pub mod reload;
 pub mod router;
 pub mod sse;
 pub mod supervisor;
@@ -49,6 +50,7 @@ pub async fn serve(
     let path = config.gateway.path.clone();
     let gw = Gateway::new(config);
     gw.start().await;
+    reload::spawn(&gw, gw.config().file.clone());
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -65,7 +67,7 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 http.expire_idle();
-                http.gateway().limits.shrink();
+                http.gateway().topology().limits.shrink();
             }
         })
     };
@@ -99,7 +101,8 @@ pub async fn serve(
 pub async fn stdio(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let gw = Gateway::new(config);
     gw.start().await;
-    let grace = gw.config.gateway.shutdown_grace;
+    reload::spawn(&gw, gw.config().file.clone());
+    let grace = gw.config().gateway.shutdown_grace;
     front::stdio::serve(gw.clone(), tokio::io::stdin(), tokio::io::stdout(), shutdown, grace).await;
     gw.stop().await;
     Ok(())
@@ -122,7 +125,7 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
     let gw: Arc<Gateway> = Gateway::new(config);
     gw.start().await;
     let mut ok = true;
-    for s in &gw.servers {
+    for s in &gw.topology().servers {
         let st = s.state();
         let line = match &st.status {
             supervisor::Status::Ready => format!(

@@ -38,7 +38,7 @@ const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(&cli.config, &|k| std::env::var(k).ok()) {
+    let config = match Config::load(&cli.config, &mcp_gateway::config::process_env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mcp-gateway: invalid config:\n{e}");

@@ -1,8 +1,9 @@
 //! One request in → answered here or sent to the right downstream → one response out.
 //!
-//! [`Gateway`] holds the servers and the merged catalog. Front ends (HTTP, stdio) are
-//! thin adapters: they parse messages, keep a [`Client`] per session and call
-//! [`Gateway::request`] / [`Gateway::notification`]. Everything they share lives here.
+//! [`Gateway`] holds a [`Topology`] (config, servers, merged catalog, rate limits) that a
+//! reload or a catalog change replaces as one, so a request sees one consistent view.
+//! Front ends (HTTP, stdio) are thin adapters: they parse messages, keep a [`Client`] per
+//! session and call [`Gateway::request`] / [`Gateway::notification`].
 
 use crate::catalog::{Catalog, Source};
 use crate::config::Config;
@@ -27,15 +28,43 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-2
 /// How many server-initiated messages may wait for a slow session before it misses some.
 const BROADCAST_QUEUE: usize = 256;
 
-/// The gateway's shared state: servers, catalog, and the fan-out of notifications.
+/// The gateway's shared state: the current topology, and the fan-out of notifications.
 pub struct Gateway {
-    pub config: Config,
-    pub servers: Vec<Arc<Server>>,
-    catalog: RwLock<Arc<Catalog>>,
+    topo: RwLock<Arc<Topology>>,
     /// Server-initiated notifications for every session (list_changed).
     broadcast: broadcast::Sender<Bytes>,
-    pub limits: Limits,
     pub metrics: Metrics,
+    /// Where supervisors report; cloned for servers a reload adds.
+    events: mpsc::Sender<Event>,
+    events_rx: Mutex<Option<mpsc::Receiver<Event>>>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// Everything a reload may replace, swapped as one. Catalog routes index `servers`.
+pub struct Topology {
+    pub config: Arc<Config>,
+    pub servers: Vec<Arc<Server>>,
+    pub catalog: Arc<Catalog>,
+    pub limits: Arc<Limits>,
+}
+
+fn limits_for(config: &Config) -> Limits {
+    let per_server: Vec<_> = config
+        .servers
+        .iter()
+        .map(|s| (s.name.clone(), s.rate_limits.clone()))
+        .collect();
+    Limits::new(&config.rate_limits, &per_server)
+}
+
+fn same_limits(a: &Config, b: &Config) -> bool {
+    a.rate_limits == b.rate_limits
+        && a.servers.len() == b.servers.len()
+        && a.servers
+            .iter()
+            .zip(&b.servers)
+            .all(|(x, y)| x.name == y.name && x.rate_limits == y.rate_limits)
 }
 
 /// One client session as the router sees it: its in-flight requests, for cancellation.
@@ -117,82 +146,160 @@ impl Gateway {
             .map(|s| Arc::new(Server::new(s)))
             .collect();
         let (broadcast, _) = broadcast::channel(BROADCAST_QUEUE);
-        let per_server: Vec<_> = config
-            .servers
-            .iter()
-            .map(|s| (s.name.clone(), s.rate_limits.clone()))
-            .collect();
-        let limits = Limits::new(&config.rate_limits, &per_server);
-        Arc::new(Gateway {
-            config,
+        let (events, events_rx) = mpsc::channel(64);
+        let limits = Arc::new(limits_for(&config));
+        let topo = Topology {
+            config: Arc::new(config),
             servers,
-            catalog: RwLock::new(Arc::new(Catalog::default())),
-            broadcast,
+            catalog: Arc::new(Catalog::default()),
             limits,
+        };
+        Arc::new(Gateway {
+            topo: RwLock::new(Arc::new(topo)),
+            broadcast,
             metrics: Metrics::default(),
+            events,
+            events_rx: Mutex::new(Some(events_rx)),
+            reloading: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The current topology: config, servers, catalog and limits that belong together.
+    pub fn topology(&self) -> Arc<Topology> {
+        self.topo.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The current config.
+    pub fn config(&self) -> Arc<Config> {
+        self.topology().config.clone()
     }
 
     /// Starts every enabled server concurrently and waits until each is ready or has
     /// failed; then builds the catalog. Servers keep being watched in the background.
     pub async fn start(self: &Arc<Gateway>) {
-        let (events_tx, mut events_rx) = mpsc::channel(64);
-        let starts = self
+        let servers = self.topology().servers.clone();
+        self.start_servers(&servers).await;
+        self.rebuild_catalog(false);
+        let rx = self.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut events_rx) = rx {
+            let gw = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some(ev) = events_rx.recv().await {
+                    let Some(gw) = gw.upgrade() else { return };
+                    gw.event(ev);
+                }
+            });
+        }
+    }
+
+    /// Spawns the supervisors of `servers` and waits for each one's first attempt.
+    async fn start_servers(&self, servers: &[Arc<Server>]) {
+        let starts: Vec<_> = servers
+            .iter()
+            .filter(|s| s.cfg.enabled)
+            .map(|s| {
+                let (started, first_done) = tokio::sync::oneshot::channel();
+                tokio::spawn(s.clone().run(self.events.clone(), started));
+                first_done
+            })
+            .collect();
+        futures::future::join_all(starts).await;
+    }
+
+    /// Applies a new config: servers that are new or whose entry changed are started
+    /// (and the old ones of changed entries stopped); removed ones are stopped; unchanged
+    /// ones, and calls in flight to them, are untouched. Clients get list_changed when
+    /// the merged lists change. The listen address and path need a restart.
+    pub async fn reload(self: &Arc<Gateway>, config: Config) {
+        let _one = self.reloading.lock().await;
+        let old = self.topology();
+        if config.gateway.listen != old.config.gateway.listen || config.gateway.path != old.config.gateway.path {
+            warn!("gateway.listen and gateway.path changes take effect after a restart");
+        }
+        let mut servers = Vec::with_capacity(config.servers.len());
+        let mut added = Vec::new();
+        for cfg in &config.servers {
+            match old.servers.iter().find(|s| s.cfg == *cfg) {
+                Some(same) => servers.push(same.clone()),
+                None => {
+                    let s = Arc::new(Server::new(cfg.clone()));
+                    added.push(s.clone());
+                    servers.push(s);
+                }
+            }
+        }
+        let gone: Vec<_> = old
             .servers
             .iter()
-            .enumerate()
-            .filter(|(_, s)| s.cfg.enabled)
-            .map(|(i, s)| {
-                let (started, first_done) = tokio::sync::oneshot::channel();
-                tokio::spawn(s.clone().run(i, events_tx.clone(), started));
-                first_done
+            .filter(|s| !servers.iter().any(|n| Arc::ptr_eq(n, s)))
+            .cloned()
+            .collect();
+        info!(
+            kept = servers.len() - added.len(),
+            started = added.len(),
+            stopped = gone.len(),
+            "reloading gateway.toml"
+        );
+        self.start_servers(&added).await;
+        let limits = if same_limits(&old.config, &config) {
+            old.limits.clone()
+        } else {
+            Arc::new(limits_for(&config))
+        };
+        {
+            let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
+            *topo = Arc::new(Topology {
+                config: Arc::new(config),
+                servers,
+                catalog: topo.catalog.clone(),
+                limits,
             });
-        let starts: Vec<_> = starts.collect();
-        futures::future::join_all(starts).await;
-        drop(events_tx);
-        self.rebuild_catalog(false);
-        let gw = Arc::downgrade(self);
-        tokio::spawn(async move {
-            while let Some(ev) = events_rx.recv().await {
-                let Some(gw) = gw.upgrade() else { return };
-                gw.event(ev);
-            }
-        });
+        }
+        self.rebuild_catalog(true);
+        futures::future::join_all(gone.iter().map(|s| s.stop())).await;
+        info!("reload done");
     }
 
     fn event(&self, ev: Event) {
         match ev {
             Event::ListsChanged { .. } => self.rebuild_catalog(true),
             Event::Notification { server, method, .. } => {
-                debug!(server = %self.servers[server].name, %method, "dropping a server notification no client asked for");
+                debug!(%server, %method, "dropping a server notification no client asked for");
             }
         }
     }
 
     /// Rebuilds the merged catalog; with `notify`, tells every session which lists changed.
     pub fn rebuild_catalog(&self, notify: bool) {
-        let states: Vec<_> = self.servers.iter().map(|s| (s, s.state().lists.clone())).collect();
-        let sources: Vec<Source> = states
-            .iter()
-            .map(|(s, lists)| Source {
-                server: &s.cfg.name,
-                prefix: &s.cfg.prefix,
-                lists,
-                filter: &s.cfg.tools,
-            })
-            .collect();
-        let new = Catalog::build(&self.config.gateway.separator, &sources);
+        let (old, new) = {
+            // Built under the lock, so a concurrent reload or rebuild cannot be lost.
+            let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
+            let states: Vec<_> = topo.servers.iter().map(|s| (s, s.state().lists.clone())).collect();
+            let sources: Vec<Source> = states
+                .iter()
+                .map(|(s, lists)| Source {
+                    server: &s.cfg.name,
+                    prefix: &s.cfg.prefix,
+                    lists,
+                    filter: &s.cfg.tools,
+                })
+                .collect();
+            let new = Arc::new(Catalog::build(&topo.config.gateway.separator, &sources));
+            let old = topo.catalog.clone();
+            *topo = Arc::new(Topology {
+                config: topo.config.clone(),
+                servers: topo.servers.clone(),
+                catalog: new.clone(),
+                limits: topo.limits.clone(),
+            });
+            (old, new)
+        };
         for note in &new.notes {
             warn!("{note}");
         }
-        let old = std::mem::replace(
-            &mut *self.catalog.write().unwrap_or_else(|e| e.into_inner()),
-            Arc::new(new),
-        );
         if !notify {
             return;
         }
-        let new = self.catalog();
         let changes = [
             (ListKind::Tools, old.tools_result.get() != new.tools_result.get()),
             (ListKind::Prompts, old.prompts_result.get() != new.prompts_result.get()),
@@ -213,7 +320,7 @@ impl Gateway {
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
-        self.catalog.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.topology().catalog.clone()
     }
 
     /// Server-initiated messages for sessions (list_changed), as serialized lines.
@@ -223,12 +330,14 @@ impl Gateway {
 
     /// Closes every server.
     pub async fn stop(&self) {
-        futures::future::join_all(self.servers.iter().map(|s| s.stop())).await;
+        let topo = self.topology();
+        futures::future::join_all(topo.servers.iter().map(|s| s.stop())).await;
     }
 
     /// True when every enabled server is ready.
     pub fn ready(&self) -> bool {
-        self.servers
+        self.topology()
+            .servers
             .iter()
             .filter(|s| s.cfg.enabled)
             .all(|s| s.state().status == Status::Ready)
@@ -249,7 +358,7 @@ impl Gateway {
         caps.insert("prompts".into(), json!({ "listChanged": true }));
         caps.insert("resources".into(), json!({ "listChanged": true }));
         let mut instructions = String::new();
-        for s in &self.servers {
+        for s in &self.topology().servers {
             let state = s.state();
             let Some(info) = &state.info else { continue };
             for (cap, value) in [("completions", json!({})), ("logging", json!({}))] {
@@ -310,13 +419,14 @@ impl Gateway {
         let started = Instant::now();
         let _in_flight = self.metrics.in_flight();
         let mut info = CallInfo::default();
-        let out = match self.limits.check_client(&client.id) {
+        let topo = self.topology();
+        let out = match topo.limits.check_client(&client.id) {
             Err(l) => Some(self.limited(method, &l, &mut info)),
             Ok(()) => {
                 // The span is current while dispatching: forward() parents its child on it.
                 let work = async {
                     tokio::select! {
-                        out = self.dispatch(method, params, sink, &mut info) => Some(out),
+                        out = self.dispatch(&topo, method, params, sink, &mut info) => Some(out),
                         _ = token.cancelled() => None,
                     }
                 };
@@ -338,7 +448,7 @@ impl Gateway {
             }
             (false, Some(Outcome::Result(_))) => metrics::Outcome::Ok,
         };
-        let server = info.server.map_or("", |i| self.servers[i].cfg.name.as_str());
+        let server = info.server.as_deref().unwrap_or("");
         self.metrics
             .record(method, server, info.tool.as_deref().unwrap_or(""), outcome, took);
     }
@@ -386,12 +496,13 @@ impl Gateway {
 
     async fn dispatch(
         &self,
+        topo: &Topology,
         method: &str,
         params: Option<Box<RawValue>>,
         sink: Option<Sink>,
         info: &mut CallInfo,
     ) -> Outcome {
-        let catalog = self.catalog();
+        let catalog = &topo.catalog;
         let list = |result: &RawValue| -> Outcome {
             match message::params_object(params.as_deref()) {
                 Ok(p) if p.get("cursor").is_some_and(|c| !c.is_null()) => {
@@ -424,7 +535,7 @@ impl Gateway {
                 let Some(route) = table.get(name) else {
                     // A name under the prefix of a server that is down is that server's
                     // problem, not an unknown name: say so.
-                    if let Some(e) = self.down_server_for(name) {
+                    if let Some(e) = down_server_for(topo, name) {
                         return Outcome::Error(e.to_error_object());
                     }
                     return Outcome::Error(message::error_object(
@@ -437,13 +548,13 @@ impl Gateway {
                     info.tool = Some(name.to_owned());
                 }
                 // Known from here on, so a limited call counts under its server too.
-                info.server = Some(route.server);
+                info.server = Some(topo.servers[route.server].name.clone());
                 let tool = (method == "tools/call").then_some(route.name.as_str());
-                if let Err(l) = self.limits.check_server(route.server, tool) {
+                if let Err(l) = topo.limits.check_server(route.server, tool) {
                     return self.limited(method, &l, info);
                 }
                 p.insert("name".into(), Value::String(route.name.clone()));
-                self.forward(route.server, method, p, sink, info).await
+                self.forward(topo, route.server, method, p, sink, info).await
             }
             "resources/read" => {
                 let p = match message::params_object(params.as_deref()) {
@@ -453,8 +564,8 @@ impl Gateway {
                 let Some(uri) = p.get("uri").and_then(Value::as_str) else {
                     return err(code::INVALID_PARAMS, "resources/read needs params.uri");
                 };
-                match self.resource_owner(&catalog, uri) {
-                    Some(server) => self.forward(server, method, p, sink, info).await,
+                match resource_owner(topo, uri) {
+                    Some(server) => self.forward(topo, server, method, p, sink, info).await,
                     None => Outcome::Error(message::error_object(
                         code::RESOURCE_NOT_FOUND,
                         &format!("unknown resource: {uri}"),
@@ -481,7 +592,7 @@ impl Gateway {
                     }
                     Some("ref/resource") => {
                         let uri = r.get("uri").and_then(Value::as_str).unwrap_or_default().to_owned();
-                        match self.resource_owner(&catalog, &uri) {
+                        match resource_owner(topo, &uri) {
                             Some(s) => s,
                             None => return err(code::INVALID_PARAMS, format!("unknown resource: {uri}")),
                         }
@@ -493,54 +604,27 @@ impl Gateway {
                         )
                     }
                 };
-                self.forward(server, method, p, sink, info).await
+                self.forward(topo, server, method, p, sink, info).await
             }
             "initialize" => err(code::INVALID_REQUEST, "this session is already initialized"),
             other => err(code::METHOD_NOT_FOUND, format!("method not found: {other}")),
         }
     }
 
-    /// The error of a server that is not ready and whose prefix `name` carries.
-    fn down_server_for(&self, name: &str) -> Option<crate::downstream::DsError> {
-        let sep = &self.config.gateway.separator;
-        self.servers.iter().find_map(|s| {
-            let prefixed = !s.cfg.prefix.is_empty()
-                && name.strip_prefix(s.cfg.prefix.as_str()).is_some_and(|rest| rest.starts_with(sep.as_str()));
-            if !prefixed {
-                return None;
-            }
-            s.connection().err()
-        })
-    }
-
-    /// A URI's server: listed URIs, then templates; failing both, the only server that
-    /// offers resources at all (servers may serve URIs they do not list).
-    fn resource_owner(&self, catalog: &Catalog, uri: &str) -> Option<usize> {
-        catalog.resource_owner(uri).or_else(|| {
-            let mut offering = self.servers.iter().enumerate().filter(|(_, s)| {
-                let st = s.state();
-                st.status == Status::Ready && st.info.as_ref().is_some_and(|i| i.has("resources"))
-            });
-            match (offering.next(), offering.next()) {
-                (Some((i, _)), None) => Some(i),
-                _ => None,
-            }
-        })
-    }
-
     async fn forward(
         &self,
+        topo: &Topology,
         server: usize,
         method: &str,
         mut params: Map<String, Value>,
         sink: Option<Sink>,
         info: &mut CallInfo,
     ) -> Outcome {
-        info.server = Some(server);
-        let s = &self.servers[server];
+        let s = &topo.servers[server];
+        info.server = Some(s.name.clone());
         if method != "tools/call" && method != "prompts/get" {
             // Those two were checked with their names already.
-            if let Err(l) = self.limits.check_server(server, None) {
+            if let Err(l) = topo.limits.check_server(server, None) {
                 return self.limited(method, &l, info);
             }
         }
@@ -587,6 +671,36 @@ impl Gateway {
     }
 }
 
+/// The error of a server that is not ready and whose prefix `name` carries.
+fn down_server_for(topo: &Topology, name: &str) -> Option<crate::downstream::DsError> {
+    let sep = &topo.config.gateway.separator;
+    topo.servers.iter().find_map(|s| {
+        let prefixed = !s.cfg.prefix.is_empty()
+            && name
+                .strip_prefix(s.cfg.prefix.as_str())
+                .is_some_and(|rest| rest.starts_with(sep.as_str()));
+        if !prefixed {
+            return None;
+        }
+        s.connection().err()
+    })
+}
+
+/// A URI's server: listed URIs, then templates; failing both, the only server that
+/// offers resources at all (servers may serve URIs they do not list).
+fn resource_owner(topo: &Topology, uri: &str) -> Option<usize> {
+    topo.catalog.resource_owner(uri).or_else(|| {
+        let mut offering = topo.servers.iter().enumerate().filter(|(_, s)| {
+            let st = s.state();
+            st.status == Status::Ready && st.info.as_ref().is_some_and(|i| i.has("resources"))
+        });
+        match (offering.next(), offering.next()) {
+            (Some((i, _)), None) => Some(i),
+            _ => None,
+        }
+    })
+}
+
 /// Whether a tool result says `isError: true`.
 fn is_tool_error(result: &RawValue) -> bool {
     #[derive(serde::Deserialize)]
@@ -601,7 +715,7 @@ fn is_tool_error(result: &RawValue) -> bool {
 #[derive(Default)]
 pub struct CallInfo {
     /// The server it went to.
-    pub server: Option<usize>,
+    pub server: Option<Arc<str>>,
     /// The public tool name, for tools/call.
     pub tool: Option<String>,
     pub rate_limited: bool,

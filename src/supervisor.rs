@@ -125,10 +125,10 @@ impl ListKind {
 #[derive(Debug)]
 pub enum Event {
     /// A server's lists changed (or it became ready); the catalog must be rebuilt.
-    ListsChanged { server: usize },
+    ListsChanged { server: Arc<str> },
     /// A notification from a server that is not about lists (e.g. resources/updated).
     Notification {
-        server: usize,
+        server: Arc<str>,
         method: String,
         params: Option<Box<serde_json::value::RawValue>>,
     },
@@ -264,7 +264,7 @@ impl Server {
     /// A child that keeps crashing ([`CRASH_LOOP`] failures within [`CRASH_WINDOW`],
     /// none of them up for [`STABLE`]) is marked failed and retried every
     /// [`SLOW_RETRY`]. `started` fires after the first attempt, whatever its outcome.
-    pub async fn run(self: Arc<Self>, index: usize, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
+    pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
         let mut failures: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
@@ -280,12 +280,16 @@ impl Server {
                 }
                 None if incoming.is_some() => {
                     self.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let _ = events.send(Event::ListsChanged { server: index }).await;
+                    let _ = events
+                        .send(Event::ListsChanged {
+                            server: self.name.clone(),
+                        })
+                        .await;
                 }
                 None => {}
             }
             let clean = match incoming {
-                Some(incoming) => self.watch(index, incoming, events.clone()).await,
+                Some(incoming) => self.watch(incoming, events.clone()).await,
                 None => false,
             };
             if self.stop.is_cancelled() {
@@ -343,23 +347,22 @@ impl Server {
 
     /// Follows what a ready server says on its own until its connection closes.
     /// Returns whether it ended cleanly (a child's exit status 0, or a stop).
-    pub async fn watch(
-        &self,
-        index: usize,
-        mut incoming: mpsc::Receiver<Incoming>,
-        events: mpsc::Sender<Event>,
-    ) -> bool {
+    pub async fn watch(&self, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) -> bool {
         while let Some(msg) = incoming.recv().await {
             match msg {
                 Incoming::Notification { method, params } => match ListKind::from_notification(&method) {
                     Some(kind) => {
                         self.relist(kind).await;
-                        let _ = events.send(Event::ListsChanged { server: index }).await;
+                        let _ = events
+                            .send(Event::ListsChanged {
+                                server: self.name.clone(),
+                            })
+                            .await;
                     }
                     None => {
                         let _ = events
                             .send(Event::Notification {
-                                server: index,
+                                server: self.name.clone(),
                                 method,
                                 params,
                             })
@@ -383,7 +386,11 @@ impl Server {
                         // now and again when they return).
                         if matches!(self.cfg.transport, config::Transport::Http(_)) {
                             self.update(|s| s.lists = Lists::default());
-                            let _ = events.send(Event::ListsChanged { server: index }).await;
+                            let _ = events
+                                .send(Event::ListsChanged {
+                                    server: self.name.clone(),
+                                })
+                                .await;
                         }
                     }
                     return clean || stopped;

@@ -103,8 +103,8 @@ impl Http {
 
 /// The axum app: the MCP endpoint at the configured path plus health routes.
 pub fn app(http: Http) -> Router {
-    let path = http.gw.config.gateway.path.clone();
-    let limit = http.gw.config.gateway.max_body;
+    let path = http.gw.config().gateway.path.clone();
+    let limit = http.gw.config().gateway.max_body;
     let mcp = axum::routing::MethodRouter::new()
         .get(get_stream)
         .post(post)
@@ -127,7 +127,7 @@ async fn per_ip(State(http): State<Http>, req: axum::extract::Request, next: axu
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
     if let Some(axum::extract::ConnectInfo(addr)) = peer {
-        if let Err(l) = http.gw.limits.check_ip(addr.ip()) {
+        if let Err(l) = http.gw.topology().limits.check_ip(addr.ip()) {
             http.gw.metrics.rate_limited(&l.what);
             let secs = l.retry_after.as_secs_f64().ceil().max(1.0);
             let mut resp = rpc_error(StatusCode::TOO_MANY_REQUESTS, code::RATE_LIMITED, &l.message());
@@ -189,7 +189,8 @@ fn json_response(body: impl Into<Body>) -> Response {
 
 /// Checks Origin (when present) and Host against localhost and the configured lists.
 fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
-    let g = &gw.config.gateway;
+    let config = gw.config();
+    let g = &config.gateway;
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         let ok = g.allowed_origins.iter().any(|o| o == origin)
@@ -539,6 +540,7 @@ async fn readyz(State(http): State<Http>) -> Response {
 fn status_json(http: &Http) -> Value {
     let servers: Vec<Value> = http
         .gw
+        .topology()
         .servers
         .iter()
         .map(|s| {
@@ -618,7 +620,7 @@ tr.ready td:nth-child(2){{color:#070}}tr.down td:nth-child(2){{color:#b00}}</sty
 {rows}</table></body></html>
 "#,
         version = env!("CARGO_PKG_VERSION"),
-        path = html_escape(&http.gw.config.gateway.path),
+        path = html_escape(&http.gw.config().gateway.path),
         sessions = status["sessions"],
     );
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
@@ -633,8 +635,8 @@ fn html_escape(s: &str) -> String {
 
 /// Prometheus text exposition.
 async fn metrics(State(http): State<Http>) -> Response {
-    let servers: Vec<_> = http
-        .gw
+    let topo = http.gw.topology();
+    let servers: Vec<_> = topo
         .servers
         .iter()
         .map(|s| {
