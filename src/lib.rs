@@ -2,17 +2,22 @@
 //!
 //! The map, in the order a request travels:
 //! - [`config`]: gateway.toml → validated [`config::Config`]; the only reader of the environment.
-//! - [`front`]: adapters for clients: [`front::http`] (Streamable HTTP, sessions, health)
-//!   and [`front::stdio`] (the gateway as a stdio server).
-//! - [`router`]: [`router::Gateway`], which answers what it can itself (initialize, ping,
-//!   lists from the catalog) and sends the rest to the owning server.
+//!   [`reload`] watches the file (and SIGHUP) and hands new versions to the router.
+//! - [`front`]: adapters for clients: [`front::http`] (Streamable HTTP, sessions, health,
+//!   `/status`, `/metrics`) and [`front::stdio`] (the gateway as a stdio server).
+//! - [`auth`]: who the client is (static tokens, OAuth JWTs) and what it may see.
+//! - [`limit`]: rate limits per IP (before parsing), per client, per server and per tool.
+//! - [`router`]: [`router::Gateway`] and its swappable [`router::Topology`]; answers what it
+//!   can itself (initialize, ping, lists from the catalog) and sends the rest to the owner.
 //! - [`catalog`]: the merged tools, prompts and resources; public name ↔ (server, name).
-//! - [`supervisor`]: one server's life: start, handshake, list, re-list, stop.
-//! - [`downstream`]: a connection to one server, owned by one task; [`downstream::stdio`]
-//!   owns a child process.
-//! - [`message`]: the JSON-RPC envelope; params and results stay raw JSON.
-//! - [`telemetry`]: the log subscriber and OpenTelemetry spans (one per client request,
-//!   one per downstream call), W3C trace context in and out.
+//! - [`supervisor`]: one server's life: start, handshake, list, re-list, restart, stop.
+//! - [`downstream`]: a connection to one server, owned by one task: [`downstream::pipe`]
+//!   owns a message stream ([`downstream::stdio`] a child process, [`downstream::sse`] the
+//!   legacy HTTP+SSE transport); [`downstream::http`] a Streamable HTTP session.
+//! - [`message`]: the JSON-RPC envelope; params and results stay raw JSON. [`sse`] parses
+//!   event streams.
+//! - [`metrics`] (Prometheus text) and [`telemetry`] (the log subscriber and OpenTelemetry
+//!   spans: one per client request, one per downstream call, W3C trace context in and out).
 //!
 //! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
 
