@@ -1,6 +1,6 @@
 //! The JSON-RPC envelope and typed views of the few fields the gateway rewrites.
 //!
-//! A message is parsed into an [`Envelope`]: `id` and `method` are read, while
+//! A message is parsed into a [`Kind`]: `id` and `method` are read, while
 //! `params`, `result` and `error` stay as raw JSON text ([`RawValue`]) until some
 //! code needs to look inside. Forwarding a 20 MB tool result therefore costs one
 //! copy of the bytes and no re-serialization, and fields the gateway does not know
