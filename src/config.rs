@@ -190,7 +190,7 @@ pub struct Config {
 }
 
 /// `[clients.*]` and `[auth.oauth]`. With neither, the endpoint is open (as before).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Auth {
     /// In file order.
     pub clients: Vec<ClientSpec>,
@@ -209,7 +209,7 @@ impl Auth {
 }
 
 /// One `[clients.NAME]` table.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClientSpec {
     pub name: String,
     /// SHA-256 of its static bearer token; `None` for a client that only signs in with
@@ -262,7 +262,7 @@ impl fmt::Debug for TokenDigest {
 }
 
 /// `[auth.oauth]`: JWT bearer tokens from one issuer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct OAuth {
     pub issuer: String,
     pub audience: String,

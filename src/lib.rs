@@ -56,6 +56,9 @@ pub async fn serve(
     let gw = Gateway::new(config);
     gw.start().await;
     reload::spawn(&gw, gw.config().file.clone());
+    // With OAuth, have the issuer's keys before the first token arrives.
+    let auth = gw.topology().auth.clone();
+    tokio::spawn(async move { auth.prefetch().await });
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -102,15 +105,33 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves MCP over this process's stdin/stdout until stdin ends or `shutdown` completes.
-pub async fn stdio(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// Serves MCP over this process's stdin/stdout until stdin ends or `shutdown` completes,
+/// as the configured client `client` (see [`stdio_client`]).
+pub async fn stdio(config: Config, client: Option<String>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let gw = Gateway::new(config);
     gw.start().await;
     reload::spawn(&gw, gw.config().file.clone());
     let grace = gw.config().gateway.shutdown_grace;
-    front::stdio::serve(gw.clone(), tokio::io::stdin(), tokio::io::stdout(), shutdown, grace).await;
+    let (stdin, stdout) = (tokio::io::stdin(), tokio::io::stdout());
+    front::stdio::serve(gw.clone(), stdin, stdout, shutdown, grace, client).await;
     gw.stop().await;
     Ok(())
+}
+
+/// Checks `stdio --client NAME` against the config: the name must have a `[clients.NAME]`
+/// table, and when any such table exists a name is required (the stdio front end then
+/// acts as that client). Without tables (open, or OAuth only) no name means full access.
+pub fn stdio_client(config: &Config, name: Option<&str>) -> Result<(), String> {
+    match name {
+        Some(n) if config.auth.client(n).is_none() => {
+            Err(format!("--client {n}: no [clients.{n}] in {}", config.file.display()))
+        }
+        None if !config.auth.clients.is_empty() => Err(format!(
+            "{} has [clients.*] tables: name the client with --client NAME (or MCP_GATEWAY_CLIENT)",
+            config.file.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// With `connect`, starts every server and returns the merged catalog as text lines
@@ -124,6 +145,14 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
         config.servers.len(),
         enabled
     ));
+    if config.auth.required() {
+        let names: Vec<&str> = config.auth.clients.iter().map(|c| c.name.as_str()).collect();
+        out.push_str(&format!("auth: clients [{}]", names.join(", ")));
+        if let Some(o) = &config.auth.oauth {
+            out.push_str(&format!("; OAuth tokens from {} for audience {}", o.issuer, o.audience));
+        }
+        out.push('\n');
+    }
     if !connect {
         return Ok((out, true));
     }

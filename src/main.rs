@@ -25,7 +25,12 @@ enum Cmd {
         listen: Option<SocketAddr>,
     },
     /// Serve the merged catalog over stdin/stdout (for an mcp.json "command" entry).
-    Stdio,
+    Stdio {
+        /// Act as this [clients.NAME]: its allow/deny and rate_limit apply. Required when
+        /// gateway.toml has [clients.*] tables.
+        #[arg(long, env = "MCP_GATEWAY_CLIENT")]
+        client: Option<String>,
+    },
     /// Validate the config; with --connect, start every server and print the catalog.
     Check {
         #[arg(long)]
@@ -45,6 +50,12 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(Cmd::Stdio { client }) = &cli.command {
+        if let Err(e) = mcp_gateway::stdio_client(&config, client.as_deref()) {
+            eprintln!("mcp-gateway: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -63,7 +74,9 @@ fn main() -> ExitCode {
             Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal())
                 .await
                 .map(|_| true),
-            Cmd::Stdio => mcp_gateway::stdio(config, shutdown_signal()).await.map(|_| true),
+            Cmd::Stdio { client } => mcp_gateway::stdio(config, client, shutdown_signal())
+                .await
+                .map(|_| true),
             Cmd::Check { connect } => {
                 let (text, ok) = mcp_gateway::check(config, connect).await?;
                 print!("{text}"); // stdout-ok: check's report is its output

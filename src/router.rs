@@ -5,6 +5,7 @@
 //! Front ends (HTTP, stdio) are thin adapters: they parse messages, keep a [`Client`] per
 //! session and call [`Gateway::request`] / [`Gateway::notification`].
 
+use crate::auth::{Authenticator, Identity};
 use crate::catalog::{Catalog, Source};
 use crate::config::Config;
 use crate::downstream::{Params, Sink};
@@ -47,6 +48,8 @@ pub struct Topology {
     pub servers: Vec<Arc<Server>>,
     pub catalog: Arc<Catalog>,
     pub limits: Arc<Limits>,
+    /// `[clients.*]` and `[auth.oauth]`: tokens to identities, identities to policies.
+    pub auth: Arc<Authenticator>,
 }
 
 fn limits_for(config: &Config) -> Limits {
@@ -76,6 +79,9 @@ pub struct Client {
     pub transport: &'static str,
     /// The protocol version the session negotiated, once known (for spans).
     pub protocol_version: OnceLock<String>,
+    /// Who the session belongs to, when clients are configured: its allowlist and rate
+    /// limits apply. Front ends refresh it (same name) so a reload's policy takes effect.
+    identity: RwLock<Option<Arc<Identity>>>,
     inflight: Mutex<HashMap<String, CancellationToken>>,
     /// Woken whenever a request of this client finishes.
     finished: tokio::sync::Notify,
@@ -87,6 +93,7 @@ impl Client {
             id: id.into(),
             transport: "tcp",
             protocol_version: OnceLock::new(),
+            identity: RwLock::new(None),
             inflight: Mutex::new(HashMap::new()),
             finished: tokio::sync::Notify::new(),
         }
@@ -96,6 +103,16 @@ impl Client {
     pub fn transport(mut self, transport: &'static str) -> Client {
         self.transport = transport;
         self
+    }
+
+    /// The identity whose allowlist and limits apply (`None`: no auth configured).
+    pub fn identity(&self) -> Option<Arc<Identity>> {
+        self.identity.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets (or refreshes) the session's identity.
+    pub fn set_identity(&self, identity: Option<Arc<Identity>>) {
+        *self.identity.write().unwrap_or_else(|e| e.into_inner()) = identity;
     }
 
     fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
@@ -148,11 +165,13 @@ impl Gateway {
         let (broadcast, _) = broadcast::channel(BROADCAST_QUEUE);
         let (events, events_rx) = mpsc::channel(64);
         let limits = Arc::new(limits_for(&config));
+        let auth = Arc::new(Authenticator::new(&config.auth));
         let topo = Topology {
             config: Arc::new(config),
             servers,
             catalog: Arc::new(Catalog::default()),
             limits,
+            auth,
         };
         Arc::new(Gateway {
             topo: RwLock::new(Arc::new(topo)),
@@ -246,6 +265,13 @@ impl Gateway {
         } else {
             Arc::new(limits_for(&config))
         };
+        // Unchanged auth keeps its JWKS cache and the clients' rate budgets.
+        let auth = if old.config.auth == config.auth {
+            old.auth.clone()
+        } else {
+            info!("[clients] or [auth.oauth] changed");
+            Arc::new(Authenticator::new(&config.auth))
+        };
         {
             let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
             *topo = Arc::new(Topology {
@@ -253,6 +279,7 @@ impl Gateway {
                 servers,
                 catalog: topo.catalog.clone(),
                 limits,
+                auth,
             });
         }
         self.rebuild_catalog(true);
@@ -291,6 +318,7 @@ impl Gateway {
                 servers: topo.servers.clone(),
                 catalog: new.clone(),
                 limits: topo.limits.clone(),
+                auth: topo.auth.clone(),
             });
             (old, new)
         };
@@ -420,13 +448,20 @@ impl Gateway {
         let _in_flight = self.metrics.in_flight();
         let mut info = CallInfo::default();
         let topo = self.topology();
-        let out = match topo.limits.check_client(&client.id) {
+        let identity = client.identity();
+        // Once clients are configured, a client is its name: all its sessions share a budget.
+        let rate_key = identity.as_ref().map_or(client.id.as_str(), |i| i.name.as_str());
+        let allowed = topo
+            .limits
+            .check_client(rate_key)
+            .and_then(|()| identity.as_ref().map_or(Ok(()), |i| i.check_rate()));
+        let out = match allowed {
             Err(l) => Some(self.limited(method, &l, &mut info)),
             Ok(()) => {
                 // The span is current while dispatching: forward() parents its child on it.
                 let work = async {
                     tokio::select! {
-                        out = self.dispatch(&topo, method, params, sink, &mut info) => Some(out),
+                        out = self.dispatch(&topo, identity.as_deref(), method, params, sink, &mut info) => Some(out),
                         _ = token.cancelled() => None,
                     }
                 };
@@ -494,15 +529,25 @@ impl Gateway {
         }
     }
 
+    /// `identity`'s allowlist hides names and URIs: a hidden one is answered exactly like
+    /// one that does not exist.
     async fn dispatch(
         &self,
         topo: &Topology,
+        identity: Option<&Identity>,
         method: &str,
         params: Option<Box<RawValue>>,
         sink: Option<Sink>,
         info: &mut CallInfo,
     ) -> Outcome {
         let catalog = &topo.catalog;
+        let visible = |name: &str| identity.is_none_or(|i| i.permits(name));
+        let views = match method {
+            "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" => {
+                identity.and_then(|i| i.views(catalog))
+            }
+            _ => None,
+        };
         let list = |result: &RawValue| -> Outcome {
             match message::params_object(params.as_deref()) {
                 Ok(p) if p.get("cursor").is_some_and(|c| !c.is_null()) => {
@@ -514,10 +559,10 @@ impl Gateway {
         };
         match method {
             "ping" => Outcome::Result(message::empty_object()),
-            "tools/list" => list(&catalog.tools_result),
-            "prompts/list" => list(&catalog.prompts_result),
-            "resources/list" => list(&catalog.resources_result),
-            "resources/templates/list" => list(&catalog.templates_result),
+            "tools/list" => list(views.as_ref().map_or(&catalog.tools_result, |v| &v.tools)),
+            "prompts/list" => list(views.as_ref().map_or(&catalog.prompts_result, |v| &v.prompts)),
+            "resources/list" => list(views.as_ref().map_or(&catalog.resources_result, |v| &v.resources)),
+            "resources/templates/list" => list(views.as_ref().map_or(&catalog.templates_result, |v| &v.templates)),
             "logging/setLevel" => Outcome::Result(message::empty_object()),
             "tools/call" | "prompts/get" => {
                 let (table, what) = if method == "tools/call" {
@@ -532,10 +577,10 @@ impl Gateway {
                 let Some(name) = p.get("name").and_then(Value::as_str) else {
                     return err(code::INVALID_PARAMS, format!("{method} needs params.name"));
                 };
-                let Some(route) = table.get(name) else {
+                let Some(route) = table.get(name).filter(|_| visible(name)) else {
                     // A name under the prefix of a server that is down is that server's
-                    // problem, not an unknown name: say so.
-                    if let Some(e) = down_server_for(topo, name) {
+                    // problem, not an unknown name: say so (unless the name is hidden).
+                    if let Some(e) = down_server_for(topo, name).filter(|_| visible(name)) {
                         return Outcome::Error(e.to_error_object());
                     }
                     return Outcome::Error(message::error_object(
@@ -564,7 +609,7 @@ impl Gateway {
                 let Some(uri) = p.get("uri").and_then(Value::as_str) else {
                     return err(code::INVALID_PARAMS, "resources/read needs params.uri");
                 };
-                match resource_owner(topo, uri) {
+                match resource_owner(topo, uri).filter(|_| visible(uri)) {
                     Some(server) => self.forward(topo, server, method, p, sink, info).await,
                     None => Outcome::Error(message::error_object(
                         code::RESOURCE_NOT_FOUND,
@@ -584,7 +629,7 @@ impl Gateway {
                 let server = match r.get("type").and_then(Value::as_str) {
                     Some("ref/prompt") => {
                         let name = r.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-                        let Some(route) = catalog.prompts.get(&name) else {
+                        let Some(route) = catalog.prompts.get(&name).filter(|_| visible(&name)) else {
                             return err(code::INVALID_PARAMS, format!("unknown prompt: {name}"));
                         };
                         r.insert("name".into(), Value::String(route.name.clone()));
@@ -592,7 +637,7 @@ impl Gateway {
                     }
                     Some("ref/resource") => {
                         let uri = r.get("uri").and_then(Value::as_str).unwrap_or_default().to_owned();
-                        match resource_owner(topo, &uri) {
+                        match resource_owner(topo, &uri).filter(|_| visible(&uri)) {
                             Some(s) => s,
                             None => return err(code::INVALID_PARAMS, format!("unknown resource: {uri}")),
                         }

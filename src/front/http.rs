@@ -6,7 +6,12 @@
 //! when progress or log messages for it must flow first. GET opens the session's stream
 //! for server-initiated notifications; DELETE ends the session. Origin and Host are
 //! checked (403), bodies are bounded (413). Health: `/healthz`, `/readyz`, `/status`.
+//!
+//! With `[clients.*]` or `[auth.oauth]`, every request to the endpoint needs a bearer
+//! token (401 with `WWW-Authenticate` otherwise) and a session belongs to the identity
+//! that opened it (404 for anyone else). The RFC 9728 metadata is served with OAuth.
 
+use crate::auth::{self, Identity};
 use crate::downstream::SINK_QUEUE;
 use crate::message::{self, code, Id, Kind, Outcome};
 use crate::router::{Client, Gateway, SUPPORTED_VERSIONS};
@@ -40,6 +45,8 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 /// One handshake-era client session.
 pub struct Session {
     client: Client,
+    /// The identity that opened it, when auth is configured; nobody else may use it.
+    owner: Option<String>,
     protocol_version: String,
     /// Milliseconds since the gateway started, at the last request.
     last_seen: AtomicU64,
@@ -117,6 +124,8 @@ pub fn app(http: Http) -> Router {
         .route("/status", get(status))
         .route("/", get(status_page))
         .route("/metrics", get(metrics))
+        .route(auth::METADATA_PATH, get(resource_metadata))
+        .route(&format!("{}{path}", auth::METADATA_PATH), get(resource_metadata))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(http)
 }
@@ -232,8 +241,51 @@ fn is_local_host(hostport: &str) -> bool {
     matches!(host, "localhost" | "127.0.0.1" | "::1")
 }
 
-/// Finds the session a request names: 400 without the header, 404 when unknown.
-fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), Reject> {
+/// The public URL of the MCP endpoint, for OAuth metadata and challenges.
+fn resource_url(http: &Http, headers: &HeaderMap) -> String {
+    let config = http.gw.config();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    auth::resource_url(config.auth.oauth.as_ref(), host, &config.gateway.path)
+}
+
+/// Who is calling: `Ok(None)` when no auth is configured; a 401 response (echoing the
+/// request's id, if `body` is one) when a token is needed and missing or not accepted.
+async fn identify(http: &Http, headers: &HeaderMap, body: &[u8]) -> Result<Option<Arc<Identity>>, Response> {
+    let authn = http.gw.topology().auth.clone();
+    if !authn.required() {
+        return Ok(None);
+    }
+    let value = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match authn.authenticate(value).await {
+        Ok(identity) => Ok(Some(identity)),
+        Err(denied) => {
+            debug!(reason = %denied, "request refused: not authenticated");
+            let id = match Kind::parse(body) {
+                Ok(Kind::Request { id, .. }) => id,
+                _ => Value::Null,
+            };
+            let mut resp = Reject::new(StatusCode::UNAUTHORIZED, code::INVALID_REQUEST, denied.to_string()).answer(&id);
+            let challenge = authn.challenge(&denied, &resource_url(http, headers));
+            if let Ok(v) = HeaderValue::from_str(&challenge) {
+                resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+            }
+            Err(resp)
+        }
+    }
+}
+
+/// `GET /.well-known/oauth-protected-resource`: RFC 9728 metadata (404 without OAuth).
+async fn resource_metadata(State(http): State<Http>, headers: HeaderMap) -> Response {
+    let authn = http.gw.topology().auth.clone();
+    match authn.metadata(&resource_url(&http, &headers)) {
+        Some(doc) => json_response(doc.to_string().into_bytes()),
+        None => rpc_error(StatusCode::NOT_FOUND, code::INVALID_REQUEST, "no OAuth configured"),
+    }
+}
+
+/// Finds the session a request names: 400 without the header, 404 when unknown or
+/// when it belongs to another identity (not found, for them).
+fn session(http: &Http, headers: &HeaderMap, who: Option<&Arc<Identity>>) -> Result<(String, Arc<Session>), Reject> {
     let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
         return Err(Reject::new(
             StatusCode::BAD_REQUEST,
@@ -242,11 +294,15 @@ fn session(http: &Http, headers: &HeaderMap) -> Result<(String, Arc<Session>), R
         ));
     };
     match http.sessions.get(id) {
-        Some(s) => {
+        Some(s) if s.owner.as_deref() == who.map(|i| i.name.as_str()) => {
             s.last_seen.store(http.now_ms(), Ordering::Relaxed);
+            if who.is_some() {
+                // The same name, with the policy of the config now in force.
+                s.client.set_identity(who.cloned());
+            }
             Ok((id.to_owned(), s.clone()))
         }
-        None => Err(Reject::new(
+        _ => Err(Reject::new(
             StatusCode::NOT_FOUND,
             code::INVALID_REQUEST,
             "unknown or ended session",
@@ -282,6 +338,10 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
+    let who = match identify(&http, &headers, &body).await {
+        Ok(w) => w,
+        Err(resp) => return resp,
+    };
     let msg = match Kind::parse(&body) {
         Ok(m) => m,
         Err(e) => {
@@ -295,14 +355,14 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
     };
     if let Kind::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return initialize(&http, id, params.as_deref());
+            return initialize(&http, id, params.as_deref(), who);
         }
     }
     let id = match &msg {
         Kind::Request { id, .. } => id.clone(),
         _ => Value::Null,
     };
-    let (sid, session) = match session(&http, &headers) {
+    let (sid, session) = match session(&http, &headers, who.as_ref()) {
         Ok(s) => s,
         Err(r) => return r.answer(&id),
     };
@@ -325,7 +385,12 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Resp
     }
 }
 
-fn initialize(http: &Http, id: &Id, params: Option<&serde_json::value::RawValue>) -> Response {
+fn initialize(
+    http: &Http,
+    id: &Id,
+    params: Option<&serde_json::value::RawValue>,
+    who: Option<Arc<Identity>>,
+) -> Response {
     let outcome = http.gw.initialize_result(params);
     let version = match &outcome {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get())
@@ -335,18 +400,25 @@ fn initialize(http: &Http, id: &Id, params: Option<&serde_json::value::RawValue>
         Outcome::Error(_) => String::new(),
     };
     let sid = new_session_id();
+    let owner = who.as_ref().map(|i| i.name.clone());
+    let client_name = owner.clone();
     let session = Session {
         client: {
             let c = Client::new(sid.clone());
             let _ = c.protocol_version.set(version.clone());
+            c.set_identity(who);
             c
         },
+        owner,
         protocol_version: version.clone(),
         last_seen: AtomicU64::new(http.now_ms()),
         get_open: AtomicBool::new(false),
     };
     http.sessions.insert(sid.clone(), Arc::new(session));
-    info!(session = %sid, %version, "session opened");
+    match &client_name {
+        Some(client) => info!(session = %sid, %version, %client, "session opened"),
+        None => info!(session = %sid, %version, "session opened"),
+    }
     let mut resp = json_response(message::response(id, &outcome));
     if let Ok(v) = HeaderValue::from_str(&sid) {
         resp.headers_mut().insert(SESSION_HEADER, v);
@@ -457,6 +529,10 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
+    let who = match identify(&http, &headers, b"").await {
+        Ok(w) => w,
+        Err(resp) => return resp,
+    };
     let accepts = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -468,7 +544,7 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
             "GET needs Accept: text/event-stream",
         );
     }
-    let (_, session) = match session(&http, &headers) {
+    let (_, session) = match session(&http, &headers, who.as_ref()) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
@@ -517,7 +593,11 @@ async fn delete(State(http): State<Http>, headers: HeaderMap) -> Response {
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
-    let (sid, _) = match session(&http, &headers) {
+    let who = match identify(&http, &headers, b"").await {
+        Ok(w) => w,
+        Err(resp) => return resp,
+    };
+    let (sid, _) = match session(&http, &headers, who.as_ref()) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };

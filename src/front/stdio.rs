@@ -15,9 +15,16 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 /// Serves MCP on `input`/`output` until `input` ends or `shutdown` completes; then
-/// waits up to `grace` for requests still in flight.
-pub async fn serve<R, W>(gw: Arc<Gateway>, input: R, output: W, shutdown: impl Future<Output = ()>, grace: Duration)
-where
+/// waits up to `grace` for requests still in flight. With `as_client`, the session is
+/// that `[clients.NAME]`: its allowlist and limits apply, as of the config in force.
+pub async fn serve<R, W>(
+    gw: Arc<Gateway>,
+    input: R,
+    output: W,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    as_client: Option<String>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
@@ -96,6 +103,21 @@ where
                 let _ = out_tx.send(Bytes::from(message::response(&id, &out))).await;
             }
             Kind::Request { id, method, params } => {
+                if let Some(name) = &as_client {
+                    // Looked up per request, so a reload's change to the table applies.
+                    match gw.topology().auth.client(name) {
+                        Some(identity) => client.set_identity(Some(identity)),
+                        None => {
+                            let err = Outcome::Error(message::error_object(
+                                code::INVALID_REQUEST,
+                                &format!("client {name:?} is no longer configured in gateway.toml"),
+                                None,
+                            ));
+                            let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
+                            continue;
+                        }
+                    }
+                }
                 let (gw, client, out) = (gw.clone(), client.clone(), out_tx.clone());
                 tokio::spawn(async move {
                     // A cancelled request gets no answer, as the spec asks.
