@@ -682,3 +682,49 @@ async fn tokens_never_reach_logs_or_check() {
         run.stderr
     );
 }
+
+#[tokio::test]
+async fn a_reload_applies_new_client_tables() {
+    let cfg = config("");
+    let gw = start(&cfg);
+    let alice = As::open(&gw, ALICE).await;
+    let bob = As::open(&gw, BOB).await;
+    assert!(alice
+        .names("tools/list", "tools", "name")
+        .await
+        .iter()
+        .all(|t| t.starts_with("calc__")));
+
+    // alice now sees docs only; bob is gone; dave is new.
+    let edited = cfg
+        .replace("allow = [\"calc__*\"", "allow = [\"docs__*\"")
+        .replace(&format!("[clients.bob]\ntoken_sha256 = \"{}\"\n", sha256_hex(BOB)), "")
+        + "[clients.dave]\ntoken = \"dave-token-93b1\"\n";
+    assert_ne!(edited, cfg);
+    std::fs::write(gw.config_path(), edited).unwrap();
+    assert!(
+        gw.wait_log("reload done", Duration::from_secs(20)).await,
+        "{}",
+        gw.logs()
+    );
+
+    // The same session, the new policy.
+    let tools = alice.names("tools/list", "tools", "name").await;
+    assert!(
+        !tools.is_empty() && tools.iter().all(|t| t.starts_with("docs__")),
+        "{tools:?}"
+    );
+    let r = alice.call("calc__add", json!({"a": 1, "b": 1})).await;
+    assert_eq!(error_of(&r)["message"], "unknown tool: calc__add", "{r}");
+    // A removed client's token no longer works, even on its open session.
+    let r = post(
+        &gw,
+        Some(BOB),
+        Some(&bob.sid),
+        json!({"jsonrpc":"2.0","id":1,"method":"ping"}),
+    )
+    .await;
+    assert_401(r, true).await;
+    let dave = As::open(&gw, "dave-token-93b1").await;
+    assert_eq!(text(&dave.call("docs__echo", json!({"text": "new"})).await), "new");
+}
