@@ -414,7 +414,8 @@ impl Jwt {
 
     /// Checks a JWT and returns the client claim's value.
     async fn verify(&self, token: &str) -> Result<String, String> {
-        let header = jsonwebtoken::decode_header(token).map_err(|e| format!("malformed JWT: {e}"))?;
+        // The parser's own messages may quote bytes of the token: say only that it failed.
+        let header = jsonwebtoken::decode_header(token).map_err(|_| "malformed JWT".to_owned())?;
         if !ALGORITHMS.contains(&header.alg) {
             return Err(format!("algorithm {:?} is not accepted", header.alg));
         }
@@ -579,7 +580,8 @@ fn describe(e: &jsonwebtoken::errors::Error) -> String {
         K::InvalidSignature => "bad signature".into(),
         K::MissingRequiredClaim(c) => format!("missing claim {c}"),
         K::InvalidAlgorithm => "algorithm does not fit the key".into(),
-        other => format!("{other:?}"),
+        // Others (base64, JSON, UTF-8 errors) may quote bytes of the token.
+        _ => "malformed JWT".into(),
     }
 }
 
