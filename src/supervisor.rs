@@ -322,7 +322,10 @@ impl Server {
                     self.state().last_error.clone().unwrap_or_default()
                 );
                 warn!(server = %self.name, "{why}");
-                self.update(|s| s.status = Status::Failed(why));
+                self.update(|s| {
+                    s.status = Status::Failed(why.clone());
+                    s.last_error = Some(why);
+                });
                 SLOW_RETRY
             } else {
                 backoff
