@@ -86,6 +86,10 @@ fn main() -> ExitCode {
     });
     // Send the spans still queued while the runtime that runs the exporter is alive.
     telemetry.shutdown();
+    // Dropping the runtime would wait for its blocking threads, and the one reading
+    // stdin (stdio mode) never returns while the client keeps stdin open: a SIGTERM
+    // would then leave the gateway hanging after it stopped every server.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
