@@ -7,6 +7,16 @@
 //! - `baseline`: a bare hyper server (own runtime, same process) answering fixed
 //!   JSON-RPC bytes to every POST: the cost of the HTTP hop alone.
 //!
+//! Target cases (opt-in with `--mode`), each printing PASS/FAIL against the issue's target:
+//! - `idle-rss`: gateway RSS with `--idle-servers` (10) stdio servers, idle.
+//! - `sessions`: open `--sessions` (10,000) sessions; RSS growth per session.
+//! - `soak`: `--soak-calls` (1,000,000) calls at c=`--soak-concurrency` (64), RSS sampled
+//!   every 10 % of the calls; the bound holds and RSS plateaus.
+//! - `list`: merged `tools/list` of `--list-servers` (20) mock servers × `--list-tools` (50)
+//!   extra tools, served from the catalog; p50/p99 at c=1.
+//! - `startup`: `--startup-servers` (20) mock servers that each take `--init-delay-ms`
+//!   (200) to initialize: time from spawning the gateway to the first complete `tools/list`.
+//!
 //! Each (mode, concurrency) case: warm up, then run for `--duration` (or `--calls`),
 //! with `concurrency` workers each keeping one request in flight. Latencies are kept
 //! whole (one `u64` per call) and sorted; percentiles are nearest-rank.
@@ -86,6 +96,39 @@ struct Args {
     /// A call taking longer than this counts as failed.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     call_timeout: Duration,
+    /// The full mock fixture (list and startup modes: `--tools`, `--init-delay-ms`).
+    #[arg(long, default_value = "tests/fixtures/mock_server.py")]
+    mock: PathBuf,
+    /// idle-rss: how many stdio servers (the `--fixture`) the gateway runs.
+    #[arg(long, default_value_t = 10)]
+    idle_servers: usize,
+    /// sessions: how many sessions to open.
+    #[arg(long, default_value_t = 10_000)]
+    sessions: u64,
+    /// soak: how many measured calls.
+    #[arg(long, default_value_t = 1_000_000)]
+    soak_calls: u64,
+    /// soak: concurrency.
+    #[arg(long, default_value_t = 64)]
+    soak_concurrency: usize,
+    /// soak: the stated RSS bound, MiB (VmRSS must stay at or below it at every sample).
+    #[arg(long, default_value_t = 32.0)]
+    soak_bound_mib: f64,
+    /// list: how many mock servers.
+    #[arg(long, default_value_t = 20)]
+    list_servers: usize,
+    /// list: `--tools N` for each mock (extra tools on top of its built-in ones).
+    #[arg(long, default_value_t = 50)]
+    list_tools: usize,
+    /// list: how many measured tools/list calls (c=1).
+    #[arg(long, default_value_t = 2000)]
+    list_calls: u64,
+    /// startup: how many mock servers.
+    #[arg(long, default_value_t = 20)]
+    startup_servers: usize,
+    /// startup: each mock's `--init-delay-ms`.
+    #[arg(long, default_value_t = 200)]
+    init_delay_ms: u64,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -93,6 +136,11 @@ enum Mode {
     Direct,
     Gateway,
     Baseline,
+    IdleRss,
+    Sessions,
+    Soak,
+    List,
+    Startup,
 }
 
 impl Mode {
@@ -101,6 +149,11 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::Gateway => "gateway",
             Mode::Baseline => "baseline",
+            Mode::IdleRss => "idle-rss",
+            Mode::Sessions => "sessions",
+            Mode::Soak => "soak",
+            Mode::List => "list",
+            Mode::Startup => "startup",
         }
     }
 }
@@ -280,16 +333,17 @@ struct StdioClient {
 }
 
 impl StdioClient {
-    async fn spawn(args: &Args) -> Result<Arc<StdioClient>> {
-        let mut child = Command::new(&args.python)
-            .arg(&args.fixture)
-            .args(&args.fixture_args)
+    /// `quiet`: the child's stderr goes to /dev/null instead of ours.
+    async fn spawn(python: &str, fixture: &Path, fargs: &[String], quiet: bool) -> Result<Arc<StdioClient>> {
+        let mut child = Command::new(python)
+            .arg(fixture)
+            .args(fargs)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if quiet { Stdio::null() } else { Stdio::inherit() })
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("cannot start {} {}", args.python, args.fixture.display()))?;
+            .with_context(|| format!("cannot start {python} {}", fixture.display()))?;
         let pid = child.id().context("child has no pid")?;
         let stdin = child.stdin.take().context("no stdin")?;
         let stdout = child.stdout.take().context("no stdout")?;
@@ -440,6 +494,8 @@ enum Worker {
 
 struct Shared {
     next_id: AtomicU64,
+    /// Successful calls so far (warmup included).
+    done: AtomicU64,
     tool: String,
     text: String,
     expect: String,
@@ -527,6 +583,9 @@ async fn run_worker(mut w: Worker, sh: Arc<Shared>, plan: Arc<Plan>) -> WorkerOu
             }
         };
         let done = Instant::now();
+        if r.is_ok() {
+            sh.done.fetch_add(1, Ordering::Relaxed);
+        }
         match r {
             Ok(()) if measured => {
                 out.lat_ns
@@ -581,6 +640,26 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// How long a case runs: a warmup, then a duration or a number of calls.
+#[derive(Clone, Copy)]
+struct Span {
+    warmup: Duration,
+    duration: Duration,
+    calls: Option<u64>,
+    call_timeout: Duration,
+}
+
+impl Span {
+    fn of(args: &Args) -> Span {
+        Span {
+            warmup: args.warmup,
+            duration: args.duration,
+            calls: args.calls,
+            call_timeout: args.call_timeout,
+        }
+    }
+}
+
 async fn run_case(
     mode: Mode,
     concurrency: usize,
@@ -589,17 +668,28 @@ async fn run_case(
     args: &Args,
     procs: &Procs,
 ) -> CaseResult {
+    run_case_span(mode, concurrency, workers, sh, Span::of(args), procs).await
+}
+
+async fn run_case_span(
+    mode: Mode,
+    concurrency: usize,
+    workers: Vec<Worker>,
+    sh: Arc<Shared>,
+    span: Span,
+    procs: &Procs,
+) -> CaseResult {
     let start = Instant::now();
-    let warm_end = start + args.warmup;
+    let warm_end = start + span.warmup;
     let plan = Arc::new(Plan {
         warm_end,
-        end: if args.calls.is_some() {
+        end: if span.calls.is_some() {
             None
         } else {
-            Some(warm_end + args.duration)
+            Some(warm_end + span.duration)
         },
-        budget: args.calls.map(|n| Arc::new(AtomicU64::new(n))),
-        call_timeout: args.call_timeout,
+        budget: span.calls.map(|n| Arc::new(AtomicU64::new(n))),
+        call_timeout: span.call_timeout,
     });
     // Snapshot CPU when the measured window starts.
     let cpu0 = {
@@ -674,9 +764,10 @@ async fn run_case(
 // ---------------------------------------------------------------- modes
 
 async fn bench_direct(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
-    let client = StdioClient::spawn(args).await?;
+    let client = StdioClient::spawn(&args.python, &args.fixture, &args.fixture_args, false).await?;
     let sh = Arc::new(Shared {
         next_id: AtomicU64::new(1),
+        done: AtomicU64::new(0),
         tool: "echo".into(),
         text: args.text.clone(),
         expect: expected_text(&args.text),
@@ -751,32 +842,12 @@ async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> R
             }
         })
     };
-    let mut target = Target {
-        addr,
-        path,
-        host: HeaderValue::from_str(&addr.to_string())?,
-        session: None,
-    };
-
     // One session for the whole run.
-    let mut s = connect(addr).await?;
-    let (status, sid, body) = post(&mut s, &target, initialize_body(0)).await?;
-    if status != StatusCode::OK {
-        bail!("initialize: HTTP {status}: {}", show(&body));
-    }
-    target.session = Some(sid.context("initialize answered without mcp-session-id")?);
-    let (status, _, _) = post(
-        &mut s,
-        &target,
-        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec(),
-    )
-    .await?;
-    if status != StatusCode::ACCEPTED {
-        bail!("notifications/initialized: HTTP {status}");
-    }
+    let (target, s) = open_session(addr, &path).await?;
     let tool = format!("{SERVER}__echo");
     let sh = Arc::new(Shared {
         next_id: AtomicU64::new(1),
+        done: AtomicU64::new(0),
         tool: tool.clone(),
         text: args.text.clone(),
         expect: expected_text(&args.text),
@@ -946,6 +1017,7 @@ async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
     };
     let sh = Arc::new(Shared {
         next_id: AtomicU64::new(1),
+        done: AtomicU64::new(0),
         tool: format!("{SERVER}__echo"),
         text: args.text.clone(),
         expect: expected_text(&args.text),
@@ -979,6 +1051,599 @@ fn progress(r: &CaseResult) {
         "  {:<8} c={:<4} {:>9.0} calls/s  p50 {:>8.1} us  p99 {:>8.1} us  errors {}",
         r.mode, r.concurrency, r.calls_per_sec, r.p50_us, r.p99_us, r.errors
     );
+}
+
+// ---------------------------------------------------------------- target cases
+
+/// One line of the targets table: what the issue asks, what was measured, PASS/FAIL.
+#[derive(Clone, Debug, serde::Serialize)]
+struct TargetRow {
+    target: String,
+    goal: String,
+    measured: String,
+    pass: bool,
+}
+
+fn target_row(out: &mut Vec<TargetRow>, target: &str, goal: &str, measured: String, pass: bool) {
+    eprintln!(
+        "  TARGET {target}: {measured} (target {goal}): {}",
+        if pass { "PASS" } else { "FAIL" }
+    );
+    out.push(TargetRow {
+        target: target.to_owned(),
+        goal: goal.to_owned(),
+        measured,
+        pass,
+    });
+}
+
+const INITIALIZED: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+
+/// `initialize` + `notifications/initialized` on an open connection; the session's target.
+async fn init_session(s: &mut http1::SendRequest<Full<Bytes>>, base: &Target) -> Result<Target> {
+    let mut target = base.clone();
+    target.session = None;
+    let (status, sid, body) = post(s, &target, initialize_body(0)).await?;
+    if status != StatusCode::OK {
+        bail!("initialize: HTTP {status}: {}", show(&body));
+    }
+    target.session = Some(sid.context("initialize answered without mcp-session-id")?);
+    let (status, _, _) = post(s, &target, INITIALIZED.to_vec()).await?;
+    if status != StatusCode::ACCEPTED {
+        bail!("notifications/initialized: HTTP {status}");
+    }
+    Ok(target)
+}
+
+/// A new connection and a new session on it.
+async fn open_session(addr: SocketAddr, path: &str) -> Result<(Target, http1::SendRequest<Full<Bytes>>)> {
+    let base = Target {
+        addr,
+        path: path.to_owned(),
+        host: HeaderValue::from_str(&addr.to_string())?,
+        session: None,
+    };
+    let mut s = connect(addr).await?;
+    let target = init_session(&mut s, &base).await?;
+    Ok((target, s))
+}
+
+/// One server entry of a generated gateway.toml.
+struct Spec {
+    name: String,
+    script: PathBuf,
+    args: Vec<String>,
+}
+
+/// A gateway started for one target case, with its own config directory.
+struct Gw {
+    child: Child,
+    pid: u32,
+    addr: SocketAddr,
+    path: String,
+    dir: PathBuf,
+    said: Arc<Mutex<Vec<String>>>,
+}
+
+async fn start_gateway(args: &Args, tag: &str, servers: &[Spec]) -> Result<Gw> {
+    let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut config = String::from(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\n",
+    );
+    for s in servers {
+        let script =
+            std::fs::canonicalize(&s.script).with_context(|| format!("fixture {} not found", s.script.display()))?;
+        let mut fargs = vec![toml_str(&script.to_string_lossy())];
+        fargs.extend(s.args.iter().map(|a| toml_str(a)));
+        config.push_str(&format!(
+            "\n[servers.{}]\ncommand = {}\nargs = [{}]\n",
+            s.name,
+            toml_str(&args.python),
+            fargs.join(", ")
+        ));
+    }
+    let config_path = dir.join("gateway.toml");
+    std::fs::write(&config_path, config)?;
+    let mut cmd = Command::new(&args.gateway_bin);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config_path)
+        .env("MCP_GATEWAY_LOG", "warn");
+    let (child, addr, path, mut stderr) = spawn_listening(cmd, "mcp-gateway listening on ")
+        .await
+        .with_context(|| format!("gateway {}", args.gateway_bin.display()))?;
+    let pid = child.id().context("gateway has no pid")?;
+    let said: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        let said = said.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stderr.next_line().await {
+                let mut s = said.lock().unwrap();
+                if s.len() < 50 {
+                    s.push(line);
+                }
+            }
+        });
+    }
+    Ok(Gw {
+        child,
+        pid,
+        addr,
+        path,
+        dir,
+        said,
+    })
+}
+
+impl Gw {
+    fn rss(&self) -> Option<u64> {
+        rss_kib(self.pid).map(|r| r.0)
+    }
+
+    async fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGTERM);
+        }
+        if tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+        }
+        for w in self.said.lock().unwrap().iter() {
+            eprintln!("  gateway said: {w}");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn echo_specs(args: &Args, n: usize) -> Vec<Spec> {
+    (0..n)
+        .map(|i| Spec {
+            name: if n == 1 { SERVER.to_owned() } else { format!("s{i:02}") },
+            script: args.fixture.clone(),
+            args: args.fixture_args.clone(),
+        })
+        .collect()
+}
+
+fn mock_specs(args: &Args, n: usize, extra: &[String]) -> Vec<Spec> {
+    (0..n)
+        .map(|i| {
+            let name = format!("s{i:02}");
+            let mut a = vec!["--name".to_owned(), name.clone()];
+            a.extend(extra.iter().cloned());
+            Spec {
+                name,
+                script: args.mock.clone(),
+                args: a,
+            }
+        })
+        .collect()
+}
+
+/// The tool names of a `tools/list` answer (an error if it is not a result).
+fn tool_names(body: &[u8]) -> Result<Vec<String>> {
+    #[derive(Deserialize)]
+    struct Tool {
+        name: String,
+    }
+    #[derive(Deserialize)]
+    struct Tools {
+        tools: Vec<Tool>,
+    }
+    #[derive(Deserialize)]
+    struct ListReply {
+        result: Option<Tools>,
+    }
+    let r: ListReply = serde_json::from_slice(body).with_context(|| format!("bad tools/list: {}", show(body)))?;
+    let r = r.result.with_context(|| format!("tools/list failed: {}", show(body)))?;
+    Ok(r.tools.into_iter().map(|t| t.name).collect())
+}
+
+/// Complete: every server `s00`… is present, each with the same number of tools.
+fn complete(names: &[String], servers: usize) -> bool {
+    let mut per = vec![0usize; servers];
+    for n in names {
+        if let Some(i) = n
+            .strip_prefix('s')
+            .and_then(|r| r.split_once("__"))
+            .and_then(|(i, _)| i.parse::<usize>().ok())
+        {
+            if i < servers {
+                per[i] += 1;
+            }
+        }
+    }
+    per[0] > 0 && per.iter().all(|&c| c == per[0])
+}
+
+fn list_body(id: u64) -> Vec<u8> {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#).into_bytes()
+}
+
+/// idle-rss: the gateway with N stdio servers, one session and one call, then idle.
+async fn bench_idle_rss(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let n = args.idle_servers;
+    let gw = start_gateway(args, "idle", &echo_specs(args, n)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = gw.rss();
+    let (target, s) = open_session(gw.addr, &gw.path).await?;
+    let sh = Shared {
+        next_id: AtomicU64::new(1),
+        done: AtomicU64::new(0),
+        tool: if n == 1 {
+            format!("{SERVER}__echo")
+        } else {
+            "s00__echo".to_owned()
+        },
+        text: args.text.clone(),
+        expect: expected_text(&args.text),
+    };
+    let mut w = Worker::Http {
+        target,
+        sender: Some(s),
+        check_id: true,
+    };
+    w.call(&sh).await.context("tools/call through the gateway")?;
+    if let Worker::Http {
+        target,
+        sender: Some(s),
+        ..
+    } = &mut w
+    {
+        let (_, _, body) = post(s, target, list_body(99)).await?;
+        let names = tool_names(&body)?;
+        if !complete(&names, n) {
+            bail!("tools/list is missing servers: {} tools", names.len());
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = gw.rss().context("no /proc status for the gateway")?;
+    eprintln!(
+        "  idle-rss: {n} stdio servers: VmRSS {:.1} MiB after startup, {:.1} MiB idle after one session, a call and a tools/list",
+        mib(started.unwrap_or(0)),
+        mib(idle)
+    );
+    target_row(
+        targets,
+        &format!("idle RSS, {n} stdio servers"),
+        "≤ 15 MiB",
+        format!("{:.1} MiB", mib(idle)),
+        mib(idle) <= 15.0,
+    );
+    drop(w);
+    gw.stop().await;
+    Ok(())
+}
+
+/// sessions: open N sessions (initialize + initialized each), RSS growth per session.
+async fn bench_sessions(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let n = args.sessions;
+    let gw = start_gateway(args, "sessions", &echo_specs(args, 1)).await?;
+    // Warm the allocator and the session map's first buckets.
+    let (base, mut s) = open_session(gw.addr, &gw.path).await?;
+    for _ in 0..20 {
+        init_session(&mut s, &base).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = gw.rss().context("no /proc status for the gateway")?;
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let conns = 16;
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let next = next.clone();
+        let base = base.clone();
+        let mut s = connect(gw.addr).await?;
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < n {
+                init_session(&mut s, &base).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let took = t0.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = gw.rss().context("no /proc status for the gateway")?;
+    // The gateway's own count, from /status.
+    let mut st = connect(gw.addr).await?;
+    let req = Request::get("/status")
+        .header(HOST, base.host.clone())
+        .body(Full::new(Bytes::new()))?;
+    let resp = st.send_request(req).await?;
+    let body = resp.into_body().collect().await?.to_bytes();
+    let open = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["sessions"].as_u64())
+        .unwrap_or(0);
+    let per = after.saturating_sub(before) as f64 / n as f64;
+    eprintln!(
+        "  sessions: opened {n} in {:.2} s; gateway reports {open} open; VmRSS {:.1} → {:.1} MiB",
+        took.as_secs_f64(),
+        mib(before),
+        mib(after)
+    );
+    if open < n {
+        bail!("the gateway reports {open} sessions, expected at least {n}");
+    }
+    target_row(
+        targets,
+        &format!("RSS per idle session ({n} open)"),
+        "≤ 30 KiB",
+        format!("{per:.2} KiB"),
+        per <= 30.0,
+    );
+    gw.stop().await;
+    Ok(())
+}
+
+/// soak: many calls at high concurrency; RSS sampled every 10 % of the calls.
+async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let total = args.soak_calls;
+    let c = args.soak_concurrency;
+    let gw = start_gateway(args, "soak", &echo_specs(args, 1)).await?;
+    let (target, s) = open_session(gw.addr, &gw.path).await?;
+    let sh = Arc::new(Shared {
+        next_id: AtomicU64::new(1),
+        done: AtomicU64::new(0),
+        tool: format!("{SERVER}__echo"),
+        text: args.text.clone(),
+        expect: expected_text(&args.text),
+    });
+    let mut probe = Worker::Http {
+        target: target.clone(),
+        sender: Some(s),
+        check_id: true,
+    };
+    probe.call(&sh).await.context("first tools/call through the gateway")?;
+    drop(probe);
+    let start_done = sh.done.load(Ordering::Relaxed);
+    let mut samples: Vec<(u64, u64)> = vec![(0, gw.rss().unwrap_or(0))];
+    let mut workers = Vec::with_capacity(c);
+    for _ in 0..c {
+        workers.push(Worker::Http {
+            target: target.clone(),
+            sender: Some(connect(gw.addr).await?),
+            check_id: true,
+        });
+    }
+    let procs = Procs {
+        gateway: Some(gw.pid),
+        fixture: children(gw.pid).first().copied(),
+    };
+    let span = Span {
+        warmup: Duration::ZERO,
+        duration: Duration::ZERO,
+        calls: Some(total),
+        call_timeout: args.call_timeout,
+    };
+    let step = (total / 10).max(1);
+    let sampler = async {
+        let mut mark = step;
+        let mut got = Vec::new();
+        while mark <= total {
+            let d = sh.done.load(Ordering::Relaxed) - start_done;
+            if d >= mark {
+                got.push((d, rss_kib(gw.pid).map_or(0, |r| r.0)));
+                mark += step;
+            } else {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        got
+    };
+    let run = run_case_span(Mode::Soak, c, workers, sh.clone(), span, &procs);
+    let (r, got) = tokio::join!(run, async {
+        tokio::time::timeout(Duration::from_secs(3600), sampler)
+            .await
+            .unwrap_or_default()
+    });
+    samples.extend(got);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let settled = gw.rss().unwrap_or(0);
+    progress(&r);
+    for (calls, rss) in &samples {
+        eprintln!("    after {calls:>9} calls: VmRSS {:.1} MiB", mib(*rss));
+    }
+    let hwm = rss_kib(gw.pid).map_or(0, |r| r.1);
+    eprintln!(
+        "  soak: {} calls, {} errors; VmRSS 0.5 s after the load {:.1} MiB; VmHWM {:.1} MiB",
+        r.calls,
+        r.errors,
+        mib(settled),
+        mib(hwm)
+    );
+    let max = samples.iter().map(|s| s.1).max().unwrap_or(0);
+    // Plateau: the second half of the run grows no more than 1 MiB over the first half's peak.
+    let half = samples.len() / 2;
+    let first = samples[1..=half.max(1).min(samples.len() - 1)]
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(0);
+    let second = samples[half..].iter().map(|s| s.1).max().unwrap_or(0);
+    let growth = second.saturating_sub(first);
+    let ok = r.errors == 0 && r.calls >= total && mib(max) <= args.soak_bound_mib && growth <= 1024;
+    target_row(
+        targets,
+        &format!("RSS bounded under load ({} calls, c={c})", r.calls),
+        &format!(
+            "VmRSS ≤ {:.0} MiB at every sample; second half ≤ first half + 1 MiB",
+            args.soak_bound_mib
+        ),
+        format!(
+            "max {:.1} MiB; second half {:+.2} MiB; HWM {:.1} MiB; {:.0} calls/s, p99 {:.0} us",
+            mib(max),
+            growth as f64 / 1024.0,
+            mib(hwm),
+            r.calls_per_sec,
+            r.p99_us
+        ),
+        ok,
+    );
+    out.push(r);
+    gw.stop().await;
+    Ok(())
+}
+
+/// list: a merged tools/list of many mock servers' tools, from the catalog, at c=1.
+async fn bench_list(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let n = args.list_servers;
+    let extra = vec!["--tools".to_owned(), args.list_tools.to_string()];
+    let gw = start_gateway(args, "list", &mock_specs(args, n, &extra)).await?;
+    let (target, mut s) = open_session(gw.addr, &gw.path).await?;
+    let (_, _, body) = post(&mut s, &target, list_body(1)).await?;
+    let names = tool_names(&body)?;
+    if !complete(&names, n) {
+        bail!("tools/list is incomplete: {} tools", names.len());
+    }
+    let want = names.len();
+    for i in 0..100 {
+        post(&mut s, &target, list_body(2 + i)).await?;
+    }
+    let mut lat = Vec::with_capacity(args.list_calls as usize);
+    let mut last = Vec::new();
+    for i in 0..args.list_calls {
+        let body = list_body(1000 + i);
+        let t0 = Instant::now();
+        let (status, _, answer) = post(&mut s, &target, body).await?;
+        lat.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        if status != StatusCode::OK {
+            bail!("tools/list: HTTP {status}");
+        }
+        last = answer;
+    }
+    let got = tool_names(&last)?.len();
+    if got != want {
+        bail!("tools/list changed size: {got} tools, first {want}");
+    }
+    lat.sort_unstable();
+    let p50 = percentile(&lat, 50.0) as f64 / 1000.0;
+    let p99 = percentile(&lat, 99.0) as f64 / 1000.0;
+    eprintln!(
+        "  list: {want} tools ({n} servers), {} bytes per answer; {} calls at c=1: p50 {p50:.0} us, p99 {p99:.0} us",
+        last.len(),
+        lat.len()
+    );
+    target_row(
+        targets,
+        &format!("tools/list of {want} tools from cache, p50"),
+        "≤ 1 ms",
+        format!("p50 {p50:.0} us (p99 {p99:.0} us)"),
+        p50 <= 1000.0 && want >= 1000,
+    );
+    gw.stop().await;
+    Ok(())
+}
+
+/// startup: time from spawning the gateway to the first complete tools/list.
+async fn bench_startup(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let n = args.startup_servers;
+    let extra = vec!["--init-delay-ms".to_owned(), args.init_delay_ms.to_string()];
+    // The floor: the same fixtures spawned and initialized directly, all at once.
+    let t0 = Instant::now();
+    let specs = mock_specs(args, n, &extra);
+    let clients = futures::future::try_join_all(
+        specs
+            .iter()
+            .map(|s| StdioClient::spawn(&args.python, &s.script, &s.args, true)),
+    )
+    .await?;
+    let floor = t0.elapsed();
+    for c in clients {
+        c.stop().await;
+    }
+
+    let t0 = Instant::now();
+    let gw = start_gateway(args, "startup", &specs).await?;
+    let listening = t0.elapsed();
+    let mut tries = 0;
+    let first = loop {
+        tries += 1;
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("no complete tools/list within 60 s");
+        }
+        let attempt = async {
+            let (target, mut s) = open_session(gw.addr, &gw.path).await?;
+            let (_, _, body) = post(&mut s, &target, list_body(1)).await?;
+            tool_names(&body)
+        };
+        match attempt.await {
+            Ok(names) if complete(&names, n) => break (t0.elapsed(), names.len()),
+            _ => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    eprintln!(
+        "  startup: {n} servers × {} ms init: listening after {:.0} ms, first complete tools/list ({} tools, try {tries}) after {:.0} ms; floor (the fixtures alone, spawned and initialized in parallel): {:.0} ms",
+        args.init_delay_ms,
+        ms(listening),
+        first.1,
+        ms(first.0),
+        ms(floor)
+    );
+    target_row(
+        targets,
+        &format!(
+            "startup, {n} servers × {} ms init → first complete tools/list",
+            args.init_delay_ms
+        ),
+        "≤ 300 ms",
+        format!(
+            "{:.0} ms (the fixtures alone: {:.0} ms; gateway adds {:.0} ms)",
+            ms(first.0),
+            ms(floor),
+            ms(first.0) - ms(floor)
+        ),
+        ms(first.0) <= 300.0,
+    );
+    gw.stop().await;
+    Ok(())
+}
+
+/// The throughput and latency targets, from the direct and gateway cases of this run.
+fn call_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
+    if let (Some(d), Some(g)) = (find(rs, "direct", 64), find(rs, "gateway", 64)) {
+        let ratio = if d.calls_per_sec > 0.0 {
+            g.calls_per_sec / d.calls_per_sec
+        } else {
+            0.0
+        };
+        target_row(
+            targets,
+            "tools/call c=64, one session: gateway / direct throughput",
+            "≥ 0.35×",
+            format!("{ratio:.2}× ({:.0} / {:.0} calls/s)", g.calls_per_sec, d.calls_per_sec),
+            ratio >= 0.35,
+        );
+        target_row(
+            targets,
+            "tools/call c=64: gateway p99",
+            "≤ 3 ms",
+            format!("{:.2} ms", g.p99_us / 1000.0),
+            g.p99_us <= 3000.0,
+        );
+    }
+    if let (Some(d), Some(g)) = (find(rs, "direct", 1), find(rs, "gateway", 1)) {
+        let added = g.p50_us - d.p50_us;
+        target_row(
+            targets,
+            "tools/call c=1: added p50 (gateway − direct)",
+            "≤ 80 us",
+            format!("{added:.1} us ({:.1} − {:.1})", g.p50_us, d.p50_us),
+            added <= 80.0,
+        );
+    }
 }
 
 // ---------------------------------------------------------------- output
@@ -1106,6 +1771,23 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
     }
 }
 
+fn print_targets(targets: &[TargetRow]) {
+    if targets.is_empty() {
+        return;
+    }
+    println!();
+    println!("targets:");
+    for t in targets {
+        println!(
+            "  {:<4} {}: {} (target {})",
+            if t.pass { "PASS" } else { "FAIL" },
+            t.target,
+            t.measured,
+            t.goal
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = Args::parse();
@@ -1119,7 +1801,13 @@ async fn main() -> Result<()> {
     if args.concurrency.contains(&0) {
         bail!("--concurrency must be at least 1");
     }
+    if args.quick {
+        args.sessions = args.sessions.min(1000);
+        args.soak_calls = args.soak_calls.min(50_000);
+        args.list_calls = args.list_calls.min(200);
+    }
     let mut results = Vec::new();
+    let mut targets = Vec::new();
     let mut gw_info = None;
     let mut setup_failed = false;
     for &mode in &args.mode {
@@ -1128,12 +1816,18 @@ async fn main() -> Result<()> {
             Mode::Direct => bench_direct(&args, &mut results).await,
             Mode::Gateway => bench_gateway(&args, &mut results).await.map(|g| gw_info = Some(g)),
             Mode::Baseline => bench_baseline(&args, &mut results).await,
+            Mode::IdleRss => bench_idle_rss(&args, &mut targets).await,
+            Mode::Sessions => bench_sessions(&args, &mut targets).await,
+            Mode::Soak => bench_soak(&args, &mut results, &mut targets).await,
+            Mode::List => bench_list(&args, &mut targets).await,
+            Mode::Startup => bench_startup(&args, &mut targets).await,
         };
         if let Err(e) = r {
             eprintln!("{} mode failed: {e:#}", mode.name());
             setup_failed = true;
         }
     }
+    call_targets(&results, &mut targets);
     if args.json {
         let doc = json!({
             "machine": machine(),
@@ -1144,10 +1838,12 @@ async fn main() -> Result<()> {
             "results": results,
             "gateway": gw_info,
             "gateway_vs_direct": comparisons(&results, &args.concurrency),
+            "targets": targets,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print_table(&args, &results, gw_info.as_ref());
+        print_targets(&targets);
     }
     let errors: u64 = results.iter().map(|r| r.errors).sum();
     let empty = results.iter().any(|r| r.calls == 0);
