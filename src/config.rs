@@ -131,6 +131,12 @@ struct RawGateway {
     allowed_hosts: Vec<String>,
     max_body: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+    max_sessions: Option<usize>,
+    max_in_flight: Option<usize>,
+    session_idle: Option<Spanned<String>>,
+    header_timeout: Option<Spanned<String>>,
+    body_timeout: Option<Spanned<String>>,
+    max_line: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -393,6 +399,19 @@ pub struct Gateway {
     pub max_body: usize,
     /// How long in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace: Duration,
+    /// Open HTTP sessions at most; `initialize` past it is refused (503).
+    pub max_sessions: usize,
+    /// Requests in flight per session at most; more are refused with an error.
+    pub max_in_flight: usize,
+    /// A session unused this long (and with no open GET stream) is ended.
+    pub session_idle: Duration,
+    /// How long a client may take to send its request headers.
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request body.
+    pub body_timeout: Duration,
+    /// Longest message line a child may write (or a stdio client send); longer ones fail
+    /// the call they answer with an error naming the server.
+    pub max_line: usize,
 }
 
 /// One `[servers.NAME]` entry.
@@ -474,6 +493,8 @@ pub struct StdioSpec {
     pub env: Vec<(String, Secret)>,
     /// The inherited safe set ([`INHERITED_ENV`]) as read when the config loaded.
     pub inherited: Vec<(String, String)>,
+    /// `gateway.max_line`: the longest stdout line accepted from the child.
+    pub max_line: usize,
 }
 
 /// `allow`/`deny` globs over a server's own tool names (`*` and `?`).
@@ -640,6 +661,39 @@ impl Config {
             "request_timeout",
             Duration::from_secs(60),
         );
+        let session_idle = duration(
+            &mut cx,
+            g.session_idle.as_ref(),
+            "session_idle",
+            Duration::from_secs(30 * 60),
+        );
+        let header_timeout = duration(
+            &mut cx,
+            g.header_timeout.as_ref(),
+            "header_timeout",
+            Duration::from_secs(10),
+        );
+        let body_timeout = duration(
+            &mut cx,
+            g.body_timeout.as_ref(),
+            "body_timeout",
+            Duration::from_secs(30),
+        );
+        let max_line = match &g.max_line {
+            None => 256 << 20,
+            Some(s) => parse_size(s.get_ref()).unwrap_or_else(|| {
+                cx.at(
+                    s.span().start,
+                    format!("max_line: {:?} is not a size like \"64MiB\"", s.get_ref()),
+                );
+                0
+            }),
+        };
+        for (key, v) in [("max_sessions", g.max_sessions), ("max_in_flight", g.max_in_flight)] {
+            if v == Some(0) {
+                cx.at(0, format!("gateway.{key} must be at least 1"));
+            }
+        }
         let shutdown_grace = duration(
             &mut cx,
             g.shutdown_grace.as_ref(),
@@ -819,6 +873,7 @@ impl Config {
                 cwd,
                 env: child_env,
                 inherited: inherited.clone(),
+                max_line,
             })));
         }
         if !cx.errors.is_empty() {
@@ -835,6 +890,12 @@ impl Config {
                 allowed_hosts: g.allowed_hosts,
                 max_body,
                 shutdown_grace,
+                max_sessions: g.max_sessions.unwrap_or(10_000),
+                max_in_flight: g.max_in_flight.unwrap_or(1_000),
+                session_idle,
+                header_timeout,
+                body_timeout,
+                max_line,
             },
             servers,
             rate_limits,

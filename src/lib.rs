@@ -38,7 +38,7 @@ pub mod telemetry;
 use anyhow::Context;
 use config::Config;
 use router::Gateway;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,12 +81,8 @@ pub async fn serve(
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = front::http::app(http.clone());
-    let mut stop_wait = stop_rx.clone();
-    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = stop_wait.wait_for(|s| *s).await;
-    });
-    let mut server = Box::pin(server.into_future());
+    let header_timeout = gw.config().gateway.header_timeout;
+    let mut server = Box::pin(front::http::serve(listener, app, header_timeout, stop_rx.clone()));
     tokio::select! {
         r = &mut server => r?,
         _ = shutdown => {

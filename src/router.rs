@@ -441,6 +441,13 @@ impl Gateway {
                     format!("request id {key} is already in use in this session"),
                 ));
             }
+            let max = self.config().gateway.max_in_flight;
+            if inflight.len() >= max {
+                return Some(err(
+                    code::INVALID_REQUEST,
+                    format!("this session already has {max} requests in flight (gateway.max_in_flight); wait for some to finish"),
+                ));
+            }
             inflight.insert(key.clone(), token.clone());
         }
         let _unregister = Unregister { client, key };

@@ -14,8 +14,8 @@ use tokio::process::ChildStdin;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn, Instrument};
 
-/// Longest stdout line accepted from a child; a longer one is skipped and logged.
-pub const MAX_LINE: usize = 256 << 20;
+/// How much of an over-long line is kept, to find the id of the call it answers.
+const LONG_LINE_PREFIX: usize = 256;
 
 /// Spawns the child and the task that owns it. Returns its handle; what the child
 /// says on its own (notifications, its exit) arrives on `incoming`.
@@ -47,7 +47,13 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
     let (write_tx, write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
     let (line_tx, line_rx) = mpsc::channel::<Vec<u8>>(64);
     tokio::spawn(write_lines(stdin, write_rx).instrument(span.clone()));
-    tokio::spawn(read_lines(BufReader::with_capacity(64 << 10, stdout), line_tx).instrument(span.clone()));
+    let reader = read_lines(
+        BufReader::with_capacity(64 << 10, stdout),
+        line_tx,
+        server.clone(),
+        spec.max_line,
+    );
+    tokio::spawn(reader.instrument(span.clone()));
     tokio::spawn(log_stderr(BufReader::new(stderr)).instrument(span.clone()));
     let (exit_tx, exit_rx) = oneshot::channel();
     tokio::spawn(async move {
@@ -94,26 +100,54 @@ async fn write_lines(mut stdin: ChildStdin, mut rx: mpsc::Receiver<Vec<u8>>) {
     }
 }
 
-async fn read_lines<R: AsyncBufRead + Unpin>(mut reader: R, tx: mpsc::Sender<Vec<u8>>) {
+async fn read_lines<R: AsyncBufRead + Unpin>(mut reader: R, tx: mpsc::Sender<Vec<u8>>, server: Arc<str>, max: usize) {
     loop {
         let mut line = Vec::new();
-        match read_line_limited(&mut reader, &mut line, MAX_LINE).await {
+        let line = match read_line_limited(&mut reader, &mut line, max).await {
             Ok(LineRead::Eof) => return,
-            Ok(LineRead::TooLong(n)) => warn!(bytes = n, max = MAX_LINE, "skipping an over-long stdout line"),
+            Ok(LineRead::TooLong(n)) => {
+                warn!(bytes = n, max, "skipping an over-long stdout line");
+                // Fail the call it answers now, rather than let it time out.
+                match too_long_answer(&line, &server, n, max) {
+                    Some(answer) => answer,
+                    None => continue,
+                }
+            }
             Ok(LineRead::Line) => {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                if tx.send(line).await.is_err() {
-                    return;
-                }
+                line
             }
             Err(e) => {
                 warn!(error = %e, "reading stdout failed");
                 return;
             }
+        };
+        if tx.send(line).await.is_err() {
+            return;
         }
     }
+}
+
+/// An error response standing in for an over-long message, if its first bytes show
+/// which request it answers.
+fn too_long_answer(prefix: &[u8], server: &str, bytes: usize, max: usize) -> Option<Vec<u8>> {
+    let at = prefix.windows(4).position(|w| w == b"\"id\"")?;
+    let rest = &prefix[at + 4..];
+    let colon = rest.iter().position(|&b| b == b':')?;
+    let id: serde_json::Value = serde_json::Deserializer::from_slice(&rest[colon + 1..])
+        .into_iter()
+        .next()?
+        .ok()?;
+    if !(id.is_number() || id.is_string()) {
+        return None;
+    }
+    let message = format!(
+        "server '{server}' sent a message of {bytes} bytes, over the gateway's limit of {max} (gateway.max_line)"
+    );
+    let error = crate::message::error_object(crate::message::code::INTERNAL_ERROR, &message, None);
+    Some(crate::message::response(&id, &crate::message::Outcome::Error(error)))
 }
 
 pub(crate) enum LineRead {
@@ -149,7 +183,10 @@ pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(
         if seen <= max {
             out.extend_from_slice(chunk);
         } else {
-            out.clear();
+            // Keep only the start of an over-long line (where its id usually is).
+            let room = LONG_LINE_PREFIX.saturating_sub(out.len());
+            out.truncate(LONG_LINE_PREFIX);
+            out.extend_from_slice(&chunk[..room.min(chunk.len())]);
         }
         if done > 0 {
             r.consume(done);

@@ -16,7 +16,7 @@ use crate::downstream::SINK_QUEUE;
 use crate::message::{self, code, Id, Kind, Outcome};
 use crate::router::{Client, Gateway, SUPPORTED_VERSIONS};
 use crate::supervisor::Status;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -32,8 +32,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-/// How long a session may go unused before it is ended.
-pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
 /// Comment lines sent on idle SSE streams so dead peers are noticed.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// JSON-RPC code for a request the client cancelled (as in LSP).
@@ -84,10 +82,10 @@ impl Http {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Ends sessions idle for longer than [`SESSION_IDLE`]; run periodically.
+    /// Ends sessions idle for longer than `gateway.session_idle`; run periodically.
     pub fn expire_idle(&self) {
         let now = self.now_ms();
-        let idle = u64::try_from(SESSION_IDLE.as_millis()).unwrap_or(u64::MAX);
+        let idle = u64::try_from(self.gw.config().gateway.session_idle.as_millis()).unwrap_or(u64::MAX);
         self.sessions.retain(|id, s| {
             let keep =
                 s.get_open.load(Ordering::Relaxed) || now.saturating_sub(s.last_seen.load(Ordering::Relaxed)) < idle;
@@ -334,10 +332,29 @@ fn new_session_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-async fn post(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
+async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> Response {
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
+    let limits = &http.gw.config().gateway;
+    // A client that trickles its body is cut off; one that sends too much gets 413.
+    let body = match tokio::time::timeout(limits.body_timeout, axum::body::to_bytes(body, limits.max_body)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return rpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                code::INVALID_REQUEST,
+                &format!("the request body is over the {} byte limit", limits.max_body),
+            )
+        }
+        Err(_) => {
+            return rpc_error(
+                StatusCode::REQUEST_TIMEOUT,
+                code::INVALID_REQUEST,
+                "the request body took too long to arrive",
+            )
+        }
+    };
     let who = match identify(&http, &headers, &body).await {
         Ok(w) => w,
         Err(resp) => return resp,
@@ -391,6 +408,15 @@ fn initialize(
     params: Option<&serde_json::value::RawValue>,
     who: Option<Arc<Identity>>,
 ) -> Response {
+    let max = http.gw.config().gateway.max_sessions;
+    if http.sessions.len() >= max {
+        return Reject::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::INTERNAL_ERROR,
+            format!("the gateway has {max} open sessions, its limit (gateway.max_sessions); end one or try later"),
+        )
+        .answer(id);
+    }
     let outcome = http.gw.initialize_result(params);
     let version = match &outcome {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get())
@@ -544,7 +570,7 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
             "GET needs Accept: text/event-stream",
         );
     }
-    let (_, session) = match session(&http, &headers, who.as_ref()) {
+    let (sid, session) = match session(&http, &headers, who.as_ref()) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
@@ -567,22 +593,29 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
     let open = Open(session);
     let rx = http.gw.subscribe();
     let closing = http.closing.clone();
+    let sessions = http.sessions.clone();
     let stream = futures::stream::unfold((rx, open), move |(mut rx, open)| {
         let closing = closing.clone();
+        let sessions = sessions.clone();
+        let sid = sid.clone();
         async move {
-            loop {
-                let next = tokio::select! {
-                    _ = closing.cancelled() => return None,
-                    next = tokio::time::timeout(KEEPALIVE, rx.recv()) => next,
-                };
-                match next {
-                    Ok(Ok(m)) => return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, open))),
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
-                        debug!(missed = n, "GET stream lagged");
+            let next = tokio::select! {
+                _ = closing.cancelled() => return None,
+                next = tokio::time::timeout(KEEPALIVE, rx.recv()) => next,
+            };
+            match next {
+                Ok(Ok(m)) => Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, open))),
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
+                    // Its queue is full: this client cannot keep up. End its session (it
+                    // will initialize again) rather than let it fall behind silently.
+                    tracing::warn!(session = %sid, missed = n, "GET stream cannot keep up; ending the session");
+                    if let Some((_, s)) = sessions.remove(&sid) {
+                        s.client.cancel_all();
                     }
-                    Ok(Err(_)) => return None,
-                    Err(_) => return Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, open))),
+                    None
                 }
+                Ok(Err(_)) => None,
+                Err(_) => Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, open))),
             }
         }
     });
@@ -735,4 +768,53 @@ async fn metrics(State(http): State<Http>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// Accepts connections and serves `app` on each (HTTP/1.1, keep-alive, `TCP_NODELAY`)
+/// until `stop` turns true; then stops accepting, lets requests in flight finish, and
+/// returns once every connection has closed. A client gets `header_timeout` to send its
+/// request headers.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            app.clone().oneshot(req.map(Body::new))
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

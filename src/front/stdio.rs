@@ -2,7 +2,7 @@
 //! answers and notifications on stdout (and nothing else: every log goes to stderr).
 //! One implicit session; requests run concurrently.
 
-use crate::downstream::stdio::{read_line_limited, LineRead, MAX_LINE};
+use crate::downstream::stdio::{read_line_limited, LineRead};
 use crate::message::{self, code, Kind, Outcome};
 use crate::router::{Client, Gateway};
 use bytes::Bytes;
@@ -49,6 +49,7 @@ pub async fn serve<R, W>(
         }
     });
 
+    let max_line = gw.config().gateway.max_line;
     let mut reader = BufReader::with_capacity(64 << 10, input);
     let mut line = Vec::new();
     tokio::pin!(shutdown);
@@ -56,7 +57,7 @@ pub async fn serve<R, W>(
     loop {
         line.clear();
         let read = tokio::select! {
-            r = read_line_limited(&mut reader, &mut line, MAX_LINE) => r,
+            r = read_line_limited(&mut reader, &mut line, max_line) => r,
             _ = &mut shutdown => {
                 stopping = true;
                 break;
@@ -67,7 +68,7 @@ pub async fn serve<R, W>(
             Ok(LineRead::TooLong(n)) => {
                 let err = Outcome::Error(message::error_object(
                     code::INVALID_REQUEST,
-                    &format!("message of {n} bytes is over the {MAX_LINE} byte limit"),
+                    &format!("message of {n} bytes is over the {max_line} byte limit (gateway.max_line)"),
                     None,
                 ));
                 let _ = out_tx.send(Bytes::from(message::response(&Value::Null, &err))).await;
