@@ -32,7 +32,80 @@ pub const SINK_QUEUE: usize = 256;
 /// Where messages related to one call go (progress, log messages): serialized JSON-RPC
 /// messages for the calling client. Sends never wait; a client that cannot keep up
 /// loses these notifications rather than slowing the shared downstream.
-pub type Sink = mpsc::Sender<Bytes>;
+#[derive(Clone)]
+pub struct Sink {
+    tx: mpsc::Sender<Bytes>,
+    /// The client the call came from, when it can be asked questions (sampling,
+    /// elicitation, roots) on this same stream.
+    peer: Option<Arc<dyn Peer>>,
+}
+
+impl Sink {
+    pub fn new(tx: mpsc::Sender<Bytes>) -> Sink {
+        Sink { tx, peer: None }
+    }
+
+    /// The same sink, answering for `peer`.
+    pub fn with_peer(mut self, peer: Arc<dyn Peer>) -> Sink {
+        self.peer = Some(peer);
+        self
+    }
+
+    /// Queues a message for the client without waiting; false when it was dropped.
+    pub fn try_send(&self, message: Bytes) -> bool {
+        self.tx.try_send(message).is_ok()
+    }
+
+    /// Queues a message, waiting for room (for requests, which must not be dropped).
+    pub async fn send(&self, message: Bytes) -> bool {
+        self.tx.send(message).await.is_ok()
+    }
+
+    pub fn peer(&self) -> Option<&Arc<dyn Peer>> {
+        self.peer.as_ref()
+    }
+}
+
+/// A client as a downstream's own requests see it: it can be asked `sampling/*`,
+/// `elicitation/*` or `roots/list` on the stream of the call that caused the question.
+pub trait Peer: Send + Sync {
+    /// Sends `method` to the client through `sink` and waits for its answer.
+    fn ask(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Box<RawValue>>,
+        sink: Sink,
+    ) -> futures::future::BoxFuture<'static, Outcome>;
+}
+
+/// Answers a request a downstream sent us (server→client): ping here; anything else
+/// goes to the client of the call it relates to (`caller`), or is refused with a
+/// sentence saying why when that client cannot be known.
+pub async fn answer_server_request(
+    caller: Option<Sink>,
+    method: String,
+    params: Option<Box<RawValue>>,
+    why_unknown: &str,
+) -> Outcome {
+    if method == "ping" {
+        return Outcome::Result(message::empty_object());
+    }
+    match caller {
+        Some(sink) => match sink.peer().cloned() {
+            Some(peer) => peer.ask(method, params, sink).await,
+            None => Outcome::Error(message::error_object(
+                message::code::METHOD_NOT_FOUND,
+                &format!("mcp-gateway cannot forward {method}: the call it relates to has no client to ask"),
+                None,
+            )),
+        },
+        None => Outcome::Error(message::error_object(
+            message::code::METHOD_NOT_FOUND,
+            &format!("mcp-gateway cannot tell which client {method} is for: {why_unknown}"),
+            None,
+        )),
+    }
+}
 
 /// Why a downstream call failed. Every variant names the server.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -295,9 +368,8 @@ pub struct Pending {
 /// Serializes a request for the wire, putting the owner's progress token in place of
 /// the caller's. Returns the bytes and the caller's token.
 pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option<Id>) {
-    let wire_id = Value::from(id);
     match params {
-        Params::Raw(p) => (message::request(&wire_id, method, p.as_deref()), None),
+        Params::Raw(p) => (message::request(&Value::from(id), method, p.as_deref()), None),
         Params::Object { mut params, progress } => {
             if progress.is_some() {
                 let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
@@ -305,8 +377,8 @@ pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option
                     m.insert("progressToken".into(), Value::from(id));
                 }
             }
-            let raw = message::to_raw(&Value::Object(params));
-            (message::request(&wire_id, method, Some(&raw)), progress)
+            // Straight into the line: no intermediate string, no re-validation.
+            (message::request_with_object(id, method, &params), progress)
         }
     }
 }

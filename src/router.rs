@@ -85,9 +85,107 @@ pub struct Client {
     inflight: Mutex<HashMap<String, CancellationToken>>,
     /// Woken whenever a request of this client finishes.
     finished: tokio::sync::Notify,
+    /// The capabilities it declared in `initialize` (sampling, elicitation, roots).
+    capabilities: RwLock<Option<Map<String, Value>>>,
+    /// Questions of servers put to this client, waiting for its answer, by the id we minted.
+    asked: Mutex<HashMap<String, tokio::sync::oneshot::Sender<Outcome>>>,
+    next_ask: std::sync::atomic::AtomicU64,
+}
+
+/// How long a client gets to answer a server's question (a person may be answering).
+const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl crate::downstream::Peer for Client {
+    fn ask(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Box<RawValue>>,
+        sink: Sink,
+    ) -> futures::future::BoxFuture<'static, Outcome> {
+        Box::pin(async move {
+            let needs = match method.as_str() {
+                "sampling/createMessage" => Some("sampling"),
+                "elicitation/create" => Some("elicitation"),
+                "roots/list" => Some("roots"),
+                _ => None,
+            };
+            if let Some(cap) = needs {
+                let declared = self
+                    .capabilities
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .is_some_and(|c| c.contains_key(cap));
+                if !declared {
+                    return err(
+                        code::METHOD_NOT_FOUND,
+                        format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
+                    );
+                }
+            }
+            let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = Value::String(format!("mcp-gateway-{n}"));
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id_key(&id), tx);
+            debug!(session = %self.id, %method, request = %id, "asking the client for a server");
+            if !sink
+                .send(Bytes::from(message::request(&id, &method, params.as_deref())))
+                .await
+            {
+                self.asked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id_key(&id));
+                return err(
+                    code::INTERNAL_ERROR,
+                    format!("the client's stream closed before {method} could be sent"),
+                );
+            }
+            let answer = tokio::time::timeout(ASK_TIMEOUT, rx).await;
+            self.asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id_key(&id));
+            match answer {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(_)) => err(
+                    code::INTERNAL_ERROR,
+                    format!("the client's session ended before it answered {method}"),
+                ),
+                Err(_) => err(
+                    code::REQUEST_TIMEOUT,
+                    format!("the client did not answer {method} in time"),
+                ),
+            }
+        })
+    }
 }
 
 impl Client {
+    /// Keeps the capabilities from the client's `initialize` params.
+    pub fn set_capabilities(&self, params: Option<&RawValue>) {
+        let caps = message::params_object(params)
+            .ok()
+            .and_then(|mut p| match p.remove("capabilities") {
+                Some(Value::Object(c)) => Some(c),
+                _ => None,
+            });
+        *self.capabilities.write().unwrap_or_else(|e| e.into_inner()) = caps;
+    }
+
+    /// Delivers the client's answer to a question a server asked it. False when no
+    /// question has that id.
+    pub fn answer(&self, id: Option<&Id>, outcome: Outcome) -> bool {
+        let Some(id) = id else { return false };
+        match self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&id_key(id)) {
+            Some(tx) => tx.send(outcome).is_ok(),
+            None => false,
+        }
+    }
+
     pub fn new(id: impl Into<String>) -> Client {
         Client {
             id: id.into(),
@@ -96,6 +194,9 @@ impl Client {
             identity: RwLock::new(None),
             inflight: Mutex::new(HashMap::new()),
             finished: tokio::sync::Notify::new(),
+            capabilities: RwLock::new(None),
+            asked: Mutex::new(HashMap::new()),
+            next_ask: std::sync::atomic::AtomicU64::new(1),
         }
     }
 
@@ -135,6 +236,7 @@ impl Client {
         for (_, t) in self.inflight().drain() {
             t.cancel();
         }
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
@@ -417,7 +519,7 @@ impl Gateway {
     /// `parent` is the client's trace context from transport headers, if any.
     pub async fn request(
         &self,
-        client: &Client,
+        client: &Arc<Client>,
         id: &Id,
         method: &str,
         params: Option<Box<RawValue>>,
@@ -431,6 +533,8 @@ impl Gateway {
             parent,
         };
         let span = telemetry::request_span(origin, id, method, params.as_deref());
+        // Servers' questions about this call (sampling, elicitation, roots) go back to this client.
+        let sink = sink.map(|s| s.with_peer(client.clone()));
         let key = id_key(id);
         let token = CancellationToken::new();
         {

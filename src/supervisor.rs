@@ -453,7 +453,9 @@ impl Server {
     async fn handshake(&self, conn: &Connection) -> Result<InitInfo, Handshake> {
         let params = json!({
             "protocolVersion": DOWNSTREAM_VERSION,
-            "capabilities": {},
+            // Questions a server asks go to the client of the call that caused them; a
+            // client that lacks the capability gets the question refused with a reason.
+            "capabilities": { "sampling": {}, "elicitation": {}, "roots": { "listChanged": true } },
             "clientInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
         });
         let out = conn

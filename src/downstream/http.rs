@@ -286,8 +286,11 @@ impl Shared {
                 self.notification(method, params, sink, progress).await;
                 None
             }
-            Ok(Kind::Request { id, method, .. }) => {
-                self.answer_server_request(id, &method).await;
+            Ok(Kind::Request { id, method, params }) => {
+                // On a call's own stream a request belongs to that call's client.
+                let why = "it arrived on the server's GET stream, outside any call";
+                let outcome = super::answer_server_request(sink.cloned(), method, params, why).await;
+                self.send(message::response(&id, &outcome)).await;
                 None
             }
             Err(e) => {
@@ -327,20 +330,6 @@ impl Shared {
                 let _ = self.incoming.send(Incoming::Notification { method, params }).await;
             }
         }
-    }
-
-    /// Server→client requests: ping is answered here; the rest are refused for now.
-    async fn answer_server_request(&self, id: Value, method: &str) {
-        let outcome = if method == "ping" {
-            Outcome::Result(message::empty_object())
-        } else {
-            Outcome::Error(message::error_object(
-                message::code::METHOD_NOT_FOUND,
-                &format!("mcp-gateway does not forward {method} to clients"),
-                None,
-            ))
-        };
-        self.send(message::response(&id, &outcome)).await;
     }
 
     /// Follows the session's GET stream of server notifications, reconnecting with backoff.

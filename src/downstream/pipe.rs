@@ -6,7 +6,7 @@
 use super::{
     encode_request, progress_token, restore_progress, wire_id, Command, Connection, DsError, Incoming, Pending,
 };
-use crate::message::{self, Kind, Outcome};
+use crate::message::{self, Kind};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -186,21 +186,28 @@ impl Actor {
                 }
             }
             Kind::Notification { method, params } => self.notification(method, params).await,
-            Kind::Request { id, method, .. } => {
-                // Server→client requests: the gateway answers ping itself; routing
-                // sampling, elicitation and roots to clients is not built yet.
-                let outcome = if method == "ping" {
-                    Outcome::Result(message::empty_object())
-                } else {
-                    Outcome::Error(message::error_object(
-                        message::code::METHOD_NOT_FOUND,
-                        &format!("mcp-gateway does not forward {method} to clients"),
+            Kind::Request { id, method, params } => {
+                // Over a shared pipe a request carries no link to the call that caused it:
+                // it goes to the caller when exactly one call with a client is in flight.
+                let callers: Vec<&Pending> = self.pending.values().filter(|p| p.sink.is_some()).collect();
+                let (caller, why) = match callers.as_slice() {
+                    [one] => (one.sink.clone(), String::new()),
+                    [] => (None, "no call of a client is in flight on this server".to_owned()),
+                    many => (
                         None,
-                    ))
+                        format!("{} calls of clients are in flight on this server", many.len()),
+                    ),
                 };
-                let mut out = message::response(&id, &outcome);
-                out.push(b'\n');
-                self.write(out).await;
+                let Some(write) = self.write.clone() else { return };
+                tokio::spawn(
+                    async move {
+                        let outcome = super::answer_server_request(caller, method, params, &why).await;
+                        let mut out = message::response(&id, &outcome);
+                        out.push(b'\n');
+                        let _ = write.send(out).await;
+                    }
+                    .in_current_span(),
+                );
             }
         }
     }
@@ -214,7 +221,7 @@ impl Actor {
                 };
                 if let (Some(sink), Some(token), Some(raw)) = (&p.sink, &p.progress, params.as_deref()) {
                     if let Some(bytes) = restore_progress(raw, token) {
-                        let _ = sink.try_send(bytes);
+                        sink.try_send(bytes);
                     }
                 }
             }
@@ -224,7 +231,7 @@ impl Actor {
                 let mut only = self.pending.values().filter(|p| p.sink.is_some());
                 if let (1, Some(p)) = (self.pending.len(), only.next()) {
                     if let Some(sink) = &p.sink {
-                        let _ = sink.try_send(Bytes::from(message::notification(&method, params.as_deref())));
+                        sink.try_send(Bytes::from(message::notification(&method, params.as_deref())));
                     }
                 } else {
                     info!(

@@ -12,7 +12,7 @@
 //! that opened it (404 for anyone else). The RFC 9728 metadata is served with OAuth.
 
 use crate::auth::{self, Identity};
-use crate::downstream::SINK_QUEUE;
+use crate::downstream::{Sink, SINK_QUEUE};
 use crate::message::{self, code, Id, Kind, Outcome};
 use crate::router::{Client, Gateway, SUPPORTED_VERSIONS};
 use crate::supervisor::Status;
@@ -42,7 +42,7 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// One handshake-era client session.
 pub struct Session {
-    client: Client,
+    client: Arc<Client>,
     /// The identity that opened it, when auth is configured; nobody else may use it.
     owner: Option<String>,
     protocol_version: String,
@@ -391,8 +391,10 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> Respo
             http.gw.notification(&session.client, &method, params.as_deref());
             StatusCode::ACCEPTED.into_response()
         }
-        Kind::Response { .. } => {
-            debug!(session = %sid, "dropping a client response: no server→client request is pending");
+        Kind::Response { id, outcome } => {
+            if !session.client.answer(id.as_ref(), outcome) {
+                debug!(session = %sid, "dropping a client response: no server→client request has its id");
+            }
             StatusCode::ACCEPTED.into_response()
         }
         Kind::Request { id, method, params } => {
@@ -430,7 +432,8 @@ fn initialize(
     let client_name = owner.clone();
     let session = Session {
         client: {
-            let c = Client::new(sid.clone());
+            let c = Arc::new(Client::new(sid.clone()));
+            c.set_capabilities(params);
             let _ = c.protocol_version.set(version.clone());
             c.set_identity(who);
             c
@@ -466,7 +469,7 @@ async fn request(
     let gw = http.gw.clone();
     tokio::spawn(async move {
         let out = gw
-            .request(&session.client, &id, &method, params, Some(sink), parent)
+            .request(&session.client, &id, &method, params, Some(Sink::new(sink)), parent)
             .await;
         let out = out.unwrap_or_else(|| {
             Outcome::Error(message::error_object(

@@ -3,6 +3,7 @@
 //! One implicit session; requests run concurrently.
 
 use crate::downstream::stdio::{read_line_limited, LineRead};
+use crate::downstream::Sink;
 use crate::message::{self, code, Kind, Outcome};
 use crate::router::{Client, Gateway};
 use bytes::Bytes;
@@ -93,6 +94,7 @@ pub async fn serve<R, W>(
         };
         match msg {
             Kind::Request { id, method, params } if method == "initialize" => {
+                client.set_capabilities(params.as_deref());
                 let out = gw.initialize_result(params.as_deref());
                 if let Outcome::Result(r) = &out {
                     if let Ok(v) = serde_json::from_str::<Value>(r.get()) {
@@ -122,13 +124,20 @@ pub async fn serve<R, W>(
                 let (gw, client, out) = (gw.clone(), client.clone(), out_tx.clone());
                 tokio::spawn(async move {
                     // A cancelled request gets no answer, as the spec asks.
-                    if let Some(result) = gw.request(&client, &id, &method, params, Some(out.clone()), None).await {
+                    if let Some(result) = gw
+                        .request(&client, &id, &method, params, Some(Sink::new(out.clone())), None)
+                        .await
+                    {
                         let _ = out.send(Bytes::from(message::response(&id, &result))).await;
                     }
                 });
             }
             Kind::Notification { method, params } => gw.notification(&client, &method, params.as_deref()),
-            Kind::Response { .. } => debug!("dropping a client response: no server→client request is pending"),
+            Kind::Response { id, outcome } => {
+                if !client.answer(id.as_ref(), outcome) {
+                    debug!("dropping a client response: no server→client request has its id");
+                }
+            }
         }
     }
     if stopping {
