@@ -177,13 +177,45 @@ fn call(id: Option<&Id>, method: &str, params: Option<&RawValue>) -> Vec<u8> {
         out.push(b',');
     }
     out.extend_from_slice(b"\"method\":");
-    write_value(&mut out, &Value::String(method.to_owned()));
+    write_str(&mut out, method);
     if let Some(p) = params {
         out.extend_from_slice(b",\"params\":");
         out.extend_from_slice(p.get().as_bytes());
     }
     out.push(b'}');
     out
+}
+
+/// Writes a request line with a numeric id and params given as an object map,
+/// serialized straight into the line (the same bytes as [`request`] with
+/// `to_raw(&Value::Object(params))`, without the intermediate string).
+pub fn request_with_object(id: u64, method: &str, params: &Map<String, Value>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(96 + method.len() + 16 * params.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    let _ = write!(VecWriter(&mut out), "{id}");
+    out.extend_from_slice(b",\"method\":");
+    write_str(&mut out, method);
+    out.extend_from_slice(b",\"params\":");
+    // Writing a map of Values into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut out, params);
+    out.push(b'}');
+    out
+}
+
+/// `fmt::Write` over a byte buffer, for integers.
+struct VecWriter<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for VecWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Writes a JSON string.
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// Writes a response with the given id (which may be `null`) and outcome.
@@ -329,6 +361,22 @@ mod tests {
             } => {}
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn request_with_object_matches_request() {
+        let params: Map<String, Value> = serde_json::from_str(
+            r#"{"name":"e\"cho","arguments":{"text":"hi \u00e9\n","n":[1.5,2e3,-0]},"_meta":{"progressToken":7}}"#,
+        )
+        .unwrap();
+        for (id, method) in [(0u64, "tools/call"), (u64::MAX, "we\"ird/méthod")] {
+            let want = request(&Value::from(id), method, Some(&to_raw(&Value::Object(params.clone()))));
+            assert_eq!(request_with_object(id, method, &params), want);
+        }
+        assert_eq!(
+            request_with_object(3, "x", &Map::new()),
+            br#"{"jsonrpc":"2.0","id":3,"method":"x","params":{}}"#.to_vec()
+        );
     }
 
     #[test]
