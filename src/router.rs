@@ -374,17 +374,21 @@ impl Gateway {
             info!("[clients] or [auth.oauth] changed");
             Arc::new(Authenticator::new(&config.auth))
         };
-        {
+        let (old_catalog, catalog) = {
+            // The catalog routes by position in `servers`: both change in one swap.
             let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
+            let catalog = Arc::new(build_catalog(&config, &servers));
+            let old = topo.catalog.clone();
             *topo = Arc::new(Topology {
                 config: Arc::new(config),
                 servers,
-                catalog: topo.catalog.clone(),
+                catalog: catalog.clone(),
                 limits,
                 auth,
             });
-        }
-        self.rebuild_catalog(true);
+            (old, catalog)
+        };
+        self.announce(&old_catalog, &catalog, true);
         futures::future::join_all(gone.iter().map(|s| s.stop())).await;
         info!("reload done");
     }
@@ -403,17 +407,7 @@ impl Gateway {
         let (old, new) = {
             // Built under the lock, so a concurrent reload or rebuild cannot be lost.
             let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
-            let states: Vec<_> = topo.servers.iter().map(|s| (s, s.state().lists.clone())).collect();
-            let sources: Vec<Source> = states
-                .iter()
-                .map(|(s, lists)| Source {
-                    server: &s.cfg.name,
-                    prefix: &s.cfg.prefix,
-                    lists,
-                    filter: &s.cfg.tools,
-                })
-                .collect();
-            let new = Arc::new(Catalog::build(&topo.config.gateway.separator, &sources));
+            let new = Arc::new(build_catalog(&topo.config, &topo.servers));
             let old = topo.catalog.clone();
             *topo = Arc::new(Topology {
                 config: topo.config.clone(),
@@ -424,6 +418,11 @@ impl Gateway {
             });
             (old, new)
         };
+        self.announce(&old, &new, notify);
+    }
+
+    /// Logs a new catalog's notes and, with `notify`, tells every session which lists changed.
+    fn announce(&self, old: &Catalog, new: &Catalog, notify: bool) {
         for note in &new.notes {
             warn!("{note}");
         }
@@ -855,6 +854,21 @@ fn resource_owner(topo: &Topology, uri: &str) -> Option<usize> {
             _ => None,
         }
     })
+}
+
+/// The merged catalog of `servers` as they are now.
+fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
+    let states: Vec<_> = servers.iter().map(|s| (s, s.state().lists.clone())).collect();
+    let sources: Vec<Source> = states
+        .iter()
+        .map(|(s, lists)| Source {
+            server: &s.cfg.name,
+            prefix: &s.cfg.prefix,
+            lists,
+            filter: &s.cfg.tools,
+        })
+        .collect();
+    Catalog::build(&config.gateway.separator, &sources)
 }
 
 /// Whether a tool result says `isError: true`.

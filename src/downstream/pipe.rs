@@ -67,7 +67,7 @@ impl Actor {
                 cmd = commands.recv() => match cmd {
                     Some(Command::Shutdown { done }) => {
                         self.shutdown(&mut exit).await;
-                        self.fail_all("the gateway is shutting down");
+                        self.fail_all("it was stopped by a gateway shutdown or a config reload");
                         let _ = done.send(());
                         return;
                     }
