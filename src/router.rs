@@ -18,7 +18,7 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Instant;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -40,7 +40,13 @@ pub struct Gateway {
     events_rx: Mutex<Option<mpsc::Receiver<Event>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// Resource subscriptions: (server, uri) → the sessions subscribed. The downstream is
+    /// subscribed while at least one session is.
+    subscriptions: Mutex<HashMap<(Arc<str>, String), Subscribers>>,
 }
+
+/// The sessions subscribed to one (server, uri), by session id.
+type Subscribers = HashMap<String, Weak<Client>>;
 
 /// Everything a reload may replace, swapped as one. Catalog routes index `servers`.
 pub struct Topology {
@@ -71,7 +77,6 @@ fn same_limits(a: &Config, b: &Config) -> bool {
 }
 
 /// One client session as the router sees it: its in-flight requests, for cancellation.
-#[derive(Default)]
 pub struct Client {
     /// Session id (HTTP) or "stdio"; used in logs.
     pub id: String,
@@ -90,6 +95,8 @@ pub struct Client {
     /// Questions of servers put to this client, waiting for its answer, by the id we minted.
     asked: Mutex<HashMap<String, tokio::sync::oneshot::Sender<Outcome>>>,
     next_ask: std::sync::atomic::AtomicU64,
+    /// Server-initiated messages for this session only (resources/updated it subscribed to).
+    own: broadcast::Sender<Bytes>,
 }
 
 /// How long a client gets to answer a server's question (a person may be answering).
@@ -197,7 +204,13 @@ impl Client {
             capabilities: RwLock::new(None),
             asked: Mutex::new(HashMap::new()),
             next_ask: std::sync::atomic::AtomicU64::new(1),
+            own: broadcast::channel(64).0,
         }
+    }
+
+    /// Messages meant for this session alone (its resource subscriptions).
+    pub fn subscribe_own(&self) -> broadcast::Receiver<Bytes> {
+        self.own.subscribe()
     }
 
     /// Sets `network.transport` for this session's spans.
@@ -282,6 +295,7 @@ impl Gateway {
             events,
             events_rx: Mutex::new(Some(events_rx)),
             reloading: tokio::sync::Mutex::new(()),
+            subscriptions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -393,9 +407,64 @@ impl Gateway {
         info!("reload done");
     }
 
+    /// Delivers a server's `notifications/resources/updated` to the sessions subscribed
+    /// to that URI, and to no one else.
+    fn resource_updated(&self, server: &Arc<str>, method: &str, params: Option<&RawValue>) {
+        let Some(uri) = message::params_object(params)
+            .ok()
+            .and_then(|p| p.get("uri").and_then(Value::as_str).map(str::to_owned))
+        else {
+            return;
+        };
+        let targets: Vec<Arc<Client>> = {
+            let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(sessions) = subs.get_mut(&(server.clone(), uri)) else {
+                return;
+            };
+            sessions.retain(|_, c| c.strong_count() > 0);
+            sessions.values().filter_map(Weak::upgrade).collect()
+        };
+        let line = Bytes::from(message::notification(method, params));
+        for c in targets {
+            let _ = c.own.send(line.clone());
+        }
+    }
+
+    /// A session ended: drop its subscriptions, unsubscribing downstreams nobody else needs.
+    pub async fn forget_client(&self, client: &Client) {
+        let unneeded: Vec<(Arc<str>, String)> = {
+            let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
+            let mut gone = Vec::new();
+            subs.retain(|key, sessions| {
+                sessions.remove(&client.id);
+                sessions.retain(|_, c| c.strong_count() > 0);
+                if sessions.is_empty() {
+                    gone.push(key.clone());
+                }
+                !sessions.is_empty()
+            });
+            gone
+        };
+        let topo = self.topology();
+        for (server, uri) in unneeded {
+            let Some(s) = topo.servers.iter().find(|s| s.name == server) else {
+                continue;
+            };
+            if let Ok(conn) = s.connection() {
+                let params = message::to_raw(&json!({ "uri": uri }));
+                let _ = conn
+                    .call("resources/unsubscribe", Params::Raw(Some(params)), None, s.cfg.timeout)
+                    .await;
+            }
+        }
+    }
+
     fn event(&self, ev: Event) {
         match ev {
             Event::ListsChanged { .. } => self.rebuild_catalog(true),
+            Event::Notification { server, method, params } if method == "notifications/resources/updated" => {
+                self.resource_updated(&server, &method, params.as_deref());
+            }
             Event::Notification { server, method, .. } => {
                 debug!(%server, %method, "dropping a server notification no client asked for");
             }
@@ -487,6 +556,21 @@ impl Gateway {
         caps.insert("prompts".into(), json!({ "listChanged": true }));
         caps.insert("resources".into(), json!({ "listChanged": true }));
         let mut instructions = String::new();
+        let subscribable = self.topology().servers.iter().any(|s| {
+            s.state()
+                .info
+                .as_ref()
+                .and_then(|i| i.capabilities.as_ref())
+                .is_some_and(|c| {
+                    c.get("resources")
+                        .and_then(|r| r.get("subscribe"))
+                        .and_then(Value::as_bool)
+                        == Some(true)
+                })
+        });
+        if subscribable {
+            caps.insert("resources".into(), json!({ "listChanged": true, "subscribe": true }));
+        }
         for s in &self.topology().servers {
             let state = s.state();
             let Some(info) = &state.info else { continue };
@@ -571,7 +655,7 @@ impl Gateway {
                 // The span is current while dispatching: forward() parents its child on it.
                 let work = async {
                     tokio::select! {
-                        out = self.dispatch(&topo, identity.as_deref(), method, params, sink, &mut info) => Some(out),
+                        out = self.dispatch(&topo, client, identity.as_deref(), method, params, sink, &mut info) => Some(out),
                         _ = token.cancelled() => None,
                     }
                 };
@@ -641,9 +725,11 @@ impl Gateway {
 
     /// `identity`'s allowlist hides names and URIs: a hidden one is answered exactly like
     /// one that does not exist.
+    #[allow(clippy::too_many_arguments)]
     async fn dispatch(
         &self,
         topo: &Topology,
+        client: &Arc<Client>,
         identity: Option<&Identity>,
         method: &str,
         params: Option<Box<RawValue>>,
@@ -727,6 +813,61 @@ impl Gateway {
                         Some(json!({ "uri": uri })),
                     )),
                 }
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let p = match message::params_object(params.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return err(code::INVALID_PARAMS, e),
+                };
+                let Some(uri) = p.get("uri").and_then(Value::as_str).map(str::to_owned) else {
+                    return err(code::INVALID_PARAMS, format!("{method} needs params.uri"));
+                };
+                let Some(server) = resource_owner(topo, &uri).filter(|_| visible(&uri)) else {
+                    return Outcome::Error(message::error_object(
+                        code::RESOURCE_NOT_FOUND,
+                        &format!("unknown resource: {uri}"),
+                        Some(json!({ "uri": uri })),
+                    ));
+                };
+                let key = (topo.servers[server].name.clone(), uri);
+                let first_or_last = {
+                    let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
+                    if method == "resources/subscribe" {
+                        let sessions = subs.entry(key.clone()).or_default();
+                        sessions.retain(|_, c| c.strong_count() > 0);
+                        let first = sessions.is_empty();
+                        sessions.insert(client.id.clone(), Arc::downgrade(client));
+                        first
+                    } else {
+                        let last = match subs.get_mut(&key) {
+                            Some(sessions) if sessions.contains_key(&client.id) => {
+                                sessions.remove(&client.id);
+                                sessions.retain(|_, c| c.strong_count() > 0);
+                                sessions.is_empty()
+                            }
+                            _ => false,
+                        };
+                        if last {
+                            subs.remove(&key);
+                        }
+                        last
+                    }
+                };
+                if !first_or_last {
+                    // Refcounted: the downstream already is (or still must stay) subscribed.
+                    return Outcome::Result(message::empty_object());
+                }
+                let out = self.forward(topo, server, method, p, sink, info).await;
+                if method == "resources/subscribe" && matches!(out, Outcome::Error(_)) {
+                    let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(sessions) = subs.get_mut(&key) {
+                        sessions.remove(&client.id);
+                        if sessions.is_empty() {
+                            subs.remove(&key);
+                        }
+                    }
+                }
+                out
             }
             "completion/complete" => {
                 let mut p = match message::params_object(params.as_deref()) {

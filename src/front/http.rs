@@ -86,15 +86,27 @@ impl Http {
     pub fn expire_idle(&self) {
         let now = self.now_ms();
         let idle = u64::try_from(self.gw.config().gateway.session_idle.as_millis()).unwrap_or(u64::MAX);
-        self.sessions.retain(|id, s| {
-            let keep =
-                s.get_open.load(Ordering::Relaxed) || now.saturating_sub(s.last_seen.load(Ordering::Relaxed)) < idle;
-            if !keep {
-                info!(session = %id, "session expired");
-                s.client.cancel_all();
-            }
-            keep
-        });
+        let expired: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|s| {
+                !s.get_open.load(Ordering::Relaxed) && now.saturating_sub(s.last_seen.load(Ordering::Relaxed)) >= idle
+            })
+            .map(|s| s.key().clone())
+            .collect();
+        for id in expired {
+            info!(session = %id, "session expired");
+            self.end_session(&id);
+        }
+    }
+
+    /// Ends a session: its requests are cancelled and its subscriptions dropped.
+    pub fn end_session(&self, sid: &str) {
+        if let Some((_, s)) = self.sessions.remove(sid) {
+            s.client.cancel_all();
+            let (gw, client) = (self.gw.clone(), s.client.clone());
+            tokio::spawn(async move { gw.forget_client(&client).await });
+        }
     }
 
     pub fn gateway(&self) -> &Arc<Gateway> {
@@ -595,30 +607,31 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
     }
     let open = Open(session);
     let rx = http.gw.subscribe();
+    let own = open.0.client.subscribe_own();
     let closing = http.closing.clone();
-    let sessions = http.sessions.clone();
-    let stream = futures::stream::unfold((rx, open), move |(mut rx, open)| {
+    let ender = http.clone();
+    let stream = futures::stream::unfold((rx, own, open), move |(mut rx, mut own, open)| {
         let closing = closing.clone();
-        let sessions = sessions.clone();
+        let ender = ender.clone();
         let sid = sid.clone();
         async move {
             let next = tokio::select! {
                 _ = closing.cancelled() => return None,
                 next = tokio::time::timeout(KEEPALIVE, rx.recv()) => next,
+                // This session's own messages (resources it subscribed to).
+                next = own.recv() => Ok(next),
             };
             match next {
-                Ok(Ok(m)) => Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, open))),
+                Ok(Ok(m)) => Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, own, open))),
                 Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
                     // Its queue is full: this client cannot keep up. End its session (it
                     // will initialize again) rather than let it fall behind silently.
                     tracing::warn!(session = %sid, missed = n, "GET stream cannot keep up; ending the session");
-                    if let Some((_, s)) = sessions.remove(&sid) {
-                        s.client.cancel_all();
-                    }
+                    ender.end_session(&sid);
                     None
                 }
                 Ok(Err(_)) => None,
-                Err(_) => Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, open))),
+                Err(_) => Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, own, open))),
             }
         }
     });
@@ -637,10 +650,8 @@ async fn delete(State(http): State<Http>, headers: HeaderMap) -> Response {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    if let Some((_, s)) = http.sessions.remove(&sid) {
-        s.client.cancel_all();
-        info!(session = %sid, "session ended by the client");
-    }
+    info!(session = %sid, "session ended by the client");
+    http.end_session(&sid);
     StatusCode::OK.into_response()
 }
 

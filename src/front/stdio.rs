@@ -33,12 +33,17 @@ pub async fn serve<R, W>(
     let writer = tokio::spawn(write_lines(output, out_rx));
     let client = Arc::new(Client::new("stdio").transport("pipe"));
 
-    // list_changed and other server-initiated messages.
+    // list_changed for everyone, and this session's own messages (resource updates).
     let mut changes = gw.subscribe();
+    let mut own = client.subscribe_own();
     let fwd = out_tx.clone();
     let notifier = tokio::spawn(async move {
         loop {
-            match changes.recv().await {
+            let next = tokio::select! {
+                m = changes.recv() => m,
+                m = own.recv() => m,
+            };
+            match next {
                 Ok(m) => {
                     if fwd.send(m).await.is_err() {
                         return;
@@ -147,6 +152,7 @@ pub async fn serve<R, W>(
         }
     }
     client.cancel_all();
+    gw.forget_client(&client).await;
     notifier.abort();
     drop(out_tx);
     // Answers still being computed hold senders; the writer ends when the last is gone.
