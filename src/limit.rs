@@ -3,7 +3,7 @@
 //! before a request body is even parsed.
 
 use crate::config::{Rate, RateLimits};
-use governor::clock::{Clock, DefaultClock};
+use governor::clock::Clock;
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -92,23 +92,15 @@ impl Limits {
         let Some((l, rate)) = &self.per_client else {
             return Ok(());
         };
-        l.check_key(&client.to_owned()).map_err(|n| {
-            limited(
-                format!("per_client limit {rate}"),
-                n.wait_time_from(DefaultClock::default().now()),
-            )
-        })
+        l.check_key(&client.to_owned())
+            .map_err(|n| limited(format!("per_client limit {rate}"), n.wait_time_from(l.clock().now())))
     }
 
     /// Checks the pre-parse limit for an address.
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), Limited> {
         let Some((l, rate)) = &self.per_ip else { return Ok(()) };
-        l.check_key(&ip).map_err(|n| {
-            limited(
-                format!("per_ip limit {rate}"),
-                n.wait_time_from(DefaultClock::default().now()),
-            )
-        })
+        l.check_key(&ip)
+            .map_err(|n| limited(format!("per_ip limit {rate}"), n.wait_time_from(l.clock().now())))
     }
 
     /// Checks a call to `server`, and to its tool `tool` when given.
@@ -116,8 +108,14 @@ impl Limits {
         let Some(s) = self.servers.get(server) else {
             return Ok(());
         };
-        let now = DefaultClock::default().now();
-        if let Some((l, rate)) = tool.and_then(|t| s.per_tool.get(t)) {
+        let per_tool = tool.and_then(|t| s.per_tool.get(t));
+        // The limiters' own clock: building a new quanta clock runs CPUID, which a VM
+        // traps (tens of microseconds). No limit, no clock read at all.
+        let Some(clock) = per_tool.or(s.per_server.as_ref()).map(|(l, _)| l.clock()) else {
+            return Ok(());
+        };
+        let now = clock.now();
+        if let Some((l, rate)) = per_tool {
             l.check().map_err(|n| {
                 let tool = tool.unwrap_or_default();
                 limited(
