@@ -59,6 +59,64 @@ impl Histogram {
 /// name, "" when not a tool call), outcome.
 type RequestKey = (String, String, String, Outcome);
 
+/// A label set, owned (a map key) or borrowed (a lookup): the hot path finds its
+/// counter without allocating the key's strings; they are built once, on first use.
+trait Labels {
+    fn labels(&self) -> (&str, &str, &str, Option<Outcome>);
+}
+
+impl Labels for RequestKey {
+    fn labels(&self) -> (&str, &str, &str, Option<Outcome>) {
+        (&self.0, &self.1, &self.2, Some(self.3))
+    }
+}
+
+impl Labels for (String, String) {
+    fn labels(&self) -> (&str, &str, &str, Option<Outcome>) {
+        (&self.0, &self.1, "", None)
+    }
+}
+
+impl Labels for (&str, &str, &str, Option<Outcome>) {
+    fn labels(&self) -> (&str, &str, &str, Option<Outcome>) {
+        *self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn Labels + 'a> for RequestKey {
+    fn borrow(&self) -> &(dyn Labels + 'a) {
+        self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn Labels + 'a> for (String, String) {
+    fn borrow(&self) -> &(dyn Labels + 'a) {
+        self
+    }
+}
+
+// Hash and Eq of a borrowed key must agree with the owned key's: tuples of strings hash
+// their fields in order, and a trailing `Option<Outcome>` is hashed only when present.
+impl std::hash::Hash for dyn Labels + '_ {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let (m, s, t, o) = self.labels();
+        m.hash(h);
+        s.hash(h);
+        if let Some(o) = o {
+            t.hash(h);
+            o.hash(h);
+        }
+    }
+}
+
+impl PartialEq for dyn Labels + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.labels() == other.labels()
+    }
+}
+
+impl Eq for dyn Labels + '_ {}
+
 /// The gateway's metrics.
 #[derive(Default)]
 pub struct Metrics {
@@ -93,12 +151,24 @@ impl Metrics {
     }
 
     pub fn record(&self, method: &str, server: &str, tool: &str, outcome: Outcome, took: Duration) {
-        let key = (method.to_owned(), server.to_owned(), tool.to_owned(), outcome);
-        self.requests.entry(key).or_default().fetch_add(1, Ordering::Relaxed);
-        self.latency
-            .entry((method.to_owned(), server.to_owned()))
-            .or_default()
-            .observe(took);
+        let key = (method, server, tool, Some(outcome));
+        match self.requests.get(&key as &dyn Labels) {
+            Some(n) => n.fetch_add(1, Ordering::Relaxed),
+            None => self
+                .requests
+                .entry((method.to_owned(), server.to_owned(), tool.to_owned(), outcome))
+                .or_default()
+                .fetch_add(1, Ordering::Relaxed),
+        };
+        let key = (method, server, "", None);
+        match self.latency.get(&key as &dyn Labels) {
+            Some(h) => h.observe(took),
+            None => self
+                .latency
+                .entry((method.to_owned(), server.to_owned()))
+                .or_default()
+                .observe(took),
+        }
     }
 
     pub fn rate_limited(&self, limit: &str) {
@@ -230,5 +300,21 @@ mod tests {
         assert!(text.contains("mcp_gateway_sessions 2"));
         assert!(text.contains("mcp_gateway_downstream_up{server=\"calc\",transport=\"stdio\"} 1"));
         assert!(text.contains("mcp_gateway_rate_limited_total{limit=\"per_client limit 1/s\"} 1"));
+    }
+
+    #[test]
+    fn borrowed_lookups_find_owned_keys() {
+        let m = Metrics::default();
+        for _ in 0..3 {
+            m.record("tools/call", "a", "a__x", Outcome::Ok, Duration::from_micros(1));
+            m.record("tools/call", "a", "a__x", Outcome::Error, Duration::from_micros(1));
+            m.record("tools/call", "a", "", Outcome::Ok, Duration::from_micros(1));
+            m.record("tools/list", "", "", Outcome::Ok, Duration::from_micros(1));
+        }
+        assert_eq!(m.requests.len(), 4);
+        assert_eq!(m.latency.len(), 2);
+        assert!(m.requests.iter().all(|e| e.value().load(Ordering::Relaxed) == 3));
+        let h = m.latency.get(&("tools/call", "a", "", None) as &dyn Labels).unwrap();
+        assert_eq!(h.count.load(Ordering::Relaxed), 9);
     }
 }
