@@ -132,6 +132,7 @@ struct RawGateway {
     max_body: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     max_sessions: Option<usize>,
+    page_size: Option<usize>,
     max_in_flight: Option<usize>,
     session_idle: Option<Spanned<String>>,
     header_timeout: Option<Spanned<String>>,
@@ -399,6 +400,8 @@ pub struct Gateway {
     pub max_body: usize,
     /// How long in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace: Duration,
+    /// Items per page of a merged list; 0 serves each list as one page.
+    pub page_size: usize,
     /// Open HTTP sessions at most; `initialize` past it is refused (503).
     pub max_sessions: usize,
     /// Requests in flight per session at most; more are refused with an error.
@@ -891,6 +894,7 @@ impl Config {
                 max_body,
                 shutdown_grace,
                 max_sessions: g.max_sessions.unwrap_or(10_000),
+                page_size: g.page_size.unwrap_or(0),
                 max_in_flight: g.max_in_flight.unwrap_or(1_000),
                 session_idle,
                 header_timeout,

@@ -64,6 +64,39 @@ impl Sink {
     pub fn peer(&self) -> Option<&Arc<dyn Peer>> {
         self.peer.as_ref()
     }
+
+    /// Delivers a server's `notifications/message` unless the client asked for a less
+    /// verbose level (`logging/setLevel`).
+    pub fn log(&self, params: Option<&RawValue>) {
+        #[derive(serde::Deserialize)]
+        struct P<'a> {
+            #[serde(borrow, default)]
+            level: Option<&'a str>,
+        }
+        let level = params
+            .and_then(|p| serde_json::from_str::<P>(p.get()).ok())
+            .and_then(|p| p.level);
+        if self.peer.as_ref().is_none_or(|p| p.wants_log(level.unwrap_or("info"))) {
+            self.try_send(Bytes::from(message::notification("notifications/message", params)));
+        }
+    }
+}
+
+/// The syslog levels of MCP logging, least severe first.
+pub const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// A log level's rank in [`LOG_LEVELS`].
+pub fn log_rank(level: &str) -> Option<usize> {
+    LOG_LEVELS.iter().position(|l| *l == level)
 }
 
 /// A client as a downstream's own requests see it: it can be asked `sampling/*`,
@@ -76,6 +109,11 @@ pub trait Peer: Send + Sync {
         params: Option<Box<RawValue>>,
         sink: Sink,
     ) -> futures::future::BoxFuture<'static, Outcome>;
+
+    /// Whether the client wants a log message of this level (its `logging/setLevel`).
+    fn wants_log(&self, _level: &str) -> bool {
+        true
+    }
 }
 
 /// Answers a request a downstream sent us (server→client): ping here; anything else

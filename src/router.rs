@@ -43,6 +43,10 @@ pub struct Gateway {
     /// Resource subscriptions: (server, uri) → the sessions subscribed. The downstream is
     /// subscribed while at least one session is.
     subscriptions: Mutex<HashMap<(Arc<str>, String), Subscribers>>,
+    /// Sessions that chose a log level, and the level every downstream now runs at: the
+    /// most verbose any session wants.
+    log_clients: Mutex<HashMap<String, Weak<Client>>>,
+    downstream_log: Mutex<Option<usize>>,
 }
 
 /// The sessions subscribed to one (server, uri), by session id.
@@ -97,12 +101,24 @@ pub struct Client {
     next_ask: std::sync::atomic::AtomicU64,
     /// Server-initiated messages for this session only (resources/updated it subscribed to).
     own: broadcast::Sender<Bytes>,
+    /// The least severe log level it wants (`logging/setLevel`), as a rank; none: all.
+    log_level: RwLock<Option<usize>>,
+    /// The servers its calls went to (its roots/list_changed goes to these).
+    used: Mutex<std::collections::HashSet<Arc<str>>>,
 }
 
 /// How long a client gets to answer a server's question (a person may be answering).
 const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl crate::downstream::Peer for Client {
+    fn wants_log(&self, level: &str) -> bool {
+        let wanted = *self.log_level.read().unwrap_or_else(|e| e.into_inner());
+        match (wanted, crate::downstream::log_rank(level)) {
+            (Some(min), Some(rank)) => rank >= min,
+            _ => true,
+        }
+    }
+
     fn ask(
         self: Arc<Self>,
         method: String,
@@ -205,6 +221,8 @@ impl Client {
             asked: Mutex::new(HashMap::new()),
             next_ask: std::sync::atomic::AtomicU64::new(1),
             own: broadcast::channel(64).0,
+            log_level: RwLock::new(None),
+            used: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -296,6 +314,8 @@ impl Gateway {
             events_rx: Mutex::new(Some(events_rx)),
             reloading: tokio::sync::Mutex::new(()),
             subscriptions: Mutex::new(HashMap::new()),
+            log_clients: Mutex::new(HashMap::new()),
+            downstream_log: Mutex::new(None),
         })
     }
 
@@ -430,8 +450,50 @@ impl Gateway {
         }
     }
 
+    /// Sets every downstream that offers logging to the most verbose level any live
+    /// session asked for, when that changed. Each session's messages are then filtered
+    /// to its own level on the way out.
+    async fn apply_log_level(&self, topo: &Topology) {
+        let wanted = {
+            let mut clients = self.log_clients.lock().unwrap_or_else(|e| e.into_inner());
+            clients.retain(|_, c| c.strong_count() > 0);
+            clients
+                .values()
+                .filter_map(Weak::upgrade)
+                .filter_map(|c| *c.log_level.read().unwrap_or_else(|e| e.into_inner()))
+                .min()
+        };
+        let Some(rank) = wanted else { return };
+        {
+            let mut current = self.downstream_log.lock().unwrap_or_else(|e| e.into_inner());
+            if *current == Some(rank) {
+                return;
+            }
+            *current = Some(rank);
+        }
+        let level = crate::downstream::LOG_LEVELS[rank];
+        let calls = topo.servers.iter().filter_map(|s| {
+            let logs = s.state().info.as_ref().is_some_and(|i| i.has("logging"));
+            let conn = s.connection().ok().filter(|_| logs)?;
+            let params = message::to_raw(&json!({ "level": level }));
+            Some(async move {
+                if let Err(e) = conn
+                    .call("logging/setLevel", Params::Raw(Some(params)), None, s.cfg.timeout)
+                    .await
+                {
+                    debug!(server = %s.name, error = %e, "setting the log level failed");
+                }
+            })
+        });
+        futures::future::join_all(calls).await;
+    }
+
     /// A session ended: drop its subscriptions, unsubscribing downstreams nobody else needs.
     pub async fn forget_client(&self, client: &Client) {
+        self.log_clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&client.id);
         let unneeded: Vec<(Arc<str>, String)> = {
             let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
             let mut gone = Vec::new();
@@ -662,6 +724,13 @@ impl Gateway {
                 work.instrument(span.clone()).await
             }
         };
+        if let Some(server) = &info.server {
+            client
+                .used
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(server.clone());
+        }
         self.observe(method, &info, out.as_ref(), started.elapsed());
         telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
         out
@@ -718,7 +787,23 @@ impl Gateway {
                     t.cancel();
                 }
             }
-            "notifications/initialized" | "notifications/roots/list_changed" | "notifications/progress" => {}
+            "notifications/roots/list_changed" => {
+                // The servers this session's calls went to may cache its roots.
+                let used: Vec<Arc<str>> = client
+                    .used
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect();
+                let topo = self.topology();
+                for s in topo.servers.iter().filter(|s| used.contains(&s.name)) {
+                    if let Ok(conn) = s.connection() {
+                        tokio::spawn(async move { conn.notify("notifications/roots/list_changed", None).await });
+                    }
+                }
+            }
+            "notifications/initialized" | "notifications/progress" => {}
             other => debug!(session = %client.id, method = other, "ignoring client notification"),
         }
     }
@@ -744,12 +829,10 @@ impl Gateway {
             }
             _ => None,
         };
+        let page_size = topo.config.gateway.page_size;
         let list = |result: &RawValue| -> Outcome {
             match message::params_object(params.as_deref()) {
-                Ok(p) if p.get("cursor").is_some_and(|c| !c.is_null()) => {
-                    err(code::INVALID_PARAMS, "invalid cursor: this list has a single page")
-                }
-                Ok(_) => Outcome::Result(result.to_owned()),
+                Ok(p) => page(result, method, p.get("cursor").filter(|c| !c.is_null()), page_size),
                 Err(e) => err(code::INVALID_PARAMS, e),
             }
         };
@@ -759,7 +842,27 @@ impl Gateway {
             "prompts/list" => list(views.as_ref().map_or(&catalog.prompts_result, |v| &v.prompts)),
             "resources/list" => list(views.as_ref().map_or(&catalog.resources_result, |v| &v.resources)),
             "resources/templates/list" => list(views.as_ref().map_or(&catalog.templates_result, |v| &v.templates)),
-            "logging/setLevel" => Outcome::Result(message::empty_object()),
+            "logging/setLevel" => {
+                let level = message::params_object(params.as_deref())
+                    .ok()
+                    .and_then(|p| p.get("level").and_then(Value::as_str).map(str::to_owned));
+                let Some(rank) = level.as_deref().and_then(crate::downstream::log_rank) else {
+                    return err(
+                        code::INVALID_PARAMS,
+                        format!(
+                            "logging/setLevel needs params.level, one of {}",
+                            crate::downstream::LOG_LEVELS.join(", ")
+                        ),
+                    );
+                };
+                *client.log_level.write().unwrap_or_else(|e| e.into_inner()) = Some(rank);
+                self.log_clients
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(client.id.clone(), Arc::downgrade(client));
+                self.apply_log_level(topo).await;
+                Outcome::Result(message::empty_object())
+            }
             "tools/call" | "prompts/get" => {
                 let (table, what) = if method == "tools/call" {
                     (&catalog.tools, "tool")
@@ -997,6 +1100,68 @@ fn resource_owner(topo: &Topology, uri: &str) -> Option<usize> {
     })
 }
 
+/// One page of a merged list result. With `page_size` 0 the whole list is one page.
+/// Cursors are opaque to clients: the list's method and the offset, in hex.
+fn page(result: &RawValue, method: &str, cursor: Option<&Value>, page_size: usize) -> Outcome {
+    let invalid = || err(code::INVALID_PARAMS, "invalid cursor: list again without one");
+    let offset = match cursor {
+        None => 0,
+        Some(Value::String(c)) => match decode_cursor(c) {
+            Some((m, offset)) if m == method => offset,
+            _ => return invalid(),
+        },
+        Some(_) => return invalid(),
+    };
+    if page_size == 0 {
+        return if offset == 0 {
+            Outcome::Result(result.to_owned())
+        } else {
+            invalid()
+        };
+    }
+    let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(result.get()) else {
+        return Outcome::Result(result.to_owned());
+    };
+    let Some((key, Value::Array(items))) = body
+        .iter_mut()
+        .find(|(_, v)| v.is_array())
+        .map(|(k, v)| (k.clone(), v.take()))
+    else {
+        return Outcome::Result(result.to_owned());
+    };
+    if offset > items.len() {
+        return invalid();
+    }
+    let end = (offset + page_size).min(items.len());
+    let more = end < items.len();
+    body.insert(
+        key,
+        Value::Array(items.into_iter().skip(offset).take(end - offset).collect()),
+    );
+    if more {
+        body.insert("nextCursor".into(), Value::String(encode_cursor(method, end)));
+    }
+    Outcome::Result(message::to_raw(&Value::Object(body)))
+}
+
+fn encode_cursor(method: &str, offset: usize) -> String {
+    let text = format!("{method}\n{offset}");
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_cursor(cursor: &str) -> Option<(String, usize)> {
+    if cursor.len() % 2 != 0 || cursor.len() > 256 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..cursor.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(cursor.get(i..i + 2)?, 16).ok())
+        .collect();
+    let text = String::from_utf8(bytes?).ok()?;
+    let (method, offset) = text.split_once('\n')?;
+    Some((method.to_owned(), offset.parse().ok()?))
+}
+
 /// The merged catalog of `servers` as they are now.
 fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
     let states: Vec<_> = servers.iter().map(|s| (s, s.state().lists.clone())).collect();
@@ -1030,4 +1195,46 @@ pub struct CallInfo {
     /// The public tool name, for tools/call.
     pub tool: Option<String>,
     pub rate_limited: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(v: Value) -> Box<RawValue> {
+        message::to_raw(&v)
+    }
+
+    #[test]
+    fn pages_follow_cursors_to_the_end() {
+        let all = raw(json!({ "tools": [1, 2, 3, 4, 5] }));
+        let mut cursor: Option<Value> = None;
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            let Outcome::Result(r) = page(&all, "tools/list", cursor.as_ref(), 2) else {
+                panic!("error")
+            };
+            let v: Value = serde_json::from_str(r.get()).unwrap();
+            seen.extend(v["tools"].as_array().unwrap().iter().cloned());
+            match v.get("nextCursor") {
+                Some(c) => cursor = Some(c.clone()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, vec![json!(1), json!(2), json!(3), json!(4), json!(5)]);
+        // A cursor of another list, garbage, or a non-string is -32602.
+        let other = Value::String(encode_cursor("prompts/list", 2));
+        for bad in [other, json!("zz"), json!(7)] {
+            assert!(
+                matches!(page(&all, "tools/list", Some(&bad), 2), Outcome::Error(_)),
+                "{bad}"
+            );
+        }
+        // Without a page size everything is one page, and any cursor is invalid.
+        assert!(matches!(page(&all, "tools/list", None, 0), Outcome::Result(_)));
+        assert!(matches!(
+            page(&all, "tools/list", Some(&json!("00")), 0),
+            Outcome::Error(_)
+        ));
+    }
 }

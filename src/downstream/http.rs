@@ -13,7 +13,7 @@ use crate::config::{HttpSpec, Secret};
 use crate::message::{self, Kind, Outcome};
 use crate::sse;
 use crate::telemetry::TraceHeaders;
-use bytes::Bytes;
+
 use futures::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
 use reqwest::StatusCode;
@@ -317,9 +317,7 @@ impl Shared {
             }
             // On a call's own stream a log message belongs to that call.
             "notifications/message" => match sink {
-                Some(sink) => {
-                    let _ = sink.try_send(Bytes::from(message::notification(&method, params.as_deref())));
-                }
+                Some(sink) => sink.log(params.as_deref()),
                 None => info!(
                     message = params.as_deref().map_or("", |p| p.get()),
                     "downstream log message"

@@ -7,7 +7,7 @@ use super::{
     encode_request, progress_token, restore_progress, wire_id, Command, Connection, DsError, Incoming, Pending,
 };
 use crate::message::{self, Kind};
-use bytes::Bytes;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,7 +231,7 @@ impl Actor {
                 let mut only = self.pending.values().filter(|p| p.sink.is_some());
                 if let (1, Some(p)) = (self.pending.len(), only.next()) {
                     if let Some(sink) = &p.sink {
-                        sink.try_send(Bytes::from(message::notification(&method, params.as_deref())));
+                        sink.log(params.as_deref());
                     }
                 } else {
                     info!(
