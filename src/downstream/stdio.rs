@@ -87,7 +87,10 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
-async fn write_lines(mut stdin: ChildStdin, mut rx: mpsc::Receiver<Vec<u8>>) {
+async fn write_lines(stdin: ChildStdin, mut rx: mpsc::Receiver<Vec<u8>>) {
+    // Lines queued behind one another collect here and reach the pipe in one write(2);
+    // a line longer than the buffer goes straight through.
+    let mut stdin = tokio::io::BufWriter::with_capacity(64 << 10, stdin);
     while let Some(line) = rx.recv().await {
         if let Err(e) = stdin.write_all(&line).await {
             debug!(error = %e, "child stdin closed");
