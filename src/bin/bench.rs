@@ -1125,12 +1125,14 @@ struct Gw {
     said: Arc<Mutex<Vec<String>>>,
 }
 
-async fn start_gateway(args: &Args, tag: &str, servers: &[Spec]) -> Result<Gw> {
+/// `extra`: more `[gateway]` lines (e.g. `max_sessions = 20000\n`).
+async fn start_gateway(args: &Args, tag: &str, servers: &[Spec], extra: &str) -> Result<Gw> {
     let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut config = String::from(
         "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\n",
     );
+    config.push_str(extra);
     for s in servers {
         let script =
             std::fs::canonicalize(&s.script).with_context(|| format!("fixture {} not found", s.script.display()))?;
@@ -1271,7 +1273,7 @@ fn list_body(id: u64) -> Vec<u8> {
 /// idle-rss: the gateway with N stdio servers, one session and one call, then idle.
 async fn bench_idle_rss(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     let n = args.idle_servers;
-    let gw = start_gateway(args, "idle", &echo_specs(args, n)).await?;
+    let gw = start_gateway(args, "idle", &echo_specs(args, n), "").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = gw.rss();
     let (target, s) = open_session(gw.addr, &gw.path).await?;
@@ -1326,7 +1328,13 @@ async fn bench_idle_rss(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()>
 /// sessions: open N sessions (initialize + initialized each), RSS growth per session.
 async fn bench_sessions(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     let n = args.sessions;
-    let gw = start_gateway(args, "sessions", &echo_specs(args, 1)).await?;
+    let gw = start_gateway(
+        args,
+        "sessions",
+        &echo_specs(args, 1),
+        &format!("max_sessions = {}\n", n + 1000),
+    )
+    .await?;
     // Warm the allocator and the session map's first buckets.
     let (base, mut s) = open_session(gw.addr, &gw.path).await?;
     for _ in 0..20 {
@@ -1391,7 +1399,7 @@ async fn bench_sessions(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()>
 async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<TargetRow>) -> Result<()> {
     let total = args.soak_calls;
     let c = args.soak_concurrency;
-    let gw = start_gateway(args, "soak", &echo_specs(args, 1)).await?;
+    let gw = start_gateway(args, "soak", &echo_specs(args, 1), "").await?;
     let (target, s) = open_session(gw.addr, &gw.path).await?;
     let sh = Arc::new(Shared {
         next_id: AtomicU64::new(1),
@@ -1500,7 +1508,7 @@ async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<Ta
 async fn bench_list(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     let n = args.list_servers;
     let extra = vec!["--tools".to_owned(), args.list_tools.to_string()];
-    let gw = start_gateway(args, "list", &mock_specs(args, n, &extra)).await?;
+    let gw = start_gateway(args, "list", &mock_specs(args, n, &extra), "").await?;
     let (target, mut s) = open_session(gw.addr, &gw.path).await?;
     let (_, _, body) = post(&mut s, &target, list_body(1)).await?;
     let names = tool_names(&body)?;
@@ -1565,7 +1573,7 @@ async fn bench_startup(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> 
     }
 
     let t0 = Instant::now();
-    let gw = start_gateway(args, "startup", &specs).await?;
+    let gw = start_gateway(args, "startup", &specs, "").await?;
     let listening = t0.elapsed();
     let mut tries = 0;
     let first = loop {
