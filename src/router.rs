@@ -374,8 +374,13 @@ impl Gateway {
         let mut servers = Vec::with_capacity(config.servers.len());
         let mut added = Vec::new();
         for cfg in &config.servers {
-            match old.servers.iter().find(|s| s.cfg == *cfg) {
-                Some(same) => servers.push(same.clone()),
+            match old.servers.iter().find(|s| s.same_process(cfg)) {
+                Some(same) => {
+                    // Same process: keep it (and its calls in flight); new prefix, timeout
+                    // and tool filter apply from the swap on. Rate limits live in the topology.
+                    same.retune(cfg);
+                    servers.push(same.clone());
+                }
                 None => {
                     let s = Arc::new(Server::new(cfg.clone()));
                     added.push(s.clone());
@@ -478,7 +483,12 @@ impl Gateway {
             let params = message::to_raw(&json!({ "level": level }));
             Some(async move {
                 if let Err(e) = conn
-                    .call("logging/setLevel", Params::Raw(Some(params)), None, s.cfg.timeout)
+                    .call(
+                        "logging/setLevel",
+                        Params::Raw(Some(params)),
+                        None,
+                        s.settings().timeout,
+                    )
                     .await
                 {
                     debug!(server = %s.name, error = %e, "setting the log level failed");
@@ -515,7 +525,12 @@ impl Gateway {
             if let Ok(conn) = s.connection() {
                 let params = message::to_raw(&json!({ "uri": uri }));
                 let _ = conn
-                    .call("resources/unsubscribe", Params::Raw(Some(params)), None, s.cfg.timeout)
+                    .call(
+                        "resources/unsubscribe",
+                        Params::Raw(Some(params)),
+                        None,
+                        s.settings().timeout,
+                    )
                     .await;
             }
         }
@@ -1056,7 +1071,7 @@ impl Gateway {
         );
         ds.inject(&mut params);
         let res = conn
-            .call(method, Params::Object { params, progress }, sink, s.cfg.timeout)
+            .call(method, Params::Object { params, progress }, sink, s.settings().timeout)
             .instrument(ds.span.clone())
             .await;
         ds.finish(&res);
@@ -1074,9 +1089,10 @@ impl Gateway {
 fn down_server_for(topo: &Topology, name: &str) -> Option<crate::downstream::DsError> {
     let sep = &topo.config.gateway.separator;
     topo.servers.iter().find_map(|s| {
-        let prefixed = !s.cfg.prefix.is_empty()
+        let prefix = s.settings().prefix.clone();
+        let prefixed = !prefix.is_empty()
             && name
-                .strip_prefix(s.cfg.prefix.as_str())
+                .strip_prefix(prefix.as_str())
                 .is_some_and(|rest| rest.starts_with(sep.as_str()));
         if !prefixed {
             return None;
@@ -1164,14 +1180,17 @@ fn decode_cursor(cursor: &str) -> Option<(String, usize)> {
 
 /// The merged catalog of `servers` as they are now.
 fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
-    let states: Vec<_> = servers.iter().map(|s| (s, s.state().lists.clone())).collect();
+    let states: Vec<_> = servers
+        .iter()
+        .map(|s| (s, s.settings(), s.state().lists.clone()))
+        .collect();
     let sources: Vec<Source> = states
         .iter()
-        .map(|(s, lists)| Source {
+        .map(|(s, settings, lists)| Source {
             server: &s.cfg.name,
-            prefix: &s.cfg.prefix,
+            prefix: &settings.prefix,
             lists,
-            filter: &s.cfg.tools,
+            filter: &settings.tools,
         })
         .collect();
     Catalog::build(&config.gateway.separator, &sources)

@@ -43,6 +43,24 @@ fn conn_kind(t: &config::Transport) -> &'static str {
     t.kind()
 }
 
+/// What a reload may change on a running server.
+#[derive(Debug)]
+pub struct Settings {
+    pub prefix: String,
+    pub timeout: Duration,
+    pub tools: config::Filter,
+}
+
+impl Settings {
+    fn of(cfg: &config::Server) -> Settings {
+        Settings {
+            prefix: cfg.prefix.clone(),
+            timeout: cfg.timeout,
+            tools: cfg.tools.clone(),
+        }
+    }
+}
+
 /// Where a server is in its life.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Status {
@@ -85,7 +103,10 @@ pub struct State {
 
 /// A configured server and its live state.
 pub struct Server {
+    /// As configured. Its `prefix`, `timeout` and `tools` may be retuned by a reload
+    /// without a restart: read those through [`Server::settings`].
     pub cfg: config::Server,
+    settings: RwLock<Arc<Settings>>,
     pub name: Arc<str>,
     state: RwLock<State>,
     /// Cancelled by [`Server::stop`]; ends the reconnect loop.
@@ -143,6 +164,7 @@ impl Server {
         };
         Server {
             name: Arc::from(cfg.name.as_str()),
+            settings: RwLock::new(Arc::new(Settings::of(&cfg))),
             cfg,
             state: RwLock::new(State {
                 status,
@@ -155,6 +177,25 @@ impl Server {
             stop: CancellationToken::new(),
             restarts: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The settings a reload may change without restarting the server.
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether `other` describes the same process (or remote session): only then can a
+    /// reload keep this server running and just retune it.
+    pub fn same_process(&self, other: &config::Server) -> bool {
+        self.cfg.name == other.name
+            && self.cfg.transport == other.transport
+            && self.cfg.enabled == other.enabled
+            && self.cfg.restart == other.restart
+    }
+
+    /// Applies a reload's prefix, timeout and tool filter.
+    pub fn retune(&self, cfg: &config::Server) {
+        *self.settings.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Settings::of(cfg));
     }
 
     pub fn state(&self) -> RwLockReadGuard<'_, State> {
@@ -411,7 +452,7 @@ impl Server {
                 _ => return,
             }
         };
-        let timeout = self.cfg.timeout;
+        let timeout = self.settings().timeout;
         match kind {
             ListKind::Tools => {
                 let tools = self.list(&conn, &info, "tools/list", "tools", timeout).await;
@@ -463,7 +504,7 @@ impl Server {
                 "initialize",
                 Params::Raw(Some(message::to_raw(&params))),
                 None,
-                self.cfg.timeout,
+                self.settings().timeout,
             )
             .await
             .map_err(Handshake::Call)?;
@@ -496,7 +537,7 @@ impl Server {
     }
 
     async fn list_all(&self, conn: &Connection, info: &InitInfo) -> Lists {
-        let t = self.cfg.timeout;
+        let t = self.settings().timeout;
         let (tools, prompts, resources, templates) = tokio::join!(
             self.list(conn, info, "tools/list", "tools", t),
             self.list(conn, info, "prompts/list", "prompts", t),

@@ -329,7 +329,6 @@ async fn a_global_per_client_limit_added_on_reload_takes_effect() {
 /// counts as a change (router.rs `Gateway::reload` compares whole `config::Server`s).
 /// Prefix, tool filter and timeout changes do the same. Run with `--ignored`.
 #[tokio::test]
-#[ignore = "known bug: a rate_limits-only edit restarts the server's child"]
 async fn a_rate_limit_edit_leaves_the_child_and_its_calls_alone() {
     let a = unique("lim-keep");
     let gw = Gateway::start(&server("a", &a, &[], ""));

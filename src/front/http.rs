@@ -689,7 +689,7 @@ fn status_json(http: &Http) -> Value {
                 "state": state,
                 "transport": s.cfg.transport.kind(),
                 "url": url,
-                "prefix": s.cfg.prefix,
+                "prefix": s.settings().prefix.clone(),
                 "pid": st.conn.as_ref().and_then(|c| c.pid()),
                 "protocolVersion": st.info.as_ref().map(|i| i.protocol_version.clone()),
                 "uptimeSeconds": st.since.filter(|_| st.status == Status::Ready).map(|t| t.elapsed().as_secs()),
