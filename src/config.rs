@@ -282,7 +282,7 @@ pub struct OAuth {
 }
 
 /// `[telemetry]`, with the `OTEL_*` environment applied.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Telemetry {
     /// Where spans go: the OTLP URL exactly as the exporter uses it (for http/protobuf
     /// with `/v1/traces` appended). `None`: no export.

@@ -44,7 +44,10 @@ pub fn spawn(gw: &Arc<Gateway>, path: PathBuf) {
 /// Reads, validates and applies the file once.
 pub async fn reload_from(gw: &Arc<Gateway>, path: &Path) {
     match Config::load(path, &config::process_env) {
-        Ok(config) => gw.reload(config).await,
+        Ok(config) => {
+            crate::telemetry::reconfigure(&config.telemetry).await;
+            gw.reload(config).await
+        }
         Err(errors) => {
             for e in &errors.0 {
                 error!("invalid config, keeping the running one: {e}");

@@ -86,13 +86,22 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
         LogFormat::Text => fmt.with_filter(filter).boxed(),
         LogFormat::Json => fmt.json().with_filter(filter).boxed(),
     };
-    let (provider, error) = match cfg.otlp_endpoint.as_deref() {
+    // The provider is always installed, around an exporter a reload can point elsewhere
+    // (or nowhere); spans are only made while `exporting()`.
+    let (inner, error) = match cfg.otlp_endpoint.as_deref() {
         None => (None, None),
-        Some(endpoint) => match provider(cfg, endpoint) {
-            Ok(p) => (Some(p), None),
+        Some(endpoint) => match exporter(cfg, endpoint) {
+            Ok(e) => (Some(e), None),
             Err(e) => (None, Some(e)),
         },
     };
+    let exporting = inner.is_some();
+    let switch = Switch::default();
+    if let Ok(mut slot) = switch.0.try_write() {
+        *slot = inner;
+    }
+    let _ = SWITCH.set(switch.clone());
+    let provider = Some(provider(cfg, switch));
     let otel = provider.as_ref().map(|p| {
         let tracer = p.tracer("mcp-gateway");
         tracing_opentelemetry::layer()
@@ -111,7 +120,10 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
     if let Some(e) = error {
         tracing::warn!(error = %e, "cannot export traces; continuing without");
     }
-    if provider.is_some() {
+    if let Ok(mut current) = CURRENT.lock() {
+        *current = Some(cfg.clone());
+    }
+    if exporting {
         RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
         EXPORTING.store(true, Ordering::Relaxed);
         tracing::info!(
@@ -123,7 +135,8 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
     Telemetry { provider }
 }
 
-fn provider(cfg: &config::Telemetry, endpoint: &str) -> Result<SdkTracerProvider, String> {
+/// The exporter for `[telemetry]`'s endpoint and protocol.
+fn exporter(cfg: &config::Telemetry, endpoint: &str) -> Result<opentelemetry_otlp::SpanExporter, String> {
     use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
     let exporter = match cfg.otlp_protocol {
         OtlpProtocol::HttpProtobuf => {
@@ -154,6 +167,10 @@ fn provider(cfg: &config::Telemetry, endpoint: &str) -> Result<SdkTracerProvider
         }
     }
     .map_err(|e| e.to_string())?;
+    Ok(exporter)
+}
+
+fn provider(cfg: &config::Telemetry, exporter: Switch) -> SdkTracerProvider {
     let mut batch = opentelemetry_sdk::trace::BatchConfigBuilder::default();
     if let Some(d) = cfg.batch_delay {
         batch = batch.with_scheduled_delay(d);
@@ -171,10 +188,69 @@ fn provider(cfg: &config::Telemetry, endpoint: &str) -> Result<SdkTracerProvider
             env!("CARGO_PKG_VERSION"),
         ))
         .build();
-    Ok(SdkTracerProvider::builder()
+    SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(resource)
-        .build())
+        .build()
+}
+
+/// An exporter a reload can point at another endpoint (or at none).
+#[derive(Debug, Clone, Default)]
+struct Switch(std::sync::Arc<tokio::sync::RwLock<Option<opentelemetry_otlp::SpanExporter>>>);
+
+impl opentelemetry_sdk::trace::SpanExporter for Switch {
+    fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let inner = self.0.clone();
+        async move {
+            match &*inner.read().await {
+                Some(e) => e.export(batch).await,
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+static SWITCH: std::sync::OnceLock<Switch> = std::sync::OnceLock::new();
+/// The `[telemetry]` in force, to tell what a reload changes.
+static CURRENT: std::sync::Mutex<Option<config::Telemetry>> = std::sync::Mutex::new(None);
+
+/// Applies a reloaded `[telemetry]`: the OTLP endpoint and protocol and `record_payloads`
+/// change at once; `service_name`, `log_format` and the batch delay need a restart.
+pub async fn reconfigure(cfg: &config::Telemetry) {
+    let previous = {
+        let Ok(mut current) = CURRENT.lock() else { return };
+        if current.as_ref() == Some(cfg) {
+            return;
+        }
+        current.replace(cfg.clone())
+    };
+    let Some(switch) = SWITCH.get() else { return };
+    if let Some(p) = &previous {
+        if p.service_name != cfg.service_name || p.log_format != cfg.log_format || p.batch_delay != cfg.batch_delay {
+            tracing::warn!("telemetry service_name, log_format and batch delay take effect after a restart");
+        }
+    }
+    let inner = match cfg.otlp_endpoint.as_deref() {
+        None => None,
+        Some(endpoint) => match exporter(cfg, endpoint) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot export traces to the new endpoint; export is off");
+                None
+            }
+        },
+    };
+    let on = inner.is_some();
+    *switch.0.write().await = inner;
+    RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
+    EXPORTING.store(on, Ordering::Relaxed);
+    tracing::info!(
+        endpoint = cfg.otlp_endpoint.as_deref().unwrap_or("none"),
+        "telemetry reconfigured"
+    );
 }
 
 // ---------------------------------------------------------------- propagation

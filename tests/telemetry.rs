@@ -335,3 +335,28 @@ async fn no_endpoint_no_propagation() {
     let resp = s.call("calc__echo_meta", json!({})).await;
     assert_eq!(text(&resp), "{}");
 }
+
+/// `[telemetry]` reloads: a gateway started without an endpoint starts exporting (and
+/// propagating) once gateway.toml gains one, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_an_endpoint_on_reload_starts_export() {
+    let otlp = Collector::start().await;
+    let name = unique("calc");
+    let servers = format!("[servers.calc]\n{}", mock(&name, &[]));
+    let gw = Gateway::start_with_env(&servers, FAST);
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("calc__echo_meta", json!({})).await), "{}");
+
+    std::fs::write(gw.config_path(), config(&otlp.endpoint, "", &servers)).unwrap();
+    let start = Instant::now();
+    while !gw.logs().contains("telemetry reconfigured") {
+        assert!(start.elapsed() < DEADLINE, "no reload:\n{}", gw.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let meta: Value = serde_json::from_str(&text(&s.call("calc__echo_meta", json!({})).await)).unwrap();
+    assert!(meta["traceparent"].is_string(), "{meta}");
+    otlp.wait("spans after the reload", |s| {
+        named(s, "tools/call calc__echo_meta").is_some()
+    })
+    .await;
+}
