@@ -391,17 +391,39 @@ impl Server {
 
     /// Follows what a ready server says on its own until its connection closes.
     /// Returns whether it ended cleanly (a child's exit status 0, or a stop).
+    ///
+    /// A re-list runs while `incoming` is still read: the connection's task, which must
+    /// read the re-list's answer, may be waiting to queue more notifications. list_changed
+    /// notifications that arrive meanwhile are coalesced into one more re-list per kind.
     pub async fn watch(&self, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) -> bool {
-        while let Some(msg) = incoming.recv().await {
+        let mut dirty: Vec<ListKind> = Vec::new();
+        let mut relisting: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>> = None;
+        loop {
+            if relisting.is_none() && !dirty.is_empty() {
+                let kind = dirty.remove(0);
+                relisting = Some(Box::pin(self.relist(kind)));
+            }
+            let msg = tokio::select! {
+                () = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
+                    relisting = None;
+                    let _ = events
+                        .send(Event::ListsChanged {
+                            server: self.name.clone(),
+                        })
+                        .await;
+                    continue;
+                }
+                msg = incoming.recv() => match msg {
+                    Some(m) => m,
+                    None => return true,
+                },
+            };
             match msg {
                 Incoming::Notification { method, params } => match ListKind::from_notification(&method) {
                     Some(kind) => {
-                        self.relist(kind).await;
-                        let _ = events
-                            .send(Event::ListsChanged {
-                                server: self.name.clone(),
-                            })
-                            .await;
+                        if !dirty.contains(&kind) {
+                            dirty.push(kind);
+                        }
                     }
                     None => {
                         let _ = events
@@ -441,7 +463,6 @@ impl Server {
                 }
             }
         }
-        true
     }
 
     async fn relist(&self, kind: ListKind) {
