@@ -44,6 +44,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
 
+/// The janitor's period bounds: see [`serve`].
+const JANITOR_MIN: Duration = Duration::from_millis(100);
+const JANITOR_MAX: Duration = Duration::from_secs(60);
+
 /// Serves the HTTP endpoint until `shutdown` completes, then stops every server.
 pub async fn serve(
     config: Config,
@@ -70,12 +74,20 @@ pub async fn serve(
     let http = front::http::Http::new(gw.clone());
     let janitor = {
         let http = http.clone();
+        // Idle sessions are looked for every session_idle / 2 (at most a minute apart), so
+        // one ends between session_idle and 1.5 × session_idle after its last use; the
+        // rate limiters' tables are shrunk once a minute.
+        let every = (gw.config().gateway.session_idle / 2).clamp(JANITOR_MIN, JANITOR_MAX);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            let mut tick = tokio::time::interval(every);
+            let mut shrunk = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
                 http.expire_idle();
-                http.gateway().topology().limits.shrink();
+                if shrunk.elapsed() >= JANITOR_MAX {
+                    shrunk = tokio::time::Instant::now();
+                    http.gateway().topology().limits.shrink();
+                }
             }
         })
     };
