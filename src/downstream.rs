@@ -38,11 +38,18 @@ pub struct Sink {
     /// The client the call came from, when it can be asked questions (sampling,
     /// elicitation, roots) on this same stream.
     peer: Option<Arc<dyn Peer>>,
+    /// Cancelled when the call ends (answered, cancelled, timed out): a question still
+    /// waiting for the client is withdrawn then.
+    call_over: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Sink {
     pub fn new(tx: mpsc::Sender<Bytes>) -> Sink {
-        Sink { tx, peer: None }
+        Sink {
+            tx,
+            peer: None,
+            call_over: None,
+        }
     }
 
     /// The same sink, answering for `peer`.
@@ -63,6 +70,20 @@ impl Sink {
 
     pub fn peer(&self) -> Option<&Arc<dyn Peer>> {
         self.peer.as_ref()
+    }
+
+    /// The same sink, for a call that is over when `token` is cancelled.
+    pub fn until(mut self, token: tokio_util::sync::CancellationToken) -> Sink {
+        self.call_over = Some(token);
+        self
+    }
+
+    /// Completes when the call this sink belongs to is over (never, if not known).
+    pub async fn call_over(&self) {
+        match &self.call_over {
+            Some(t) => t.cancelled().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Delivers a server's `notifications/message` unless the client asked for a less

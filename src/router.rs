@@ -167,21 +167,43 @@ impl crate::downstream::Peer for Client {
                     format!("the client's stream closed before {method} could be sent"),
                 );
             }
-            let answer = tokio::time::timeout(ASK_TIMEOUT, rx).await;
+            // The question lives as long as the call it was asked for: once that call is
+            // over (cancelled, timed out) nobody will read the answer.
+            let answer = tokio::select! {
+                a = tokio::time::timeout(ASK_TIMEOUT, rx) => Some(a),
+                _ = sink.call_over() => None,
+            };
             self.asked
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&id_key(&id));
+            let withdraw = |reason: &str| {
+                let params = message::to_raw(&json!({ "requestId": id, "reason": reason }));
+                sink.try_send(Bytes::from(message::notification(
+                    "notifications/cancelled",
+                    Some(&params),
+                )));
+            };
             match answer {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(_)) => err(
+                Some(Ok(Ok(outcome))) => outcome,
+                Some(Ok(Err(_))) => err(
                     code::INTERNAL_ERROR,
                     format!("the client's session ended before it answered {method}"),
                 ),
-                Err(_) => err(
-                    code::REQUEST_TIMEOUT,
-                    format!("the client did not answer {method} in time"),
-                ),
+                Some(Err(_)) => {
+                    withdraw("timed out in mcp-gateway");
+                    err(
+                        code::REQUEST_TIMEOUT,
+                        format!("the client did not answer {method} in time"),
+                    )
+                }
+                None => {
+                    withdraw("the call it was asked for has ended");
+                    err(
+                        code::INTERNAL_ERROR,
+                        format!("the call {method} was asked for ended before the client answered"),
+                    )
+                }
             }
         })
     }
@@ -694,7 +716,10 @@ impl Gateway {
         };
         let span = telemetry::request_span(origin, id, method, params.as_deref());
         // Servers' questions about this call (sampling, elicitation, roots) go back to this client.
-        let sink = sink.map(|s| s.with_peer(client.clone()));
+        // A question still unanswered when this request ends is withdrawn then.
+        let call_over = CancellationToken::new();
+        let _call_over = call_over.clone().drop_guard();
+        let sink = sink.map(|s| s.with_peer(client.clone()).until(call_over));
         let key = id_key(id);
         let token = CancellationToken::new();
         {
