@@ -163,6 +163,9 @@ struct RawServer {
     #[serde(default)]
     rate_limits: RawServerLimits,
     restart: Option<Spanned<String>>,
+    isolation: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    max_sessions: Option<usize>,
 }
 
 fn yes() -> bool {
@@ -430,6 +433,22 @@ pub struct Server {
     /// `per_server` and `per_tool`.
     pub rate_limits: RateLimits,
     pub restart: Restart,
+    /// `shared` (one process for every client) or `session` (one per client session).
+    pub isolation: Isolation,
+    /// With `isolation = "session"`: a session's process unused this long is stopped.
+    pub idle_timeout: Duration,
+    /// With `isolation = "session"`: processes at most; a session past it gets an error.
+    pub max_sessions: usize,
+}
+
+/// Who shares a server's process.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Isolation {
+    /// One process (or remote session) for every client.
+    Shared,
+    /// One per client session: started on first use, stopped when the session ends or
+    /// after `idle_timeout`. Questions it asks always reach the right client.
+    Session,
 }
 
 /// When a server that went away is started again.
@@ -776,6 +795,24 @@ impl Config {
                     .collect(),
                 ..RateLimits::default()
             };
+            let isolation = match s.isolation.as_ref().map(|r| r.get_ref().as_str()) {
+                None | Some("shared") => Isolation::Shared,
+                Some("session") => Isolation::Session,
+                Some(other) => {
+                    let at = s.isolation.as_ref().map_or(at, |r| r.span().start);
+                    cx.at(
+                        at,
+                        format!("servers.{name}.isolation: {other:?} is not one of shared, session"),
+                    );
+                    Isolation::Shared
+                }
+            };
+            let idle_timeout = duration(
+                &mut cx,
+                s.idle_timeout.as_ref(),
+                &format!("servers.{name}.idle_timeout"),
+                Duration::from_secs(600),
+            );
             let restart = match s.restart.as_ref().map(|r| r.get_ref().as_str()) {
                 None | Some("on-failure") => Restart::OnFailure,
                 Some("always") => Restart::Always,
@@ -801,6 +838,9 @@ impl Config {
                 transport,
                 rate_limits: server_limits.clone(),
                 restart,
+                isolation,
+                idle_timeout,
+                max_sessions: s.max_sessions.unwrap_or(100).max(1),
             };
             let command = match (s.command, s.url) {
                 (Some(_), Some(url)) => {

@@ -54,6 +54,8 @@ type Subscribers = HashMap<String, Weak<Client>>;
 
 /// Everything a reload may replace, swapped as one. Catalog routes index `servers`.
 pub struct Topology {
+    /// Some server runs a process per session (so calls carry their session).
+    pub isolated: bool,
     pub config: Arc<Config>,
     pub servers: Vec<Arc<Server>>,
     pub catalog: Arc<Catalog>,
@@ -311,7 +313,7 @@ fn err(code: i64, msg: impl AsRef<str>) -> Outcome {
 
 impl Gateway {
     pub fn new(config: Config) -> Arc<Gateway> {
-        let servers = config
+        let servers: Vec<Arc<Server>> = config
             .servers
             .iter()
             .cloned()
@@ -322,6 +324,7 @@ impl Gateway {
         let limits = Arc::new(limits_for(&config));
         let auth = Arc::new(Authenticator::new(&config.auth));
         let topo = Topology {
+            isolated: any_isolated(&servers),
             config: Arc::new(config),
             servers,
             catalog: Arc::new(Catalog::default()),
@@ -441,6 +444,7 @@ impl Gateway {
             let catalog = Arc::new(build_catalog(&config, &servers));
             let old = topo.catalog.clone();
             *topo = Arc::new(Topology {
+                isolated: any_isolated(&servers),
                 config: Arc::new(config),
                 servers,
                 catalog: catalog.clone(),
@@ -522,6 +526,16 @@ impl Gateway {
 
     /// A session ended: drop its subscriptions, unsubscribing downstreams nobody else needs.
     pub async fn forget_client(&self, client: &Client) {
+        let isolated: Vec<Arc<Server>> = self
+            .topology()
+            .servers
+            .iter()
+            .filter(|s| s.cfg.isolation == crate::config::Isolation::Session)
+            .cloned()
+            .collect();
+        for s in isolated {
+            s.end_session(&client.id).await;
+        }
         self.log_clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -578,6 +592,7 @@ impl Gateway {
             let new = Arc::new(build_catalog(&topo.config, &topo.servers));
             let old = topo.catalog.clone();
             *topo = Arc::new(Topology {
+                isolated: topo.isolated,
                 config: topo.config.clone(),
                 servers: topo.servers.clone(),
                 catalog: new.clone(),
@@ -744,6 +759,9 @@ impl Gateway {
         let _in_flight = self.metrics.in_flight();
         let mut info = CallInfo::default();
         let topo = self.topology();
+        if topo.isolated {
+            info.session = Some(client.id.clone());
+        }
         let identity = client.identity();
         // Once clients are configured, a client is its name: all its sessions share a budget.
         let rate_key = identity.as_ref().map_or(client.id.as_str(), |i| i.name.as_str());
@@ -1067,7 +1085,11 @@ impl Gateway {
                 return self.limited(method, &l, info);
             }
         }
-        let conn = match s.connection() {
+        let conn = match &info.session {
+            Some(session) => s.connection_for(session).await,
+            None => s.connection(),
+        };
+        let conn = match conn {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
@@ -1203,6 +1225,12 @@ fn decode_cursor(cursor: &str) -> Option<(String, usize)> {
     Some((method.to_owned(), offset.parse().ok()?))
 }
 
+fn any_isolated(servers: &[Arc<Server>]) -> bool {
+    servers
+        .iter()
+        .any(|s| s.cfg.isolation == crate::config::Isolation::Session)
+}
+
 /// The merged catalog of `servers` as they are now.
 fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
     let states: Vec<_> = servers
@@ -1236,6 +1264,8 @@ fn is_tool_error(result: &RawValue) -> bool {
 pub struct CallInfo {
     /// The server it went to.
     pub server: Option<Arc<str>>,
+    /// The session it came from (picks a server's per-session process).
+    pub session: Option<String>,
     /// The public tool name, for tools/call.
     pub tool: Option<String>,
     pub rate_limited: bool,

@@ -113,6 +113,14 @@ pub struct Server {
     stop: CancellationToken,
     /// Times the server was started again after its first start.
     pub restarts: std::sync::atomic::AtomicU64,
+    /// With `isolation = "session"`: each client session's own process, by session id.
+    instances: tokio::sync::Mutex<std::collections::HashMap<String, Instance>>,
+}
+
+/// One client session's own process of an isolated server.
+struct Instance {
+    conn: Connection,
+    last_used: Instant,
 }
 
 /// Which list a `list_changed` notification refers to.
@@ -176,7 +184,83 @@ impl Server {
             }),
             stop: CancellationToken::new(),
             restarts: std::sync::atomic::AtomicU64::new(0),
+            instances: tokio::sync::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// The connection that serves `session`: the shared one, or with
+    /// `isolation = "session"` the session's own process, started on first use (the
+    /// shared process then only provides the catalog).
+    pub async fn connection_for(&self, session: &str) -> Result<Connection, DsError> {
+        if self.cfg.isolation == config::Isolation::Shared {
+            return self.connection();
+        }
+        // Only a server whose catalog process is up is offered to sessions.
+        self.connection()?;
+        let mut instances = self.instances.lock().await;
+        if let Some(i) = instances.get_mut(session) {
+            if !i.conn.is_closed() {
+                i.last_used = Instant::now();
+                return Ok(i.conn.clone());
+            }
+            instances.remove(session);
+        }
+        if instances.len() >= self.cfg.max_sessions {
+            return Err(DsError::Unavailable {
+                server: self.name.clone(),
+                reason: format!(
+                    "it already runs {} session processes, its max_sessions; try again when a session ends",
+                    self.cfg.max_sessions
+                ),
+            });
+        }
+        let (conn, _info, mut incoming) = self.connect().await.map_err(|reason| DsError::Unavailable {
+            server: self.name.clone(),
+            reason: format!("cannot start a process for this session: {reason}"),
+        })?;
+        info!(server = %self.name, session, "started a process for a session");
+        // Its own notifications (list_changed...) do not change the shared catalog.
+        tokio::spawn(async move { while incoming.recv().await.is_some() {} });
+        instances.insert(
+            session.to_owned(),
+            Instance {
+                conn: conn.clone(),
+                last_used: Instant::now(),
+            },
+        );
+        Ok(conn)
+    }
+
+    /// Stops the process of `session`, if it has one.
+    pub async fn end_session(&self, session: &str) {
+        let gone = self.instances.lock().await.remove(session);
+        if let Some(i) = gone {
+            info!(server = %self.name, session, "stopping a session's process");
+            i.conn.shutdown().await;
+        }
+    }
+
+    /// Stops session processes unused for longer than `idle_timeout`.
+    pub async fn reap_idle(&self) {
+        let idle = self.cfg.idle_timeout;
+        let stale: Vec<Instance> = {
+            let mut instances = self.instances.lock().await;
+            let keys: Vec<String> = instances
+                .iter()
+                .filter(|(_, i)| i.last_used.elapsed() >= idle)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().filter_map(|k| instances.remove(k)).collect()
+        };
+        for i in stale {
+            info!(server = %self.name, "stopping an idle session's process");
+            i.conn.shutdown().await;
+        }
+    }
+
+    /// How many session processes run.
+    pub fn session_processes(&self) -> usize {
+        self.instances.try_lock().map(|i| i.len()).unwrap_or(0)
     }
 
     /// The settings a reload may change without restarting the server.
@@ -189,6 +273,9 @@ impl Server {
     pub fn same_process(&self, other: &config::Server) -> bool {
         self.cfg.name == other.name
             && self.cfg.transport == other.transport
+            && self.cfg.isolation == other.isolation
+            && self.cfg.max_sessions == other.max_sessions
+            && self.cfg.idle_timeout == other.idle_timeout
             && self.cfg.enabled == other.enabled
             && self.cfg.restart == other.restart
     }
@@ -308,6 +395,18 @@ impl Server {
     pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
+        if self.cfg.isolation == config::Isolation::Session {
+            let me = self.clone();
+            tokio::spawn(async move {
+                let every = (me.cfg.idle_timeout / 2).clamp(Duration::from_millis(100), Duration::from_secs(30));
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => me.reap_idle().await,
+                        _ = me.stop.cancelled() => return,
+                    }
+                }
+            });
+        }
         let mut failures: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
         loop {
             let began = Instant::now();
@@ -500,6 +599,8 @@ impl Server {
     /// Closes the connection (stdin, SIGTERM, SIGKILL) and marks the server stopped.
     pub async fn stop(&self) {
         self.stop.cancel();
+        let instances: Vec<Instance> = self.instances.lock().await.drain().map(|(_, i)| i).collect();
+        futures::future::join_all(instances.iter().map(|i| i.conn.shutdown())).await;
         let conn = {
             let mut s = self.state.write().unwrap_or_else(|e| e.into_inner());
             if matches!(s.status, Status::Ready | Status::Starting) {

@@ -697,6 +697,11 @@ fn status_json(http: &Http) -> Value {
                 "prompts": st.lists.prompts.len(),
                 "resources": st.lists.resources.len(),
                 "restarts": s.restarts.load(Ordering::Relaxed),
+                "isolation": match s.cfg.isolation {
+                    crate::config::Isolation::Shared => "shared",
+                    crate::config::Isolation::Session => "session",
+                },
+                "sessionProcesses": s.session_processes(),
                 "lastError": st.last_error,
             })
         })
