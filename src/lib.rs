@@ -33,6 +33,7 @@ pub mod reload;
 pub mod router;
 pub mod sse;
 pub mod supervisor;
+pub mod tasks;
 pub mod telemetry;
 
 use anyhow::Context;

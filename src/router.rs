@@ -47,6 +47,9 @@ pub struct Gateway {
     /// most verbose any session wants.
     log_clients: Mutex<HashMap<String, Weak<Client>>>,
     downstream_log: Mutex<Option<usize>>,
+    /// Tasks (2025-11-25) created through the gateway, and the sessions that own them.
+    tasks: crate::tasks::Tasks,
+    task_owners: Mutex<HashMap<String, Weak<Client>>>,
 }
 
 /// The sessions subscribed to one (server, uri), by session id.
@@ -341,6 +344,8 @@ impl Gateway {
             subscriptions: Mutex::new(HashMap::new()),
             log_clients: Mutex::new(HashMap::new()),
             downstream_log: Mutex::new(None),
+            tasks: crate::tasks::Tasks::default(),
+            task_owners: Mutex::new(HashMap::new()),
         })
     }
 
@@ -524,8 +529,97 @@ impl Gateway {
         futures::future::join_all(calls).await;
     }
 
+    /// Rewrites a server's CreateTaskResult for the client and binds the task to it.
+    fn created_task(&self, server: &Arc<str>, client: &Arc<Client>, result: &RawValue) -> Option<Outcome> {
+        let mut body = crate::tasks::open(result);
+        let Some(Value::Object(task)) = body.get_mut("task") else {
+            return None;
+        };
+        let original = task.get("taskId").and_then(Value::as_str)?.to_owned();
+        crate::tasks::rewrite_task_object(task, server);
+        crate::tasks::rewrite_task_object(&mut body, server);
+        self.tasks.register(server, &original, &client.id);
+        self.task_owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(client.id.clone(), Arc::downgrade(client));
+        Some(Outcome::Result(crate::tasks::close(body)))
+    }
+
+    /// tasks/list: this session's tasks, from every server that lists tasks.
+    async fn list_tasks(&self, topo: &Topology, client: &Arc<Client>) -> Outcome {
+        let mut all = Vec::new();
+        for s in topo.servers.iter().filter(|s| supports_tasks(s, "list")) {
+            let conn = if s.cfg.isolation == crate::config::Isolation::Session {
+                s.connection_for(&client.id).await
+            } else {
+                s.connection()
+            };
+            let Ok(conn) = conn else { continue };
+            let mut cursor: Option<String> = None;
+            for _ in 0..100 {
+                let params = cursor.as_ref().map(|c| message::to_raw(&json!({ "cursor": c })));
+                let Ok(Outcome::Result(r)) = conn
+                    .call("tasks/list", Params::Raw(params), None, s.settings().timeout)
+                    .await
+                else {
+                    break;
+                };
+                let mut page = crate::tasks::open(&r);
+                if let Some(Value::Array(tasks)) = page.remove("tasks") {
+                    for t in tasks {
+                        let Value::Object(mut t) = t else { continue };
+                        let Some(id) = t.get("taskId").and_then(Value::as_str) else {
+                            continue;
+                        };
+                        if self
+                            .tasks
+                            .resolve(&crate::tasks::public_id(&s.name, id), &client.id)
+                            .is_some()
+                        {
+                            crate::tasks::rewrite_task_object(&mut t, &s.name);
+                            all.push(Value::Object(t));
+                        }
+                    }
+                }
+                match page.remove("nextCursor") {
+                    Some(Value::String(c)) if !c.is_empty() => cursor = Some(c),
+                    _ => break,
+                }
+            }
+        }
+        Outcome::Result(message::to_raw(&json!({ "tasks": all })))
+    }
+
+    /// Delivers a server's `notifications/tasks/status` to the session that owns the task.
+    fn task_status(&self, server: &Arc<str>, method: &str, params: Option<&RawValue>) {
+        let Some(raw) = params else { return };
+        let mut body = crate::tasks::open(raw);
+        let Some(id) = body.get("taskId").and_then(Value::as_str) else {
+            return;
+        };
+        let Some(route) = self.tasks.by_origin(server, id) else {
+            return;
+        };
+        let owner = self
+            .task_owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&route.owner)
+            .and_then(Weak::upgrade);
+        let Some(owner) = owner else { return };
+        crate::tasks::rewrite_task_object(&mut body, server);
+        let line = Bytes::from(message::notification(method, Some(&crate::tasks::close(body))));
+        let _ = owner.own.send(line);
+    }
+
     /// A session ended: drop its subscriptions, unsubscribing downstreams nobody else needs.
     pub async fn forget_client(&self, client: &Client) {
+        self.tasks.forget_owner(&client.id);
+        self.task_owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&client.id);
         let isolated: Vec<Arc<Server>> = self
             .topology()
             .servers
@@ -577,6 +671,9 @@ impl Gateway {
             Event::ListsChanged { .. } => self.rebuild_catalog(true),
             Event::Notification { server, method, params } if method == "notifications/resources/updated" => {
                 self.resource_updated(&server, &method, params.as_deref());
+            }
+            Event::Notification { server, method, params } if method == "notifications/tasks/status" => {
+                self.task_status(&server, &method, params.as_deref());
             }
             Event::Notification { server, method, .. } => {
                 debug!(%server, %method, "dropping a server notification no client asked for");
@@ -684,6 +781,12 @@ impl Gateway {
         });
         if subscribable {
             caps.insert("resources".into(), json!({ "listChanged": true, "subscribe": true }));
+        }
+        if self.topology().servers.iter().any(|s| supports_tasks(s, "call")) {
+            caps.insert(
+                "tasks".into(),
+                json!({ "list": {}, "cancel": {}, "requests": { "tools": { "call": {} } } }),
+            );
         }
         for s in &self.topology().servers {
             let state = s.state();
@@ -956,8 +1059,44 @@ impl Gateway {
                     return self.limited(method, &l, info);
                 }
                 p.insert("name".into(), Value::String(route.name.clone()));
-                self.forward(topo, route.server, method, p, sink, info).await
+                // A task-augmented call goes as one only to a server that declared it can.
+                let as_task = method == "tools/call" && p.contains_key("task");
+                let server = &topo.servers[route.server];
+                if as_task && !supports_tasks(server, "call") {
+                    p.remove("task");
+                }
+                let out = self.forward(topo, route.server, method, p, sink, info).await;
+                match out {
+                    Outcome::Result(r) if as_task => self
+                        .created_task(&server.name, client, &r)
+                        .unwrap_or(Outcome::Result(r)),
+                    other => other,
+                }
             }
+            "tasks/get" | "tasks/result" | "tasks/cancel" => {
+                let mut p = match message::params_object(params.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return err(code::INVALID_PARAMS, e),
+                };
+                let public = p.get("taskId").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let found = self
+                    .tasks
+                    .resolve(&public, &client.id)
+                    .and_then(|r| topo.servers.iter().position(|s| s.name == r.server).map(|i| (i, r)));
+                let Some((server, route)) = found else {
+                    return err(code::INVALID_PARAMS, format!("unknown task: {public}"));
+                };
+                p.insert("taskId".into(), Value::String(route.task_id));
+                match self.forward(topo, server, method, p, sink, info).await {
+                    Outcome::Result(r) => {
+                        let mut body = crate::tasks::open(&r);
+                        crate::tasks::rewrite_task_object(&mut body, &route.server);
+                        Outcome::Result(crate::tasks::close(body))
+                    }
+                    other => other,
+                }
+            }
+            "tasks/list" => self.list_tasks(topo, client).await,
             "resources/read" => {
                 let p = match message::params_object(params.as_deref()) {
                     Ok(p) => p,
@@ -1223,6 +1362,28 @@ fn decode_cursor(cursor: &str) -> Option<(String, usize)> {
     let text = String::from_utf8(bytes?).ok()?;
     let (method, offset) = text.split_once('\n')?;
     Some((method.to_owned(), offset.parse().ok()?))
+}
+
+/// Whether a server declared task support: `call` for task-augmented tools/call, or
+/// `list` / `cancel` for those requests.
+fn supports_tasks(s: &Server, what: &str) -> bool {
+    let state = s.state();
+    let Some(tasks) = state
+        .info
+        .as_ref()
+        .and_then(|i| i.capabilities.as_ref())
+        .and_then(|c| c.get("tasks"))
+    else {
+        return false;
+    };
+    match what {
+        "call" => tasks
+            .get("requests")
+            .and_then(|r| r.get("tools"))
+            .and_then(|t| t.get("call"))
+            .is_some(),
+        other => tasks.get(other).is_some(),
+    }
 }
 
 fn any_isolated(servers: &[Arc<Server>]) -> bool {
