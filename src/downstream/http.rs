@@ -324,6 +324,11 @@ impl Shared {
                 ),
             },
             "notifications/cancelled" => {}
+            "notifications/elicitation/complete" if sink.is_some() => {
+                if let Some(sink) = sink {
+                    sink.try_send(bytes::Bytes::from(message::notification(&method, params.as_deref())));
+                }
+            }
             _ => {
                 let _ = self.incoming.send(Incoming::Notification { method, params }).await;
             }

@@ -225,6 +225,16 @@ impl Actor {
                     }
                 }
             }
+            "notifications/elicitation/complete" => {
+                // The end of a URL-mode elicitation: for the client of the only call in flight.
+                let mut callers = self.pending.values().filter_map(|p| p.sink.as_ref());
+                match (callers.next(), callers.next()) {
+                    (Some(sink), None) => {
+                        sink.try_send(bytes::Bytes::from(message::notification(&method, params.as_deref())));
+                    }
+                    _ => debug!("dropping notifications/elicitation/complete: its client cannot be known"),
+                }
+            }
             "notifications/message" => {
                 // Over a shared pipe a log message carries no link to a call. It goes to the
                 // caller only when exactly one call is in flight; otherwise the gateway logs it.
