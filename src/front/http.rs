@@ -479,7 +479,7 @@ async fn request(
     let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let (done_tx, done) = oneshot::channel::<Vec<u8>>();
     let gw = http.gw.clone();
-    tokio::spawn(async move {
+    let mut task = Detached(Some(Box::pin(async move {
         let out = gw
             .request(&session.client, &id, &method, params, Some(Sink::new(sink)), parent)
             .await;
@@ -491,11 +491,28 @@ async fn request(
             ))
         });
         let _ = done_tx.send(message::response(&id, &out));
-    });
+    })));
     let mut out = Box::pin(outgoing(related, done));
-    match out.next().await {
+    // The request runs right here, without a task of its own, until the first thing to
+    // send is known: the answer (the usual case: plain JSON), or a related message (then
+    // it moves to a task, and the answer follows on an SSE stream).
+    let first = {
+        let mut next = out.next();
+        loop {
+            let Some(fut) = task.0.as_mut() else {
+                break next.await;
+            };
+            tokio::select! {
+                biased;
+                item = &mut next => break item,
+                () = fut => task.0 = None,
+            }
+        }
+    };
+    match first {
         Some((true, answer)) => json_response(answer),
         Some((false, first)) => {
+            task.spawn();
             let rest = out.map(|(_, m)| m);
             let events = futures::stream::once(async move { first })
                 .chain(rest)
@@ -507,6 +524,26 @@ async fn request(
             code::INTERNAL_ERROR,
             "request task failed",
         ),
+    }
+}
+
+/// A request still running. Dropped unfinished (the client went away, or the answer
+/// goes out as SSE), it goes on in a task of its own, as if it had been spawned.
+struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>);
+
+impl Detached {
+    fn spawn(&mut self) {
+        if let Some(fut) = self.0.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(fut);
+            }
+        }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        self.spawn();
     }
 }
 
