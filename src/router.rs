@@ -459,6 +459,10 @@ impl Gateway {
             (old, catalog)
         };
         self.announce(&old_catalog, &catalog, true);
+        // A changed server's new process takes over its sessions' subscriptions and log level.
+        for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
+            self.restore(s.name.clone());
+        }
         futures::future::join_all(gone.iter().map(|s| s.stop())).await;
         info!("reload done");
     }
@@ -669,6 +673,7 @@ impl Gateway {
     fn event(&self, ev: Event) {
         match ev {
             Event::ListsChanged { .. } => self.rebuild_catalog(true),
+            Event::Restarted { server } => self.restore(server),
             Event::Notification { server, method, params } if method == "notifications/resources/updated" => {
                 self.resource_updated(&server, &method, params.as_deref());
             }
@@ -679,6 +684,45 @@ impl Gateway {
                 debug!(%server, %method, "dropping a server notification no client asked for");
             }
         }
+    }
+
+    /// Asks a restarted server again for what sessions had asked of its old process:
+    /// the resource subscriptions that still have subscribers, and the log level.
+    fn restore(&self, server: Arc<str>) {
+        let topo = self.topology();
+        let Some(s) = topo.servers.iter().find(|s| s.name == server).cloned() else {
+            return;
+        };
+        let uris: Vec<String> = self
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|((srv, _), sessions)| *srv == server && sessions.values().any(|c| c.strong_count() > 0))
+            .map(|((_, uri), _)| uri.clone())
+            .collect();
+        let level =
+            (*self.downstream_log.lock().unwrap_or_else(|e| e.into_inner())).map(|r| crate::downstream::LOG_LEVELS[r]);
+        let Ok(conn) = s.connection() else { return };
+        tokio::spawn(async move {
+            let timeout = s.settings().timeout;
+            for uri in uris {
+                let params = message::to_raw(&json!({ "uri": uri }));
+                if let Err(e) = conn
+                    .call("resources/subscribe", Params::Raw(Some(params)), None, timeout)
+                    .await
+                {
+                    warn!(server = %s.name, %uri, error = %e, "re-subscribing after a restart failed");
+                }
+            }
+            let logs = s.state().info.as_ref().is_some_and(|i| i.has("logging"));
+            if let (Some(level), true) = (level, logs) {
+                let params = message::to_raw(&json!({ "level": level }));
+                let _ = conn
+                    .call("logging/setLevel", Params::Raw(Some(params)), None, timeout)
+                    .await;
+            }
+        });
     }
 
     /// Rebuilds the merged catalog; with `notify`, tells every session which lists changed.

@@ -8,6 +8,7 @@ use crate::config;
 use crate::downstream::{self, Connection, DsError, Incoming, Params};
 use crate::message::{self, Outcome};
 use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -113,14 +114,42 @@ pub struct Server {
     stop: CancellationToken,
     /// Times the server was started again after its first start.
     pub restarts: std::sync::atomic::AtomicU64,
-    /// With `isolation = "session"`: each client session's own process, by session id.
-    instances: tokio::sync::Mutex<std::collections::HashMap<String, Instance>>,
+    /// With `isolation = "session"`: each client session's slot for its own process, by
+    /// session id. The map's lock is held only briefly; a process starts under its
+    /// session's slot lock, so a slow start holds up no other session.
+    sessions: std::sync::Mutex<std::collections::HashMap<String, Arc<Slot>>>,
+    /// Session processes running or starting: one [`Seat`] each, at most `max_sessions`.
+    seats: Arc<AtomicUsize>,
+    next_instance: AtomicU64,
+}
+
+/// A session's place for its own process of an isolated server.
+type Slot = tokio::sync::Mutex<SlotState>;
+
+#[derive(Default)]
+enum SlotState {
+    #[default]
+    Empty,
+    Running(Instance),
+    /// The session ended: no process is started for it any more.
+    Ended,
 }
 
 /// One client session's own process of an isolated server.
 struct Instance {
+    id: u64,
     conn: Connection,
     last_used: Instant,
+    _seat: Seat,
+}
+
+/// One of `max_sessions`, given back when dropped.
+struct Seat(Arc<AtomicUsize>);
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Which list a `list_changed` notification refers to.
@@ -155,6 +184,9 @@ impl ListKind {
 pub enum Event {
     /// A server's lists changed (or it became ready); the catalog must be rebuilt.
     ListsChanged { server: Arc<str> },
+    /// A server was started again: what sessions asked of the old process (resource
+    /// subscriptions, the log level) must be asked of the new one.
+    Restarted { server: Arc<str> },
     /// A notification from a server that is not about lists (e.g. resources/updated).
     Notification {
         server: Arc<str>,
@@ -184,7 +216,9 @@ impl Server {
             }),
             stop: CancellationToken::new(),
             restarts: std::sync::atomic::AtomicU64::new(0),
-            instances: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+            sessions: std::sync::Mutex::new(std::collections::HashMap::new()),
+            seats: Arc::new(AtomicUsize::new(0)),
+            next_instance: AtomicU64::new(0),
         }
     }
 
@@ -197,70 +231,125 @@ impl Server {
         }
         // Only a server whose catalog process is up is offered to sessions.
         self.connection()?;
-        let mut instances = self.instances.lock().await;
-        if let Some(i) = instances.get_mut(session) {
-            if !i.conn.is_closed() {
+        let unavailable = |reason: String| DsError::Unavailable {
+            server: self.name.clone(),
+            reason,
+        };
+        let slot = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(session.to_owned())
+            .or_default()
+            .clone();
+        let mut state = slot.lock().await;
+        if self.stop.is_cancelled() {
+            return Err(unavailable("stopped".into()));
+        }
+        match &mut *state {
+            SlotState::Ended => return Err(unavailable("this session has ended".into())),
+            // A process that exited (crashed) is replaced: its connection closes at once.
+            SlotState::Running(i) if !i.conn.is_closed() => {
                 i.last_used = Instant::now();
                 return Ok(i.conn.clone());
             }
-            instances.remove(session);
+            _ => {}
         }
-        if instances.len() >= self.cfg.max_sessions {
-            return Err(DsError::Unavailable {
-                server: self.name.clone(),
-                reason: format!(
-                    "it already runs {} session processes, its max_sessions; try again when a session ends",
-                    self.cfg.max_sessions
-                ),
-            });
+        // A dead process gives its seat back here.
+        *state = SlotState::Empty;
+        let max = self.cfg.max_sessions;
+        if self
+            .seats
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1))
+            .is_err()
+        {
+            return Err(unavailable(format!(
+                "it already runs {max} session processes, its max_sessions; try again when a session ends"
+            )));
         }
-        let (conn, _info, mut incoming) = self.connect().await.map_err(|reason| DsError::Unavailable {
-            server: self.name.clone(),
-            reason: format!("cannot start a process for this session: {reason}"),
-        })?;
+        // Given back if the start fails or the call is cancelled meanwhile.
+        let seat = Seat(self.seats.clone());
+        let (conn, _info, mut incoming) = self
+            .connect()
+            .await
+            .map_err(|reason| unavailable(format!("cannot start a process for this session: {reason}")))?;
         info!(server = %self.name, session, "started a process for a session");
-        // Its own notifications (list_changed...) do not change the shared catalog.
-        tokio::spawn(async move { while incoming.recv().await.is_some() {} });
-        instances.insert(
-            session.to_owned(),
-            Instance {
-                conn: conn.clone(),
-                last_used: Instant::now(),
-            },
-        );
+        let id = self.next_instance.fetch_add(1, Ordering::Relaxed);
+        // Its own notifications (list_changed...) do not change the shared catalog. When it
+        // exits, its slot is emptied (and its seat given back) without waiting for a call.
+        let watched = slot.clone();
+        tokio::spawn(async move {
+            while let Some(m) = incoming.recv().await {
+                if matches!(m, Incoming::Closed { .. }) {
+                    let mut s = watched.lock().await;
+                    if matches!(&*s, SlotState::Running(i) if i.id == id) {
+                        *s = SlotState::Empty;
+                    }
+                    return;
+                }
+            }
+        });
+        *state = SlotState::Running(Instance {
+            id,
+            conn: conn.clone(),
+            last_used: Instant::now(),
+            _seat: seat,
+        });
         Ok(conn)
     }
 
-    /// Stops the process of `session`, if it has one.
+    /// Stops the process of `session`, if it has one; none is started for it afterwards.
     pub async fn end_session(&self, session: &str) {
-        let gone = self.instances.lock().await.remove(session);
-        if let Some(i) = gone {
+        let slot = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session);
+        let Some(slot) = slot else { return };
+        let old = std::mem::replace(&mut *slot.lock().await, SlotState::Ended);
+        if let SlotState::Running(i) = old {
             info!(server = %self.name, session, "stopping a session's process");
             i.conn.shutdown().await;
         }
     }
 
-    /// Stops session processes unused for longer than `idle_timeout`.
+    /// Stops session processes unused for longer than `idle_timeout`. A process with a
+    /// call in flight (someone holds a handle besides its slot) is in use, not idle.
     pub async fn reap_idle(&self) {
         let idle = self.cfg.idle_timeout;
-        let stale: Vec<Instance> = {
-            let mut instances = self.instances.lock().await;
-            let keys: Vec<String> = instances
-                .iter()
-                .filter(|(_, i)| i.last_used.elapsed() >= idle)
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.iter().filter_map(|k| instances.remove(k)).collect()
-        };
-        for i in stale {
-            info!(server = %self.name, "stopping an idle session's process");
-            i.conn.shutdown().await;
+        let slots: Vec<Arc<Slot>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for slot in slots {
+            // Locked: a call of that session is looking it up or starting it.
+            let Ok(mut state) = slot.try_lock() else { continue };
+            let stale = match &mut *state {
+                SlotState::Running(i) if i.conn.handles() > 1 => {
+                    i.last_used = Instant::now();
+                    false
+                }
+                SlotState::Running(i) => i.last_used.elapsed() >= idle || i.conn.is_closed(),
+                _ => false,
+            };
+            if !stale {
+                continue;
+            }
+            let old = std::mem::take(&mut *state);
+            drop(state);
+            if let SlotState::Running(i) = old {
+                info!(server = %self.name, "stopping an idle session's process");
+                i.conn.shutdown().await;
+            }
         }
     }
 
-    /// How many session processes run.
+    /// How many session processes run (or are starting).
     pub fn session_processes(&self) -> usize {
-        self.instances.try_lock().map(|i| i.len()).unwrap_or(0)
+        self.seats.load(Ordering::SeqCst)
     }
 
     /// The settings a reload may change without restarting the server.
@@ -420,6 +509,11 @@ impl Server {
                 }
                 None if incoming.is_some() => {
                     self.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let _ = events
+                        .send(Event::Restarted {
+                            server: self.name.clone(),
+                        })
+                        .await;
                     let _ = events
                         .send(Event::ListsChanged {
                             server: self.name.clone(),
@@ -599,7 +693,19 @@ impl Server {
     /// Closes the connection (stdin, SIGTERM, SIGKILL) and marks the server stopped.
     pub async fn stop(&self) {
         self.stop.cancel();
-        let instances: Vec<Instance> = self.instances.lock().await.drain().map(|(_, i)| i).collect();
+        let slots: Vec<Arc<Slot>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        let mut instances = Vec::new();
+        for slot in slots {
+            if let SlotState::Running(i) = std::mem::replace(&mut *slot.lock().await, SlotState::Ended) {
+                instances.push(i);
+            }
+        }
         futures::future::join_all(instances.iter().map(|i| i.conn.shutdown())).await;
         let conn = {
             let mut s = self.state.write().unwrap_or_else(|e| e.into_inner());

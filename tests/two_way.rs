@@ -658,7 +658,6 @@ fn over_stdio_a_cancelled_call_withdraws_its_question() {
 /// its session) the gateway still counts the sessions' subscriptions but never subscribes
 /// the new downstream, so a server that honours subscriptions sends no more updates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "gateway gap: subscriptions are not replayed to a restarted server"]
 async fn a_restarted_server_is_subscribed_again() {
     let gw = Gateway::start(&config());
     let a = open(&gw, json!({})).await;
