@@ -7,6 +7,8 @@
 //!   `/status`, `/metrics`) and [`front::stdio`] (the gateway as a stdio server).
 //! - [`auth`]: who the client is (static tokens, OAuth JWTs) and what it may see.
 //! - [`limit`]: rate limits per IP (before parsing), per client, per server and per tool.
+//! - [`client`]: one client session: requests in flight, capabilities, questions asked of
+//!   it, its log level.
 //! - [`router`]: [`router::Gateway`] and its swappable [`router::Topology`]; answers what it
 //!   can itself (initialize, ping, lists from the catalog) and sends the rest to the owner.
 //! - [`catalog`]: the merged tools, prompts and resources; public name ↔ (server, name).
@@ -23,6 +25,7 @@
 
 pub mod auth;
 pub mod catalog;
+pub mod client;
 pub mod config;
 pub mod downstream;
 pub mod front;

@@ -1,0 +1,245 @@
+//! One client session as the router sees it: its requests in flight (for cancellation
+//! and limits), what it declared in `initialize`, the questions servers asked it, its
+//! log level and its own channel for messages meant for it alone.
+
+use crate::auth::Identity;
+use crate::downstream::Sink;
+use crate::message::{self, code, id_key, Id, Outcome};
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+fn err(code: i64, msg: impl AsRef<str>) -> Outcome {
+    Outcome::Error(message::error_object(code, msg.as_ref(), None))
+}
+
+/// One client session as the router sees it: its in-flight requests, for cancellation.
+pub struct Client {
+    /// Session id (HTTP) or "stdio"; used in logs.
+    pub id: String,
+    /// `network.transport` on spans: `tcp` (HTTP) or `pipe` (stdio).
+    pub transport: &'static str,
+    /// The protocol version the session negotiated, once known (for spans).
+    pub protocol_version: OnceLock<String>,
+    /// Who the session belongs to, when clients are configured: its allowlist and rate
+    /// limits apply. Front ends refresh it (same name) so a reload's policy takes effect.
+    pub(crate) identity: RwLock<Option<Arc<Identity>>>,
+    pub(crate) inflight: Mutex<HashMap<String, CancellationToken>>,
+    /// Woken whenever a request of this client finishes.
+    pub(crate) finished: tokio::sync::Notify,
+    /// The capabilities it declared in `initialize` (sampling, elicitation, roots).
+    pub(crate) capabilities: RwLock<Option<Map<String, Value>>>,
+    /// Questions of servers put to this client, waiting for its answer, by the id we minted.
+    pub(crate) asked: Mutex<HashMap<String, tokio::sync::oneshot::Sender<Outcome>>>,
+    pub(crate) next_ask: std::sync::atomic::AtomicU64,
+    /// Server-initiated messages for this session only (resources/updated it subscribed to).
+    pub(crate) own: broadcast::Sender<Bytes>,
+    /// The least severe log level it wants (`logging/setLevel`), as a rank; none: all.
+    pub(crate) log_level: RwLock<Option<usize>>,
+    /// The servers its calls went to (its roots/list_changed goes to these).
+    pub(crate) used: Mutex<std::collections::HashSet<Arc<str>>>,
+}
+
+/// How long a client gets to answer a server's question (a person may be answering).
+const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl crate::downstream::Peer for Client {
+    fn wants_log(&self, level: &str) -> bool {
+        let wanted = *self.log_level.read().unwrap_or_else(|e| e.into_inner());
+        match (wanted, crate::downstream::log_rank(level)) {
+            (Some(min), Some(rank)) => rank >= min,
+            _ => true,
+        }
+    }
+
+    fn ask(
+        self: Arc<Self>,
+        method: String,
+        params: Option<Box<RawValue>>,
+        sink: Sink,
+    ) -> futures::future::BoxFuture<'static, Outcome> {
+        Box::pin(async move {
+            let needs = match method.as_str() {
+                "sampling/createMessage" => Some("sampling"),
+                "elicitation/create" => Some("elicitation"),
+                "roots/list" => Some("roots"),
+                _ => None,
+            };
+            if let Some(cap) = needs {
+                let declared = self
+                    .capabilities
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .is_some_and(|c| c.contains_key(cap));
+                if !declared {
+                    return err(
+                        code::METHOD_NOT_FOUND,
+                        format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
+                    );
+                }
+            }
+            let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = Value::String(format!("mcp-gateway-{n}"));
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id_key(&id), tx);
+            debug!(session = %self.id, %method, request = %id, "asking the client for a server");
+            if !sink
+                .send(Bytes::from(message::request(&id, &method, params.as_deref())))
+                .await
+            {
+                self.asked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id_key(&id));
+                return err(
+                    code::INTERNAL_ERROR,
+                    format!("the client's stream closed before {method} could be sent"),
+                );
+            }
+            // The question lives as long as the call it was asked for: once that call is
+            // over (cancelled, timed out) nobody will read the answer.
+            let answer = tokio::select! {
+                a = tokio::time::timeout(ASK_TIMEOUT, rx) => Some(a),
+                _ = sink.call_over() => None,
+            };
+            self.asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id_key(&id));
+            let withdraw = |reason: &str| {
+                let params = message::to_raw(&json!({ "requestId": id, "reason": reason }));
+                sink.try_send(Bytes::from(message::notification(
+                    "notifications/cancelled",
+                    Some(&params),
+                )));
+            };
+            match answer {
+                Some(Ok(Ok(outcome))) => outcome,
+                Some(Ok(Err(_))) => err(
+                    code::INTERNAL_ERROR,
+                    format!("the client's session ended before it answered {method}"),
+                ),
+                Some(Err(_)) => {
+                    withdraw("timed out in mcp-gateway");
+                    err(
+                        code::REQUEST_TIMEOUT,
+                        format!("the client did not answer {method} in time"),
+                    )
+                }
+                None => {
+                    withdraw("the call it was asked for has ended");
+                    err(
+                        code::INTERNAL_ERROR,
+                        format!("the call {method} was asked for ended before the client answered"),
+                    )
+                }
+            }
+        })
+    }
+}
+
+impl Client {
+    /// Keeps the capabilities from the client's `initialize` params.
+    pub fn set_capabilities(&self, params: Option<&RawValue>) {
+        let caps = message::params_object(params)
+            .ok()
+            .and_then(|mut p| match p.remove("capabilities") {
+                Some(Value::Object(c)) => Some(c),
+                _ => None,
+            });
+        *self.capabilities.write().unwrap_or_else(|e| e.into_inner()) = caps;
+    }
+
+    /// Delivers the client's answer to a question a server asked it. False when no
+    /// question has that id.
+    pub fn answer(&self, id: Option<&Id>, outcome: Outcome) -> bool {
+        let Some(id) = id else { return false };
+        match self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&id_key(id)) {
+            Some(tx) => tx.send(outcome).is_ok(),
+            None => false,
+        }
+    }
+
+    pub fn new(id: impl Into<String>) -> Client {
+        Client {
+            id: id.into(),
+            transport: "tcp",
+            protocol_version: OnceLock::new(),
+            identity: RwLock::new(None),
+            inflight: Mutex::new(HashMap::new()),
+            finished: tokio::sync::Notify::new(),
+            capabilities: RwLock::new(None),
+            asked: Mutex::new(HashMap::new()),
+            next_ask: std::sync::atomic::AtomicU64::new(1),
+            own: broadcast::channel(64).0,
+            log_level: RwLock::new(None),
+            used: Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+
+    /// Messages meant for this session alone (its resource subscriptions).
+    pub fn subscribe_own(&self) -> broadcast::Receiver<Bytes> {
+        self.own.subscribe()
+    }
+
+    /// Sets `network.transport` for this session's spans.
+    pub fn transport(mut self, transport: &'static str) -> Client {
+        self.transport = transport;
+        self
+    }
+
+    /// The identity whose allowlist and limits apply (`None`: no auth configured).
+    pub fn identity(&self) -> Option<Arc<Identity>> {
+        self.identity.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets (or refreshes) the session's identity.
+    pub fn set_identity(&self, identity: Option<Arc<Identity>>) {
+        *self.identity.write().unwrap_or_else(|e| e.into_inner()) = identity;
+    }
+
+    pub(crate) fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Completes when no request of this client is in flight.
+    pub async fn idle(&self) {
+        loop {
+            let woken = self.finished.notified();
+            if self.inflight().is_empty() {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// Cancels every request still in flight (the session ended).
+    pub fn cancel_all(&self) {
+        for (_, t) in self.inflight().drain() {
+            t.cancel();
+        }
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// Removes a request from its client's in-flight table when it ends, whatever way.
+pub(crate) struct Unregister<'a> {
+    pub(crate) client: &'a Client,
+    pub(crate) key: String,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.client.inflight().remove(&self.key);
+        self.client.finished.notify_waiters();
+    }
+}
