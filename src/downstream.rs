@@ -387,6 +387,11 @@ impl Connection {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+
+    /// How many handles to this connection exist, this one included.
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.next_id)
+    }
 }
 
 /// Cancels a request downstream when its caller stops waiting for it.

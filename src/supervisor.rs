@@ -300,11 +300,7 @@ impl Server {
 
     /// Stops the process of `session`, if it has one; none is started for it afterwards.
     pub async fn end_session(&self, session: &str) {
-        let slot = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(session);
+        let slot = self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
         let Some(slot) = slot else { return };
         let old = std::mem::replace(&mut *slot.lock().await, SlotState::Ended);
         if let SlotState::Running(i) = old {

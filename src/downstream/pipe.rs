@@ -91,11 +91,14 @@ impl Actor {
             }
         };
         warn!(%reason, in_flight = self.pending.len(), "server exited");
+        // Handles see the connection closed before any caller hears of the exit, so the
+        // next call of an isolated session starts a new process instead of using this one.
+        commands.close();
         self.fail_all(&reason);
         self.kill_group(libc::SIGKILL);
         let clean = reason == super::stdio::CLEAN_EXIT;
         let _ = self.incoming.send(Incoming::Closed { reason, clean }).await;
-        // Keep answering commands with errors until every handle is gone.
+        // Commands queued before the close still get their errors.
         while let Some(cmd) = commands.recv().await {
             match cmd {
                 Command::Request { reply, .. } => {
