@@ -331,12 +331,9 @@ impl Gateway {
     async fn list_tasks(&self, topo: &Topology, client: &Arc<Client>) -> Outcome {
         let mut all = Vec::new();
         for s in topo.servers.iter().filter(|s| supports_tasks(s, "list")) {
-            let conn = if s.cfg.isolation == crate::config::Isolation::Session {
-                s.connection_for(&client.id).await
-            } else {
-                s.connection()
-            };
-            let Ok(conn) = conn else { continue };
+            // A session's own process holds its tasks; none is started just to list.
+            let conn = s.existing_connection_for(&client.id).await;
+            let Some(conn) = conn else { continue };
             let mut cursor: Option<String> = None;
             for _ in 0..100 {
                 let params = cursor.as_ref().map(|c| message::to_raw(&json!({ "cursor": c })));

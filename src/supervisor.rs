@@ -298,6 +298,24 @@ impl Server {
         Ok(conn)
     }
 
+    /// The connection already serving `session`, without starting a process for it.
+    pub async fn existing_connection_for(&self, session: &str) -> Option<Connection> {
+        if self.cfg.isolation == config::Isolation::Shared {
+            return self.connection().ok();
+        }
+        let slot = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session)
+            .cloned()?;
+        let state = slot.lock().await;
+        match &*state {
+            SlotState::Running(i) if !i.conn.is_closed() => Some(i.conn.clone()),
+            _ => None,
+        }
+    }
+
     /// Stops the process of `session`, if it has one; none is started for it afterwards.
     pub async fn end_session(&self, session: &str) {
         let slot = self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
