@@ -43,6 +43,12 @@ pub struct Client {
     pub(crate) log_level: RwLock<Option<usize>>,
     /// The servers its calls went to (its roots/list_changed goes to these).
     pub(crate) used: Mutex<std::collections::HashSet<Arc<str>>>,
+    /// A 2026-07-28 (stateless) client: one request, no session. Servers' questions
+    /// cannot reach it (no multi round-trip requests yet), and it gets log messages only
+    /// when its request named a level.
+    pub(crate) stateless: bool,
+    /// No log messages at all (a stateless request without `logLevel`).
+    pub(crate) silent: bool,
 }
 
 /// How long a client gets to answer a server's question (a person may be answering).
@@ -50,6 +56,9 @@ const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl crate::downstream::Peer for Client {
     fn wants_log(&self, level: &str) -> bool {
+        if self.silent {
+            return false;
+        }
         let wanted = *self.log_level.read().unwrap_or_else(|e| e.into_inner());
         match (wanted, crate::downstream::log_rank(level)) {
             (Some(min), Some(rank)) => rank >= min,
@@ -83,6 +92,14 @@ impl crate::downstream::Peer for Client {
                         format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
                     );
                 }
+            }
+            if self.stateless {
+                return err(
+                    code::METHOD_NOT_FOUND,
+                    format!(
+                        "the client speaks 2026-07-28 (stateless) and mcp-gateway cannot relay {method} to it yet (no multi round-trip requests)"
+                    ),
+                );
             }
             let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let id = Value::String(format!("mcp-gateway-{n}"));
@@ -183,7 +200,19 @@ impl Client {
             own: broadcast::channel(64).0,
             log_level: RwLock::new(None),
             used: Mutex::new(std::collections::HashSet::new()),
+            stateless: false,
+            silent: false,
         }
+    }
+
+    /// Makes this a 2026-07-28 (stateless) client with the capabilities its request's
+    /// `_meta` declared and the log level it asked for (none: no log messages).
+    pub fn stateless(mut self, capabilities: Map<String, Value>, log_rank: Option<usize>) -> Client {
+        self.stateless = true;
+        self.silent = log_rank.is_none();
+        self.capabilities = RwLock::new(Some(capabilities));
+        self.log_level = RwLock::new(log_rank);
+        self
     }
 
     /// Messages meant for this session alone (its resource subscriptions).

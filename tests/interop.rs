@@ -197,7 +197,7 @@ async fn python_sdk_client_legacy_mode() {
 }
 
 #[tokio::test]
-async fn python_sdk_client_auto_mode_falls_back_to_initialize_quickly() {
+async fn python_sdk_client_auto_mode_is_served_statelessly() {
     require_deps();
     let gw = Gateway::start(&three_servers());
     let ctx = || format!("gateway stderr:\n{}", gw.logs());
@@ -215,16 +215,11 @@ async fn python_sdk_client_auto_mode_falls_back_to_initialize_quickly() {
         let connect = out["connectSeconds"]
             .as_f64()
             .unwrap_or_else(|| panic!("no connectSeconds in {out}"));
-        // The gateway speaks the handshake era: the discover probe must have been refused
-        // and the client must have fallen back to initialize.
+        // The gateway serves 2026-07-28 statelessly: the discover probe succeeds and the
+        // client stays modern (no initialize).
         eprintln!("auto mode: connect {connect} s, whole run {took:?}");
-        let pv = out["protocolVersion"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no protocolVersion in {out}"));
-        assert!(
-            ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"].contains(&pv),
-            "auto mode negotiated {pv:?}, not a handshake-era version: {out}"
-        );
+        assert_eq!(out["protocolVersion"], "2026-07-28", "{out}");
+        assert_eq!(out["serverInfo"]["name"], "mcp-gateway", "{out}");
         assert!(
             connect < AUTO_MODE_BUDGET.as_secs_f64(),
             "auto mode needed {connect} s to connect (whole run {took:?}): the server/discover probe \
@@ -234,8 +229,8 @@ async fn python_sdk_client_auto_mode_falls_back_to_initialize_quickly() {
     }
 }
 
-/// What the auto-mode client sees first: a session-less `server/discover` gets an immediate
-/// 4xx with a JSON-RPC error body (its cue to fall back to initialize), not a hang.
+/// A session-less `server/discover` without the 2026-07-28 `_meta` gets an immediate 4xx
+/// with a JSON-RPC error body (a client's cue to fix the request or fall back), not a hang.
 #[tokio::test]
 async fn discover_probe_is_refused_at_once() {
     let gw = Gateway::start(&format!("[servers.calc]\n{}", mock("calc", &[])));

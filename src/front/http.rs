@@ -1,4 +1,5 @@
-//! The public Streamable HTTP endpoint (handshake era: 2025-03-26 … 2025-11-25).
+//! The public Streamable HTTP endpoint (handshake era: 2025-03-26 … 2025-11-25; a
+//! sessionless request with 2026-07-28 `_meta` goes to [`super::modern`] instead).
 //!
 //! POST carries one JSON-RPC message. `initialize` opens a session with a random
 //! `Mcp-Session-Id`; every other message needs that header (400 without it, 404 for an
@@ -11,6 +12,7 @@
 //! token (401 with `WWW-Authenticate` otherwise) and a session belongs to the identity
 //! that opened it (404 for anyone else). The RFC 9728 metadata is served with OAuth.
 
+use super::modern;
 use crate::auth::{self, Identity};
 use crate::downstream::{Sink, SINK_QUEUE};
 use crate::message::{self, code, Id, Kind, Outcome};
@@ -165,6 +167,7 @@ fn rpc_error(status: StatusCode, code: i64, msg: &str) -> Response {
         status,
         code,
         message: msg.to_owned(),
+        data: None,
     }
     .answer(&Value::Null)
 }
@@ -174,6 +177,7 @@ struct Reject {
     status: StatusCode,
     code: i64,
     message: String,
+    data: Option<Value>,
 }
 
 impl Reject {
@@ -182,6 +186,7 @@ impl Reject {
             status,
             code,
             message: message.into(),
+            data: None,
         }
     }
 
@@ -189,7 +194,7 @@ impl Reject {
     fn answer(self, id: &Id) -> Response {
         let body = message::response(
             id,
-            &Outcome::Error(message::error_object(self.code, &self.message, None)),
+            &Outcome::Error(message::error_object(self.code, &self.message, self.data)),
         );
         (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
     }
@@ -344,7 +349,12 @@ fn new_session_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> Response {
+async fn post(
+    State(http): State<Http>,
+    extensions: axum::http::Extensions,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
@@ -382,6 +392,18 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> Respo
             return rpc_error(StatusCode::BAD_REQUEST, e.code(), &msg);
         }
     };
+    if !headers.contains_key(SESSION_HEADER) {
+        let stateless = match &msg {
+            Kind::Request { method, params, .. } => modern::is_modern(&headers, method, params.as_deref()),
+            _ => headers.get(VERSION_HEADER).and_then(|v| v.to_str().ok()).map(str::trim) == Some(modern::VERSION),
+        };
+        if stateless {
+            let peer = extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip());
+            return serve_stateless(http, &headers, msg, who, peer).await;
+        }
+    }
     if let Kind::Request { id, method, params } = &msg {
         if method == "initialize" {
             return initialize(&http, id, params.as_deref(), who);
@@ -411,10 +433,76 @@ async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> Respo
         }
         Kind::Request { id, method, params } => {
             let parent = crate::telemetry::from_headers(&headers);
-            request(http, session, id, method, params, parent).await
+            request(http, session.client.clone(), id, method, params, parent, None).await
         }
     }
 }
+
+/// A 2026-07-28 (stateless) request: validated and decorated by [`modern`], run as an
+/// ephemeral client named after the caller's identity (with auth) or IP address.
+async fn serve_stateless(
+    http: Http,
+    headers: &HeaderMap,
+    msg: Kind,
+    who: Option<Arc<Identity>>,
+    peer: Option<std::net::IpAddr>,
+) -> Response {
+    let (id, method, params) = match msg {
+        Kind::Request { id, method, params } => (id, method, params),
+        // No client notification is defined for 2026-07-28 over HTTP: accepted, ignored.
+        Kind::Notification { .. } => return StatusCode::ACCEPTED.into_response(),
+        Kind::Response { .. } => {
+            return Reject::new(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                "a 2026-07-28 client sends no responses (servers ask nothing of it here)",
+            )
+            .into_response()
+        }
+    };
+    let prepared = match modern::prepare(headers, &method, params.as_deref()) {
+        Ok(p) => p,
+        Err(r) => {
+            return Reject {
+                status: r.status,
+                code: r.code,
+                message: r.message,
+                data: r.data,
+            }
+            .answer(&id)
+        }
+    };
+    let private = http.gw.topology().auth.required();
+    let init = http.gw.initialize_result(None);
+    if method == "server/discover" {
+        return json_response(message::response(&id, &modern::discover(&init, private)));
+    }
+    let key = match (&who, peer) {
+        (Some(i), _) => i.name.clone(),
+        (None, Some(ip)) => ip.to_string(),
+        (None, None) => "unknown".to_owned(),
+    };
+    let client = Client::new(format!("stateless:{key}")).stateless(prepared.capabilities, prepared.log_rank);
+    let _ = client.protocol_version.set(modern::VERSION.to_owned());
+    client.set_identity(who);
+    let parent = crate::telemetry::from_headers(headers);
+    let uri = prepared.uri;
+    let name = method.clone();
+    let finish: Finish = Box::new(move |out| modern::finish(&name, out, &init, private, uri.as_deref()));
+    request(
+        http,
+        Arc::new(client),
+        id,
+        method,
+        prepared.params,
+        parent,
+        Some(finish),
+    )
+    .await
+}
+
+/// Rewrites a request's outcome before it is sent (the stateless era decorates results).
+type Finish = Box<dyn FnOnce(Outcome) -> Outcome + Send>;
 
 fn initialize(
     http: &Http,
@@ -470,18 +558,19 @@ fn initialize(
 /// Runs one request; answers with JSON if nothing else has to be sent first, else SSE.
 async fn request(
     http: Http,
-    session: Arc<Session>,
+    client: Arc<Client>,
     id: Id,
     method: String,
     params: Option<Box<serde_json::value::RawValue>>,
     parent: Option<opentelemetry::Context>,
+    finish: Option<Finish>,
 ) -> Response {
     let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let (done_tx, done) = oneshot::channel::<Vec<u8>>();
     let gw = http.gw.clone();
     let mut task = Detached(Some(Box::pin(async move {
         let out = gw
-            .request(&session.client, &id, &method, params, Some(Sink::new(sink)), parent)
+            .request(&client, &id, &method, params, Some(Sink::new(sink)), parent)
             .await;
         let out = out.unwrap_or_else(|| {
             Outcome::Error(message::error_object(
@@ -490,6 +579,10 @@ async fn request(
                 None,
             ))
         });
+        let out = match finish {
+            Some(f) => f(out),
+            None => out,
+        };
         let _ = done_tx.send(message::response(&id, &out));
     })));
     let mut out = Box::pin(outgoing(related, done));
