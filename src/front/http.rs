@@ -460,7 +460,22 @@ async fn serve_stateless(
             .into_response()
         }
     };
-    let prepared = match modern::prepare(headers, &method, params.as_deref()) {
+    let topo = http.gw.topology();
+    // A tool the caller's allowlist hides is not looked at (it is answered as unknown).
+    let tool_schema = |name: &str| -> Option<Value> {
+        if !who.as_ref().is_none_or(|i| i.permits(name)) {
+            return None;
+        }
+        let route = topo.catalog.tools.get(name)?;
+        let state = topo.servers.get(route.server)?.state();
+        let tool = state
+            .lists
+            .tools
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(&route.name))?;
+        tool.get("inputSchema").cloned()
+    };
+    let prepared = match modern::prepare(headers, &method, params.as_deref(), tool_schema) {
         Ok(p) => p,
         Err(r) => {
             return Reject {
@@ -472,7 +487,7 @@ async fn serve_stateless(
             .answer(&id)
         }
     };
-    let private = http.gw.topology().auth.required();
+    let private = topo.auth.required();
     let init = http.gw.initialize_result(None);
     if method == "server/discover" {
         return json_response(message::response(&id, &modern::discover(&init, private)));

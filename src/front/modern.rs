@@ -5,7 +5,8 @@
 //! `MCP-Protocol-Version` header is 2026-07-28) is served here: no session, the version
 //! and the client's capabilities come with every request. [`prepare`] validates the
 //! request the way the revision's Streamable HTTP binding says (400 with -32602 for bad
-//! `_meta`, -32020 for headers that are missing or disagree with the body, -32022 for an
+//! `_meta`, -32020 for headers (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`, the
+//! `Mcp-Param-*` a tool's schema asks for) that are missing or disagree with the body, -32022 for an
 //! unsupported version; 404 with -32601 for removed and unknown methods); [`finish`]
 //! decorates every result (`resultType`, `_meta` serverInfo, caching hints).
 //!
@@ -115,7 +116,13 @@ pub struct Prepared {
 }
 
 /// Validates a sessionless request per the 2026-07-28 Streamable HTTP binding.
-pub fn prepare(headers: &HeaderMap, method: &str, params: Option<&RawValue>) -> Result<Prepared, Refusal> {
+/// `tool_schema` gives a tool's `inputSchema` by public name, for its `Mcp-Param-*` headers.
+pub fn prepare(
+    headers: &HeaderMap,
+    method: &str,
+    params: Option<&RawValue>,
+    tool_schema: impl Fn(&str) -> Option<Value>,
+) -> Result<Prepared, Refusal> {
     let bad = |m: &str| refuse(StatusCode::BAD_REQUEST, code::INVALID_PARAMS, m);
     let mut p = match params {
         None => Map::new(),
@@ -196,6 +203,11 @@ pub fn prepare(headers: &HeaderMap, method: &str, params: Option<&RawValue>) -> 
             if field == "uri" {
                 uri = Some(body.clone());
             }
+            if method == "tools/call" {
+                if let Some(schema) = tool_schema(body) {
+                    check_param_headers(headers, &schema, p.get("arguments"))?;
+                }
+            }
         }
     }
     let log_rank = match meta.remove(META_LOG) {
@@ -223,6 +235,49 @@ pub fn prepare(headers: &HeaderMap, method: &str, params: Option<&RawValue>) -> 
         params,
         uri,
     })
+}
+
+/// Checks the `Mcp-Param-{h}` headers a tool's `inputSchema` asks for (`x-mcp-header: h` on a
+/// property reached through `properties` keys only) against the call's arguments: a value
+/// in the body needs its header, equal after Base64 decoding (numbers compared as numbers).
+/// A header whose value is absent (or null) in the body is not expected.
+pub fn check_param_headers(headers: &HeaderMap, schema: &Value, arguments: Option<&Value>) -> Result<(), Refusal> {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    for (key, prop) in props {
+        let value = arguments.and_then(|a| a.get(key)).filter(|v| !v.is_null());
+        if let Some(Value::String(h)) = prop.get("x-mcp-header") {
+            let Some(value) = value else { continue };
+            let mismatch = |m: String| {
+                refuse(
+                    StatusCode::BAD_REQUEST,
+                    HEADER_MISMATCH,
+                    format!("Header mismatch: {m}"),
+                )
+            };
+            let name = format!("mcp-param-{}", h.to_ascii_lowercase());
+            let Some(got) = header(headers, &name)?.map(decode).transpose()? else {
+                return Err(mismatch(format!(
+                    "the Mcp-Param-{h} header is missing (arguments.{key} is set)"
+                )));
+            };
+            let same = match value {
+                Value::String(s) => got == *s,
+                Value::Bool(b) => got == b.to_string(),
+                Value::Number(n) => got.parse::<f64>().ok().zip(n.as_f64()).is_some_and(|(a, b)| a == b),
+                _ => false,
+            };
+            if !same {
+                return Err(mismatch(format!(
+                    "Mcp-Param-{h} header value '{got}' does not match arguments.{key} {value}"
+                )));
+            }
+        } else if prop.get("properties").is_some() {
+            check_param_headers(headers, prop, value)?;
+        }
+    }
+    Ok(())
 }
 
 /// A header's value, trimmed; -32020 when it is not visible ASCII.
@@ -375,6 +430,52 @@ fn finish_value(method: &str, mut v: Value, info: &Value, private: bool) -> Outc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn param_headers() {
+        let schema = json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "n": {"type": "integer", "x-mcp-header": "N"},
+            "deep": {"type": "object", "properties": {"flag": {"type": "boolean", "x-mcp-header": "Flag"}}},
+            "plain": {"type": "string"},
+        }});
+        let h = |pairs: &[(&str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(
+                    axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            m
+        };
+        let ok = |hs: &[(&str, &str)], args: Value| check_param_headers(&h(hs), &schema, Some(&args)).is_ok();
+        assert!(ok(&[], json!({"plain": "x"})));
+        assert!(ok(&[("Mcp-Param-Region", "us-west1")], json!({"region": "us-west1"})));
+        assert!(ok(
+            &[("mcp-param-region", "=?base64?SGVsbG8=?=")],
+            json!({"region": "Hello"})
+        ));
+        assert!(!ok(
+            &[("mcp-param-region", "=?base64?SGVsbG8?=")],
+            json!({"region": "Hello"})
+        ));
+        assert!(ok(
+            &[("mcp-param-region", "=?base64?SGVsbG8")],
+            json!({"region": "=?base64?SGVsbG8"})
+        ));
+        assert!(!ok(&[], json!({"region": "us-west1"})));
+        assert!(ok(&[], json!({"region": null})));
+        assert!(!ok(&[("Mcp-Param-Region", "eu")], json!({"region": "us"})));
+        assert!(ok(&[("Mcp-Param-N", "42.0")], json!({"n": 42})));
+        assert!(!ok(&[("Mcp-Param-N", "41")], json!({"n": 42})));
+        assert!(ok(&[("Mcp-Param-Flag", "true")], json!({"deep": {"flag": true}})));
+        assert!(!ok(&[], json!({"deep": {"flag": false}})));
+        let e = check_param_headers(&h(&[]), &schema, Some(&json!({"region": "x"})))
+            .err()
+            .unwrap();
+        assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, HEADER_MISMATCH));
+    }
 
     #[test]
     fn base64_strict() {
