@@ -848,23 +848,8 @@ async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> R
         })
     };
     // One session for the whole run.
-    let (target, s) = open_session(addr, &path).await?;
     let tool = format!("{SERVER}__echo");
-    let sh = Arc::new(Shared {
-        next_id: AtomicU64::new(1),
-        done: AtomicU64::new(0),
-        tool: tool.clone(),
-        text: args.text.clone(),
-        expect: expected_text(&args.text),
-    });
-    // One checked call so a broken setup fails loudly before any timing.
-    let mut probe = Worker::Http {
-        target: target.clone(),
-        sender: Some(s),
-        check_id: true,
-    };
-    probe.call(&sh).await.context("first tools/call through the gateway")?;
-    drop(probe);
+    let (target, sh) = checked_session(addr, &path, &tool, args).await?;
 
     let fixture = children(pid).first().copied();
     let procs = Procs {
@@ -1101,6 +1086,26 @@ async fn init_session(s: &mut http1::SendRequest<Full<Bytes>>, base: &Target) ->
 }
 
 /// A new connection and a new session on it.
+/// Opens one session and makes one checked call on it, so a broken setup fails loudly
+/// before any timing; returns the session's target and the shared call state.
+async fn checked_session(addr: SocketAddr, path: &str, tool: &str, args: &Args) -> Result<(Target, Arc<Shared>)> {
+    let (target, s) = open_session(addr, path).await?;
+    let sh = Arc::new(Shared {
+        next_id: AtomicU64::new(1),
+        done: AtomicU64::new(0),
+        tool: tool.to_owned(),
+        text: args.text.clone(),
+        expect: expected_text(&args.text),
+    });
+    let mut probe = Worker::Http {
+        target: target.clone(),
+        sender: Some(s),
+        check_id: true,
+    };
+    probe.call(&sh).await.context("first tools/call through the gateway")?;
+    Ok((target, sh))
+}
+
 async fn open_session(addr: SocketAddr, path: &str) -> Result<(Target, http1::SendRequest<Full<Bytes>>)> {
     let base = Target {
         addr,
@@ -1405,21 +1410,7 @@ async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<Ta
     let total = args.soak_calls;
     let c = args.soak_concurrency;
     let gw = start_gateway(args, "soak", &echo_specs(args, 1), "").await?;
-    let (target, s) = open_session(gw.addr, &gw.path).await?;
-    let sh = Arc::new(Shared {
-        next_id: AtomicU64::new(1),
-        done: AtomicU64::new(0),
-        tool: format!("{SERVER}__echo"),
-        text: args.text.clone(),
-        expect: expected_text(&args.text),
-    });
-    let mut probe = Worker::Http {
-        target: target.clone(),
-        sender: Some(s),
-        check_id: true,
-    };
-    probe.call(&sh).await.context("first tools/call through the gateway")?;
-    drop(probe);
+    let (target, sh) = checked_session(gw.addr, &gw.path, &format!("{SERVER}__echo"), args).await?;
     let start_done = sh.done.load(Ordering::Relaxed);
     let mut samples: Vec<(u64, u64)> = vec![(0, gw.rss().unwrap_or(0))];
     let mut workers = Vec::with_capacity(c);
