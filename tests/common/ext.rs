@@ -259,22 +259,8 @@ pub struct StdioGateway {
 
 impl StdioGateway {
     pub fn start(config: &str, env: &[(&str, &str)]) -> StdioGateway {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("gateway.toml");
-        std::fs::write(&path, config).unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.arg("stdio")
-            .arg("--config")
-            .arg(&path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if std::env::var_os("MCP_GATEWAY_LOG").is_none() {
-            cmd.env("MCP_GATEWAY_LOG", "info");
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let (dir, mut cmd) = super::gateway_command(config, &["stdio"], env);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn gateway stdio");
         let stdin = child.stdin.take();
         let out = child.stdout.take().unwrap();

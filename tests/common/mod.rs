@@ -44,6 +44,23 @@ pub fn toml_list(items: &[String]) -> String {
     )
 }
 
+/// The gateway binary with `args`, `--config` of `config` written to a fresh temp dir
+/// (kept alive by the returned guard), `MCP_GATEWAY_LOG=info` unless set, and `env`.
+pub fn gateway_command(config: &str, args: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, Command) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config).expect("write config");
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).arg("--config").arg(&path);
+    if std::env::var_os("MCP_GATEWAY_LOG").is_none() {
+        cmd.env("MCP_GATEWAY_LOG", "info");
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    (dir, cmd)
+}
+
 /// A running gateway. Killed (SIGKILL) on drop if still running.
 pub struct Gateway {
     pub child: Child,
@@ -61,21 +78,8 @@ impl Gateway {
     }
 
     pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Gateway {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("gateway.toml");
-        std::fs::write(&path, config).expect("write config");
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if std::env::var_os("MCP_GATEWAY_LOG").is_none() {
-            cmd.env("MCP_GATEWAY_LOG", "info");
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let (dir, mut cmd) = gateway_command(config, &["serve", "--listen", "127.0.0.1:0"], env);
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn gateway");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
