@@ -275,6 +275,46 @@ pub fn params_object(params: Option<&RawValue>) -> Result<Map<String, Value>, St
     }
 }
 
+/// Whether a tool result says `"isError": true` at its top level (for metrics and traces).
+///
+/// Most results carry no `isError` at all, so the bytes are searched first (SIMD
+/// `memchr` for `E` and `\\`, no parse): without the text `isError` and without any `\u` escape (the only
+/// other way to spell a key's letters) the key cannot be there. Otherwise the top-level
+/// object is parsed with every value but `isError` skipped unread (`IgnoredAny`, no
+/// allocation), so an `isError` nested in content, or inside a string, does not count.
+/// Anything that is not an object, or whose `isError` is not a boolean, is not an error.
+pub fn is_tool_error(result: &RawValue) -> bool {
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+    let bytes = result.get().as_bytes();
+    let named =
+        memchr::memchr_iter(b'E', bytes).any(|i| bytes[..i].ends_with(b"is") && bytes[i..].starts_with(b"Error"));
+    let escaped = || memchr::memchr_iter(b'\\', bytes).any(|i| bytes.get(i + 1) == Some(&b'u'));
+    if !named && !escaped() {
+        return false;
+    }
+    struct Top;
+    impl<'de> Visitor<'de> for Top {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a tool result object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            let mut is_error = false;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "isError" {
+                    // A non-boolean isError makes the whole parse fail: not an error.
+                    is_error = map.next_value::<bool>()?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(is_error)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(result.get());
+    serde::Deserializer::deserialize_map(&mut de, Top).unwrap_or(false)
+}
+
 /// The `code` and `message` of an error object, for logs and metrics.
 pub fn error_summary(err: &RawValue) -> (i64, String) {
     #[derive(Deserialize)]
@@ -377,6 +417,25 @@ mod tests {
             request_with_object(3, "x", &Map::new()),
             br#"{"jsonrpc":"2.0","id":3,"method":"x","params":{}}"#.to_vec()
         );
+    }
+
+    #[test]
+    fn tool_errors_are_top_level_booleans() {
+        let yes = |s: &str| is_tool_error(&RawValue::from_string(s.to_owned()).unwrap());
+        assert!(yes(r#"{"content":[],"isError":true}"#));
+        assert!(yes(r#"{"isError":true,"content":[{"type":"text","text":"x"}]}"#));
+        assert!(yes(r#"{"content":[], "\u0069sError" : true}"#));
+        assert!(!yes(r#"{"content":[],"isError":false}"#));
+        assert!(!yes(r#"{"content":[]}"#));
+        assert!(!yes(r#"{"content":[{"type":"text","text":"\"isError\":true"}]}"#));
+        assert!(!yes(
+            r#"{"content":[{"isError":true}],"structuredContent":{"isError":true}}"#
+        ));
+        assert!(!yes(r#"{"content":[],"isError":"true"}"#));
+        assert!(!yes(r#"{"content":[],"isError":1}"#));
+        assert!(!yes(r#"[{"isError":true}]"#));
+        assert!(!yes(r#""isError""#));
+        assert!(!yes(r#"{"text":"caf\u00e9"}"#));
     }
 
     #[test]

@@ -484,7 +484,7 @@ impl Gateway {
             (true, _) => metrics::Outcome::RateLimited,
             (false, None) => metrics::Outcome::Cancelled,
             (false, Some(Outcome::Error(_))) => metrics::Outcome::Error,
-            (false, Some(Outcome::Result(r))) if method == "tools/call" && is_tool_error(r) => {
+            (false, Some(Outcome::Result(r))) if method == "tools/call" && message::is_tool_error(r) => {
                 metrics::Outcome::ToolError
             }
             (false, Some(Outcome::Result(_))) => metrics::Outcome::Ok,
@@ -968,16 +968,6 @@ fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
         })
         .collect();
     Catalog::build(&config.gateway.separator, &sources)
-}
-
-/// Whether a tool result says `isError: true`.
-fn is_tool_error(result: &RawValue) -> bool {
-    #[derive(serde::Deserialize)]
-    struct R {
-        #[serde(rename = "isError", default)]
-        is_error: bool,
-    }
-    serde_json::from_str::<R>(result.get()).is_ok_and(|r| r.is_error)
 }
 
 /// What the router learned about a request on its way, for metrics and traces.

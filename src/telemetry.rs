@@ -512,17 +512,15 @@ fn finish(span: &Span, kind: Kind, error_type: &str) {
 }
 
 fn classify(method: &str, o: &Outcome) -> Kind {
-    #[derive(Deserialize)]
-    struct R {
-        #[serde(default, rename = "isError")]
-        is_error: bool,
-    }
     match o {
         Outcome::Error(_) => Kind::Error,
-        Outcome::Result(r) if method == "tools/call" => match serde_json::from_str::<R>(r.get()) {
-            Ok(R { is_error: true }) => Kind::ToolError,
-            _ => Kind::Ok,
-        },
+        Outcome::Result(r) if method == "tools/call" => {
+            if crate::message::is_tool_error(r) {
+                Kind::ToolError
+            } else {
+                Kind::Ok
+            }
+        }
         Outcome::Result(_) => Kind::Ok,
     }
 }
