@@ -12,7 +12,7 @@ use crate::catalog::{Catalog, Source};
 pub use crate::client::Client;
 use crate::client::Unregister;
 use crate::config::Config;
-use crate::downstream::{Params, Sink};
+use crate::downstream::{OpenParams, Sink};
 use crate::limit::{Limited, Limits};
 use crate::message::{self, code, id_key, Id, Outcome};
 use crate::metrics::{self, Metrics};
@@ -612,11 +612,13 @@ impl Gateway {
                 } else {
                     (&catalog.prompts, "prompt")
                 };
-                let mut p = match message::params_object(params.as_deref()) {
+                // Opened one level only: `arguments` goes on as the client wrote it.
+                let mut p = match message::Members::parse(params) {
                     Ok(p) => p,
                     Err(e) => return err(code::INVALID_PARAMS, e),
                 };
-                let Some(name) = p.get("name").and_then(Value::as_str) else {
+                let name = p.get_str("name");
+                let Some(name) = name.as_deref() else {
                     return err(code::INVALID_PARAMS, format!("{method} needs params.name"));
                 };
                 let Some(route) = table.get(name).filter(|_| visible(name)) else {
@@ -640,7 +642,7 @@ impl Gateway {
                 if let Err(l) = topo.limits.check_server(route.server, tool) {
                     return self.limited(method, &l, info);
                 }
-                p.insert("name".into(), Value::String(route.name.clone()));
+                p.insert_str("name", &route.name);
                 // A task-augmented call goes as one only to a server that declared it can.
                 let as_task = method == "tools/call" && p.contains_key("task");
                 let server = &topo.servers[route.server];
@@ -794,7 +796,7 @@ impl Gateway {
         topo: &Topology,
         server: usize,
         method: &str,
-        mut params: Map<String, Value>,
+        mut params: impl OpenParams,
         sink: Option<Sink>,
         info: &mut CallInfo,
     ) -> Outcome {
@@ -814,10 +816,7 @@ impl Gateway {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
-        let progress = match params.get_mut("_meta") {
-            Some(Value::Object(meta)) => meta.remove("progressToken"),
-            _ => None,
-        };
+        let progress = params.meta().and_then(|meta| meta.remove("progressToken"));
         let sink = if progress.is_some() || sink.is_some() {
             sink
         } else {
@@ -835,11 +834,11 @@ impl Gateway {
             },
             version.as_deref(),
             method,
-            params.get("name").and_then(Value::as_str),
+            params.name().as_deref(),
         );
         ds.inject(&mut params);
         let res = conn
-            .call(method, Params::Object { params, progress }, sink, s.settings().timeout)
+            .call(method, params.into_params(progress), sink, s.settings().timeout)
             .instrument(ds.span.clone())
             .await;
         ds.finish(&res);
