@@ -100,7 +100,12 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
 impl Kind {
     /// Parses one JSON-RPC message (not a batch).
     pub fn parse(bytes: &[u8]) -> Result<Kind, ParseError> {
-        let wire: Wire = match serde_json::from_slice(bytes) {
+        // UTF-8 checked once over the whole message: parsing from a `&str` then borrows
+        // each string and raw value without checking its bytes again (from a `&[u8]`,
+        // serde_json re-validates every one of them).
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| ParseError::Json(format!("the message is not UTF-8: {e}")))?;
+        let wire: Wire = match serde_json::from_str(text) {
             Ok(w) => w,
             Err(e) => {
                 // Valid JSON of the wrong shape (an array, a number, a field of the wrong
