@@ -181,6 +181,9 @@ impl Gateway {
         if config.gateway.listen != old.config.gateway.listen || config.gateway.path != old.config.gateway.path {
             warn!("gateway.listen and gateway.path changes take effect after a restart");
         }
+        if config.gateway.worker_threads != old.config.gateway.worker_threads {
+            warn!("gateway.worker_threads changes take effect after a restart");
+        }
         let mut servers = Vec::with_capacity(config.servers.len());
         let mut added = Vec::new();
         for cfg in &config.servers {
