@@ -208,7 +208,12 @@ impl IntoResponse for Reject {
 
 fn json_response(body: impl Into<Body>) -> Response {
     let body: Body = body.into();
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    // A static header value: a `&str` here would be copied into a new buffer per response.
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
 }
 
 /// Checks Origin (when present) and Host against localhost and the configured lists.
