@@ -255,6 +255,9 @@ pub trait OpenParams {
     fn name(&self) -> Option<std::borrow::Cow<'_, str>>;
     /// The params to send, with the caller's progress token.
     fn into_params(self, progress: Option<Id>) -> Params;
+    /// The whole params as a map, for code that edits more than `_meta` (for
+    /// [`message::Members`] this parses every value: use it only where needed).
+    fn into_map(self) -> Map<String, Value>;
 }
 
 impl OpenParams for Map<String, Value> {
@@ -279,6 +282,10 @@ impl OpenParams for Map<String, Value> {
     fn into_params(self, progress: Option<Id>) -> Params {
         Params::Object { params: self, progress }
     }
+
+    fn into_map(self) -> Map<String, Value> {
+        self
+    }
 }
 
 impl OpenParams for message::Members {
@@ -296,6 +303,10 @@ impl OpenParams for message::Members {
 
     fn into_params(self, progress: Option<Id>) -> Params {
         Params::Members { params: self, progress }
+    }
+
+    fn into_map(self) -> Map<String, Value> {
+        message::Members::into_map(self)
     }
 }
 

@@ -508,6 +508,28 @@ impl Members {
         out.push(b'}');
     }
 
+    /// The whole object as a `serde_json` map (every value parsed), for code that needs
+    /// to read or edit more than `name`, `task` and `_meta`. A member whose text does not
+    /// parse (it always does: it came from parsed JSON) is left out.
+    pub fn into_map(self) -> Map<String, Value> {
+        let mut out = Map::with_capacity(self.entries.len());
+        for (k, v) in &self.entries {
+            let value = match v {
+                MemberValue::Span(r) => self
+                    .text
+                    .get()
+                    .get(r.clone())
+                    .and_then(|t| serde_json::from_str(t).ok()),
+                MemberValue::Raw(b) => serde_json::from_str(b.get()).ok(),
+                MemberValue::Object(m) => Some(Value::Object(m.clone())),
+            };
+            if let Some(value) = value {
+                out.insert(self.key_of(k).to_owned(), value);
+            }
+        }
+        out
+    }
+
     /// About how many bytes [`Members::write_to`] writes.
     pub fn len_hint(&self) -> usize {
         self.text.get().len() + 16
@@ -752,6 +774,16 @@ mod tests {
         }
         // A name that is not a string is no name.
         assert_eq!(members(r#"{"name":5}"#).get_str("name"), None);
+        // As a map: the same object, edits included, in order.
+        let mut m = members(r#"{"name":"a","arguments":{"x":[1,2]},"_meta":{"progressToken":1,"k":2}}"#);
+        m.insert_str("name", "b");
+        m.meta().map(|meta| meta.remove("progressToken"));
+        let map = m.into_map();
+        assert_eq!(
+            Value::Object(map.clone()),
+            serde_json::json!({"name":"b","arguments":{"x":[1,2]},"_meta":{"k":2}})
+        );
+        assert_eq!(map.keys().collect::<Vec<_>>(), ["name", "arguments", "_meta"]);
     }
 
     #[test]
