@@ -166,6 +166,7 @@ struct RawServer {
     isolation: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_sessions: Option<usize>,
+    protocol: Option<Spanned<String>>,
 }
 
 fn yes() -> bool {
@@ -439,6 +440,19 @@ pub struct Server {
     pub idle_timeout: Duration,
     /// With `isolation = "session"`: processes at most; a session past it gets an error.
     pub max_sessions: usize,
+    /// Which protocol era to speak to the server.
+    pub protocol: Era,
+}
+
+/// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
+/// and falls back to the `initialize` handshake by the spec's rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Era {
+    Auto,
+    /// 2026-07-28 only: no `initialize`.
+    Modern,
+    /// The `initialize` handshake (2025-11-25 and earlier) only: no probe.
+    Handshake,
 }
 
 /// Who shares a server's process.
@@ -813,6 +827,19 @@ impl Config {
                 &format!("servers.{name}.idle_timeout"),
                 Duration::from_secs(600),
             );
+            let protocol = match s.protocol.as_ref().map(|r| r.get_ref().as_str()) {
+                None | Some("auto") => Era::Auto,
+                Some("2026-07-28") => Era::Modern,
+                Some("handshake") => Era::Handshake,
+                Some(other) => {
+                    let at = s.protocol.as_ref().map_or(at, |r| r.span().start);
+                    cx.at(
+                        at,
+                        format!("servers.{name}.protocol: {other:?} is not one of auto, 2026-07-28, handshake"),
+                    );
+                    Era::Auto
+                }
+            };
             let restart = match s.restart.as_ref().map(|r| r.get_ref().as_str()) {
                 None | Some("on-failure") => Restart::OnFailure,
                 Some("always") => Restart::Always,
@@ -841,6 +868,7 @@ impl Config {
                 isolation,
                 idle_timeout,
                 max_sessions: s.max_sessions.unwrap_or(100).max(1),
+                protocol,
             };
             let command = match (s.command, s.url) {
                 (Some(_), Some(url)) => {

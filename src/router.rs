@@ -647,7 +647,7 @@ impl Gateway {
                 if as_task && !supports_tasks(server, "call") {
                     p.remove("task");
                 }
-                let out = self.forward(topo, route.server, method, p, sink, info).await;
+                let out = self.forward(topo, client, route.server, method, p, sink, info).await;
                 match out {
                     Outcome::Result(r) if as_task => self
                         .created_task(&server.name, client, &r)
@@ -669,7 +669,7 @@ impl Gateway {
                     return err(code::INVALID_PARAMS, format!("unknown task: {public}"));
                 };
                 p.insert("taskId".into(), Value::String(route.task_id));
-                match self.forward(topo, server, method, p, sink, info).await {
+                match self.forward(topo, client, server, method, p, sink, info).await {
                     Outcome::Result(r) => {
                         let mut body = crate::tasks::open(&r);
                         crate::tasks::rewrite_task_object(&mut body, &route.server);
@@ -688,7 +688,7 @@ impl Gateway {
                     return err(code::INVALID_PARAMS, "resources/read needs params.uri");
                 };
                 match resource_owner(topo, uri).filter(|_| visible(uri)) {
-                    Some(server) => self.forward(topo, server, method, p, sink, info).await,
+                    Some(server) => self.forward(topo, client, server, method, p, sink, info).await,
                     None => Outcome::Error(message::error_object(
                         code::RESOURCE_NOT_FOUND,
                         &format!("unknown resource: {uri}"),
@@ -739,7 +739,12 @@ impl Gateway {
                     // Refcounted: the downstream already is (or still must stay) subscribed.
                     return Outcome::Result(message::empty_object());
                 }
-                let out = self.forward(topo, server, method, p, sink, info).await;
+                if topo.servers[server].modern() {
+                    // 2026-07-28 has no resources/subscribe: the URI joins the server's listen stream.
+                    topo.servers[server].listen_uri(&key.1, method == "resources/subscribe");
+                    return Outcome::Result(message::empty_object());
+                }
+                let out = self.forward(topo, client, server, method, p, sink, info).await;
                 if method == "resources/subscribe" && matches!(out, Outcome::Error(_)) {
                     let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(sessions) = subs.get_mut(&key) {
@@ -782,16 +787,18 @@ impl Gateway {
                         )
                     }
                 };
-                self.forward(topo, server, method, p, sink, info).await
+                self.forward(topo, client, server, method, p, sink, info).await
             }
             "initialize" => err(code::INVALID_REQUEST, "this session is already initialized"),
             other => err(code::METHOD_NOT_FOUND, format!("method not found: {other}")),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
         topo: &Topology,
+        client: &Arc<Client>,
         server: usize,
         method: &str,
         mut params: Map<String, Value>,
@@ -823,6 +830,15 @@ impl Gateway {
         } else {
             None
         };
+        let modern = s.state().info.as_ref().is_some_and(|i| i.modern);
+        let mut headers = Vec::new();
+        if modern {
+            self.stamp(s, client, method, &mut params, &mut headers);
+        }
+        // A handshake-era client cannot take an input_required result: the gateway asks
+        // it itself and retries (the first bridge). Only these methods may return one.
+        let bridge = modern && !client.stateless && matches!(method, "tools/call" | "prompts/get" | "resources/read");
+        let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
         let version = telemetry::exporting()
             .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
             .flatten();
@@ -838,16 +854,61 @@ impl Gateway {
             params.get("name").and_then(Value::as_str),
         );
         ds.inject(&mut params);
+        let timeout = s.settings().timeout;
         let res = conn
-            .call(method, Params::Object { params, progress }, sink, s.settings().timeout)
+            .call_with_headers(method, Params::Object { params, progress }, sink, timeout, headers)
             .instrument(ds.span.clone())
             .await;
         ds.finish(&res);
-        match res {
+        let out = match res {
             Ok(out) => out,
             Err(e) => {
                 warn!(server = %s.name, method, error = %e, "downstream call failed");
-                Outcome::Error(e.to_error_object())
+                return Outcome::Error(e.to_error_object());
+            }
+        };
+        match retry {
+            Some((params, headers, progress, sink)) => {
+                crate::downstream::modern::bridge_input_required(
+                    &conn, &s.name, method, out, params, headers, progress, sink, timeout,
+                )
+                .await
+            }
+            None => out,
+        }
+    }
+
+    /// The 2026-07-28 envelope for a call to a modern server: the calling client's own
+    /// capabilities and log level (a handshake-era client's from its `initialize` and
+    /// `logging/setLevel`), and for a Streamable HTTP server the `Mcp-Param-*` headers the
+    /// tool's schema asks for.
+    fn stamp(
+        &self,
+        s: &Server,
+        client: &Client,
+        method: &str,
+        params: &mut Map<String, Value>,
+        headers: &mut Vec<(String, String)>,
+    ) {
+        let caps = client.capabilities.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let level = client
+            .log_level
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .and_then(|r| crate::downstream::LOG_LEVELS.get(r).copied())
+            .filter(|_| !client.silent);
+        crate::downstream::modern::stamp(params, caps, level);
+        if method == "tools/call" && matches!(s.cfg.transport, crate::config::Transport::Http(_)) {
+            let name = params.get("name").and_then(Value::as_str);
+            let state = s.state();
+            let schema = state
+                .lists
+                .tools
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == name)
+                .and_then(|t| t.get("inputSchema"));
+            if let Some(schema) = schema {
+                crate::downstream::modern::param_headers(schema, params.get("arguments"), headers);
             }
         }
     }

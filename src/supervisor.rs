@@ -5,7 +5,7 @@
 
 use crate::catalog::Lists;
 use crate::config;
-use crate::downstream::{self, Connection, DsError, Incoming, Params};
+use crate::downstream::{self, modern, Connection, DsError, Incoming, Params};
 use crate::message::{self, Outcome};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The newest handshake-era revision; offered to every downstream.
 pub const DOWNSTREAM_VERSION: &str = "2025-11-25";
@@ -30,6 +30,11 @@ const CRASH_LOOP: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
 /// How often a crash-looping child is tried.
 const SLOW_RETRY: Duration = Duration::from_secs(60);
+/// The longest wait for an answer to the `server/discover` probe (`protocol = "auto"`):
+/// a handshake-era server may ignore requests before `initialize`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A listen stream has no answer to wait for; this only bounds the wait.
+const LISTEN_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Why a handshake failed.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +88,8 @@ pub struct InitInfo {
     pub capabilities: Option<Map<String, Value>>,
     pub server_info: Value,
     pub instructions: Option<String>,
+    /// Speaks 2026-07-28: every request carries the `_meta` envelope, no session.
+    pub modern: bool,
 }
 
 impl InitInfo {
@@ -121,6 +128,11 @@ pub struct Server {
     /// Session processes running or starting: one [`Seat`] each, at most `max_sessions`.
     seats: Arc<AtomicUsize>,
     next_instance: AtomicU64,
+    /// A 2026-07-28 server: the resource URIs its `subscriptions/listen` asks for (the
+    /// clients' refcounted `resources/subscribe`s); kept across restarts.
+    listen_uris: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Wakes the listen loop to open a new stream with the current URIs.
+    relisten: tokio::sync::Notify,
 }
 
 /// A session's place for its own process of an isolated server.
@@ -219,6 +231,8 @@ impl Server {
             sessions: std::sync::Mutex::new(std::collections::HashMap::new()),
             seats: Arc::new(AtomicUsize::new(0)),
             next_instance: AtomicU64::new(0),
+            listen_uris: Default::default(),
+            relisten: tokio::sync::Notify::new(),
         }
     }
 
@@ -537,7 +551,15 @@ impl Server {
                 None => {}
             }
             let clean = match incoming {
-                Some(incoming) => self.watch(incoming, events.clone()).await,
+                Some(incoming) => {
+                    // A 2026-07-28 server tells of changes only on a listen stream.
+                    let listener = self.modern().then(|| tokio::spawn(self.clone().listen()));
+                    let clean = self.watch(incoming, events.clone()).await;
+                    if let Some(l) = listener {
+                        l.abort();
+                    }
+                    clean
+                }
                 None => false,
             };
             if self.stop.is_cancelled() {
@@ -584,6 +606,107 @@ impl Server {
                 _ = self.stop.cancelled() => return,
             }
             backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Whether the server speaks 2026-07-28.
+    pub fn modern(&self) -> bool {
+        self.state().info.as_ref().is_some_and(|i| i.modern)
+    }
+
+    /// Adds (or removes) a resource URI to the server's listen stream, which is opened
+    /// again with the new set.
+    pub fn listen_uri(&self, uri: &str, add: bool) {
+        let changed = {
+            let mut uris = self.listen_uris.lock().unwrap_or_else(|e| e.into_inner());
+            if add {
+                uris.insert(uri.to_owned())
+            } else {
+                uris.remove(uri)
+            }
+        };
+        if changed {
+            self.relisten.notify_one();
+        }
+    }
+
+    /// Keeps one `subscriptions/listen` open to a 2026-07-28 server for as long as its
+    /// connection lives: every list_changed it offers, and `resources/updated` for the
+    /// URIs clients subscribed to. Its notifications arrive like any server notification
+    /// (the supervisor re-lists; the router fans `resources/updated` out). A stream that
+    /// ends is opened again after a pause; a change of URIs replaces it.
+    async fn listen(self: Arc<Self>) {
+        let mut pause = RETRY_MIN;
+        loop {
+            let (conn, caps) = {
+                let s = self.state();
+                match (&s.conn, &s.info) {
+                    (Some(c), Some(i)) => (c.clone(), i.capabilities.clone().unwrap_or_default()),
+                    _ => return,
+                }
+            };
+            let mut filter = Map::new();
+            for (cap, key) in [
+                ("tools", "toolsListChanged"),
+                ("prompts", "promptsListChanged"),
+                ("resources", "resourcesListChanged"),
+            ] {
+                if caps
+                    .get(cap)
+                    .and_then(|c| c.get("listChanged"))
+                    .and_then(Value::as_bool)
+                    == Some(true)
+                {
+                    filter.insert(key.into(), Value::Bool(true));
+                }
+            }
+            let uris: Vec<Value> = self
+                .listen_uris
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|u| Value::String(u.clone()))
+                .collect();
+            if !uris.is_empty() {
+                filter.insert("resourceSubscriptions".into(), Value::Array(uris));
+            }
+            let changed = self.relisten.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if filter.is_empty() {
+                changed.await;
+                continue;
+            }
+            let mut p = Map::new();
+            p.insert("notifications".into(), Value::Object(filter));
+            let params = Params::Object {
+                params: modern::own_params(p),
+                progress: None,
+            };
+            let began = Instant::now();
+            tokio::select! {
+                out = conn.call("subscriptions/listen", params, None, LISTEN_FOREVER) => {
+                    if conn.is_closed() {
+                        return;
+                    }
+                    match out {
+                        Ok(Outcome::Error(e)) => {
+                            warn!(server = %self.name, error = %message::error_summary(&e).1, "subscriptions/listen refused")
+                        }
+                        Err(e) => debug!(server = %self.name, error = %e, "subscriptions/listen ended"),
+                        Ok(Outcome::Result(_)) => debug!(server = %self.name, "subscriptions/listen closed by the server"),
+                    }
+                    if began.elapsed() >= STABLE {
+                        pause = RETRY_MIN;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = &mut changed => {}
+                    }
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                _ = &mut changed => debug!(server = %self.name, "resource subscriptions changed; listening again"),
+            }
         }
     }
 
@@ -733,23 +856,114 @@ impl Server {
         }
     }
 
+    /// Learns the server's era and what it offers. `protocol = "auto"` probes with
+    /// `server/discover` at 2026-07-28 and falls back to `initialize` on anything but a
+    /// discover result naming that version (the spec's rule: no particular error code).
+    /// Over stdio the `initialize` is sent right behind the probe, so a handshake-era
+    /// server costs no extra round trip; a dual-era server that took the probe refuses it.
     async fn handshake(&self, conn: &Connection) -> Result<InitInfo, Handshake> {
+        match self.cfg.protocol {
+            config::Era::Handshake => self.initialize(conn).await,
+            config::Era::Modern => match self.discover(conn).await? {
+                Some(info) => Ok(info),
+                None => Err(Handshake::Refused(format!(
+                    "server/discover did not name {} (protocol = \"2026-07-28\" in gateway.toml)",
+                    modern::VERSION
+                ))),
+            },
+            config::Era::Auto if matches!(self.cfg.transport, config::Transport::Stdio(_)) => {
+                let discover = self.discover(conn);
+                tokio::pin!(discover);
+                // Polled first, so the probe is queued before the initialize.
+                let first = futures::poll!(&mut discover);
+                let initialize = self.initialize_call(conn);
+                tokio::pin!(initialize);
+                let probed = match first {
+                    std::task::Poll::Ready(p) => p,
+                    std::task::Poll::Pending => tokio::select! {
+                        biased;
+                        p = &mut discover => p,
+                        i = &mut initialize => {
+                            // Answered initialize before the probe: a handshake-era server.
+                            return self.initialized(conn, i?).await;
+                        }
+                    },
+                };
+                match probed {
+                    Ok(Some(info)) => Ok(info),
+                    Ok(None) | Err(Handshake::Refused(_)) | Err(Handshake::Call(DsError::Timeout { .. })) => {
+                        let out = initialize.await?;
+                        self.initialized(conn, out).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            config::Era::Auto => match self.discover(conn).await {
+                Ok(Some(info)) => Ok(info),
+                Ok(None) | Err(Handshake::Refused(_)) | Err(Handshake::Call(DsError::Timeout { .. })) => {
+                    self.initialize(conn).await
+                }
+                // A modern server refuses a malformed probe with 400; a legacy one may
+                // refuse the sessionless POST with 400/404/405 too: try the handshake.
+                Err(Handshake::Call(DsError::Status {
+                    status: 400 | 404 | 405,
+                    ..
+                })) => self.initialize(conn).await,
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// `server/discover` at 2026-07-28. `Ok(None)`: the answer was not a discover result
+    /// naming that version (a handshake-era server).
+    async fn discover(&self, conn: &Connection) -> Result<Option<InitInfo>, Handshake> {
+        let params = modern::own_params(Map::new());
+        let timeout = self.settings().timeout.min(PROBE_TIMEOUT);
+        let out = conn
+            .call(
+                "server/discover",
+                Params::Object { params, progress: None },
+                None,
+                timeout,
+            )
+            .await
+            .map_err(Handshake::Call)?;
+        let Outcome::Result(r) = out else {
+            return Ok(None);
+        };
+        Ok(modern::discovered(r.get()).map(|d| InitInfo {
+            protocol_version: modern::VERSION.to_owned(),
+            capabilities: d.capabilities,
+            server_info: d.server_info,
+            instructions: d.instructions,
+            modern: true,
+        }))
+    }
+
+    async fn initialize(&self, conn: &Connection) -> Result<InitInfo, Handshake> {
+        let out = self.initialize_call(conn).await?;
+        self.initialized(conn, out).await
+    }
+
+    async fn initialize_call(&self, conn: &Connection) -> Result<Outcome, Handshake> {
         let params = json!({
             "protocolVersion": DOWNSTREAM_VERSION,
             // Questions a server asks go to the client of the call that caused them; a
             // client that lacks the capability gets the question refused with a reason.
             "capabilities": { "sampling": {}, "elicitation": {}, "roots": { "listChanged": true } },
-            "clientInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
+            "clientInfo": modern::client_info(),
         });
-        let out = conn
-            .call(
-                "initialize",
-                Params::Raw(Some(message::to_raw(&params))),
-                None,
-                self.settings().timeout,
-            )
-            .await
-            .map_err(Handshake::Call)?;
+        conn.call(
+            "initialize",
+            Params::Raw(Some(message::to_raw(&params))),
+            None,
+            self.settings().timeout,
+        )
+        .await
+        .map_err(Handshake::Call)
+    }
+
+    async fn initialized(&self, conn: &Connection, out: Outcome) -> Result<InitInfo, Handshake> {
         let result = match out {
             Outcome::Result(r) => r,
             Outcome::Error(e) => {
@@ -773,6 +987,7 @@ impl Server {
             },
             server_info: r.remove("serverInfo").unwrap_or(Value::Null),
             instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
+            modern: false,
         };
         conn.notify("notifications/initialized", None).await;
         Ok(info)
@@ -786,6 +1001,18 @@ impl Server {
             self.list(conn, info, "resources/list", "resources", t),
             self.list(conn, info, "resources/templates/list", "resourceTemplates", t),
         );
+        let mut tools = tools;
+        if info.modern {
+            // 2026-07-28: a tool whose x-mcp-header annotations break the rules is not offered.
+            tools.retain(|t| match modern::check_x_mcp_headers(t.get("inputSchema")) {
+                Ok(()) => true,
+                Err(why) => {
+                    let tool = t.get("name").and_then(Value::as_str).unwrap_or("");
+                    warn!(server = %self.name, tool, reason = %why, "dropping a tool with an invalid x-mcp-header");
+                    false
+                }
+            });
+        }
         Lists {
             tools,
             prompts,
@@ -811,8 +1038,19 @@ impl Server {
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let params = cursor.as_ref().map(|c| message::to_raw(&json!({ "cursor": c })));
-            let page = match conn.call(method, Params::Raw(params), None, timeout).await {
+            let params = if info.modern {
+                let mut p = Map::new();
+                if let Some(c) = &cursor {
+                    p.insert("cursor".into(), Value::String(c.clone()));
+                }
+                Params::Object {
+                    params: modern::own_params(p),
+                    progress: None,
+                }
+            } else {
+                Params::Raw(cursor.as_ref().map(|c| message::to_raw(&json!({ "cursor": c }))))
+            };
+            let page = match conn.call(method, params, None, timeout).await {
                 Ok(Outcome::Result(r)) => r,
                 Ok(Outcome::Error(e)) => {
                     if info.capabilities.is_some() {

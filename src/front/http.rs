@@ -583,6 +583,7 @@ async fn request(
     let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let (done_tx, done) = oneshot::channel::<Vec<u8>>();
     let gw = http.gw.clone();
+    let stateless = finish.is_some();
     let mut task = Detached(Some(Box::pin(async move {
         let out = gw
             .request(&client, &id, &method, params, Some(Sink::new(sink)), parent)
@@ -618,6 +619,17 @@ async fn request(
         }
     };
     match first {
+        Some((true, answer)) if stateless => {
+            // 2026-07-28: these errors (a server's own included) are 400 on HTTP.
+            let status = match Kind::parse(&answer) {
+                Ok(Kind::Response {
+                    outcome: Outcome::Error(e),
+                    ..
+                }) if matches!(message::error_summary(&e).0, -32022..=-32020) => StatusCode::BAD_REQUEST,
+                _ => StatusCode::OK,
+            };
+            (status, json_response(answer)).into_response()
+        }
         Some((true, answer)) => json_response(answer),
         Some((false, first)) => {
             task.spawn();
