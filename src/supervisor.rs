@@ -864,7 +864,7 @@ impl Server {
     async fn handshake(&self, conn: &Connection) -> Result<InitInfo, Handshake> {
         match self.cfg.protocol {
             config::Era::Handshake => self.initialize(conn).await,
-            config::Era::Modern => match self.discover(conn).await? {
+            config::Era::Modern => match self.discover(conn, self.settings().timeout).await? {
                 Some(info) => Ok(info),
                 None => Err(Handshake::Refused(format!(
                     "server/discover did not name {} (protocol = \"2026-07-28\" in gateway.toml)",
@@ -872,33 +872,44 @@ impl Server {
                 ))),
             },
             config::Era::Auto if matches!(self.cfg.transport, config::Transport::Stdio(_)) => {
-                let discover = self.discover(conn);
+                // A child may take long to start; a handshake-era one that ignores the probe
+                // answers the initialize meanwhile, so the probe gets the whole timeout.
+                let discover = self.discover(conn, self.settings().timeout);
                 tokio::pin!(discover);
                 // Polled first, so the probe is queued before the initialize.
                 let first = futures::poll!(&mut discover);
                 let initialize = self.initialize_call(conn);
                 tokio::pin!(initialize);
+                let mut init_out = None;
                 let probed = match first {
                     std::task::Poll::Ready(p) => p,
-                    std::task::Poll::Pending => tokio::select! {
-                        biased;
-                        p = &mut discover => p,
-                        i = &mut initialize => {
-                            // Answered initialize before the probe: a handshake-era server.
-                            return self.initialized(conn, i?).await;
+                    std::task::Poll::Pending => loop {
+                        tokio::select! {
+                            biased;
+                            p = &mut discover => break p,
+                            i = &mut initialize, if init_out.is_none() => match i? {
+                                // Accepted the handshake before answering the probe: a
+                                // handshake-era server.
+                                ok @ Outcome::Result(_) => return self.initialized(conn, ok).await,
+                                // Refused it (a dual-era server the probe made modern): wait.
+                                refused => init_out = Some(refused),
+                            }
                         }
                     },
                 };
                 match probed {
                     Ok(Some(info)) => Ok(info),
                     Ok(None) | Err(Handshake::Refused(_)) | Err(Handshake::Call(DsError::Timeout { .. })) => {
-                        let out = initialize.await?;
+                        let out = match init_out {
+                            Some(o) => o,
+                            None => initialize.await?,
+                        };
                         self.initialized(conn, out).await
                     }
                     Err(e) => Err(e),
                 }
             }
-            config::Era::Auto => match self.discover(conn).await {
+            config::Era::Auto => match self.discover(conn, self.settings().timeout.min(PROBE_TIMEOUT)).await {
                 Ok(Some(info)) => Ok(info),
                 Ok(None) | Err(Handshake::Refused(_)) | Err(Handshake::Call(DsError::Timeout { .. })) => {
                     self.initialize(conn).await
@@ -916,9 +927,8 @@ impl Server {
 
     /// `server/discover` at 2026-07-28. `Ok(None)`: the answer was not a discover result
     /// naming that version (a handshake-era server).
-    async fn discover(&self, conn: &Connection) -> Result<Option<InitInfo>, Handshake> {
+    async fn discover(&self, conn: &Connection, timeout: Duration) -> Result<Option<InitInfo>, Handshake> {
         let params = modern::own_params(Map::new());
-        let timeout = self.settings().timeout.min(PROBE_TIMEOUT);
         let out = conn
             .call(
                 "server/discover",
