@@ -30,9 +30,9 @@ fn fixture_stdio(args: &[&str], extra: &str) -> String {
 #[tokio::test]
 async fn servers_are_probed_and_each_keeps_its_era() {
     let config = format!(
-        "{}\n{}\n[servers.pinned]\ncommand = {:?}\nargs = [{:?}]\nprotocol = \"handshake\"\n",
+        "{}\n[servers.legacy]\n{}\n[servers.pinned]\ncommand = {:?}\nargs = [{:?}]\nprotocol = \"handshake\"\n",
         fixture_stdio(&[], ""),
-        format!("[servers.legacy]\n{}", mock("legacy", &[])),
+        mock("legacy", &[]),
         python(),
         path_str(&repo().join("tests/fixtures/conformance_server.py")),
     );
