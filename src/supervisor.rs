@@ -133,6 +133,9 @@ pub struct Server {
     listen_uris: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Wakes the listen loop to open a new stream with the current URIs.
     relisten: tokio::sync::Notify,
+    /// The child exited while the `server/discover` probe was pending: later starts go
+    /// straight to `initialize`.
+    skip_probe: std::sync::atomic::AtomicBool,
 }
 
 /// A session's place for its own process of an isolated server.
@@ -233,6 +236,7 @@ impl Server {
             next_instance: AtomicU64::new(0),
             listen_uris: Default::default(),
             relisten: tokio::sync::Notify::new(),
+            skip_probe: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -395,6 +399,7 @@ impl Server {
             && self.cfg.idle_timeout == other.idle_timeout
             && self.cfg.enabled == other.enabled
             && self.cfg.restart == other.restart
+            && self.cfg.protocol == other.protocol
     }
 
     /// Applies a reload's prefix, timeout and tool filter.
@@ -466,6 +471,15 @@ impl Server {
         let (tx, rx) = mpsc::channel(64);
         let spec = match &self.cfg.transport {
             config::Transport::Stdio(spec) => {
+                let probed = !self.skip_probe.load(Ordering::Relaxed);
+                let conn = downstream::stdio::spawn(self.name.clone(), spec, tx)
+                    .map_err(|e| format!("failed to start: {e}"))?;
+                let out = self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx));
+                if out.is_ok() || !probed || !self.skip_probe.load(Ordering::Relaxed) {
+                    return out;
+                }
+                // It exited on the probe: at once again, with initialize alone.
+                let (tx, rx) = mpsc::channel(64);
                 let conn = downstream::stdio::spawn(self.name.clone(), spec, tx)
                     .map_err(|e| format!("failed to start: {e}"))?;
                 return self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx));
@@ -871,6 +885,7 @@ impl Server {
                     modern::VERSION
                 ))),
             },
+            config::Era::Auto if self.skip_probe.load(Ordering::Relaxed) => self.initialize(conn).await,
             config::Era::Auto if matches!(self.cfg.transport, config::Transport::Stdio(_)) => {
                 // A child may take long to start; a handshake-era one that ignores the probe
                 // answers the initialize meanwhile, so the probe gets the whole timeout.
@@ -905,6 +920,12 @@ impl Server {
                             None => initialize.await?,
                         };
                         self.initialized(conn, out).await
+                    }
+                    Err(Handshake::Call(e @ DsError::Exited { .. })) => {
+                        // Some handshake-era servers exit on any request before initialize.
+                        self.skip_probe.store(true, Ordering::Relaxed);
+                        warn!(server = %self.name, "exited on the server/discover probe; starting it again without one");
+                        Err(Handshake::Call(e))
                     }
                     Err(e) => Err(e),
                 }

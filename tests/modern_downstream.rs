@@ -211,3 +211,29 @@ async fn a_handshake_client_answers_a_modern_servers_input_required_questions() 
     let msg = refused["error"]["message"].as_str().unwrap_or_default();
     assert!(msg.contains("elicitation"), "{refused}");
 }
+
+#[tokio::test]
+async fn handshake_servers_that_mishandle_the_probe_still_start() {
+    // One ignores requests before initialize, one exits on them (status 3).
+    let config = format!(
+        "[servers.silent]\n{}\n[servers.touchy]\n{}\n",
+        mock("silent", &["--quirk", "silent-before-init"]),
+        mock("touchy", &["--quirk", "exit-before-init"]),
+    );
+    let gw = Gateway::start(&config);
+    for name in ["silent", "touchy"] {
+        let st = gw.server_status(name).await;
+        assert_eq!(st["state"], "ready", "{st}\n{}", gw.logs());
+        assert_eq!(st["protocolVersion"], "2025-11-25", "{st}");
+    }
+    // The touchy one was started again at once without the probe, not after a backoff.
+    assert_eq!(gw.server_status("touchy").await["restarts"], 0);
+    assert!(
+        gw.logs().contains("exited on the server/discover probe"),
+        "{}",
+        gw.logs()
+    );
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("silent__add", json!({"a": 1, "b": 2})).await), "3");
+    assert_eq!(text(&s.call("touchy__add", json!({"a": 2, "b": 2})).await), "4");
+}
