@@ -3,7 +3,7 @@
 //! routing and `/status` read. Transport-neutral: it only talks through a
 //! [`Connection`].
 
-use crate::catalog::Lists;
+use crate::catalog::{Hint, Lists};
 use crate::config;
 use crate::downstream::{self, modern, Connection, DsError, Incoming, Params};
 use crate::message::{self, Outcome};
@@ -820,21 +820,30 @@ impl Server {
         let timeout = self.settings().timeout;
         match kind {
             ListKind::Tools => {
-                let tools = self.list(&conn, &info, "tools/list", "tools", timeout).await;
-                self.update(|s| s.lists.tools = tools);
+                let (tools, hint) = self.list(&conn, &info, "tools/list", "tools", timeout).await;
+                let tools = self.usable_tools(&info, tools);
+                self.update(|s| {
+                    s.lists.tools = tools;
+                    s.lists.hints[0] = hint;
+                });
             }
             ListKind::Prompts => {
-                let prompts = self.list(&conn, &info, "prompts/list", "prompts", timeout).await;
-                self.update(|s| s.lists.prompts = prompts);
+                let (prompts, hint) = self.list(&conn, &info, "prompts/list", "prompts", timeout).await;
+                self.update(|s| {
+                    s.lists.prompts = prompts;
+                    s.lists.hints[1] = hint;
+                });
             }
             ListKind::Resources => {
-                let resources = self.list(&conn, &info, "resources/list", "resources", timeout).await;
-                let templates = self
+                let (resources, rh) = self.list(&conn, &info, "resources/list", "resources", timeout).await;
+                let (templates, th) = self
                     .list(&conn, &info, "resources/templates/list", "resourceTemplates", timeout)
                     .await;
                 self.update(|s| {
                     s.lists.resources = resources;
                     s.lists.templates = templates;
+                    s.lists.hints[2] = rh;
+                    s.lists.hints[3] = th;
                 });
             }
         }
@@ -1032,9 +1041,19 @@ impl Server {
             self.list(conn, info, "resources/list", "resources", t),
             self.list(conn, info, "resources/templates/list", "resourceTemplates", t),
         );
-        let mut tools = tools;
+        let (tools, tools_hint) = tools;
+        Lists {
+            tools: self.usable_tools(info, tools),
+            prompts: prompts.0,
+            resources: resources.0,
+            templates: templates.0,
+            hints: [tools_hint, prompts.1, resources.1, templates.1],
+        }
+    }
+
+    /// 2026-07-28: a tool whose x-mcp-header annotations break the rules is not offered.
+    fn usable_tools(&self, info: &InitInfo, mut tools: Vec<Map<String, Value>>) -> Vec<Map<String, Value>> {
         if info.modern {
-            // 2026-07-28: a tool whose x-mcp-header annotations break the rules is not offered.
             tools.retain(|t| match modern::check_x_mcp_headers(t.get("inputSchema")) {
                 Ok(()) => true,
                 Err(why) => {
@@ -1044,12 +1063,7 @@ impl Server {
                 }
             });
         }
-        Lists {
-            tools,
-            prompts,
-            resources,
-            templates,
-        }
+        tools
     }
 
     /// Lists one kind through all its pages. A server that declared no capabilities at
@@ -1061,11 +1075,19 @@ impl Server {
         method: &str,
         key: &str,
         timeout: Duration,
-    ) -> Vec<Map<String, Value>> {
+    ) -> (Vec<Map<String, Value>>, Option<Hint>) {
         let capability = method.split('/').next().unwrap_or(method);
         if info.capabilities.is_some() && !info.has(capability) {
-            return Vec::new();
+            // Nothing to change, nothing to cache against.
+            return (
+                Vec::new(),
+                info.modern.then_some(Hint {
+                    ttl_ms: u64::MAX,
+                    private: false,
+                }),
+            );
         }
+        let mut hint: Option<Hint> = None;
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_PAGES {
@@ -1101,6 +1123,10 @@ impl Server {
                     break;
                 }
             };
+            if info.modern {
+                let h = Hint::of(&page);
+                hint = Some(hint.map_or(h, |o| o.and(h)));
+            }
             if let Some(Value::Array(list)) = page.remove(key) {
                 items.extend(list.into_iter().filter_map(|v| match v {
                     Value::Object(m) => Some(m),
@@ -1109,9 +1135,9 @@ impl Server {
             }
             match page.remove("nextCursor") {
                 Some(Value::String(c)) if !c.is_empty() && cursor.as_deref() != Some(&c) => cursor = Some(c),
-                _ => return items,
+                _ => return (items, hint),
             }
         }
-        items
+        (items, hint)
     }
 }
