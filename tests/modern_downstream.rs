@@ -237,3 +237,31 @@ async fn handshake_servers_that_mishandle_the_probe_still_start() {
     assert_eq!(text(&s.call("silent__add", json!({"a": 1, "b": 2})).await), "3");
     assert_eq!(text(&s.call("touchy__add", json!({"a": 2, "b": 2})).await), "4");
 }
+
+#[test]
+fn the_bridge_asks_a_handshake_client_on_stdout_too() {
+    let mut gw = StdioGateway::start(&fixture_stdio(&[], "prefix = \"\""), &[]);
+    gw.request(
+        json!(0),
+        "initialize",
+        json!({"protocolVersion":"2025-11-25","capabilities":{"elicitation":{}},
+               "clientInfo":{"name":"stdio-test","version":"1"}}),
+    );
+    gw.send(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
+    gw.send(&json!({"jsonrpc":"2.0","id":"call-1","method":"tools/call",
+        "params":{"name":"test_input_required_result_request_state","arguments":{}}}));
+    // The question arrives as a real request, under an id the gateway minted.
+    let ask = loop {
+        let m = gw
+            .recv(WAIT)
+            .unwrap_or_else(|| panic!("no question on stdout\n{}", gw.logs()));
+        if m["method"] == "elicitation/create" {
+            break m;
+        }
+    };
+    assert_eq!(ask["params"]["message"], "Please confirm", "{ask}");
+    gw.send(&json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":{"ok":true}}}));
+    // The server saw its requestState echoed with the answer: one ordinary result.
+    let (_, done) = gw.until_response(&json!("call-1"), WAIT);
+    assert_eq!(text(&done), "state-ok: requestState validated", "{done}");
+}
