@@ -5,7 +5,8 @@
 //!   [`reload`] watches the file (and SIGHUP) and hands new versions to the router.
 //! - [`front`]: adapters for clients: [`front::http`] (Streamable HTTP, sessions, health,
 //!   `/status`, `/metrics`), [`front::modern`] (its stateless 2026-07-28 requests: validation
-//!   and result decoration) and [`front::stdio`] (the gateway as a stdio server).
+//!   and result decoration), [`front::listen`] (its `subscriptions/listen` streams, on HTTP
+//!   and stdio) and [`front::stdio`] (the gateway as a stdio server).
 //! - [`auth`]: who the client is (static tokens, OAuth JWTs) and what it may see.
 //! - [`limit`]: rate limits per IP (before parsing), per client, per server and per tool.
 //! - [`client`]: one client session: requests in flight, capabilities, questions asked of

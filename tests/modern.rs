@@ -105,7 +105,9 @@ async fn discover_lists_calls_and_decoration() {
         "{r}"
     );
     assert!(caps.get("tasks").is_none(), "{r}");
-    assert!(caps["resources"].get("subscribe").is_none(), "{r}");
+    // What subscriptions/listen delivers is advertised.
+    assert_eq!(caps["resources"]["subscribe"], true, "{r}");
+    assert_eq!(caps["tools"]["listChanged"], true, "{r}");
 
     let (st, m) = modern(&gw, json!(1), "tools/list", json!({})).await;
     assert_eq!(st, 200);

@@ -12,7 +12,7 @@
 //! token (401 with `WWW-Authenticate` otherwise) and a session belongs to the identity
 //! that opened it (404 for anyone else). The RFC 9728 metadata is served with OAuth.
 
-use super::modern;
+use super::{listen, modern};
 use crate::auth::{self, Identity};
 use crate::downstream::{Sink, SINK_QUEUE};
 use crate::message::{self, code, Id, Kind, Outcome};
@@ -475,7 +475,7 @@ async fn serve_stateless(
             .find(|t| t.get("name").and_then(Value::as_str) == Some(&route.name))?;
         tool.get("inputSchema").cloned()
     };
-    let prepared = match modern::prepare(headers, &method, params.as_deref(), tool_schema) {
+    let prepared = match modern::prepare(Some(headers), &method, params.as_deref(), tool_schema) {
         Ok(p) => p,
         Err(r) => {
             return Reject {
@@ -497,6 +497,9 @@ async fn serve_stateless(
         (None, Some(ip)) => ip.to_string(),
         (None, None) => "unknown".to_owned(),
     };
+    if method == "subscriptions/listen" {
+        return listen(&http, headers, id, prepared, who, &key, init, private);
+    }
     let client = Client::new(format!("stateless:{key}")).stateless(prepared.capabilities, prepared.log_rank);
     let _ = client.protocol_version.set(modern::VERSION.to_owned());
     client.set_identity(who);
@@ -514,6 +517,64 @@ async fn serve_stateless(
         Some(finish),
     )
     .await
+}
+
+/// `subscriptions/listen`: an SSE stream of the notifications asked for (see
+/// [`super::listen`]), with keep-alive comments; it ends gracefully at shutdown.
+#[allow(clippy::too_many_arguments)]
+fn listen(
+    http: &Http,
+    headers: &HeaderMap,
+    id: Id,
+    prepared: modern::Prepared,
+    who: Option<Arc<Identity>>,
+    key: &str,
+    init: Outcome,
+    private: bool,
+) -> Response {
+    static LISTENS: AtomicU64 = AtomicU64::new(1);
+    let sse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
+    if !sse {
+        return Reject::new(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "subscriptions/listen answers with a stream: send Accept: text/event-stream",
+        )
+        .answer(&id);
+    }
+    let filter = match message::params_object(prepared.params.as_deref()).and_then(|p| listen::Filter::parse(&p)) {
+        Ok(f) => f,
+        Err(e) => {
+            return json_response(message::response(
+                &id,
+                &Outcome::Error(message::error_object(code::INVALID_PARAMS, &e, None)),
+            ))
+        }
+    };
+    let n = LISTENS.fetch_add(1, Ordering::Relaxed);
+    let client = Client::new(format!("stateless:{key}:listen-{n}")).stateless(prepared.capabilities, None);
+    let _ = client.protocol_version.set(modern::VERSION.to_owned());
+    client.set_identity(who);
+    let l = listen::Listen {
+        gw: http.gw.clone(),
+        client: Arc::new(client),
+        id,
+        filter,
+        closing: http.closing.clone(),
+        cancel: CancellationToken::new(),
+        finish: Box::new(move |out| modern::finish("subscriptions/listen", out, &init, private, None)),
+    };
+    let (tx, rx) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
+    let keepalive = Some((KEEPALIVE, bytes::Bytes::from_static(b": keep-alive\n\n")));
+    tokio::spawn(listen::run(l, tx, |m| bytes::Bytes::from(event(m)), keepalive));
+    let frames = futures::stream::unfold(rx, |mut rx| async move {
+        let m = rx.recv().await?;
+        Some((Ok::<_, std::io::Error>(m), rx))
+    });
+    sse_response(Body::from_stream(frames))
 }
 
 /// Rewrites a request's outcome before it is sent (the stateless era decorates results).

@@ -12,13 +12,15 @@
 //!
 //! Each request runs as an ephemeral [`Client`](crate::client::Client) named after the
 //! caller's identity (with auth) or IP, so rate limits and per-session server processes
-//! key on that. Caching hints are conservative: `ttlMs` is 0, since this slice has no
-//! `subscriptions/listen` to tell clients about changes; `cacheScope` is `private` for
-//! `resources/read` (contents may depend on the caller) and, with auth configured, for
-//! everything (allowlists make lists differ per identity), else `public`.
+//! key on that. `subscriptions/listen` is served by [`super::listen`]: `server/discover`
+//! advertises `listChanged` and `subscribe` as `initialize` does. Caching hints stay
+//! conservative: `ttlMs` is 0 (clients that want to cache listen for changes instead);
+//! `cacheScope` is `private` for `resources/read` (contents may depend on the caller) and,
+//! with auth configured, for everything (allowlists make lists differ per identity), else
+//! `public`. [`prepare`] also serves the stdio front, which has no headers to check.
 //!
-//! Not yet: `subscriptions/listen`, multi round-trip requests (servers' questions are
-//! refused), 2026-07-28 downstreams (they are spoken to in the handshake era).
+//! Not yet: multi round-trip requests (servers' questions are refused), 2026-07-28
+//! downstreams (they are spoken to in the handshake era).
 
 use crate::message::{self, code, Outcome};
 use axum::http::{HeaderMap, StatusCode};
@@ -41,10 +43,10 @@ const METHOD_HEADER: &str = "mcp-method";
 const NAME_HEADER: &str = "mcp-name";
 
 /// Methods served statelessly. Everything else (the removed `initialize`, `ping`,
-/// `logging/setLevel`, `resources/(un)subscribe`, the tasks methods, and
-/// `subscriptions/listen`, not in this slice) is 404 with -32601.
+/// `logging/setLevel`, `resources/(un)subscribe`, the tasks methods) is 404 with -32601.
 const METHODS: &[&str] = &[
     "server/discover",
+    "subscriptions/listen",
     "tools/list",
     "tools/call",
     "prompts/list",
@@ -115,10 +117,11 @@ pub struct Prepared {
     pub uri: Option<String>,
 }
 
-/// Validates a sessionless request per the 2026-07-28 Streamable HTTP binding.
-/// `tool_schema` gives a tool's `inputSchema` by public name, for its `Mcp-Param-*` headers.
+/// Validates a sessionless request per the 2026-07-28 Streamable HTTP binding (`headers`)
+/// or stdio (`None`: no headers to check). `tool_schema` gives a tool's `inputSchema` by
+/// public name, for its `Mcp-Param-*` headers.
 pub fn prepare(
-    headers: &HeaderMap,
+    headers: Option<&HeaderMap>,
     method: &str,
     params: Option<&RawValue>,
     tool_schema: impl Fn(&str) -> Option<Value>,
@@ -146,7 +149,13 @@ pub fn prepare(
             format!("Header mismatch: {m}"),
         )
     };
+    let no_headers = HeaderMap::new();
+    let (headers, check) = match headers {
+        Some(h) => (h, true),
+        None => (&no_headers, false),
+    };
     match header(headers, VERSION_HEADER)? {
+        _ if !check => {}
         None => return Err(mismatch("the MCP-Protocol-Version header is missing".into())),
         Some(h) if h != version => {
             return Err(mismatch(format!(
@@ -168,6 +177,7 @@ pub fn prepare(
         });
     }
     match header(headers, METHOD_HEADER)? {
+        _ if !check => {}
         None => return Err(mismatch("the Mcp-Method header is missing".into())),
         Some(h) if h != method => {
             return Err(mismatch(format!(
@@ -192,6 +202,7 @@ pub fn prepare(
     if let Some(field) = name_field {
         if let Some(Value::String(body)) = p.get(field) {
             match header(headers, NAME_HEADER)?.map(decode).transpose()? {
+                _ if !check => {}
                 None => return Err(mismatch("the Mcp-Name header is missing".into())),
                 Some(h) if h != *body => {
                     return Err(mismatch(format!(
@@ -203,7 +214,7 @@ pub fn prepare(
             if field == "uri" {
                 uri = Some(body.clone());
             }
-            if method == "tools/call" {
+            if method == "tools/call" && check {
                 if let Some(schema) = tool_schema(body) {
                     check_param_headers(headers, &schema, p.get("arguments"))?;
                 }
@@ -348,8 +359,8 @@ fn server_info(init: &Value) -> Value {
     init.get("serverInfo").cloned().unwrap_or(Value::Null)
 }
 
-/// `server/discover`: the versions, the capabilities this era has (no tasks, no
-/// subscribe, no listChanged: nothing delivers notifications here yet), instructions.
+/// `server/discover`: the versions, the capabilities this era has (no tasks; `listChanged`
+/// and `subscribe` as in `initialize`, delivered by `subscriptions/listen`), instructions.
 pub fn discover(init: &Outcome, private: bool) -> Outcome {
     let init = match init {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null),
@@ -361,11 +372,6 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
         .cloned()
         .unwrap_or_default();
     caps.remove("tasks");
-    for k in ["tools", "prompts", "resources"] {
-        if caps.contains_key(k) {
-            caps.insert(k.into(), json!({}));
-        }
-    }
     let mut result = json!({
         "supportedVersions": supported_versions(),
         "capabilities": caps,
