@@ -81,6 +81,12 @@ pub fn is_modern(headers: &HeaderMap, method: &str, params: Option<&RawValue>) -
     meta_version || (method != "initialize" && header == Some(VERSION))
 }
 
+/// True when a request's `params._meta` names a protocol version: on stdio, where there
+/// are no headers, that alone marks a 2026-07-28 request.
+pub fn has_modern_meta(params: Option<&RawValue>) -> bool {
+    meta(params).is_some_and(|m| m.contains_key(META_VERSION))
+}
+
 fn meta(params: Option<&RawValue>) -> Option<Map<String, Value>> {
     let mut p = message::params_object(params).ok()?;
     match p.remove("_meta") {
