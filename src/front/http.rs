@@ -63,15 +63,20 @@ pub struct Http {
     /// Cancelled when shutdown begins: GET streams end then, since they never finish
     /// on their own and would hold the graceful shutdown for its whole grace period.
     closing: CancellationToken,
+    /// Stateless calls waiting for their client's answers (multi round-trip requests).
+    parked: Arc<crate::mrtr::Parked>,
 }
 
 impl Http {
     pub fn new(gw: Arc<Gateway>) -> Http {
+        // Read once: a reload's input_timeout applies after a restart.
+        let parked = crate::mrtr::Parked::new(gw.config().gateway.input_timeout);
         Http {
             gw,
             sessions: Arc::new(DashMap::new()),
             started: Instant::now(),
             closing: CancellationToken::new(),
+            parked,
         }
     }
 
@@ -504,6 +509,21 @@ async fn serve_stateless(
     let _ = client.protocol_version.set(modern::VERSION.to_owned());
     client.set_identity(who);
     let parent = crate::telemetry::from_headers(headers);
+    if crate::mrtr::may_ask(&method) {
+        return multi_round(
+            http,
+            client,
+            id,
+            method,
+            prepared.params,
+            key,
+            parent,
+            init,
+            private,
+            prepared.uri,
+        )
+        .await;
+    }
     let uri = prepared.uri;
     let name = method.clone();
     let finish: Finish = Box::new(move |out| modern::finish(&name, out, &init, private, uri.as_deref()));
@@ -517,6 +537,94 @@ async fn serve_stateless(
         Some(finish),
     )
     .await
+}
+
+/// A stateless `tools/call`, `prompts/get` or `resources/read`, whose server may ask the
+/// client questions: they come back as `input_required`, and a retry with `requestState`
+/// resumes the parked call (see [`crate::mrtr`]). Closing the response cancels the call.
+#[allow(clippy::too_many_arguments)]
+async fn multi_round(
+    http: Http,
+    client: Client,
+    id: Id,
+    method: String,
+    params: Option<Box<serde_json::value::RawValue>>,
+    principal: String,
+    parent: Option<opentelemetry::Context>,
+    init: Outcome,
+    private: bool,
+    uri: Option<String>,
+) -> Response {
+    use crate::mrtr::{Binding, Call, Step};
+    let mut p = message::params_object(params.as_deref()).unwrap_or_default();
+    let state = p.remove("requestState");
+    let responses = p.remove("inputResponses");
+    let field = if method == "resources/read" { "uri" } else { "name" };
+    let binding = Binding {
+        method: method.clone(),
+        target: p.get(field).and_then(Value::as_str).unwrap_or_default().to_owned(),
+        principal,
+    };
+    let (call, previous) = match state {
+        None | Some(Value::Null) => {
+            let params = (params.is_some()).then(|| message::to_raw(&Value::Object(p)));
+            (
+                Call::start(http.gw.clone(), client, id.clone(), params, parent, binding),
+                None,
+            )
+        }
+        Some(Value::String(s)) => match http.parked.resume(&s, &binding) {
+            Ok((mut call, previous)) => {
+                call.answer(responses.as_ref());
+                (call, Some(previous))
+            }
+            Err(reason) => {
+                tracing::warn!(%method, reason, "requestState refused");
+                return json_response(message::response(&id, &modern::invalid_state()));
+            }
+        },
+        Some(_) => {
+            tracing::warn!(%method, "requestState refused: not a string");
+            return json_response(message::response(&id, &modern::invalid_state()));
+        }
+    };
+    let parked = http.parked.clone();
+    let rounds = futures::stream::unfold(Some((call, previous)), move |state| {
+        let (parked, id, method, init, uri) = (parked.clone(), id.clone(), method.clone(), init.clone(), uri.clone());
+        async move {
+            let (mut call, previous) = state?;
+            match call.next().await {
+                Step::Related(m) => Some(((false, m), Some((call, previous)))),
+                Step::Done(out) => {
+                    let out = out.unwrap_or_else(|| {
+                        Outcome::Error(message::error_object(REQUEST_CANCELLED, "request cancelled", None))
+                    });
+                    let out = modern::finish(&method, out, &init, private, uri.as_deref());
+                    Some(((true, bytes::Bytes::from(message::response(&id, &out))), None))
+                }
+                Step::InputRequired(requests) => {
+                    let state = parked.park(call, previous);
+                    let out = modern::input_required(requests, state, &init);
+                    Some(((true, bytes::Bytes::from(message::response(&id, &out))), None))
+                }
+            }
+        }
+    });
+    let mut rounds = Box::pin(rounds);
+    match rounds.next().await {
+        Some((true, answer)) => json_response(answer),
+        Some((false, first)) => {
+            let events = futures::stream::once(async move { first })
+                .chain(rounds.map(|(_, m)| m))
+                .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
+            sse_response(Body::from_stream(events))
+        }
+        None => rpc_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            code::INTERNAL_ERROR,
+            "request task failed",
+        ),
+    }
 }
 
 /// `subscriptions/listen`: an SSE stream of the notifications asked for (see

@@ -19,8 +19,10 @@
 //! with auth configured, for everything (allowlists make lists differ per identity), else
 //! `public`. [`prepare`] also serves the stdio front, which has no headers to check.
 //!
-//! Not yet: multi round-trip requests (servers' questions are refused), 2026-07-28
-//! downstreams (they are spoken to in the handshake era).
+//! Servers' questions during `tools/call`, `prompts/get` and `resources/read` become
+//! `input_required` results ([`input_required`], driven by [`crate::mrtr`] from the HTTP
+//! front). Not yet: 2026-07-28 downstreams (they are spoken to in the handshake era), and
+//! multi round-trip requests on stdio (questions are refused there).
 
 use crate::message::{self, code, Outcome};
 use axum::http::{HeaderMap, StatusCode};
@@ -415,6 +417,34 @@ pub fn finish(method: &str, out: Outcome, init: &Outcome, private: bool, uri: Op
             Outcome::Error(e)
         }
     }
+}
+
+/// An `InputRequiredResult`: the servers' open questions and the state to echo back.
+pub fn input_required(requests: Map<String, Value>, state: String, init: &Outcome) -> Outcome {
+    let info = match init {
+        Outcome::Result(i) => serde_json::from_str::<Value>(i.get())
+            .map(|v| server_info(&v))
+            .unwrap_or(Value::Null),
+        Outcome::Error(_) => Value::Null,
+    };
+    let mut v = json!({
+        "resultType": "input_required",
+        "inputRequests": requests,
+        "requestState": state,
+    });
+    if !info.is_null() {
+        v["_meta"] = json!({ META_SERVER_INFO: info });
+    }
+    Outcome::Result(message::to_raw(&v))
+}
+
+/// The error for a `requestState` that does not verify (the reason goes to the log only).
+pub fn invalid_state() -> Outcome {
+    Outcome::Error(message::error_object(
+        code::INVALID_PARAMS,
+        "Invalid or expired requestState",
+        Some(json!({ "reason": "invalid_request_state" })),
+    ))
 }
 
 fn finish_value(method: &str, mut v: Value, info: &Value, private: bool) -> Outcome {
