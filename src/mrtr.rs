@@ -317,3 +317,91 @@ impl Parked {
         Ok((w.call, (id.to_owned(), round)))
     }
 }
+
+/// One round of a stateless call that may ask: a new call, or a parked one a
+/// `requestState` names, until its result or its next questions.
+pub struct Round {
+    pub gw: Arc<Gateway>,
+    pub parked: Arc<Parked>,
+    pub id: Id,
+    pub method: String,
+    /// Who may resume the call: the auth identity, or the caller's IP address.
+    pub principal: String,
+    /// The gateway's `initialize` result (its serverInfo decorates results).
+    pub init: Outcome,
+    pub private: bool,
+    /// `params.uri` of a `resources/read`, for its not-found error.
+    pub uri: Option<String>,
+}
+
+impl Round {
+    /// Starts the call (or resumes the one `params.requestState` names, giving it
+    /// `params.inputResponses`). Yields what to send, in order: related messages
+    /// (`false`), then the response (`true`): the decorated result, or `input_required`
+    /// with the call parked. Dropping the stream before its end cancels the call. A state
+    /// that does not verify is the error to answer with.
+    pub fn start(
+        self,
+        client: Client,
+        params: Option<Box<RawValue>>,
+        parent: Option<opentelemetry::Context>,
+    ) -> Result<impl futures::Stream<Item = (bool, Bytes)> + Send, Outcome> {
+        let mut p = message::params_object(params.as_deref()).unwrap_or_default();
+        let state = p.remove("requestState");
+        let responses = p.remove("inputResponses");
+        let field = if self.method == "resources/read" { "uri" } else { "name" };
+        let binding = Binding {
+            method: self.method.clone(),
+            target: p.get(field).and_then(Value::as_str).unwrap_or_default().to_owned(),
+            principal: self.principal.clone(),
+        };
+        let (call, previous) = match state {
+            None | Some(Value::Null) => {
+                let params = params.is_some().then(|| message::to_raw(&Value::Object(p)));
+                let call = Call::start(self.gw.clone(), client, self.id.clone(), params, parent, binding);
+                (call, None)
+            }
+            Some(Value::String(s)) => match self.parked.resume(&s, &binding) {
+                Ok((mut call, previous)) => {
+                    call.answer(responses.as_ref());
+                    (call, Some(previous))
+                }
+                Err(reason) => {
+                    tracing::warn!(method = %self.method, reason, "requestState refused");
+                    return Err(crate::front::modern::invalid_state());
+                }
+            },
+            Some(_) => {
+                tracing::warn!(method = %self.method, "requestState refused: not a string");
+                return Err(crate::front::modern::invalid_state());
+            }
+        };
+        let round = Arc::new(self);
+        Ok(futures::stream::unfold(Some((call, previous)), move |state| {
+            let round = round.clone();
+            async move {
+                let (mut call, previous) = state?;
+                let out = match call.next().await {
+                    Step::Related(m) => return Some(((false, m), Some((call, previous)))),
+                    Step::Done(out) => {
+                        let out = out.unwrap_or_else(|| {
+                            Outcome::Error(message::error_object(-32800, "request cancelled", None))
+                        });
+                        crate::front::modern::finish(
+                            &round.method,
+                            out,
+                            &round.init,
+                            round.private,
+                            round.uri.as_deref(),
+                        )
+                    }
+                    Step::InputRequired(requests) => {
+                        let state = round.parked.park(call, previous);
+                        crate::front::modern::input_required(requests, state, &round.init)
+                    }
+                };
+                Some(((true, Bytes::from(message::response(&round.id, &out))), None))
+            }
+        }))
+    }
+}

@@ -159,3 +159,39 @@ fn stdio_serves_modern_requests_and_listen() {
         assert_eq!(v["jsonrpc"], "2.0", "{l:.200}");
     }
 }
+
+#[test]
+fn stdio_questions_become_input_required() {
+    let n = unique("stdio-mrtr");
+    let mut gw = StdioGateway::start(&server("s0", &n, &["--two-way"], ""), &[]);
+    let mut md = meta();
+    md["io.modelcontextprotocol/clientCapabilities"] = json!({"elicitation": {}});
+    let params = json!({"name": "s0__ask_elicit", "arguments": {"message": "Name?"}, "_meta": md});
+    let (others, r) = gw.request(json!(1), "tools/call", params.clone());
+    assert!(
+        !others
+            .iter()
+            .any(|m| m.get("method").is_some() && m.get("id").is_some()),
+        "no server request on stdout: {others:?}"
+    );
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let reqs = r["result"]["inputRequests"].as_object().unwrap().clone();
+    assert_eq!(reqs.len(), 1, "{r}");
+    let (key, q) = reqs.iter().next().unwrap();
+    assert_eq!(q["method"], "elicitation/create");
+    let state = r["result"]["requestState"].as_str().unwrap().to_string();
+
+    let mut bad = params.clone();
+    bad["requestState"] = json!(format!("{state}0"));
+    let (_, r) = gw.request(json!(2), "tools/call", bad);
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+
+    let mut retry = params;
+    retry["requestState"] = json!(state);
+    retry["inputResponses"] = json!({key.clone(): {"action": "accept", "content": {"name": "stdio"}}});
+    let (_, r) = gw.request(json!(3), "tools/call", retry.clone());
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert_eq!(text(&r), r#"{"action":"accept","content":{"name":"stdio"}}"#);
+    let (_, r) = gw.request(json!(4), "tools/call", retry);
+    assert_eq!(r["error"]["code"], -32602, "a state is used once: {r}");
+}

@@ -555,61 +555,21 @@ async fn multi_round(
     private: bool,
     uri: Option<String>,
 ) -> Response {
-    use crate::mrtr::{Binding, Call, Step};
-    let mut p = message::params_object(params.as_deref()).unwrap_or_default();
-    let state = p.remove("requestState");
-    let responses = p.remove("inputResponses");
-    let field = if method == "resources/read" { "uri" } else { "name" };
-    let binding = Binding {
-        method: method.clone(),
-        target: p.get(field).and_then(Value::as_str).unwrap_or_default().to_owned(),
+    let started = crate::mrtr::Round {
+        gw: http.gw.clone(),
+        parked: http.parked.clone(),
+        id: id.clone(),
+        method,
         principal,
+        init,
+        private,
+        uri,
+    }
+    .start(client, params, parent);
+    let rounds = match started {
+        Ok(r) => r,
+        Err(refused) => return json_response(message::response(&id, &refused)),
     };
-    let (call, previous) = match state {
-        None | Some(Value::Null) => {
-            let params = (params.is_some()).then(|| message::to_raw(&Value::Object(p)));
-            (
-                Call::start(http.gw.clone(), client, id.clone(), params, parent, binding),
-                None,
-            )
-        }
-        Some(Value::String(s)) => match http.parked.resume(&s, &binding) {
-            Ok((mut call, previous)) => {
-                call.answer(responses.as_ref());
-                (call, Some(previous))
-            }
-            Err(reason) => {
-                tracing::warn!(%method, reason, "requestState refused");
-                return json_response(message::response(&id, &modern::invalid_state()));
-            }
-        },
-        Some(_) => {
-            tracing::warn!(%method, "requestState refused: not a string");
-            return json_response(message::response(&id, &modern::invalid_state()));
-        }
-    };
-    let parked = http.parked.clone();
-    let rounds = futures::stream::unfold(Some((call, previous)), move |state| {
-        let (parked, id, method, init, uri) = (parked.clone(), id.clone(), method.clone(), init.clone(), uri.clone());
-        async move {
-            let (mut call, previous) = state?;
-            match call.next().await {
-                Step::Related(m) => Some(((false, m), Some((call, previous)))),
-                Step::Done(out) => {
-                    let out = out.unwrap_or_else(|| {
-                        Outcome::Error(message::error_object(REQUEST_CANCELLED, "request cancelled", None))
-                    });
-                    let out = modern::finish(&method, out, &init, private, uri.as_deref());
-                    Some(((true, bytes::Bytes::from(message::response(&id, &out))), None))
-                }
-                Step::InputRequired(requests) => {
-                    let state = parked.park(call, previous);
-                    let out = modern::input_required(requests, state, &init);
-                    Some(((true, bytes::Bytes::from(message::response(&id, &out))), None))
-                }
-            }
-        }
-    });
     let mut rounds = Box::pin(rounds);
     match rounds.next().await {
         Some((true, answer)) => json_response(answer),

@@ -21,8 +21,8 @@
 //!
 //! Servers' questions during `tools/call`, `prompts/get` and `resources/read` become
 //! `input_required` results ([`input_required`], driven by [`crate::mrtr`] from the HTTP
-//! front). Not yet: 2026-07-28 downstreams (they are spoken to in the handshake era), and
-//! multi round-trip requests on stdio (questions are refused there).
+//! and stdio fronts). Not yet: 2026-07-28 downstreams (they are spoken to in the handshake
+//! era).
 
 use crate::message::{self, code, Outcome};
 use axum::http::{HeaderMap, StatusCode};

@@ -6,7 +6,8 @@
 //! 2026-07-28 (stateless) request and is served like one on HTTP (no `initialize` needed;
 //! `_meta` validated by [`modern::prepare`], without the header checks; results decorated
 //! by [`modern::finish`]), as a throwaway client of its own; `notifications/cancelled`
-//! cancels it. `subscriptions/listen` streams its notifications as lines tagged with the
+//! cancels it. Servers' questions during `tools/call`, `prompts/get` and `resources/read`
+//! become `input_required` ([`crate::mrtr`]). `subscriptions/listen` streams its notifications as lines tagged with the
 //! subscription id until cancelled; at the end of input or shutdown each stream gets its
 //! graceful response.
 
@@ -30,7 +31,8 @@ use tracing::{debug, info, warn};
 /// A 2026-07-28 request in flight, by its id: what `notifications/cancelled` cancels.
 enum Modern {
     Call(Arc<Client>),
-    Listen(CancellationToken),
+    /// A listen stream, or a call that may ask questions: cancelled by dropping it.
+    Stop(CancellationToken),
 }
 
 type ModernTable = Arc<Mutex<HashMap<String, Modern>>>;
@@ -76,6 +78,7 @@ pub async fn serve<R, W>(
     });
 
     let modern_inflight: ModernTable = Arc::default();
+    let parked = crate::mrtr::Parked::new(gw.config().gateway.input_timeout);
     // Cancelled when input ends or shutdown begins: listen streams end gracefully.
     let closing = CancellationToken::new();
 
@@ -143,6 +146,8 @@ pub async fn serve<R, W>(
                     out: &out_tx,
                     table: &modern_inflight,
                     closing: &closing,
+                    parked: &parked,
+                    principal: as_client.as_deref().unwrap_or("stdio"),
                 };
                 m.serve(id, method, params, identity).await;
             }
@@ -195,7 +200,7 @@ pub async fn serve<R, W>(
                         let table = modern_inflight.lock().unwrap_or_else(|e| e.into_inner());
                         match table.get(&id_key(&rid))? {
                             Modern::Call(c) => Some(Some(c.clone())),
-                            Modern::Listen(t) => {
+                            Modern::Stop(t) => {
                                 t.cancel();
                                 Some(None)
                             }
@@ -235,6 +240,9 @@ struct ModernRequest<'a> {
     out: &'a mpsc::Sender<Bytes>,
     table: &'a ModernTable,
     closing: &'a CancellationToken,
+    parked: &'a Arc<crate::mrtr::Parked>,
+    /// Who may resume a parked call: the `--client` name, or "stdio".
+    principal: &'a str,
 }
 
 impl ModernRequest<'_> {
@@ -298,7 +306,7 @@ impl ModernRequest<'_> {
             self.table
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), Modern::Listen(cancel.clone()));
+                .insert(key.clone(), Modern::Stop(cancel.clone()));
             let l = listen::Listen {
                 gw: self.gw.clone(),
                 client: Arc::new(client),
@@ -320,6 +328,49 @@ impl ModernRequest<'_> {
             .stateless(prepared.capabilities, prepared.log_rank);
         let _ = client.protocol_version.set(modern::VERSION.to_owned());
         client.set_identity(identity);
+        if crate::mrtr::may_ask(&method) {
+            // Servers' questions come back as input_required (see crate::mrtr).
+            let started = crate::mrtr::Round {
+                gw: self.gw.clone(),
+                parked: self.parked.clone(),
+                id: id.clone(),
+                method,
+                principal: self.principal.to_owned(),
+                init,
+                private,
+                uri: prepared.uri,
+            }
+            .start(client, prepared.params, None);
+            let rounds = match started {
+                Ok(r) => r,
+                Err(refused) => {
+                    self.answer(&id, &refused).await;
+                    return;
+                }
+            };
+            let cancel = CancellationToken::new();
+            self.table
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), Modern::Stop(cancel.clone()));
+            let (out, table) = (self.out.clone(), self.table.clone());
+            tokio::spawn(async move {
+                let mut rounds = Box::pin(rounds);
+                loop {
+                    // Cancelled: the rounds are dropped, which cancels the call; no answer.
+                    let next = tokio::select! {
+                        n = futures::StreamExt::next(&mut rounds) => n,
+                        _ = cancel.cancelled() => None,
+                    };
+                    let Some((last, m)) = next else { break };
+                    if out.send(m).await.is_err() || last {
+                        break;
+                    }
+                }
+                table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            });
+            return;
+        }
         let client = Arc::new(client);
         self.table
             .lock()
