@@ -357,7 +357,8 @@ impl Round {
         };
         let (call, previous) = match state {
             None | Some(Value::Null) => {
-                let params = params.is_some().then(|| message::to_raw(&Value::Object(p)));
+                // A new call: its params go on untouched (a server that reads
+                // `inputResponses` itself, for stateless retries, still sees them).
                 let call = Call::start(self.gw.clone(), client, self.id.clone(), params, parent, binding);
                 (call, None)
             }
