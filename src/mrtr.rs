@@ -406,3 +406,113 @@ impl Round {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(target: &str) -> Binding {
+        Binding {
+            method: "tools/call".into(),
+            target: target.into(),
+            principal: "alice".into(),
+        }
+    }
+
+    /// A call whose questions, related messages and outcome the test sends by hand.
+    fn call() -> (Call, mpsc::Sender<Question>, oneshot::Sender<Option<Outcome>>) {
+        let (qtx, questions) = mpsc::channel(16);
+        let (_rtx, related) = mpsc::channel(4);
+        let (dtx, done) = oneshot::channel();
+        let call = Call {
+            questions,
+            related,
+            done,
+            _task: Abort(tokio::spawn(async {})),
+            open: Vec::new(),
+            asked: 0,
+            binding: binding("s0__ask"),
+        };
+        (call, qtx, dtx)
+    }
+
+    fn question(method: &str) -> (Question, oneshot::Receiver<Outcome>) {
+        let (tx, rx) = oneshot::channel();
+        let q = Question {
+            method: method.into(),
+            params: Some(message::to_raw(&json!({ "message": method }))),
+            answer: tx,
+        };
+        (q, rx)
+    }
+
+    #[tokio::test]
+    async fn questions_asked_together_go_out_together_and_are_asked_again_until_answered() {
+        let (mut c, qtx, dtx) = call();
+        let (q1, mut a1) = question("elicitation/create");
+        let (q2, mut a2) = question("roots/list");
+        qtx.send(q1).await.unwrap();
+        qtx.send(q2).await.unwrap();
+        let Step::InputRequired(reqs) = c.next().await else {
+            panic!("expected input_required")
+        };
+        assert_eq!(
+            Value::Object(reqs),
+            json!({
+                "q1": {"method": "elicitation/create", "params": {"message": "elicitation/create"}},
+                "q2": {"method": "roots/list", "params": {"message": "roots/list"}},
+            })
+        );
+        // Only q2 answered (and junk ignored): q1 is asked again, alone.
+        c.answer(Some(&json!({"q2": {"roots": []}, "q9": {}, "q1": "not an object"})));
+        assert!(matches!(a2.try_recv(), Ok(Outcome::Result(_))));
+        assert!(a1.try_recv().is_err());
+        let Step::InputRequired(reqs) = c.next().await else {
+            panic!("expected input_required")
+        };
+        assert_eq!(reqs.keys().collect::<Vec<_>>(), vec!["q1"]);
+        c.answer(Some(&json!({"q1": {"action": "decline"}})));
+        assert!(matches!(a1.try_recv(), Ok(Outcome::Result(_))));
+        let _ = dtx.send(Some(Outcome::Result(message::empty_object())));
+        assert!(matches!(c.next().await, Step::Done(Some(Outcome::Result(_)))));
+    }
+
+    #[tokio::test]
+    async fn states_verify_once_for_their_binding_only() {
+        let parked = Parked::new(Duration::from_secs(60));
+        let (c, _q, _d) = call();
+        let state = parked.park(c, None);
+        // Tampered anywhere, or presented for another target or principal: refused, and
+        // the call stays parked.
+        let mut bad = state.clone();
+        let last = bad.pop().unwrap();
+        bad.push(if last == '0' { '1' } else { '0' });
+        assert!(parked.resume(&bad, &binding("s0__ask")).is_err());
+        let later = state.replacen(".1.", ".2.", 1);
+        assert!(parked.resume(&later, &binding("s0__ask")).is_err());
+        assert!(parked.resume(&state, &binding("s0__other")).is_err());
+        let mut bob = binding("s0__ask");
+        bob.principal = "bob".into();
+        assert!(parked.resume(&state, &bob).is_err());
+        assert!(parked.resume("", &binding("s0__ask")).is_err());
+        let (c, previous) = parked.resume(&state, &binding("s0__ask")).expect("verifies");
+        assert!(parked.resume(&state, &binding("s0__ask")).is_err(), "used once");
+        // The next round's state is a different one; the old one stays spent.
+        let next = parked.park(c, Some(previous));
+        assert_ne!(next, state);
+        assert!(parked.resume(&state, &binding("s0__ask")).is_err());
+        assert!(parked.resume(&next, &binding("s0__ask")).is_ok());
+    }
+
+    #[tokio::test]
+    async fn expired_calls_are_dropped() {
+        let parked = Parked::new(Duration::from_millis(50));
+        let (c, qtx, _d) = call();
+        let state = parked.park(c, None);
+        // The call is dropped at expiry: its question channel closes.
+        tokio::time::timeout(Duration::from_secs(5), qtx.closed())
+            .await
+            .expect("dropped at expiry");
+        assert!(parked.resume(&state, &binding("s0__ask")).is_err());
+    }
+}
