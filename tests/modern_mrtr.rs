@@ -249,3 +249,32 @@ async fn state_is_bound_to_its_principal_and_expires() {
     let (id, p) = ask(3, json!({"requestState": state, "inputResponses": answer}));
     refused(&post(&gw, Some("alice-mrtr-token"), id, "tools/call", p).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_call_whose_client_goes_away_is_cancelled() {
+    let n = unique("mrtr-gone");
+    let gw = Gateway::start(&server("s0", &n, &[], ""));
+    let mut params = json!({"name": "s0__slow", "arguments": {"seconds": 30, "steps": 30}});
+    let mut md = meta(json!({}));
+    md["progressToken"] = json!("p");
+    params["_meta"] = md;
+    let r = reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", V)
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "s0__slow")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}))
+        .send()
+        .await
+        .unwrap();
+    let mut m = Messages::new(r);
+    let first = m.next(T).await.expect("a progress notification");
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    drop(m);
+    assert!(
+        gw.wait_log("[mock] cancelled", T).await,
+        "the server heard the cancellation: {}",
+        gw.logs()
+    );
+}
