@@ -218,13 +218,13 @@ async fn listen_only_subscribes_what_the_allowlist_shows() {
         &gw,
         Some("alice-listen-token"),
         json!(1),
-        json!({"resourceSubscriptions": [ra, rb]}),
+        json!({"toolsListChanged": true, "resourceSubscriptions": [ra, rb]}),
     )
     .await;
     let ack = next(&mut s).await;
     assert_eq!(
         ack["params"]["notifications"],
-        json!({"resourceSubscriptions": [ra]}),
+        json!({"toolsListChanged": true, "resourceSubscriptions": [ra]}),
         "a hidden URI is treated as unknown: {ack}"
     );
     // Bob sees both; an update of b's readme reaches him, and alice's stream only gets
@@ -248,4 +248,15 @@ async fn listen_only_subscribes_what_the_allowlist_shows() {
     )
     .await;
     assert_eq!(next(&mut s).await["params"]["uri"], ra.as_str());
+
+    // A reload narrows alice's allowlist: a's readme is hidden from her now, so its next
+    // update does not reach her open stream (the tools list change after it does).
+    let narrowed = config.replace(&format!(", \"mock://{na}/*\""), "");
+    assert_ne!(narrowed, config);
+    std::fs::write(gw.config_path(), narrowed).unwrap();
+    assert!(gw.wait_log("reload done", T).await, "{}", gw.logs());
+    call(&gw, Some("bob-listen-token"), "a__update_resource", json!({"uri": ra})).await;
+    call(&gw, Some("bob-listen-token"), "a__add_tool", json!({"name": "later"})).await;
+    let m = next(&mut s).await;
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
 }

@@ -197,7 +197,13 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
-        if let Some(tagged) = tag(&m, &l.filter, &honored, &l.id) {
+        // A reload may have narrowed the client's allowlist since it subscribed.
+        let identity = l.client.identity();
+        let refreshed = identity
+            .as_ref()
+            .map(|i| l.gw.topology().auth.client(&i.name).unwrap_or_else(|| i.clone()));
+        let visible = |uri: &str| refreshed.as_ref().is_none_or(|i| i.permits(uri));
+        if let Some(tagged) = tag(&m, &l.filter, &honored, &l.id, &visible) {
             if out.send(frame(&tagged)).await.is_err() {
                 return;
             }
@@ -205,8 +211,9 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     }
 }
 
-/// The notification with the subscription id in `params._meta`, if the filter wants it.
-fn tag(m: &[u8], filter: &Filter, honored: &[String], id: &Id) -> Option<Vec<u8>> {
+/// The notification with the subscription id in `params._meta`, if the filter wants it
+/// (and, for a resource, the client may still see it).
+fn tag(m: &[u8], filter: &Filter, honored: &[String], id: &Id, visible: &dyn Fn(&str) -> bool) -> Option<Vec<u8>> {
     let mut v: Value = serde_json::from_slice(m).ok()?;
     let wanted = match v.get("method").and_then(Value::as_str)? {
         "notifications/tools/list_changed" => filter.tools,
@@ -216,7 +223,7 @@ fn tag(m: &[u8], filter: &Filter, honored: &[String], id: &Id) -> Option<Vec<u8>
             .get("params")
             .and_then(|p| p.get("uri"))
             .and_then(Value::as_str)
-            .is_some_and(|u| honored.iter().any(|h| h == u)),
+            .is_some_and(|u| honored.iter().any(|h| h == u) && visible(u)),
         _ => false,
     };
     if !wanted {
@@ -250,16 +257,21 @@ mod tests {
             assert!(Filter::parse(bad.as_object().unwrap()).is_err(), "{bad}");
         }
         let honored = vec!["a://1".to_owned()];
+        let all = |_: &str| true;
         let tools = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
-        let t: Value = serde_json::from_slice(&tag(tools, &f, &honored, &json!(7)).unwrap()).unwrap();
+        let t: Value = serde_json::from_slice(&tag(tools, &f, &honored, &json!(7), &all).unwrap()).unwrap();
         assert_eq!(t["params"]["_meta"][META_SUBSCRIPTION_ID], json!(7));
         let prompts = br#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#;
-        assert!(tag(prompts, &f, &honored, &json!(7)).is_none());
+        assert!(tag(prompts, &f, &honored, &json!(7), &all).is_none());
         let upd = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"a://1"}}"#;
-        let u: Value = serde_json::from_slice(&tag(upd, &f, &honored, &json!("s")).unwrap()).unwrap();
+        let u: Value = serde_json::from_slice(&tag(upd, &f, &honored, &json!("s"), &all).unwrap()).unwrap();
         assert_eq!(u["params"]["_meta"][META_SUBSCRIPTION_ID], json!("s"));
         assert_eq!(u["params"]["uri"], "a://1");
         let other = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"b://2"}}"#;
-        assert!(tag(other, &f, &honored, &json!(7)).is_none());
+        assert!(tag(other, &f, &honored, &json!(7), &all).is_none());
+        assert!(
+            tag(upd, &f, &honored, &json!(7), &|_: &str| false).is_none(),
+            "hidden since"
+        );
     }
 }
