@@ -36,6 +36,9 @@ use tracing::debug;
 
 /// How long a parked call waits for the client's retry.
 pub const TTL: Duration = Duration::from_secs(300);
+/// Calls parked at once at most; past it a call that asks is failed instead (a bound on
+/// what clients that never retry can hold).
+pub const MAX_PARKED: usize = 10_000;
 /// After a first question, how long other questions of the same moment are awaited, so
 /// questions asked together go out in one `inputRequests`.
 const SETTLE: Duration = Duration::from_millis(20);
@@ -256,8 +259,9 @@ impl Parked {
         m
     }
 
-    /// Parks a call that asked questions; returns its `requestState`.
-    pub fn park(self: &Arc<Self>, call: Call, previous: Option<(String, u64)>) -> String {
+    /// Parks a call that asked questions; returns its `requestState`, or `None` (the call
+    /// dropped, so cancelled) when [`MAX_PARKED`] calls are waiting already.
+    pub fn park(self: &Arc<Self>, call: Call, previous: Option<(String, u64)>) -> Option<String> {
         let (id, round) = match previous {
             Some((id, round)) => (id, round + 1),
             None => {
@@ -270,10 +274,17 @@ impl Parked {
         let expires = now_ms().saturating_add(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX));
         let tag = hmac::sign(&self.key, &Self::signed(&id, round, expires, &call.binding));
         let state = format!("{id}.{round}.{expires}.{}", hex(tag.as_ref()));
-        self.calls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), Waiting { round, call });
+        {
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            if calls.len() >= MAX_PARKED {
+                tracing::warn!(
+                    max = MAX_PARKED,
+                    "too many calls waiting for their clients' input; failing one"
+                );
+                return None;
+            }
+            calls.insert(id.clone(), Waiting { round, call });
+        }
         let table: Weak<Parked> = Arc::downgrade(self);
         let ttl = self.ttl;
         tokio::spawn(async move {
@@ -286,7 +297,7 @@ impl Parked {
                 calls.remove(&id);
             }
         });
-        state
+        Some(state)
     }
 
     /// Takes back the call a `requestState` names, if it verifies for `binding`. Returns
@@ -396,10 +407,14 @@ impl Round {
                             round.uri.as_deref(),
                         )
                     }
-                    Step::InputRequired(requests) => {
-                        let state = round.parked.park(call, previous);
-                        crate::front::modern::input_required(requests, state, &round.init)
-                    }
+                    Step::InputRequired(requests) => match round.parked.park(call, previous) {
+                        Some(state) => crate::front::modern::input_required(requests, state, &round.init),
+                        None => Outcome::Error(message::error_object(
+                            crate::message::code::INTERNAL_ERROR,
+                            "the server asked for input, but too many calls are waiting for input in mcp-gateway; try again later",
+                            None,
+                        )),
+                    },
                 };
                 Some(((true, Bytes::from(message::response(&round.id, &out))), None))
             }
@@ -481,7 +496,7 @@ mod tests {
     async fn states_verify_once_for_their_binding_only() {
         let parked = Parked::new(Duration::from_secs(60));
         let (c, _q, _d) = call();
-        let state = parked.park(c, None);
+        let state = parked.park(c, None).unwrap();
         // Tampered anywhere, or presented for another target or principal: refused, and
         // the call stays parked.
         let mut bad = state.clone();
@@ -498,7 +513,7 @@ mod tests {
         let (c, previous) = parked.resume(&state, &binding("s0__ask")).expect("verifies");
         assert!(parked.resume(&state, &binding("s0__ask")).is_err(), "used once");
         // The next round's state is a different one; the old one stays spent.
-        let next = parked.park(c, Some(previous));
+        let next = parked.park(c, Some(previous)).unwrap();
         assert_ne!(next, state);
         assert!(parked.resume(&state, &binding("s0__ask")).is_err());
         assert!(parked.resume(&next, &binding("s0__ask")).is_ok());
@@ -508,7 +523,7 @@ mod tests {
     async fn expired_calls_are_dropped() {
         let parked = Parked::new(Duration::from_millis(50));
         let (c, qtx, _d) = call();
-        let state = parked.park(c, None);
+        let state = parked.park(c, None).unwrap();
         // The call is dropped at expiry: its question channel closes.
         tokio::time::timeout(Duration::from_secs(5), qtx.closed())
             .await
