@@ -135,6 +135,7 @@ struct RawGateway {
     page_size: Option<usize>,
     max_in_flight: Option<usize>,
     session_idle: Option<Spanned<String>>,
+    input_timeout: Option<Spanned<String>>,
     header_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
@@ -412,6 +413,9 @@ pub struct Gateway {
     pub max_in_flight: usize,
     /// A session unused this long (and with no open GET stream) is ended.
     pub session_idle: Duration,
+    /// How long a 2026-07-28 call whose server asked a question (`input_required`) waits
+    /// for the client's retry before it is cancelled; also its `requestState`'s lifetime.
+    pub input_timeout: Duration,
     /// How long a client may take to send its request headers.
     pub header_timeout: Duration,
     /// How long a client may take to send a request body.
@@ -703,6 +707,7 @@ impl Config {
             "session_idle",
             Duration::from_secs(30 * 60),
         );
+        let input_timeout = duration(&mut cx, g.input_timeout.as_ref(), "input_timeout", crate::mrtr::TTL);
         let header_timeout = duration(
             &mut cx,
             g.header_timeout.as_ref(),
@@ -965,6 +970,7 @@ impl Config {
                 page_size: g.page_size.unwrap_or(0),
                 max_in_flight: g.max_in_flight.unwrap_or(1_000),
                 session_idle,
+                input_timeout,
                 header_timeout,
                 body_timeout,
                 max_line,

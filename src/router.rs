@@ -238,7 +238,7 @@ impl Gateway {
             });
             (old, catalog)
         };
-        self.announce(&old_catalog, &catalog, true);
+        self.announce(&old_catalog, &catalog, true, None);
         // A changed server's new process takes over its sessions' subscriptions and log level.
         for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
             self.restore(s.name.clone());
@@ -249,7 +249,7 @@ impl Gateway {
 
     fn event(&self, ev: Event) {
         match ev {
-            Event::ListsChanged { .. } => self.rebuild_catalog(true),
+            Event::ListsChanged { announced, .. } => self.rebuild(true, announced),
             Event::Restarted { server } => self.restore(server),
             Event::Notification { server, method, params } if method == "notifications/resources/updated" => {
                 self.resource_updated(&server, &method, params.as_deref());
@@ -265,6 +265,13 @@ impl Gateway {
 
     /// Rebuilds the merged catalog; with `notify`, tells every session which lists changed.
     pub fn rebuild_catalog(&self, notify: bool) {
+        self.rebuild(notify, None)
+    }
+
+    /// [`Gateway::rebuild_catalog`]; a server's own list_changed (`announced`) is passed on
+    /// even when the merged list looks the same (the server may have changed and changed
+    /// back: its clients should look again).
+    fn rebuild(&self, notify: bool, announced: Option<ListKind>) {
         let (old, new) = {
             // Built under the lock, so a concurrent reload or rebuild cannot be lost.
             let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
@@ -280,11 +287,11 @@ impl Gateway {
             });
             (old, new)
         };
-        self.announce(&old, &new, notify);
+        self.announce(&old, &new, notify, announced);
     }
 
     /// Logs a new catalog's notes and, with `notify`, tells every session which lists changed.
-    fn announce(&self, old: &Catalog, new: &Catalog, notify: bool) {
+    fn announce(&self, old: &Catalog, new: &Catalog, notify: bool, announced: Option<ListKind>) {
         for note in &new.notes {
             warn!("{note}");
         }
@@ -301,7 +308,7 @@ impl Gateway {
             ),
         ];
         for (kind, changed) in changes {
-            if changed {
+            if changed || announced == Some(kind) {
                 info!(notification = kind.notification(), "catalog changed; notifying clients");
                 let _ = self
                     .broadcast

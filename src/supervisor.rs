@@ -198,7 +198,12 @@ impl ListKind {
 #[derive(Debug)]
 pub enum Event {
     /// A server's lists changed (or it became ready); the catalog must be rebuilt.
-    ListsChanged { server: Arc<str> },
+    /// `announced`: the kind the server itself said changed (a list_changed of its own),
+    /// passed on to clients even when the merged list looks the same.
+    ListsChanged {
+        server: Arc<str>,
+        announced: Option<ListKind>,
+    },
     /// A server was started again: what sessions asked of the old process (resource
     /// subscriptions, the log level) must be asked of the new one.
     Restarted { server: Arc<str> },
@@ -559,6 +564,7 @@ impl Server {
                     let _ = events
                         .send(Event::ListsChanged {
                             server: self.name.clone(),
+                            announced: None,
                         })
                         .await;
                 }
@@ -741,18 +747,22 @@ impl Server {
     /// notifications that arrive meanwhile are coalesced into one more re-list per kind.
     pub async fn watch(&self, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) -> bool {
         let mut dirty: Vec<ListKind> = Vec::new();
-        let mut relisting: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>> = None;
+        let mut relisting: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ListKind> + Send + '_>>> = None;
         loop {
             if relisting.is_none() && !dirty.is_empty() {
                 let kind = dirty.remove(0);
-                relisting = Some(Box::pin(self.relist(kind)));
+                relisting = Some(Box::pin(async move {
+                    self.relist(kind).await;
+                    kind
+                }));
             }
             let msg = tokio::select! {
-                () = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
+                kind = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
                     relisting = None;
                     let _ = events
                         .send(Event::ListsChanged {
                             server: self.name.clone(),
+                            announced: Some(kind),
                         })
                         .await;
                     continue;
@@ -799,6 +809,7 @@ impl Server {
                             let _ = events
                                 .send(Event::ListsChanged {
                                     server: self.name.clone(),
+                                    announced: None,
                                 })
                                 .await;
                         }

@@ -12,13 +12,17 @@
 //!
 //! Each request runs as an ephemeral [`Client`](crate::client::Client) named after the
 //! caller's identity (with auth) or IP, so rate limits and per-session server processes
-//! key on that. Caching hints are conservative: `ttlMs` is 0, since this slice has no
-//! `subscriptions/listen` to tell clients about changes; `cacheScope` is `private` for
-//! `resources/read` (contents may depend on the caller) and, with auth configured, for
-//! everything (allowlists make lists differ per identity), else `public`.
+//! key on that. `subscriptions/listen` is served by [`super::listen`]: `server/discover`
+//! advertises `listChanged` and `subscribe` as `initialize` does. Caching hints stay
+//! conservative: `ttlMs` is 0 (clients that want to cache listen for changes instead);
+//! `cacheScope` is `private` for `resources/read` (contents may depend on the caller) and,
+//! with auth configured, for everything (allowlists make lists differ per identity), else
+//! `public`. [`prepare`] also serves the stdio front, which has no headers to check.
 //!
-//! Not yet: `subscriptions/listen`, multi round-trip requests (servers' questions are
-//! refused), 2026-07-28 downstreams (they are spoken to in the handshake era).
+//! Servers' questions during `tools/call`, `prompts/get` and `resources/read` become
+//! `input_required` results ([`input_required`], driven by [`crate::mrtr`] from the HTTP
+//! and stdio fronts). Not yet: 2026-07-28 downstreams (they are spoken to in the handshake
+//! era).
 
 use crate::message::{self, code, Outcome};
 use axum::http::{HeaderMap, StatusCode};
@@ -41,10 +45,10 @@ const METHOD_HEADER: &str = "mcp-method";
 const NAME_HEADER: &str = "mcp-name";
 
 /// Methods served statelessly. Everything else (the removed `initialize`, `ping`,
-/// `logging/setLevel`, `resources/(un)subscribe`, the tasks methods, and
-/// `subscriptions/listen`, not in this slice) is 404 with -32601.
+/// `logging/setLevel`, `resources/(un)subscribe`, the tasks methods) is 404 with -32601.
 const METHODS: &[&str] = &[
     "server/discover",
+    "subscriptions/listen",
     "tools/list",
     "tools/call",
     "prompts/list",
@@ -77,6 +81,12 @@ pub fn is_modern(headers: &HeaderMap, method: &str, params: Option<&RawValue>) -
     let meta_version = meta(params).is_some_and(|m| m.contains_key(META_VERSION));
     let header = headers.get(VERSION_HEADER).and_then(|v| v.to_str().ok()).map(str::trim);
     meta_version || (method != "initialize" && header == Some(VERSION))
+}
+
+/// True when a request's `params._meta` names a protocol version: on stdio, where there
+/// are no headers, that alone marks a 2026-07-28 request.
+pub fn has_modern_meta(params: Option<&RawValue>) -> bool {
+    meta(params).is_some_and(|m| m.contains_key(META_VERSION))
 }
 
 fn meta(params: Option<&RawValue>) -> Option<Map<String, Value>> {
@@ -115,10 +125,11 @@ pub struct Prepared {
     pub uri: Option<String>,
 }
 
-/// Validates a sessionless request per the 2026-07-28 Streamable HTTP binding.
-/// `tool_schema` gives a tool's `inputSchema` by public name, for its `Mcp-Param-*` headers.
+/// Validates a sessionless request per the 2026-07-28 Streamable HTTP binding (`headers`)
+/// or stdio (`None`: no headers to check). `tool_schema` gives a tool's `inputSchema` by
+/// public name, for its `Mcp-Param-*` headers.
 pub fn prepare(
-    headers: &HeaderMap,
+    headers: Option<&HeaderMap>,
     method: &str,
     params: Option<&RawValue>,
     tool_schema: impl Fn(&str) -> Option<Value>,
@@ -146,7 +157,13 @@ pub fn prepare(
             format!("Header mismatch: {m}"),
         )
     };
+    let no_headers = HeaderMap::new();
+    let (headers, check) = match headers {
+        Some(h) => (h, true),
+        None => (&no_headers, false),
+    };
     match header(headers, VERSION_HEADER)? {
+        _ if !check => {}
         None => return Err(mismatch("the MCP-Protocol-Version header is missing".into())),
         Some(h) if h != version => {
             return Err(mismatch(format!(
@@ -168,6 +185,7 @@ pub fn prepare(
         });
     }
     match header(headers, METHOD_HEADER)? {
+        _ if !check => {}
         None => return Err(mismatch("the Mcp-Method header is missing".into())),
         Some(h) if h != method => {
             return Err(mismatch(format!(
@@ -192,6 +210,7 @@ pub fn prepare(
     if let Some(field) = name_field {
         if let Some(Value::String(body)) = p.get(field) {
             match header(headers, NAME_HEADER)?.map(decode).transpose()? {
+                _ if !check => {}
                 None => return Err(mismatch("the Mcp-Name header is missing".into())),
                 Some(h) if h != *body => {
                     return Err(mismatch(format!(
@@ -203,7 +222,7 @@ pub fn prepare(
             if field == "uri" {
                 uri = Some(body.clone());
             }
-            if method == "tools/call" {
+            if method == "tools/call" && check {
                 if let Some(schema) = tool_schema(body) {
                     check_param_headers(headers, &schema, p.get("arguments"))?;
                 }
@@ -348,8 +367,8 @@ fn server_info(init: &Value) -> Value {
     init.get("serverInfo").cloned().unwrap_or(Value::Null)
 }
 
-/// `server/discover`: the versions, the capabilities this era has (no tasks, no
-/// subscribe, no listChanged: nothing delivers notifications here yet), instructions.
+/// `server/discover`: the versions, the capabilities this era has (no tasks; `listChanged`
+/// and `subscribe` as in `initialize`, delivered by `subscriptions/listen`), instructions.
 pub fn discover(init: &Outcome, private: bool) -> Outcome {
     let init = match init {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null),
@@ -361,11 +380,6 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
         .cloned()
         .unwrap_or_default();
     caps.remove("tasks");
-    for k in ["tools", "prompts", "resources"] {
-        if caps.contains_key(k) {
-            caps.insert(k.into(), json!({}));
-        }
-    }
     let mut result = json!({
         "supportedVersions": supported_versions(),
         "capabilities": caps,
@@ -403,6 +417,34 @@ pub fn finish(method: &str, out: Outcome, init: &Outcome, private: bool, uri: Op
             Outcome::Error(e)
         }
     }
+}
+
+/// An `InputRequiredResult`: the servers' open questions and the state to echo back.
+pub fn input_required(requests: Map<String, Value>, state: String, init: &Outcome) -> Outcome {
+    let info = match init {
+        Outcome::Result(i) => serde_json::from_str::<Value>(i.get())
+            .map(|v| server_info(&v))
+            .unwrap_or(Value::Null),
+        Outcome::Error(_) => Value::Null,
+    };
+    let mut v = json!({
+        "resultType": "input_required",
+        "inputRequests": requests,
+        "requestState": state,
+    });
+    if !info.is_null() {
+        v["_meta"] = json!({ META_SERVER_INFO: info });
+    }
+    Outcome::Result(message::to_raw(&v))
+}
+
+/// The error for a `requestState` that does not verify (the reason goes to the log only).
+pub fn invalid_state() -> Outcome {
+    Outcome::Error(message::error_object(
+        code::INVALID_PARAMS,
+        "Invalid or expired requestState",
+        Some(json!({ "reason": "invalid_request_state" })),
+    ))
 }
 
 fn finish_value(method: &str, mut v: Value, info: &Value, private: bool) -> Outcome {
