@@ -265,3 +265,61 @@ fn the_bridge_asks_a_handshake_client_on_stdout_too() {
     let (_, done) = gw.until_response(&json!("call-1"), WAIT);
     assert_eq!(text(&done), "state-ok: requestState validated", "{done}");
 }
+
+/// A 2026-07-28 request to the gateway, as a conforming client sends it.
+async fn stateless(gw: &Gateway, method: &str, params: Value) -> Value {
+    let mut params = params;
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let mut req = reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(n) = params.get("uri").or(params.get("name")).and_then(Value::as_str) {
+        req = req.header("mcp-name", n);
+    }
+    let resp = req
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .send()
+        .await
+        .expect("POST");
+    read_messages(resp).await.pop().expect("a response")
+}
+
+fn py_server(name: &str, args: &[&str]) -> String {
+    let mut a = vec![path_str(&repo().join("tests/fixtures/py_sdk_server.py"))];
+    a.extend(args.iter().map(|s| s.to_string()));
+    format!("[servers.{name}]\ncommand = {:?}\nargs = {}\n", python(), toml_list(&a))
+}
+
+#[tokio::test]
+async fn merged_lists_carry_the_smallest_ttl_and_any_private_scope() {
+    let config = format!(
+        "{}{}",
+        py_server("long", &["--cache-ttl-ms", "30000"]),
+        py_server("short", &["--cache-ttl-ms", "10000", "--cache-private"]),
+    );
+    let gw = Gateway::start(&config);
+    let tools = stateless(&gw, "tools/list", json!({})).await;
+    assert_eq!(tools["result"]["tools"].as_array().map(Vec::len), Some(4), "{tools}");
+    assert_eq!(tools["result"]["ttlMs"], 10000, "{tools}");
+    assert_eq!(tools["result"]["cacheScope"], "private", "{tools}");
+    // A server's own resources/read hint passes through.
+    let read = stateless(&gw, "resources/read", json!({"uri": "py://info"})).await;
+    assert_eq!(read["result"]["ttlMs"], 30000, "{read}");
+    assert_eq!(read["result"]["cacheScope"], "public", "{read}");
+
+    // A handshake-era server promises nothing: with one in the merge, nothing is fresh.
+    let config = format!(
+        "{}[servers.legacy]\n{}\n",
+        py_server("long", &["--cache-ttl-ms", "30000"]),
+        mock("legacy", &[])
+    );
+    let gw = Gateway::start(&config);
+    let tools = stateless(&gw, "tools/list", json!({})).await;
+    assert_eq!(tools["result"]["ttlMs"], 0, "{tools}");
+    assert_eq!(tools["result"]["cacheScope"], "public", "{tools}");
+}

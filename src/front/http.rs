@@ -526,7 +526,8 @@ async fn serve_stateless(
     }
     let uri = prepared.uri;
     let name = method.clone();
-    let finish: Finish = Box::new(move |out| modern::finish(&name, out, &init, private, uri.as_deref()));
+    let hint = topo.catalog.hint(&method);
+    let finish: Finish = Box::new(move |out| modern::finish_cached(&name, out, &init, private, uri.as_deref(), hint));
     request(
         http,
         Arc::new(client),

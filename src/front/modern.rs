@@ -13,16 +13,18 @@
 //! Each request runs as an ephemeral [`Client`](crate::client::Client) named after the
 //! caller's identity (with auth) or IP, so rate limits and per-session server processes
 //! key on that. `subscriptions/listen` is served by [`super::listen`]: `server/discover`
-//! advertises `listChanged` and `subscribe` as `initialize` does. Caching hints stay
-//! conservative: `ttlMs` is 0 (clients that want to cache listen for changes instead);
-//! `cacheScope` is `private` for `resources/read` (contents may depend on the caller) and,
-//! with auth configured, for everything (allowlists make lists differ per identity), else
-//! `public`. [`prepare`] also serves the stdio front, which has no headers to check.
+//! advertises `listChanged` and `subscribe` as `initialize` does. Caching hints: a merged
+//! list gets the catalog's hint (smallest `ttlMs` of its servers' parts, a handshake-era
+//! part counting as 0; private if any part is), `resources/read` its 2026-07-28 server's
+//! own (else `ttlMs` 0, `private`: contents may depend on the caller), `server/discover`
+//! `ttlMs` 0; with auth configured everything is `private` (allowlists make lists differ
+//! per identity). [`prepare`] also serves the stdio front, which has no headers to check.
 //!
 //! Servers' questions during `tools/call`, `prompts/get` and `resources/read` become
 //! `input_required` results ([`input_required`], driven by [`crate::mrtr`] from the HTTP
-//! and stdio fronts). Not yet: 2026-07-28 downstreams (they are spoken to in the handshake
-//! era).
+//! and stdio fronts). A 2026-07-28 server's own `input_required` result passes through
+//! untouched (see [`crate::downstream::modern`]), and so does a retry's `requestState`
+//! that the gateway did not mint.
 
 use crate::message::{self, code, Outcome};
 use axum::http::{HeaderMap, StatusCode};
@@ -392,6 +394,19 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
 
 /// Decorates what the router answered a stateless request.
 pub fn finish(method: &str, out: Outcome, init: &Outcome, private: bool, uri: Option<&str>) -> Outcome {
+    finish_cached(method, out, init, private, uri, None)
+}
+
+/// [`finish`], for a merged list with its caching hint (the smallest `ttlMs` of the
+/// servers' parts, private if any part is; see [`crate::catalog::Catalog::hint`]).
+pub fn finish_cached(
+    method: &str,
+    out: Outcome,
+    init: &Outcome,
+    private: bool,
+    uri: Option<&str>,
+    hint: Option<crate::catalog::Hint>,
+) -> Outcome {
     match out {
         Outcome::Result(r) => {
             let info = match init {
@@ -400,7 +415,13 @@ pub fn finish(method: &str, out: Outcome, init: &Outcome, private: bool, uri: Op
                     .unwrap_or(Value::Null),
                 Outcome::Error(_) => Value::Null,
             };
-            let v = serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null);
+            let mut v = serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null);
+            if let (Some(h), Value::Object(o)) = (hint, &mut v) {
+                o.insert("ttlMs".into(), json!(h.ttl_ms));
+                if h.private {
+                    o.insert("cacheScope".into(), json!("private"));
+                }
+            }
             finish_value(method, v, &info, private)
         }
         Outcome::Error(e) => {
@@ -457,11 +478,18 @@ fn finish_value(method: &str, mut v: Value, info: &Value, private: bool) -> Outc
             }
         }
         if CACHEABLE.contains(&method) {
-            o.insert("ttlMs".into(), json!(0));
-            let scope = if private || method == "resources/read" {
-                "private"
-            } else {
-                "public"
+            // A hint already here came from the server (a 2026-07-28 server's resources/read)
+            // or from the merged list's parts; without one, nothing may be cached as fresh.
+            let ttl = o.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
+            let given = o.get("cacheScope").and_then(Value::as_str).map(str::to_owned);
+            o.insert("ttlMs".into(), json!(ttl));
+            let scope = match given.as_deref() {
+                _ if private => "private",
+                Some("private") => "private",
+                Some(_) => "public",
+                // Contents of a handshake-era server may depend on the caller.
+                None if method == "resources/read" => "private",
+                None => "public",
             };
             o.insert("cacheScope".into(), json!(scope));
         }

@@ -378,6 +378,7 @@ impl ModernRequest<'_> {
             .insert(key.clone(), Modern::Call(client.clone()));
         let (gw, out, table) = (self.gw.clone(), self.out.clone(), self.table.clone());
         let uri = prepared.uri;
+        let hint = gw.catalog().hint(&method);
         tokio::spawn(async move {
             let result = gw
                 .request(
@@ -392,7 +393,7 @@ impl ModernRequest<'_> {
             table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
             // A cancelled request gets no answer.
             if let Some(result) = result {
-                let result = modern::finish(&method, result, &init, private, uri.as_deref());
+                let result = modern::finish_cached(&method, result, &init, private, uri.as_deref(), hint);
                 let _ = out.send(Bytes::from(message::response(&id, &result))).await;
             }
         });
