@@ -510,7 +510,14 @@ impl Server {
         }
         let (tx, rx) = mpsc::channel(64);
         let conn = downstream::sse::spawn(self.name.clone(), spec, tx)?;
-        self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx))
+        // HTTP+SSE is a handshake-era transport only: no probe.
+        match self.initialize(&conn).await {
+            Ok(info) => Ok((conn, info, rx)),
+            Err(e) => {
+                conn.shutdown().await;
+                Err(format!("initialize failed: {e}"))
+            }
+        }
     }
 
     async fn handshake_or_close(&self, conn: Connection) -> Result<(Connection, InitInfo), String> {
