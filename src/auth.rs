@@ -667,6 +667,7 @@ mod tests {
                 .as_object()
                 .cloned()
                 .unwrap()],
+            ..Lists::default()
         };
         let all = Filter::default();
         let sources = [Source {

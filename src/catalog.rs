@@ -31,7 +31,44 @@ pub struct Lists {
     pub prompts: Vec<Map<String, Value>>,
     pub resources: Vec<Map<String, Value>>,
     pub templates: Vec<Map<String, Value>>,
+    /// The 2026-07-28 caching hints a server gave with each list (tools, prompts,
+    /// resources, templates); `None` for a handshake-era server, which gives none.
+    pub hints: [Option<Hint>; 4],
 }
+
+/// A list's 2026-07-28 caching hint: `ttlMs` (the smallest over its pages) and whether
+/// any page was `cacheScope: "private"`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Hint {
+    pub ttl_ms: u64,
+    pub private: bool,
+}
+
+impl Hint {
+    /// The hint of a result, from its `ttlMs` and `cacheScope` (missing ones: 0, public).
+    pub fn of(result: &Map<String, Value>) -> Hint {
+        Hint {
+            ttl_ms: result.get("ttlMs").and_then(Value::as_u64).unwrap_or(0),
+            private: result.get("cacheScope").and_then(Value::as_str) == Some("private"),
+        }
+    }
+
+    /// Both parts together: the smaller ttl, private if either is.
+    pub fn and(self, other: Hint) -> Hint {
+        Hint {
+            ttl_ms: self.ttl_ms.min(other.ttl_ms),
+            private: self.private || other.private,
+        }
+    }
+}
+
+/// The list methods, in the order of [`Lists::hints`].
+pub const LIST_METHODS: [&str; 4] = [
+    "tools/list",
+    "prompts/list",
+    "resources/list",
+    "resources/templates/list",
+];
 
 /// The inputs to a merge: one per server, in gateway.toml order.
 pub struct Source<'a> {
@@ -77,6 +114,17 @@ pub struct Catalog {
     pub entries: Vec<Entry>,
     /// Human-readable notes on collisions and renamed items.
     pub notes: Vec<String>,
+    /// Each merged list's caching hint (in [`LIST_METHODS`] order): the smallest `ttlMs`
+    /// of its parts, private if any part is; a handshake-era server's part counts as
+    /// `ttlMs` 0 (it promises nothing).
+    pub hints: [Hint; 4],
+}
+
+impl Catalog {
+    /// The caching hint of a merged list method.
+    pub fn hint(&self, method: &str) -> Option<Hint> {
+        LIST_METHODS.iter().position(|m| *m == method).map(|i| self.hints[i])
+    }
 }
 
 impl Default for Catalog {
@@ -157,6 +205,14 @@ impl Catalog {
             templates_result: result("resourceTemplates", templates_list),
             entries,
             notes,
+            hints: std::array::from_fn(|i| {
+                sources
+                    .iter()
+                    .map(|s| s.lists.hints[i].unwrap_or_default())
+                    .reduce(Hint::and)
+                    .filter(|h| h.ttl_ms != u64::MAX)
+                    .unwrap_or_default()
+            }),
         }
     }
 
@@ -358,6 +414,47 @@ fn match_parts(parts: &[Part], s: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn merged_hints_take_the_smallest_ttl_and_any_private() {
+        let modern = |ttl, private| Lists {
+            hints: [Some(Hint { ttl_ms: ttl, private }); 4],
+            ..Lists::default()
+        };
+        let (a, b, legacy) = (modern(60_000, false), modern(5_000, true), Lists::default());
+        let filter = crate::config::Filter::default();
+        let src = |lists| Source {
+            server: "s",
+            prefix: "",
+            lists,
+            filter: &filter,
+        };
+        let both = Catalog::build("__", &[src(&a), src(&b)]);
+        assert_eq!(
+            both.hint("tools/list"),
+            Some(Hint {
+                ttl_ms: 5_000,
+                private: true
+            })
+        );
+        let one = Catalog::build("__", &[src(&a)]);
+        assert_eq!(
+            one.hint("prompts/list"),
+            Some(Hint {
+                ttl_ms: 60_000,
+                private: false
+            })
+        );
+        let mixed = Catalog::build("__", &[src(&a), src(&legacy)]);
+        assert_eq!(
+            mixed.hint("resources/list"),
+            Some(Hint {
+                ttl_ms: 0,
+                private: false
+            })
+        );
+        assert_eq!(mixed.hint("tools/call"), None);
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -44,9 +44,12 @@ pub struct Client {
     /// The servers its calls went to (its roots/list_changed goes to these).
     pub(crate) used: Mutex<std::collections::HashSet<Arc<str>>>,
     /// A 2026-07-28 (stateless) client: one request, no session. Servers' questions
-    /// cannot reach it (no multi round-trip requests yet), and it gets log messages only
-    /// when its request named a level.
+    /// reach it only through `questions` (multi round-trip requests), and it gets log
+    /// messages only when its request named a level.
     pub(crate) stateless: bool,
+    /// Where a stateless client's call hands servers' questions (see [`crate::mrtr`]);
+    /// none: they are refused.
+    pub(crate) questions: Option<tokio::sync::mpsc::Sender<crate::mrtr::Question>>,
     /// No log messages at all (a stateless request without `logLevel`).
     pub(crate) silent: bool,
 }
@@ -94,12 +97,37 @@ impl crate::downstream::Peer for Client {
                 }
             }
             if self.stateless {
-                return err(
-                    code::METHOD_NOT_FOUND,
-                    format!(
-                        "the client speaks 2026-07-28 (stateless) and mcp-gateway cannot relay {method} to it yet (no multi round-trip requests)"
+                let Some(questions) = &self.questions else {
+                    return err(
+                        code::METHOD_NOT_FOUND,
+                        format!(
+                            "the client speaks 2026-07-28 (stateless) and can only be asked {method} during tools/call, prompts/get or resources/read"
+                        ),
+                    );
+                };
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let q = crate::mrtr::Question {
+                    method: method.clone(),
+                    params,
+                    answer: tx,
+                };
+                if questions.send(q).await.is_err() {
+                    return err(
+                        code::INTERNAL_ERROR,
+                        format!("the call {method} was asked for has ended"),
+                    );
+                }
+                debug!(session = %self.id, %method, "a server's question goes to the client as input_required");
+                return tokio::select! {
+                    a = rx => a.unwrap_or_else(|_| err(
+                        code::INTERNAL_ERROR,
+                        format!("the client did not answer {method} (its call ended)"),
+                    )),
+                    _ = sink.call_over() => err(
+                        code::INTERNAL_ERROR,
+                        format!("the call {method} was asked for ended before the client answered"),
                     ),
-                );
+                };
             }
             let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let id = Value::String(format!("mcp-gateway-{n}"));
@@ -201,6 +229,7 @@ impl Client {
             log_level: RwLock::new(None),
             used: Mutex::new(std::collections::HashSet::new()),
             stateless: false,
+            questions: None,
             silent: false,
         }
     }
@@ -212,6 +241,12 @@ impl Client {
         self.silent = log_rank.is_none();
         self.capabilities = RwLock::new(Some(capabilities));
         self.log_level = RwLock::new(log_rank);
+        self
+    }
+
+    /// Lets a stateless client's servers ask it questions, through `tx` (see [`crate::mrtr`]).
+    pub fn questions(mut self, tx: tokio::sync::mpsc::Sender<crate::mrtr::Question>) -> Client {
+        self.questions = Some(tx);
         self
     }
 

@@ -135,6 +135,7 @@ struct RawGateway {
     page_size: Option<usize>,
     max_in_flight: Option<usize>,
     session_idle: Option<Spanned<String>>,
+    input_timeout: Option<Spanned<String>>,
     header_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
@@ -167,6 +168,7 @@ struct RawServer {
     isolation: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_sessions: Option<usize>,
+    protocol: Option<Spanned<String>>,
 }
 
 fn yes() -> bool {
@@ -412,6 +414,9 @@ pub struct Gateway {
     pub max_in_flight: usize,
     /// A session unused this long (and with no open GET stream) is ended.
     pub session_idle: Duration,
+    /// How long a 2026-07-28 call whose server asked a question (`input_required`) waits
+    /// for the client's retry before it is cancelled; also its `requestState`'s lifetime.
+    pub input_timeout: Duration,
     /// How long a client may take to send its request headers.
     pub header_timeout: Duration,
     /// How long a client may take to send a request body.
@@ -443,6 +448,19 @@ pub struct Server {
     pub idle_timeout: Duration,
     /// With `isolation = "session"`: processes at most; a session past it gets an error.
     pub max_sessions: usize,
+    /// Which protocol era to speak to the server.
+    pub protocol: Era,
+}
+
+/// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
+/// and falls back to the `initialize` handshake by the spec's rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Era {
+    Auto,
+    /// 2026-07-28 only: no `initialize`.
+    Modern,
+    /// The `initialize` handshake (2025-11-25 and earlier) only: no probe.
+    Handshake,
 }
 
 /// Who shares a server's process.
@@ -693,6 +711,7 @@ impl Config {
             "session_idle",
             Duration::from_secs(30 * 60),
         );
+        let input_timeout = duration(&mut cx, g.input_timeout.as_ref(), "input_timeout", crate::mrtr::TTL);
         let header_timeout = duration(
             &mut cx,
             g.header_timeout.as_ref(),
@@ -821,6 +840,19 @@ impl Config {
                 &format!("servers.{name}.idle_timeout"),
                 Duration::from_secs(600),
             );
+            let protocol = match s.protocol.as_ref().map(|r| r.get_ref().as_str()) {
+                None | Some("auto") => Era::Auto,
+                Some("2026-07-28") => Era::Modern,
+                Some("handshake") => Era::Handshake,
+                Some(other) => {
+                    let at = s.protocol.as_ref().map_or(at, |r| r.span().start);
+                    cx.at(
+                        at,
+                        format!("servers.{name}.protocol: {other:?} is not one of auto, 2026-07-28, handshake"),
+                    );
+                    Era::Auto
+                }
+            };
             let restart = match s.restart.as_ref().map(|r| r.get_ref().as_str()) {
                 None | Some("on-failure") => Restart::OnFailure,
                 Some("always") => Restart::Always,
@@ -849,6 +881,7 @@ impl Config {
                 isolation,
                 idle_timeout,
                 max_sessions: s.max_sessions.unwrap_or(100).max(1),
+                protocol,
             };
             let command = match (s.command, s.url) {
                 (Some(_), Some(url)) => {
@@ -945,6 +978,7 @@ impl Config {
                 page_size: g.page_size.unwrap_or(0),
                 max_in_flight: g.max_in_flight.unwrap_or(1_000),
                 session_idle,
+                input_timeout,
                 header_timeout,
                 body_timeout,
                 max_line,

@@ -11,6 +11,7 @@
 //! the handle by [`crate::supervisor`], so every transport shares them.
 
 pub mod http;
+pub mod modern;
 pub mod pipe;
 pub mod sse;
 pub mod stdio;
@@ -319,6 +320,8 @@ pub enum Command {
         /// Related notifications for the caller (progress, log messages).
         sink: Option<Sink>,
         reply: oneshot::Sender<Result<Outcome, DsError>>,
+        /// Extra HTTP headers for a Streamable HTTP server (2026-07-28 `Mcp-Param-*`).
+        headers: Vec<(String, String)>,
     },
     Notify {
         method: String,
@@ -393,6 +396,18 @@ impl Connection {
         sink: Option<Sink>,
         timeout: Duration,
     ) -> Result<Outcome, DsError> {
+        self.call_with_headers(method, params, sink, timeout, Vec::new()).await
+    }
+
+    /// [`Connection::call`] with extra HTTP headers (ignored by stdio servers).
+    pub async fn call_with_headers(
+        &self,
+        method: &str,
+        params: Params,
+        sink: Option<Sink>,
+        timeout: Duration,
+        headers: Vec<(String, String)>,
+    ) -> Result<Outcome, DsError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         crate::telemetry::record_wire_id(id);
         let (reply, rx) = oneshot::channel();
@@ -402,6 +417,7 @@ impl Connection {
             params,
             sink,
             reply,
+            headers,
         };
         let gone = || DsError::Unavailable {
             server: self.server.clone(),

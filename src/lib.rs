@@ -5,11 +5,13 @@
 //!   [`reload`] watches the file (and SIGHUP) and hands new versions to the router.
 //! - [`front`]: adapters for clients: [`front::http`] (Streamable HTTP, sessions, health,
 //!   `/status`, `/metrics`), [`front::modern`] (its stateless 2026-07-28 requests: validation
-//!   and result decoration) and [`front::stdio`] (the gateway as a stdio server).
+//!   and result decoration), [`front::listen`] (its `subscriptions/listen` streams, on HTTP
+//!   and stdio) and [`front::stdio`] (the gateway as a stdio server).
 //! - [`auth`]: who the client is (static tokens, OAuth JWTs) and what it may see.
 //! - [`limit`]: rate limits per IP (before parsing), per client, per server and per tool.
 //! - [`client`]: one client session: requests in flight, capabilities, questions asked of
-//!   it, its log level.
+//!   it, its log level. [`mrtr`]: servers' questions to 2026-07-28 clients as
+//!   `input_required` results, the calls parked meanwhile and their signed `requestState`.
 //! - [`router`]: [`router::Gateway`] and its swappable [`router::Topology`]; answers what it
 //!   can itself (initialize, ping, lists from the catalog) and sends the rest to the owner.
 //! - [`catalog`]: the merged tools, prompts and resources; public name ↔ (server, name).
@@ -33,6 +35,7 @@ pub mod front;
 pub mod limit;
 pub mod message;
 pub mod metrics;
+pub mod mrtr;
 pub mod reload;
 pub mod router;
 pub mod sse;

@@ -12,7 +12,7 @@ use crate::catalog::{Catalog, Source};
 pub use crate::client::Client;
 use crate::client::Unregister;
 use crate::config::Config;
-use crate::downstream::{OpenParams, Sink};
+use crate::downstream::{OpenParams, Params, Sink};
 use crate::limit::{Limited, Limits};
 use crate::message::{self, code, id_key, Id, Outcome};
 use crate::metrics::{self, Metrics};
@@ -241,7 +241,7 @@ impl Gateway {
             });
             (old, catalog)
         };
-        self.announce(&old_catalog, &catalog, true);
+        self.announce(&old_catalog, &catalog, true, None);
         // A changed server's new process takes over its sessions' subscriptions and log level.
         for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
             self.restore(s.name.clone());
@@ -252,7 +252,7 @@ impl Gateway {
 
     fn event(&self, ev: Event) {
         match ev {
-            Event::ListsChanged { .. } => self.rebuild_catalog(true),
+            Event::ListsChanged { announced, .. } => self.rebuild(true, announced),
             Event::Restarted { server } => self.restore(server),
             Event::Notification { server, method, params } if method == "notifications/resources/updated" => {
                 self.resource_updated(&server, &method, params.as_deref());
@@ -268,6 +268,13 @@ impl Gateway {
 
     /// Rebuilds the merged catalog; with `notify`, tells every session which lists changed.
     pub fn rebuild_catalog(&self, notify: bool) {
+        self.rebuild(notify, None)
+    }
+
+    /// [`Gateway::rebuild_catalog`]; a server's own list_changed (`announced`) is passed on
+    /// even when the merged list looks the same (the server may have changed and changed
+    /// back: its clients should look again).
+    fn rebuild(&self, notify: bool, announced: Option<ListKind>) {
         let (old, new) = {
             // Built under the lock, so a concurrent reload or rebuild cannot be lost.
             let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
@@ -283,11 +290,11 @@ impl Gateway {
             });
             (old, new)
         };
-        self.announce(&old, &new, notify);
+        self.announce(&old, &new, notify, announced);
     }
 
     /// Logs a new catalog's notes and, with `notify`, tells every session which lists changed.
-    fn announce(&self, old: &Catalog, new: &Catalog, notify: bool) {
+    fn announce(&self, old: &Catalog, new: &Catalog, notify: bool, announced: Option<ListKind>) {
         for note in &new.notes {
             warn!("{note}");
         }
@@ -304,7 +311,7 @@ impl Gateway {
             ),
         ];
         for (kind, changed) in changes {
-            if changed {
+            if changed || announced == Some(kind) {
                 info!(notification = kind.notification(), "catalog changed; notifying clients");
                 let _ = self
                     .broadcast
@@ -652,7 +659,7 @@ impl Gateway {
                 if as_task && !supports_tasks(server, "call") {
                     p.remove("task");
                 }
-                let out = self.forward(topo, route.server, method, p, sink, info).await;
+                let out = self.forward(topo, client, route.server, method, p, sink, info).await;
                 match out {
                     Outcome::Result(r) if as_task => self
                         .created_task(&server.name, client, &r)
@@ -674,7 +681,7 @@ impl Gateway {
                     return err(code::INVALID_PARAMS, format!("unknown task: {public}"));
                 };
                 p.insert("taskId".into(), Value::String(route.task_id));
-                match self.forward(topo, server, method, p, sink, info).await {
+                match self.forward(topo, client, server, method, p, sink, info).await {
                     Outcome::Result(r) => {
                         let mut body = crate::tasks::open(&r);
                         crate::tasks::rewrite_task_object(&mut body, &route.server);
@@ -693,7 +700,7 @@ impl Gateway {
                     return err(code::INVALID_PARAMS, "resources/read needs params.uri");
                 };
                 match resource_owner(topo, uri).filter(|_| visible(uri)) {
-                    Some(server) => self.forward(topo, server, method, p, sink, info).await,
+                    Some(server) => self.forward(topo, client, server, method, p, sink, info).await,
                     None => Outcome::Error(message::error_object(
                         code::RESOURCE_NOT_FOUND,
                         &format!("unknown resource: {uri}"),
@@ -744,7 +751,12 @@ impl Gateway {
                     // Refcounted: the downstream already is (or still must stay) subscribed.
                     return Outcome::Result(message::empty_object());
                 }
-                let out = self.forward(topo, server, method, p, sink, info).await;
+                if topo.servers[server].modern() {
+                    // 2026-07-28 has no resources/subscribe: the URI joins the server's listen stream.
+                    topo.servers[server].listen_uri(&key.1, method == "resources/subscribe");
+                    return Outcome::Result(message::empty_object());
+                }
+                let out = self.forward(topo, client, server, method, p, sink, info).await;
                 if method == "resources/subscribe" && matches!(out, Outcome::Error(_)) {
                     let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(sessions) = subs.get_mut(&key) {
@@ -787,16 +799,18 @@ impl Gateway {
                         )
                     }
                 };
-                self.forward(topo, server, method, p, sink, info).await
+                self.forward(topo, client, server, method, p, sink, info).await
             }
             "initialize" => err(code::INVALID_REQUEST, "this session is already initialized"),
             other => err(code::METHOD_NOT_FOUND, format!("method not found: {other}")),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
         topo: &Topology,
+        client: &Arc<Client>,
         server: usize,
         method: &str,
         mut params: impl OpenParams,
@@ -825,6 +839,69 @@ impl Gateway {
         } else {
             None
         };
+        let modern = s.state().info.as_ref().is_some_and(|i| i.modern);
+        if !modern {
+            // Handshake era: no envelope, no bridge; the params go on as opened (for
+            // tools/call and prompts/get, Members: untouched values stay raw).
+            return self.forward_plain(s, &conn, method, params, progress, sink).await;
+        }
+        // The 2026-07-28 envelope and the input_required retry work on the whole map.
+        let mut params = params.into_map();
+        let mut headers = Vec::new();
+        self.stamp(s, client, method, &mut params, &mut headers);
+        // A handshake-era client cannot take an input_required result: the gateway asks
+        // it itself and retries (the first bridge). Only these methods may return one.
+        let bridge = modern && !client.stateless && matches!(method, "tools/call" | "prompts/get" | "resources/read");
+        let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
+        let version = telemetry::exporting()
+            .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
+            .flatten();
+        let ds = DownstreamSpan::new(
+            &tracing::Span::current(),
+            &s.name,
+            match s.cfg.transport {
+                crate::config::Transport::Stdio(_) => "pipe",
+                crate::config::Transport::Http(_) => "tcp",
+            },
+            version.as_deref(),
+            method,
+            params.name().as_deref(),
+        );
+        ds.inject(&mut params);
+        let timeout = s.settings().timeout;
+        let res = conn
+            .call_with_headers(method, Params::Object { params, progress }, sink, timeout, headers)
+            .instrument(ds.span.clone())
+            .await;
+        ds.finish(&res);
+        let out = match res {
+            Ok(out) => out,
+            Err(e) => {
+                warn!(server = %s.name, method, error = %e, "downstream call failed");
+                return Outcome::Error(e.to_error_object());
+            }
+        };
+        match retry {
+            Some((params, headers, progress, sink)) => {
+                crate::downstream::modern::bridge_input_required(
+                    &conn, &s.name, method, out, params, headers, progress, sink, timeout,
+                )
+                .await
+            }
+            None => out,
+        }
+    }
+
+    /// A call to a handshake-era server: trace context in, params out as they are.
+    async fn forward_plain(
+        &self,
+        s: &Server,
+        conn: &crate::downstream::Connection,
+        method: &str,
+        mut params: impl OpenParams,
+        progress: Option<message::Id>,
+        sink: Option<Sink>,
+    ) -> Outcome {
         let version = telemetry::exporting()
             .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
             .flatten();
@@ -850,6 +927,41 @@ impl Gateway {
             Err(e) => {
                 warn!(server = %s.name, method, error = %e, "downstream call failed");
                 Outcome::Error(e.to_error_object())
+            }
+        }
+    }
+
+    /// The 2026-07-28 envelope for a call to a modern server: the calling client's own
+    /// capabilities and log level (a handshake-era client's from its `initialize` and
+    /// `logging/setLevel`), and for a Streamable HTTP server the `Mcp-Param-*` headers the
+    /// tool's schema asks for.
+    fn stamp(
+        &self,
+        s: &Server,
+        client: &Client,
+        method: &str,
+        params: &mut Map<String, Value>,
+        headers: &mut Vec<(String, String)>,
+    ) {
+        let caps = client.capabilities.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let level = client
+            .log_level
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .and_then(|r| crate::downstream::LOG_LEVELS.get(r).copied())
+            .filter(|_| !client.silent);
+        crate::downstream::modern::stamp(params, caps, level);
+        if method == "tools/call" && matches!(s.cfg.transport, crate::config::Transport::Http(_)) {
+            let name = params.get("name").and_then(Value::as_str);
+            let state = s.state();
+            let schema = state
+                .lists
+                .tools
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == name)
+                .and_then(|t| t.get("inputSchema"));
+            if let Some(schema) = schema {
+                crate::downstream::modern::param_headers(schema, params.get("arguments"), headers);
             }
         }
     }

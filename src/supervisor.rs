@@ -3,9 +3,9 @@
 //! routing and `/status` read. Transport-neutral: it only talks through a
 //! [`Connection`].
 
-use crate::catalog::Lists;
+use crate::catalog::{Hint, Lists};
 use crate::config;
-use crate::downstream::{self, Connection, DsError, Incoming, Params};
+use crate::downstream::{self, modern, Connection, DsError, Incoming, Params};
 use crate::message::{self, Outcome};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The newest handshake-era revision; offered to every downstream.
 pub const DOWNSTREAM_VERSION: &str = "2025-11-25";
@@ -30,6 +30,11 @@ const CRASH_LOOP: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
 /// How often a crash-looping child is tried.
 const SLOW_RETRY: Duration = Duration::from_secs(60);
+/// The longest wait for an answer to the `server/discover` probe (`protocol = "auto"`):
+/// a handshake-era server may ignore requests before `initialize`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A listen stream has no answer to wait for; this only bounds the wait.
+const LISTEN_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Why a handshake failed.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +88,8 @@ pub struct InitInfo {
     pub capabilities: Option<Map<String, Value>>,
     pub server_info: Value,
     pub instructions: Option<String>,
+    /// Speaks 2026-07-28: every request carries the `_meta` envelope, no session.
+    pub modern: bool,
 }
 
 impl InitInfo {
@@ -121,6 +128,14 @@ pub struct Server {
     /// Session processes running or starting: one [`Seat`] each, at most `max_sessions`.
     seats: Arc<AtomicUsize>,
     next_instance: AtomicU64,
+    /// A 2026-07-28 server: the resource URIs its `subscriptions/listen` asks for (the
+    /// clients' refcounted `resources/subscribe`s); kept across restarts.
+    listen_uris: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Wakes the listen loop to open a new stream with the current URIs.
+    relisten: tokio::sync::Notify,
+    /// The child exited while the `server/discover` probe was pending: later starts go
+    /// straight to `initialize`.
+    skip_probe: std::sync::atomic::AtomicBool,
 }
 
 /// A session's place for its own process of an isolated server.
@@ -183,7 +198,12 @@ impl ListKind {
 #[derive(Debug)]
 pub enum Event {
     /// A server's lists changed (or it became ready); the catalog must be rebuilt.
-    ListsChanged { server: Arc<str> },
+    /// `announced`: the kind the server itself said changed (a list_changed of its own),
+    /// passed on to clients even when the merged list looks the same.
+    ListsChanged {
+        server: Arc<str>,
+        announced: Option<ListKind>,
+    },
     /// A server was started again: what sessions asked of the old process (resource
     /// subscriptions, the log level) must be asked of the new one.
     Restarted { server: Arc<str> },
@@ -219,6 +239,9 @@ impl Server {
             sessions: std::sync::Mutex::new(std::collections::HashMap::new()),
             seats: Arc::new(AtomicUsize::new(0)),
             next_instance: AtomicU64::new(0),
+            listen_uris: Default::default(),
+            relisten: tokio::sync::Notify::new(),
+            skip_probe: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -381,6 +404,7 @@ impl Server {
             && self.cfg.idle_timeout == other.idle_timeout
             && self.cfg.enabled == other.enabled
             && self.cfg.restart == other.restart
+            && self.cfg.protocol == other.protocol
     }
 
     /// Applies a reload's prefix, timeout and tool filter.
@@ -452,6 +476,15 @@ impl Server {
         let (tx, rx) = mpsc::channel(64);
         let spec = match &self.cfg.transport {
             config::Transport::Stdio(spec) => {
+                let probed = !self.skip_probe.load(Ordering::Relaxed);
+                let conn = downstream::stdio::spawn(self.name.clone(), spec, tx)
+                    .map_err(|e| format!("failed to start: {e}"))?;
+                let out = self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx));
+                if out.is_ok() || !probed || !self.skip_probe.load(Ordering::Relaxed) {
+                    return out;
+                }
+                // It exited on the probe: at once again, with initialize alone.
+                let (tx, rx) = mpsc::channel(64);
                 let conn = downstream::stdio::spawn(self.name.clone(), spec, tx)
                     .map_err(|e| format!("failed to start: {e}"))?;
                 return self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx));
@@ -477,7 +510,14 @@ impl Server {
         }
         let (tx, rx) = mpsc::channel(64);
         let conn = downstream::sse::spawn(self.name.clone(), spec, tx)?;
-        self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx))
+        // HTTP+SSE is a handshake-era transport only: no probe.
+        match self.initialize(&conn).await {
+            Ok(info) => Ok((conn, info, rx)),
+            Err(e) => {
+                conn.shutdown().await;
+                Err(format!("initialize failed: {e}"))
+            }
+        }
     }
 
     async fn handshake_or_close(&self, conn: Connection) -> Result<(Connection, InitInfo), String> {
@@ -531,13 +571,22 @@ impl Server {
                     let _ = events
                         .send(Event::ListsChanged {
                             server: self.name.clone(),
+                            announced: None,
                         })
                         .await;
                 }
                 None => {}
             }
             let clean = match incoming {
-                Some(incoming) => self.watch(incoming, events.clone()).await,
+                Some(incoming) => {
+                    // A 2026-07-28 server tells of changes only on a listen stream.
+                    let listener = self.modern().then(|| tokio::spawn(self.clone().listen()));
+                    let clean = self.watch(incoming, events.clone()).await;
+                    if let Some(l) = listener {
+                        l.abort();
+                    }
+                    clean
+                }
                 None => false,
             };
             if self.stop.is_cancelled() {
@@ -587,6 +636,107 @@ impl Server {
         }
     }
 
+    /// Whether the server speaks 2026-07-28.
+    pub fn modern(&self) -> bool {
+        self.state().info.as_ref().is_some_and(|i| i.modern)
+    }
+
+    /// Adds (or removes) a resource URI to the server's listen stream, which is opened
+    /// again with the new set.
+    pub fn listen_uri(&self, uri: &str, add: bool) {
+        let changed = {
+            let mut uris = self.listen_uris.lock().unwrap_or_else(|e| e.into_inner());
+            if add {
+                uris.insert(uri.to_owned())
+            } else {
+                uris.remove(uri)
+            }
+        };
+        if changed {
+            self.relisten.notify_one();
+        }
+    }
+
+    /// Keeps one `subscriptions/listen` open to a 2026-07-28 server for as long as its
+    /// connection lives: every list_changed it offers, and `resources/updated` for the
+    /// URIs clients subscribed to. Its notifications arrive like any server notification
+    /// (the supervisor re-lists; the router fans `resources/updated` out). A stream that
+    /// ends is opened again after a pause; a change of URIs replaces it.
+    async fn listen(self: Arc<Self>) {
+        let mut pause = RETRY_MIN;
+        loop {
+            let (conn, caps) = {
+                let s = self.state();
+                match (&s.conn, &s.info) {
+                    (Some(c), Some(i)) => (c.clone(), i.capabilities.clone().unwrap_or_default()),
+                    _ => return,
+                }
+            };
+            let mut filter = Map::new();
+            for (cap, key) in [
+                ("tools", "toolsListChanged"),
+                ("prompts", "promptsListChanged"),
+                ("resources", "resourcesListChanged"),
+            ] {
+                if caps
+                    .get(cap)
+                    .and_then(|c| c.get("listChanged"))
+                    .and_then(Value::as_bool)
+                    == Some(true)
+                {
+                    filter.insert(key.into(), Value::Bool(true));
+                }
+            }
+            let uris: Vec<Value> = self
+                .listen_uris
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|u| Value::String(u.clone()))
+                .collect();
+            if !uris.is_empty() {
+                filter.insert("resourceSubscriptions".into(), Value::Array(uris));
+            }
+            let changed = self.relisten.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if filter.is_empty() {
+                changed.await;
+                continue;
+            }
+            let mut p = Map::new();
+            p.insert("notifications".into(), Value::Object(filter));
+            let params = Params::Object {
+                params: modern::own_params(p),
+                progress: None,
+            };
+            let began = Instant::now();
+            tokio::select! {
+                out = conn.call("subscriptions/listen", params, None, LISTEN_FOREVER) => {
+                    if conn.is_closed() {
+                        return;
+                    }
+                    match out {
+                        Ok(Outcome::Error(e)) => {
+                            warn!(server = %self.name, error = %message::error_summary(&e).1, "subscriptions/listen refused")
+                        }
+                        Err(e) => debug!(server = %self.name, error = %e, "subscriptions/listen ended"),
+                        Ok(Outcome::Result(_)) => debug!(server = %self.name, "subscriptions/listen closed by the server"),
+                    }
+                    if began.elapsed() >= STABLE {
+                        pause = RETRY_MIN;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = &mut changed => {}
+                    }
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                _ = &mut changed => debug!(server = %self.name, "resource subscriptions changed; listening again"),
+            }
+        }
+    }
+
     fn fail(&self, why: String) {
         warn!(server = %self.name, error = %why, "server unavailable");
         self.update(|s| {
@@ -604,18 +754,22 @@ impl Server {
     /// notifications that arrive meanwhile are coalesced into one more re-list per kind.
     pub async fn watch(&self, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) -> bool {
         let mut dirty: Vec<ListKind> = Vec::new();
-        let mut relisting: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>> = None;
+        let mut relisting: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ListKind> + Send + '_>>> = None;
         loop {
             if relisting.is_none() && !dirty.is_empty() {
                 let kind = dirty.remove(0);
-                relisting = Some(Box::pin(self.relist(kind)));
+                relisting = Some(Box::pin(async move {
+                    self.relist(kind).await;
+                    kind
+                }));
             }
             let msg = tokio::select! {
-                () = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
+                kind = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
                     relisting = None;
                     let _ = events
                         .send(Event::ListsChanged {
                             server: self.name.clone(),
+                            announced: Some(kind),
                         })
                         .await;
                     continue;
@@ -662,6 +816,7 @@ impl Server {
                             let _ = events
                                 .send(Event::ListsChanged {
                                     server: self.name.clone(),
+                                    announced: None,
                                 })
                                 .await;
                         }
@@ -683,21 +838,30 @@ impl Server {
         let timeout = self.settings().timeout;
         match kind {
             ListKind::Tools => {
-                let tools = self.list(&conn, &info, "tools/list", "tools", timeout).await;
-                self.update(|s| s.lists.tools = tools);
+                let (tools, hint) = self.list(&conn, &info, "tools/list", "tools", timeout).await;
+                let tools = self.usable_tools(&info, tools);
+                self.update(|s| {
+                    s.lists.tools = tools;
+                    s.lists.hints[0] = hint;
+                });
             }
             ListKind::Prompts => {
-                let prompts = self.list(&conn, &info, "prompts/list", "prompts", timeout).await;
-                self.update(|s| s.lists.prompts = prompts);
+                let (prompts, hint) = self.list(&conn, &info, "prompts/list", "prompts", timeout).await;
+                self.update(|s| {
+                    s.lists.prompts = prompts;
+                    s.lists.hints[1] = hint;
+                });
             }
             ListKind::Resources => {
-                let resources = self.list(&conn, &info, "resources/list", "resources", timeout).await;
-                let templates = self
+                let (resources, rh) = self.list(&conn, &info, "resources/list", "resources", timeout).await;
+                let (templates, th) = self
                     .list(&conn, &info, "resources/templates/list", "resourceTemplates", timeout)
                     .await;
                 self.update(|s| {
                     s.lists.resources = resources;
                     s.lists.templates = templates;
+                    s.lists.hints[2] = rh;
+                    s.lists.hints[3] = th;
                 });
             }
         }
@@ -733,23 +897,131 @@ impl Server {
         }
     }
 
+    /// Learns the server's era and what it offers. `protocol = "auto"` probes with
+    /// `server/discover` at 2026-07-28 and falls back to `initialize` on anything but a
+    /// discover result naming that version (the spec's rule: no particular error code).
+    /// Over stdio the `initialize` is sent right behind the probe, so a handshake-era
+    /// server costs no extra round trip; a dual-era server that took the probe refuses it.
     async fn handshake(&self, conn: &Connection) -> Result<InitInfo, Handshake> {
+        match self.cfg.protocol {
+            config::Era::Handshake => self.initialize(conn).await,
+            config::Era::Modern => match self.discover(conn, self.settings().timeout).await? {
+                Some(info) => Ok(info),
+                None => Err(Handshake::Refused(format!(
+                    "server/discover did not name {} (protocol = \"2026-07-28\" in gateway.toml)",
+                    modern::VERSION
+                ))),
+            },
+            config::Era::Auto if self.skip_probe.load(Ordering::Relaxed) => self.initialize(conn).await,
+            config::Era::Auto if matches!(self.cfg.transport, config::Transport::Stdio(_)) => {
+                // A child may take long to start; a handshake-era one that ignores the probe
+                // answers the initialize meanwhile, so the probe gets the whole timeout.
+                let discover = self.discover(conn, self.settings().timeout);
+                tokio::pin!(discover);
+                // Polled first, so the probe is queued before the initialize.
+                let first = futures::poll!(&mut discover);
+                let initialize = self.initialize_call(conn);
+                tokio::pin!(initialize);
+                let mut init_out = None;
+                let probed = match first {
+                    std::task::Poll::Ready(p) => p,
+                    std::task::Poll::Pending => loop {
+                        tokio::select! {
+                            biased;
+                            p = &mut discover => break p,
+                            i = &mut initialize, if init_out.is_none() => match i? {
+                                // Accepted the handshake before answering the probe: a
+                                // handshake-era server.
+                                ok @ Outcome::Result(_) => return self.initialized(conn, ok).await,
+                                // Refused it (a dual-era server the probe made modern): wait.
+                                refused => init_out = Some(refused),
+                            }
+                        }
+                    },
+                };
+                match probed {
+                    Ok(Some(info)) => Ok(info),
+                    Ok(None) | Err(Handshake::Refused(_)) | Err(Handshake::Call(DsError::Timeout { .. })) => {
+                        let out = match init_out {
+                            Some(o) => o,
+                            None => initialize.await?,
+                        };
+                        self.initialized(conn, out).await
+                    }
+                    Err(Handshake::Call(e @ DsError::Exited { .. })) => {
+                        // Some handshake-era servers exit on any request before initialize.
+                        self.skip_probe.store(true, Ordering::Relaxed);
+                        warn!(server = %self.name, "exited on the server/discover probe; starting it again without one");
+                        Err(Handshake::Call(e))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            config::Era::Auto => match self.discover(conn, self.settings().timeout.min(PROBE_TIMEOUT)).await {
+                Ok(Some(info)) => Ok(info),
+                Ok(None) | Err(Handshake::Refused(_)) | Err(Handshake::Call(DsError::Timeout { .. })) => {
+                    self.initialize(conn).await
+                }
+                // A modern server refuses a malformed probe with 400; a legacy one may
+                // refuse the sessionless POST with 400/404/405 too: try the handshake.
+                Err(Handshake::Call(DsError::Status {
+                    status: 400 | 404 | 405,
+                    ..
+                })) => self.initialize(conn).await,
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// `server/discover` at 2026-07-28. `Ok(None)`: the answer was not a discover result
+    /// naming that version (a handshake-era server).
+    async fn discover(&self, conn: &Connection, timeout: Duration) -> Result<Option<InitInfo>, Handshake> {
+        let params = modern::own_params(Map::new());
+        let out = conn
+            .call(
+                "server/discover",
+                Params::Object { params, progress: None },
+                None,
+                timeout,
+            )
+            .await
+            .map_err(Handshake::Call)?;
+        let Outcome::Result(r) = out else {
+            return Ok(None);
+        };
+        Ok(modern::discovered(r.get()).map(|d| InitInfo {
+            protocol_version: modern::VERSION.to_owned(),
+            capabilities: d.capabilities,
+            server_info: d.server_info,
+            instructions: d.instructions,
+            modern: true,
+        }))
+    }
+
+    async fn initialize(&self, conn: &Connection) -> Result<InitInfo, Handshake> {
+        let out = self.initialize_call(conn).await?;
+        self.initialized(conn, out).await
+    }
+
+    async fn initialize_call(&self, conn: &Connection) -> Result<Outcome, Handshake> {
         let params = json!({
             "protocolVersion": DOWNSTREAM_VERSION,
             // Questions a server asks go to the client of the call that caused them; a
             // client that lacks the capability gets the question refused with a reason.
             "capabilities": { "sampling": {}, "elicitation": {}, "roots": { "listChanged": true } },
-            "clientInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
+            "clientInfo": modern::client_info(),
         });
-        let out = conn
-            .call(
-                "initialize",
-                Params::Raw(Some(message::to_raw(&params))),
-                None,
-                self.settings().timeout,
-            )
-            .await
-            .map_err(Handshake::Call)?;
+        conn.call(
+            "initialize",
+            Params::Raw(Some(message::to_raw(&params))),
+            None,
+            self.settings().timeout,
+        )
+        .await
+        .map_err(Handshake::Call)
+    }
+
+    async fn initialized(&self, conn: &Connection, out: Outcome) -> Result<InitInfo, Handshake> {
         let result = match out {
             Outcome::Result(r) => r,
             Outcome::Error(e) => {
@@ -773,6 +1045,7 @@ impl Server {
             },
             server_info: r.remove("serverInfo").unwrap_or(Value::Null),
             instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
+            modern: false,
         };
         conn.notify("notifications/initialized", None).await;
         Ok(info)
@@ -786,12 +1059,29 @@ impl Server {
             self.list(conn, info, "resources/list", "resources", t),
             self.list(conn, info, "resources/templates/list", "resourceTemplates", t),
         );
+        let (tools, tools_hint) = tools;
         Lists {
-            tools,
-            prompts,
-            resources,
-            templates,
+            tools: self.usable_tools(info, tools),
+            prompts: prompts.0,
+            resources: resources.0,
+            templates: templates.0,
+            hints: [tools_hint, prompts.1, resources.1, templates.1],
         }
+    }
+
+    /// 2026-07-28: a tool whose x-mcp-header annotations break the rules is not offered.
+    fn usable_tools(&self, info: &InitInfo, mut tools: Vec<Map<String, Value>>) -> Vec<Map<String, Value>> {
+        if info.modern {
+            tools.retain(|t| match modern::check_x_mcp_headers(t.get("inputSchema")) {
+                Ok(()) => true,
+                Err(why) => {
+                    let tool = t.get("name").and_then(Value::as_str).unwrap_or("");
+                    warn!(server = %self.name, tool, reason = %why, "dropping a tool with an invalid x-mcp-header");
+                    false
+                }
+            });
+        }
+        tools
     }
 
     /// Lists one kind through all its pages. A server that declared no capabilities at
@@ -803,16 +1093,35 @@ impl Server {
         method: &str,
         key: &str,
         timeout: Duration,
-    ) -> Vec<Map<String, Value>> {
+    ) -> (Vec<Map<String, Value>>, Option<Hint>) {
         let capability = method.split('/').next().unwrap_or(method);
         if info.capabilities.is_some() && !info.has(capability) {
-            return Vec::new();
+            // Nothing to change, nothing to cache against.
+            return (
+                Vec::new(),
+                info.modern.then_some(Hint {
+                    ttl_ms: u64::MAX,
+                    private: false,
+                }),
+            );
         }
+        let mut hint: Option<Hint> = None;
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let params = cursor.as_ref().map(|c| message::to_raw(&json!({ "cursor": c })));
-            let page = match conn.call(method, Params::Raw(params), None, timeout).await {
+            let params = if info.modern {
+                let mut p = Map::new();
+                if let Some(c) = &cursor {
+                    p.insert("cursor".into(), Value::String(c.clone()));
+                }
+                Params::Object {
+                    params: modern::own_params(p),
+                    progress: None,
+                }
+            } else {
+                Params::Raw(cursor.as_ref().map(|c| message::to_raw(&json!({ "cursor": c }))))
+            };
+            let page = match conn.call(method, params, None, timeout).await {
                 Ok(Outcome::Result(r)) => r,
                 Ok(Outcome::Error(e)) => {
                     if info.capabilities.is_some() {
@@ -832,6 +1141,10 @@ impl Server {
                     break;
                 }
             };
+            if info.modern {
+                let h = Hint::of(&page);
+                hint = Some(hint.map_or(h, |o| o.and(h)));
+            }
             if let Some(Value::Array(list)) = page.remove(key) {
                 items.extend(list.into_iter().filter_map(|v| match v {
                     Value::Object(m) => Some(m),
@@ -840,9 +1153,9 @@ impl Server {
             }
             match page.remove("nextCursor") {
                 Some(Value::String(c)) if !c.is_empty() && cursor.as_deref() != Some(&c) => cursor = Some(c),
-                _ => return items,
+                _ => return (items, hint),
             }
         }
-        items
+        (items, hint)
     }
 }

@@ -1,6 +1,7 @@
 //! Interop: the official MCP SDK clients (Python `mcp` 2.x, TypeScript 1.x) talk to the real
 //! gateway binary, which fronts three real downstreams: the stdlib mock fixture, a Python SDK
-//! server and a TypeScript SDK server.
+//! server and a TypeScript SDK server. The Python client also speaks 2026-07-28 to it
+//! (multi round-trip requests and `subscriptions/listen`, `tests/interop/py_modern.py`).
 //!
 //! Needs `.venv/` and `node_modules/`: run `scripts/setup-test-deps` first. The tests panic
 //! (never skip) when those are missing.
@@ -319,4 +320,31 @@ async fn typescript_sdk_client_over_gateway_stdio() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The official Python SDK client in 2026-07-28: it answers the gateway's `input_required`
+/// (a handshake-era server's elicitation/create, bridged) through its elicitation callback
+/// and retries with the `requestState`; its `listen()` gets the acknowledgment and a tools
+/// list change.
+#[tokio::test]
+async fn python_sdk_modern_client_drives_input_required_and_listen() {
+    require_deps();
+    let n = unique("py-modern");
+    let gw = Gateway::start(&server("s0", &n, &["--two-way"], ""));
+    let ctx = || format!("gateway stderr:\n{}", gw.logs());
+    let args: Vec<String> = vec![
+        "tests/interop/py_modern.py".into(),
+        gw.url.clone(),
+        "s0__ask_elicit".into(),
+        "s0__add_tool".into(),
+    ];
+    let (out, _) = run_client("py modern client", &path_str(&venv_python()), &args, &ctx).await;
+    assert_eq!(out["protocolVersion"], "2026-07-28", "{out}");
+    assert_eq!(out["elicited"], json!(["Who are you?"]), "{out}");
+    assert_eq!(
+        out["result"], r#"{"action":"accept","content":{"name":"sdk-user"}}"#,
+        "{out}"
+    );
+    assert_eq!(out["honored"], json!({"toolsListChanged": true}), "{out}");
+    assert_eq!(out["event"], "ToolsListChanged", "{out}");
 }

@@ -1,7 +1,7 @@
 //! The 2026-07-28 (stateless) era on the public endpoint: server/discover, stateless
 //! calls and lists, the binding's validation errors (HTTP status and JSON-RPC code),
 //! removed methods, result decoration, logging only with logLevel, servers' questions
-//! refused, and a handshake session working side by side.
+//! refused without the capability, and a handshake session working side by side.
 
 mod common;
 use common::*;
@@ -105,7 +105,9 @@ async fn discover_lists_calls_and_decoration() {
         "{r}"
     );
     assert!(caps.get("tasks").is_none(), "{r}");
-    assert!(caps["resources"].get("subscribe").is_none(), "{r}");
+    // What subscriptions/listen delivers is advertised.
+    assert_eq!(caps["resources"]["subscribe"], true, "{r}");
+    assert_eq!(caps["tools"]["listChanged"], true, "{r}");
 
     let (st, m) = modern(&gw, json!(1), "tools/list", json!({})).await;
     assert_eq!(st, 200);
@@ -195,14 +197,15 @@ async fn discover_lists_calls_and_decoration() {
         !m.iter().any(|x| x.get("method").is_some() && x.get("id").is_some()),
         "no requests on the stream: {m:?}"
     );
+    // With the capability declared, the question comes back as input_required (see
+    // tests/modern_mrtr.rs), never as a request on the stream.
     let mut p = json!({"name": "s0__ask_sampling", "arguments": {"prompt": "x"}});
     let mut md = meta();
     md["io.modelcontextprotocol/clientCapabilities"] = json!({"sampling": {}});
     p["_meta"] = md;
     let (_, m) = modern(&gw, json!(10), "tools/call", p).await;
     let r = last(&m);
-    assert_eq!(r["result"]["isError"], true, "{r}");
-    assert!(text(r).contains("2026-07-28"), "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
     assert!(
         !m.iter().any(|x| x.get("method").is_some() && x.get("id").is_some()),
         "{m:?}"

@@ -88,7 +88,16 @@ async fn streamable_http_fixture_lists_calls_and_sends_session_headers() {
     let init = remote.posts_of("initialize");
     assert_eq!(init.len(), 1, "{recs:?}");
     assert!(init[0]["headers"].get("mcp-session-id").is_none(), "{:?}", init[0]);
-    let sid: Vec<&Value> = recs.iter().filter(|r| r["rpc"] != "initialize").collect();
+    // First the 2026-07-28 probe, sessionless, with its request metadata headers.
+    let probe = &recs[0];
+    assert_eq!(probe["rpc"], "server/discover", "{recs:?}");
+    assert_eq!(probe["headers"]["mcp-protocol-version"], "2026-07-28", "{probe}");
+    assert_eq!(probe["headers"]["mcp-method"], "server/discover", "{probe}");
+    assert!(probe["headers"].get("mcp-session-id").is_none(), "{probe}");
+    let sid: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["rpc"] != "initialize" && r["rpc"] != "server/discover")
+        .collect();
     assert!(sid.len() >= 3, "{recs:?}");
     for r in &sid {
         assert!(r["headers"]["mcp-session-id"].is_string(), "no session id: {r}");
@@ -202,8 +211,9 @@ async fn wrong_token_is_a_clear_401_in_check_and_status() {
 
 #[tokio::test]
 async fn forgotten_session_is_reinitialized_transparently() {
-    // initialize, notifications/initialized, tools/list: the next POST finds no session.
-    let remote = Remote::start(&["--forget-sessions-after", "3"]);
+    // The server/discover probe (refused: a handshake-era server), initialize,
+    // notifications/initialized, tools/list: the next POST finds no session.
+    let remote = Remote::start(&["--forget-sessions-after", "4"]);
     let gw = Gateway::start(&remote_table("fg", &remote.url(), ""));
     let s = gw.session().await;
     for i in 0..5 {

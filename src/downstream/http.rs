@@ -80,6 +80,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         incoming,
         stop: CancellationToken::new(),
         listening: std::sync::atomic::AtomicBool::new(false),
+        modern: std::sync::atomic::AtomicBool::new(false),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -104,6 +105,9 @@ struct Shared {
     stop: CancellationToken,
     /// The GET stream task is running.
     listening: std::sync::atomic::AtomicBool,
+    /// The server answered `server/discover` naming 2026-07-28: no session, and every
+    /// request carries the request metadata headers.
+    modern: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -137,7 +141,11 @@ impl Shared {
 
     /// POSTs one JSON-RPC message.
     async fn post(&self, body: Vec<u8>, with_session: bool) -> Result<reqwest::Response, DsError> {
-        self.post_traced(body, with_session, None).await
+        self.post_traced(body, with_session, None, &[]).await
+    }
+
+    fn is_modern(&self) -> bool {
+        self.modern.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// POSTs one JSON-RPC message with the call's W3C trace context as headers.
@@ -146,8 +154,12 @@ impl Shared {
         body: Vec<u8>,
         with_session: bool,
         trace: Option<&TraceHeaders>,
+        extra: &[(String, String)],
     ) -> Result<reqwest::Response, DsError> {
         let mut r = self.request(reqwest::Method::POST, with_session);
+        for (k, v) in extra {
+            r = r.header(k.as_str(), v.as_str());
+        }
         if let Some(t) = trace {
             r = r.header("traceparent", &t.traceparent);
             if let Some(s) = &t.tracestate {
@@ -439,7 +451,21 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 params,
                 sink,
                 reply,
+                headers,
             } => {
+                // 2026-07-28: the request metadata headers, mirrored from the body.
+                let modern = method == "server/discover" || shared.is_modern();
+                let mut extra = Vec::new();
+                if modern {
+                    extra.push((VERSION.to_owned(), super::modern::VERSION.to_owned()));
+                    extra.push(("mcp-method".to_owned(), method.clone()));
+                    if let Params::Object { params, .. } = &params {
+                        if let Some(n) = super::modern::name_header(&method, params) {
+                            extra.push(("mcp-name".to_owned(), n));
+                        }
+                    }
+                    extra.extend(headers);
+                }
                 if method == "initialize" {
                     if let Params::Raw(Some(p)) = &params {
                         *shared.init_params.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
@@ -468,6 +494,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                             sink.as_ref(),
                             progress.as_ref(),
                             trace.as_ref(),
+                            &extra,
                         )
                         .await;
                         inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -504,6 +531,10 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
             Command::Cancel { id, reason } => {
                 if let Some(task) = inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
                     task.abort();
+                    if shared.is_modern() {
+                        // 2026-07-28: closing the response stream is the cancellation.
+                        continue;
+                    }
                     let params = message::to_raw(&serde_json::json!({ "requestId": id, "reason": reason }));
                     let body = message::notification("notifications/cancelled", Some(&params));
                     let shared = shared.clone();
@@ -529,6 +560,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
 }
 
 /// One request: POST, read the answer, re-initialize once on a forgotten session.
+#[allow(clippy::too_many_arguments)]
 async fn call(
     shared: &Shared,
     id: u64,
@@ -537,11 +569,15 @@ async fn call(
     sink: Option<&Sink>,
     progress: Option<&Value>,
     trace: Option<&TraceHeaders>,
+    extra: &[(String, String)],
 ) -> Result<Outcome, DsError> {
     let is_init = method == "initialize";
+    let modern = !extra.is_empty();
     for attempt in 0..2 {
         let session = shared.session();
-        let resp = shared.post_traced(body.clone(), !is_init, trace).await?;
+        let resp = shared
+            .post_traced(body.clone(), !is_init && !modern, trace, extra)
+            .await?;
         let status = resp.status();
         if status == StatusCode::NOT_FOUND && session.is_some() && !is_init && attempt == 0 {
             shared.reinitialize(session).await?;
@@ -575,6 +611,13 @@ async fn call(
             });
         }
         let outcome = shared.read_answer(resp, id, sink, progress).await?;
+        if method == "server/discover" {
+            if let Outcome::Result(r) = &outcome {
+                if super::modern::discovered(r.get()).is_some() {
+                    shared.modern.store(true, std::sync::atomic::Ordering::Release);
+                }
+            }
+        }
         if is_init {
             if let Outcome::Result(r) = &outcome {
                 let v: Option<String> = serde_json::from_str::<Value>(r.get())

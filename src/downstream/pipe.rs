@@ -123,6 +123,7 @@ impl Actor {
                 params,
                 sink,
                 reply,
+                ..
             } => {
                 let (mut line, progress) = encode_request(id, &method, params);
                 line.push(b'\n');

@@ -12,7 +12,7 @@
 //! token (401 with `WWW-Authenticate` otherwise) and a session belongs to the identity
 //! that opened it (404 for anyone else). The RFC 9728 metadata is served with OAuth.
 
-use super::modern;
+use super::{listen, modern};
 use crate::auth::{self, Identity};
 use crate::downstream::{Sink, SINK_QUEUE};
 use crate::message::{self, code, Id, Kind, Outcome};
@@ -63,15 +63,20 @@ pub struct Http {
     /// Cancelled when shutdown begins: GET streams end then, since they never finish
     /// on their own and would hold the graceful shutdown for its whole grace period.
     closing: CancellationToken,
+    /// Stateless calls waiting for their client's answers (multi round-trip requests).
+    parked: Arc<crate::mrtr::Parked>,
 }
 
 impl Http {
     pub fn new(gw: Arc<Gateway>) -> Http {
+        // Read once: a reload's input_timeout applies after a restart.
+        let parked = crate::mrtr::Parked::new(gw.config().gateway.input_timeout);
         Http {
             gw,
             sessions: Arc::new(DashMap::new()),
             started: Instant::now(),
             closing: CancellationToken::new(),
+            parked,
         }
     }
 
@@ -481,7 +486,7 @@ async fn serve_stateless(
             .find(|t| t.get("name").and_then(Value::as_str) == Some(&route.name))?;
         tool.get("inputSchema").cloned()
     };
-    let prepared = match modern::prepare(headers, &method, params.as_deref(), tool_schema) {
+    let prepared = match modern::prepare(Some(headers), &method, params.as_deref(), tool_schema) {
         Ok(p) => p,
         Err(r) => {
             return Reject {
@@ -503,13 +508,32 @@ async fn serve_stateless(
         (None, Some(ip)) => ip.to_string(),
         (None, None) => "unknown".to_owned(),
     };
+    if method == "subscriptions/listen" {
+        return listen(&http, headers, id, prepared, who, &key, init, private);
+    }
     let client = Client::new(format!("stateless:{key}")).stateless(prepared.capabilities, prepared.log_rank);
     let _ = client.protocol_version.set(modern::VERSION.to_owned());
     client.set_identity(who);
     let parent = crate::telemetry::from_headers(headers);
+    if crate::mrtr::may_ask(&method) {
+        return multi_round(
+            http,
+            client,
+            id,
+            method,
+            prepared.params,
+            key,
+            parent,
+            init,
+            private,
+            prepared.uri,
+        )
+        .await;
+    }
     let uri = prepared.uri;
     let name = method.clone();
-    let finish: Finish = Box::new(move |out| modern::finish(&name, out, &init, private, uri.as_deref()));
+    let hint = topo.catalog.hint(&method);
+    let finish: Finish = Box::new(move |out| modern::finish_cached(&name, out, &init, private, uri.as_deref(), hint));
     request(
         http,
         Arc::new(client),
@@ -520,6 +544,125 @@ async fn serve_stateless(
         Some(finish),
     )
     .await
+}
+
+/// A stateless answer as JSON. -32020, -32021 and -32022 (a server's own included) are
+/// 400 on HTTP in 2026-07-28.
+fn stateless_json(answer: bytes::Bytes) -> Response {
+    let status = match Kind::parse(&answer) {
+        Ok(Kind::Response {
+            outcome: Outcome::Error(e),
+            ..
+        }) if matches!(message::error_summary(&e).0, -32022..=-32020) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    };
+    (status, json_response(answer)).into_response()
+}
+
+/// A stateless `tools/call`, `prompts/get` or `resources/read`, whose server may ask the
+/// client questions: they come back as `input_required`, and a retry with `requestState`
+/// resumes the parked call (see [`crate::mrtr`]). Closing the response cancels the call.
+#[allow(clippy::too_many_arguments)]
+async fn multi_round(
+    http: Http,
+    client: Client,
+    id: Id,
+    method: String,
+    params: Option<Box<serde_json::value::RawValue>>,
+    principal: String,
+    parent: Option<opentelemetry::Context>,
+    init: Outcome,
+    private: bool,
+    uri: Option<String>,
+) -> Response {
+    let started = crate::mrtr::Round {
+        gw: http.gw.clone(),
+        parked: http.parked.clone(),
+        id: id.clone(),
+        method,
+        principal,
+        init,
+        private,
+        uri,
+    }
+    .start(client, params, parent);
+    let rounds = match started {
+        Ok(r) => r,
+        Err(refused) => return json_response(message::response(&id, &refused)),
+    };
+    let mut rounds = Box::pin(rounds);
+    match rounds.next().await {
+        Some((true, answer)) => stateless_json(answer),
+        Some((false, first)) => {
+            let events = futures::stream::once(async move { first })
+                .chain(rounds.map(|(_, m)| m))
+                .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
+            sse_response(Body::from_stream(events))
+        }
+        None => rpc_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            code::INTERNAL_ERROR,
+            "request task failed",
+        ),
+    }
+}
+
+/// `subscriptions/listen`: an SSE stream of the notifications asked for (see
+/// [`super::listen`]), with keep-alive comments; it ends gracefully at shutdown.
+#[allow(clippy::too_many_arguments)]
+fn listen(
+    http: &Http,
+    headers: &HeaderMap,
+    id: Id,
+    prepared: modern::Prepared,
+    who: Option<Arc<Identity>>,
+    key: &str,
+    init: Outcome,
+    private: bool,
+) -> Response {
+    static LISTENS: AtomicU64 = AtomicU64::new(1);
+    let sse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
+    if !sse {
+        return Reject::new(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "subscriptions/listen answers with a stream: send Accept: text/event-stream",
+        )
+        .answer(&id);
+    }
+    let filter = match message::params_object(prepared.params.as_deref()).and_then(|p| listen::Filter::parse(&p)) {
+        Ok(f) => f,
+        Err(e) => {
+            return json_response(message::response(
+                &id,
+                &Outcome::Error(message::error_object(code::INVALID_PARAMS, &e, None)),
+            ))
+        }
+    };
+    let n = LISTENS.fetch_add(1, Ordering::Relaxed);
+    let client = Client::new(format!("stateless:{key}:listen-{n}")).stateless(prepared.capabilities, None);
+    let _ = client.protocol_version.set(modern::VERSION.to_owned());
+    client.set_identity(who);
+    let l = listen::Listen {
+        gw: http.gw.clone(),
+        client: Arc::new(client),
+        id,
+        filter,
+        closing: http.closing.clone(),
+        cancel: CancellationToken::new(),
+        finish: Box::new(move |out| modern::finish("subscriptions/listen", out, &init, private, None)),
+    };
+    let (tx, rx) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
+    let keepalive = Some((KEEPALIVE, bytes::Bytes::from_static(b": keep-alive\n\n")));
+    tokio::spawn(listen::run(l, tx, |m| bytes::Bytes::from(event(m)), keepalive));
+    let frames = futures::stream::unfold(rx, |mut rx| async move {
+        let m = rx.recv().await?;
+        Some((Ok::<_, std::io::Error>(m), rx))
+    });
+    sse_response(Body::from_stream(frames))
 }
 
 /// Rewrites a request's outcome before it is sent (the stateless era decorates results).
@@ -589,6 +732,7 @@ async fn request(
     let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let (done_tx, done) = oneshot::channel::<Vec<u8>>();
     let gw = http.gw.clone();
+    let stateless = finish.is_some();
     let mut task = Detached(Some(Box::pin(async move {
         let out = gw
             .request(&client, &id, &method, params, Some(Sink::new(sink)), parent)
@@ -624,6 +768,7 @@ async fn request(
         }
     };
     match first {
+        Some((true, answer)) if stateless => stateless_json(answer),
         Some((true, answer)) => json_response(answer),
         Some((false, first)) => {
             task.spawn();

@@ -12,13 +12,19 @@
 //!
 //! Each request runs as an ephemeral [`Client`](crate::client::Client) named after the
 //! caller's identity (with auth) or IP, so rate limits and per-session server processes
-//! key on that. Caching hints are conservative: `ttlMs` is 0, since this slice has no
-//! `subscriptions/listen` to tell clients about changes; `cacheScope` is `private` for
-//! `resources/read` (contents may depend on the caller) and, with auth configured, for
-//! everything (allowlists make lists differ per identity), else `public`.
+//! key on that. `subscriptions/listen` is served by [`super::listen`]: `server/discover`
+//! advertises `listChanged` and `subscribe` as `initialize` does. Caching hints: a merged
+//! list gets the catalog's hint (smallest `ttlMs` of its servers' parts, a handshake-era
+//! part counting as 0; private if any part is), `resources/read` its 2026-07-28 server's
+//! own (else `ttlMs` 0, `private`: contents may depend on the caller), `server/discover`
+//! `ttlMs` 0; with auth configured everything is `private` (allowlists make lists differ
+//! per identity). [`prepare`] also serves the stdio front, which has no headers to check.
 //!
-//! Not yet: `subscriptions/listen`, multi round-trip requests (servers' questions are
-//! refused), 2026-07-28 downstreams (they are spoken to in the handshake era).
+//! Servers' questions during `tools/call`, `prompts/get` and `resources/read` become
+//! `input_required` results ([`input_required`], driven by [`crate::mrtr`] from the HTTP
+//! and stdio fronts). A 2026-07-28 server's own `input_required` result passes through
+//! untouched (see [`crate::downstream::modern`]), and so does a retry's `requestState`
+//! that the gateway did not mint.
 
 use crate::message::{self, code, Outcome};
 use axum::http::{HeaderMap, StatusCode};
@@ -41,10 +47,10 @@ const METHOD_HEADER: &str = "mcp-method";
 const NAME_HEADER: &str = "mcp-name";
 
 /// Methods served statelessly. Everything else (the removed `initialize`, `ping`,
-/// `logging/setLevel`, `resources/(un)subscribe`, the tasks methods, and
-/// `subscriptions/listen`, not in this slice) is 404 with -32601.
+/// `logging/setLevel`, `resources/(un)subscribe`, the tasks methods) is 404 with -32601.
 const METHODS: &[&str] = &[
     "server/discover",
+    "subscriptions/listen",
     "tools/list",
     "tools/call",
     "prompts/list",
@@ -77,6 +83,12 @@ pub fn is_modern(headers: &HeaderMap, method: &str, params: Option<&RawValue>) -
     let meta_version = meta(params).is_some_and(|m| m.contains_key(META_VERSION));
     let header = headers.get(VERSION_HEADER).and_then(|v| v.to_str().ok()).map(str::trim);
     meta_version || (method != "initialize" && header == Some(VERSION))
+}
+
+/// True when a request's `params._meta` names a protocol version: on stdio, where there
+/// are no headers, that alone marks a 2026-07-28 request.
+pub fn has_modern_meta(params: Option<&RawValue>) -> bool {
+    meta(params).is_some_and(|m| m.contains_key(META_VERSION))
 }
 
 fn meta(params: Option<&RawValue>) -> Option<Map<String, Value>> {
@@ -115,10 +127,11 @@ pub struct Prepared {
     pub uri: Option<String>,
 }
 
-/// Validates a sessionless request per the 2026-07-28 Streamable HTTP binding.
-/// `tool_schema` gives a tool's `inputSchema` by public name, for its `Mcp-Param-*` headers.
+/// Validates a sessionless request per the 2026-07-28 Streamable HTTP binding (`headers`)
+/// or stdio (`None`: no headers to check). `tool_schema` gives a tool's `inputSchema` by
+/// public name, for its `Mcp-Param-*` headers.
 pub fn prepare(
-    headers: &HeaderMap,
+    headers: Option<&HeaderMap>,
     method: &str,
     params: Option<&RawValue>,
     tool_schema: impl Fn(&str) -> Option<Value>,
@@ -146,7 +159,13 @@ pub fn prepare(
             format!("Header mismatch: {m}"),
         )
     };
+    let no_headers = HeaderMap::new();
+    let (headers, check) = match headers {
+        Some(h) => (h, true),
+        None => (&no_headers, false),
+    };
     match header(headers, VERSION_HEADER)? {
+        _ if !check => {}
         None => return Err(mismatch("the MCP-Protocol-Version header is missing".into())),
         Some(h) if h != version => {
             return Err(mismatch(format!(
@@ -168,6 +187,7 @@ pub fn prepare(
         });
     }
     match header(headers, METHOD_HEADER)? {
+        _ if !check => {}
         None => return Err(mismatch("the Mcp-Method header is missing".into())),
         Some(h) if h != method => {
             return Err(mismatch(format!(
@@ -192,6 +212,7 @@ pub fn prepare(
     if let Some(field) = name_field {
         if let Some(Value::String(body)) = p.get(field) {
             match header(headers, NAME_HEADER)?.map(decode).transpose()? {
+                _ if !check => {}
                 None => return Err(mismatch("the Mcp-Name header is missing".into())),
                 Some(h) if h != *body => {
                     return Err(mismatch(format!(
@@ -203,7 +224,7 @@ pub fn prepare(
             if field == "uri" {
                 uri = Some(body.clone());
             }
-            if method == "tools/call" {
+            if method == "tools/call" && check {
                 if let Some(schema) = tool_schema(body) {
                     check_param_headers(headers, &schema, p.get("arguments"))?;
                 }
@@ -348,8 +369,8 @@ fn server_info(init: &Value) -> Value {
     init.get("serverInfo").cloned().unwrap_or(Value::Null)
 }
 
-/// `server/discover`: the versions, the capabilities this era has (no tasks, no
-/// subscribe, no listChanged: nothing delivers notifications here yet), instructions.
+/// `server/discover`: the versions, the capabilities this era has (no tasks; `listChanged`
+/// and `subscribe` as in `initialize`, delivered by `subscriptions/listen`), instructions.
 pub fn discover(init: &Outcome, private: bool) -> Outcome {
     let init = match init {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null),
@@ -361,11 +382,6 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
         .cloned()
         .unwrap_or_default();
     caps.remove("tasks");
-    for k in ["tools", "prompts", "resources"] {
-        if caps.contains_key(k) {
-            caps.insert(k.into(), json!({}));
-        }
-    }
     let mut result = json!({
         "supportedVersions": supported_versions(),
         "capabilities": caps,
@@ -378,6 +394,19 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
 
 /// Decorates what the router answered a stateless request.
 pub fn finish(method: &str, out: Outcome, init: &Outcome, private: bool, uri: Option<&str>) -> Outcome {
+    finish_cached(method, out, init, private, uri, None)
+}
+
+/// [`finish`], for a merged list with its caching hint (the smallest `ttlMs` of the
+/// servers' parts, private if any part is; see [`crate::catalog::Catalog::hint`]).
+pub fn finish_cached(
+    method: &str,
+    out: Outcome,
+    init: &Outcome,
+    private: bool,
+    uri: Option<&str>,
+    hint: Option<crate::catalog::Hint>,
+) -> Outcome {
     match out {
         Outcome::Result(r) => {
             let info = match init {
@@ -386,7 +415,13 @@ pub fn finish(method: &str, out: Outcome, init: &Outcome, private: bool, uri: Op
                     .unwrap_or(Value::Null),
                 Outcome::Error(_) => Value::Null,
             };
-            let v = serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null);
+            let mut v = serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null);
+            if let (Some(h), Value::Object(o)) = (hint, &mut v) {
+                o.insert("ttlMs".into(), json!(h.ttl_ms));
+                if h.private {
+                    o.insert("cacheScope".into(), json!("private"));
+                }
+            }
             finish_value(method, v, &info, private)
         }
         Outcome::Error(e) => {
@@ -405,6 +440,34 @@ pub fn finish(method: &str, out: Outcome, init: &Outcome, private: bool, uri: Op
     }
 }
 
+/// An `InputRequiredResult`: the servers' open questions and the state to echo back.
+pub fn input_required(requests: Map<String, Value>, state: String, init: &Outcome) -> Outcome {
+    let info = match init {
+        Outcome::Result(i) => serde_json::from_str::<Value>(i.get())
+            .map(|v| server_info(&v))
+            .unwrap_or(Value::Null),
+        Outcome::Error(_) => Value::Null,
+    };
+    let mut v = json!({
+        "resultType": "input_required",
+        "inputRequests": requests,
+        "requestState": state,
+    });
+    if !info.is_null() {
+        v["_meta"] = json!({ META_SERVER_INFO: info });
+    }
+    Outcome::Result(message::to_raw(&v))
+}
+
+/// The error for a `requestState` that does not verify (the reason goes to the log only).
+pub fn invalid_state() -> Outcome {
+    Outcome::Error(message::error_object(
+        code::INVALID_PARAMS,
+        "Invalid or expired requestState",
+        Some(json!({ "reason": "invalid_request_state" })),
+    ))
+}
+
 fn finish_value(method: &str, mut v: Value, info: &Value, private: bool) -> Outcome {
     if let Value::Object(o) = &mut v {
         o.entry("resultType").or_insert_with(|| json!("complete"));
@@ -415,11 +478,18 @@ fn finish_value(method: &str, mut v: Value, info: &Value, private: bool) -> Outc
             }
         }
         if CACHEABLE.contains(&method) {
-            o.insert("ttlMs".into(), json!(0));
-            let scope = if private || method == "resources/read" {
-                "private"
-            } else {
-                "public"
+            // A hint already here came from the server (a 2026-07-28 server's resources/read)
+            // or from the merged list's parts; without one, nothing may be cached as fresh.
+            let ttl = o.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
+            let given = o.get("cacheScope").and_then(Value::as_str).map(str::to_owned);
+            o.insert("ttlMs".into(), json!(ttl));
+            let scope = match given.as_deref() {
+                _ if private => "private",
+                Some("private") => "private",
+                Some(_) => "public",
+                // Contents of a handshake-era server may depend on the caller.
+                None if method == "resources/read" => "private",
+                None => "public",
             };
             o.insert("cacheScope".into(), json!(scope));
         }

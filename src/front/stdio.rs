@@ -1,19 +1,41 @@
 //! The gateway itself as a stdio MCP server: one JSON-RPC message per line on stdin,
 //! answers and notifications on stdout (and nothing else: every log goes to stderr).
 //! One implicit session; requests run concurrently.
+//!
+//! A request whose `params._meta` carries `io.modelcontextprotocol/protocolVersion` is a
+//! 2026-07-28 (stateless) request and is served like one on HTTP (no `initialize` needed;
+//! `_meta` validated by [`modern::prepare`], without the header checks; results decorated
+//! by [`modern::finish`]), as a throwaway client of its own; `notifications/cancelled`
+//! cancels it. Servers' questions during `tools/call`, `prompts/get` and `resources/read`
+//! become `input_required` ([`crate::mrtr`]). `subscriptions/listen` streams its notifications as lines tagged with the
+//! subscription id until cancelled; at the end of input or shutdown each stream gets its
+//! graceful response.
 
+use super::{listen, modern};
 use crate::downstream::stdio::{read_line_limited, LineRead};
 use crate::downstream::Sink;
-use crate::message::{self, code, Kind, Outcome};
+use crate::message::{self, code, id_key, Id, Kind, Outcome};
 use crate::router::{Client, Gateway};
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+/// A 2026-07-28 request in flight, by its id: what `notifications/cancelled` cancels.
+enum Modern {
+    Call(Arc<Client>),
+    /// A listen stream, or a call that may ask questions: cancelled by dropping it.
+    Stop(CancellationToken),
+}
+
+type ModernTable = Arc<Mutex<HashMap<String, Modern>>>;
 
 /// Serves MCP on `input`/`output` until `input` ends or `shutdown` completes; then
 /// waits up to `grace` for requests still in flight. With `as_client`, the session is
@@ -54,6 +76,11 @@ pub async fn serve<R, W>(
             }
         }
     });
+
+    let modern_inflight: ModernTable = Arc::default();
+    let parked = crate::mrtr::Parked::new(gw.config().gateway.input_timeout);
+    // Cancelled when input ends or shutdown begins: listen streams end gracefully.
+    let closing = CancellationToken::new();
 
     let max_line = gw.config().gateway.max_line;
     let mut reader = BufReader::with_capacity(64 << 10, input);
@@ -98,6 +125,32 @@ pub async fn serve<R, W>(
             }
         };
         match msg {
+            Kind::Request { id, method, params } if modern::has_modern_meta(params.as_deref()) => {
+                let identity = match &as_client {
+                    None => None,
+                    Some(name) => match gw.topology().auth.client(name) {
+                        Some(identity) => Some(identity),
+                        None => {
+                            let err = Outcome::Error(message::error_object(
+                                code::INVALID_REQUEST,
+                                &format!("client {name:?} is no longer configured in gateway.toml"),
+                                None,
+                            ));
+                            let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
+                            continue;
+                        }
+                    },
+                };
+                let m = ModernRequest {
+                    gw: &gw,
+                    out: &out_tx,
+                    table: &modern_inflight,
+                    closing: &closing,
+                    parked: &parked,
+                    principal: as_client.as_deref().unwrap_or("stdio"),
+                };
+                m.serve(id, method, params, identity).await;
+            }
             Kind::Request { id, method, params } if method == "initialize" => {
                 client.set_capabilities(params.as_deref());
                 let out = gw.initialize_result(params.as_deref());
@@ -137,7 +190,28 @@ pub async fn serve<R, W>(
                     }
                 });
             }
-            Kind::Notification { method, params } => gw.notification(&client, &method, params.as_deref()),
+            Kind::Notification { method, params } => {
+                // A 2026-07-28 request is cancelled through its own client (or stream).
+                let modern = (method == "notifications/cancelled")
+                    .then(|| message::params_object(params.as_deref()).ok())
+                    .flatten()
+                    .and_then(|mut p| p.remove("requestId"))
+                    .and_then(|rid| {
+                        let table = modern_inflight.lock().unwrap_or_else(|e| e.into_inner());
+                        match table.get(&id_key(&rid))? {
+                            Modern::Call(c) => Some(Some(c.clone())),
+                            Modern::Stop(t) => {
+                                t.cancel();
+                                Some(None)
+                            }
+                        }
+                    });
+                match modern {
+                    Some(Some(c)) => gw.notification(&c, &method, params.as_deref()),
+                    Some(None) => {}
+                    None => gw.notification(&client, &method, params.as_deref()),
+                }
+            }
             Kind::Response { id, outcome } => {
                 if !client.answer(id.as_ref(), outcome) {
                     debug!("dropping a client response: no server→client request has its id");
@@ -151,12 +225,179 @@ pub async fn serve<R, W>(
             info!("grace period over");
         }
     }
+    closing.cancel();
     client.cancel_all();
     gw.forget_client(&client).await;
     notifier.abort();
     drop(out_tx);
     // Answers still being computed hold senders; the writer ends when the last is gone.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+}
+
+/// What a 2026-07-28 request on stdio needs from the loop.
+struct ModernRequest<'a> {
+    gw: &'a Arc<Gateway>,
+    out: &'a mpsc::Sender<Bytes>,
+    table: &'a ModernTable,
+    closing: &'a CancellationToken,
+    parked: &'a Arc<crate::mrtr::Parked>,
+    /// Who may resume a parked call: the `--client` name, or "stdio".
+    principal: &'a str,
+}
+
+impl ModernRequest<'_> {
+    async fn answer(&self, id: &Id, out: &Outcome) {
+        let _ = self.out.send(Bytes::from(message::response(id, out))).await;
+    }
+
+    /// Validates and runs one stateless request (in a task of its own).
+    async fn serve(
+        &self,
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+        identity: Option<Arc<crate::auth::Identity>>,
+    ) {
+        let prepared = match modern::prepare(None, &method, params.as_deref(), |_| None) {
+            Ok(p) => p,
+            Err(r) => {
+                self.answer(&id, &Outcome::Error(message::error_object(r.code, &r.message, r.data)))
+                    .await;
+                return;
+            }
+        };
+        let private = self.gw.topology().auth.required();
+        let init = self.gw.initialize_result(None);
+        if method == "server/discover" {
+            self.answer(&id, &modern::discover(&init, private)).await;
+            return;
+        }
+        let key = id_key(&id);
+        if self.table.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&key) {
+            let err = message::error_object(
+                code::INVALID_REQUEST,
+                &format!("request id {key} is already in use"),
+                None,
+            );
+            self.answer(&id, &Outcome::Error(err)).await;
+            return;
+        }
+        if method == "subscriptions/listen" {
+            let filter =
+                match message::params_object(prepared.params.as_deref()).and_then(|p| listen::Filter::parse(&p)) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.answer(
+                            &id,
+                            &Outcome::Error(message::error_object(code::INVALID_PARAMS, &e, None)),
+                        )
+                        .await;
+                        return;
+                    }
+                };
+            static LISTENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+            let n = LISTENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let client = Client::new(format!("stdio:listen-{n}"))
+                .transport("pipe")
+                .stateless(prepared.capabilities, None);
+            let _ = client.protocol_version.set(modern::VERSION.to_owned());
+            client.set_identity(identity);
+            let cancel = CancellationToken::new();
+            self.table
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), Modern::Stop(cancel.clone()));
+            let l = listen::Listen {
+                gw: self.gw.clone(),
+                client: Arc::new(client),
+                id,
+                filter,
+                closing: self.closing.clone(),
+                cancel,
+                finish: Box::new(move |out| modern::finish("subscriptions/listen", out, &init, private, None)),
+            };
+            let (out, table) = (self.out.clone(), self.table.clone());
+            tokio::spawn(async move {
+                listen::run(l, out, Bytes::copy_from_slice, None).await;
+                table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            });
+            return;
+        }
+        let client = Client::new("stdio")
+            .transport("pipe")
+            .stateless(prepared.capabilities, prepared.log_rank);
+        let _ = client.protocol_version.set(modern::VERSION.to_owned());
+        client.set_identity(identity);
+        if crate::mrtr::may_ask(&method) {
+            // Servers' questions come back as input_required (see crate::mrtr).
+            let started = crate::mrtr::Round {
+                gw: self.gw.clone(),
+                parked: self.parked.clone(),
+                id: id.clone(),
+                method,
+                principal: self.principal.to_owned(),
+                init,
+                private,
+                uri: prepared.uri,
+            }
+            .start(client, prepared.params, None);
+            let rounds = match started {
+                Ok(r) => r,
+                Err(refused) => {
+                    self.answer(&id, &refused).await;
+                    return;
+                }
+            };
+            let cancel = CancellationToken::new();
+            self.table
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), Modern::Stop(cancel.clone()));
+            let (out, table) = (self.out.clone(), self.table.clone());
+            tokio::spawn(async move {
+                let mut rounds = Box::pin(rounds);
+                loop {
+                    // Cancelled: the rounds are dropped, which cancels the call; no answer.
+                    let next = tokio::select! {
+                        n = futures::StreamExt::next(&mut rounds) => n,
+                        _ = cancel.cancelled() => None,
+                    };
+                    let Some((last, m)) = next else { break };
+                    if out.send(m).await.is_err() || last {
+                        break;
+                    }
+                }
+                table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            });
+            return;
+        }
+        let client = Arc::new(client);
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), Modern::Call(client.clone()));
+        let (gw, out, table) = (self.gw.clone(), self.out.clone(), self.table.clone());
+        let uri = prepared.uri;
+        let hint = gw.catalog().hint(&method);
+        tokio::spawn(async move {
+            let result = gw
+                .request(
+                    &client,
+                    &id,
+                    &method,
+                    prepared.params,
+                    Some(Sink::new(out.clone())),
+                    None,
+                )
+                .await;
+            table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            // A cancelled request gets no answer.
+            if let Some(result) = result {
+                let result = modern::finish_cached(&method, result, &init, private, uri.as_deref(), hint);
+                let _ = out.send(Bytes::from(message::response(&id, &result))).await;
+            }
+        });
+    }
 }
 
 async fn write_lines<W: AsyncWrite + Unpin>(mut out: W, mut rx: mpsc::Receiver<Bytes>) {

@@ -17,12 +17,25 @@ impl Gateway {
     /// Delivers a server's `notifications/resources/updated` to the sessions subscribed
     /// to that URI, and to no one else.
     pub(super) fn resource_updated(&self, server: &Arc<str>, method: &str, params: Option<&RawValue>) {
-        let Some(uri) = message::params_object(params)
-            .ok()
-            .and_then(|p| p.get("uri").and_then(Value::as_str).map(str::to_owned))
-        else {
+        let Ok(mut p) = message::params_object(params) else {
             return;
         };
+        let Some(uri) = p.get("uri").and_then(Value::as_str).map(str::to_owned) else {
+            return;
+        };
+        // From a 2026-07-28 server's listen stream: its subscription id is the gateway's own.
+        let tagged = match p.get_mut("_meta") {
+            Some(Value::Object(m)) => {
+                let had = m.remove(crate::downstream::modern::META_SUBSCRIPTION).is_some();
+                if m.is_empty() {
+                    p.remove("_meta");
+                }
+                had
+            }
+            _ => false,
+        };
+        let stripped = tagged.then(|| message::to_raw(&Value::Object(p)));
+        let params = stripped.as_deref().or(params);
         let targets: Vec<Arc<Client>> = {
             let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
             let Some(sessions) = subs.get_mut(&(server.clone(), uri)) else {
@@ -60,7 +73,8 @@ impl Gateway {
         }
         let level = crate::downstream::LOG_LEVELS[rank];
         let calls = topo.servers.iter().filter_map(|s| {
-            let logs = s.state().info.as_ref().is_some_and(|i| i.has("logging"));
+            // A 2026-07-28 server gets the level with each request instead.
+            let logs = s.state().info.as_ref().is_some_and(|i| i.has("logging") && !i.modern);
             let conn = s.connection().ok().filter(|_| logs)?;
             let params = message::to_raw(&json!({ "level": level }));
             Some(async move {
@@ -200,6 +214,10 @@ impl Gateway {
             let Some(s) = topo.servers.iter().find(|s| s.name == server) else {
                 continue;
             };
+            if s.modern() {
+                s.listen_uri(&uri, false);
+                continue;
+            }
             if let Ok(conn) = s.connection() {
                 let params = message::to_raw(&json!({ "uri": uri }));
                 let _ = conn
@@ -221,6 +239,10 @@ impl Gateway {
         let Some(s) = topo.servers.iter().find(|s| s.name == server).cloned() else {
             return;
         };
+        if s.modern() {
+            // Its listen stream carries the URIs across restarts; log levels go per request.
+            return;
+        }
         let uris: Vec<String> = self
             .subscriptions
             .lock()

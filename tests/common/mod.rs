@@ -156,12 +156,17 @@ pub struct Session {
 
 impl Session {
     pub async fn open(url: &str) -> Session {
+        Session::open_with(url, json!({})).await
+    }
+
+    /// A session whose `initialize` declares `capabilities`.
+    pub async fn open_with(url: &str, capabilities: Value) -> Session {
         let http = reqwest::Client::new();
         let resp = http
             .post(url)
             .header("accept", "application/json, text/event-stream")
             .json(&json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-                "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}))
+                "protocolVersion":"2025-11-25","capabilities":capabilities,"clientInfo":{"name":"test","version":"1"}}}))
             .send()
             .await
             .expect("initialize");

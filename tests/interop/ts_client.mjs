@@ -5,6 +5,10 @@
 //   node tests/interop/ts_client.mjs [--tool NAME] [--args JSON] [--timeout SECONDS] --url URL
 //   node tests/interop/ts_client.mjs [--tool NAME] [--args JSON] [--timeout SECONDS] --stdio CMD [ARGS...]
 //
+// --answer JSON declares the client capabilities it names and answers the server's
+// questions with them: {"elicit": {content}, "sample": "text", "roots": [{uri, name}]}.
+// The methods asked are listed, in order, under "asked" in the output line.
+//
 // --stdio consumes EVERYTHING after it as the server command line, so put it last.
 // The child inherits this process's full environment (the SDK default would pass only a
 // small allow-list such as HOME/PATH/USER) and its stderr is forwarded to our stderr.
@@ -17,6 +21,7 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 function usage(msg) {
   console.error(`ts_client: ${msg}`);
@@ -25,7 +30,7 @@ function usage(msg) {
 }
 
 const argv = process.argv.slice(2);
-let url = null, stdio = null, tool = null, toolArgs = {}, timeoutS = 30;
+let url = null, stdio = null, tool = null, toolArgs = {}, timeoutS = 30, answers = null;
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i];
   const next = () => {
@@ -38,6 +43,9 @@ for (let i = 0; i < argv.length; i++) {
     try { toolArgs = JSON.parse(next()); } catch (e) { usage(`--args is not valid JSON: ${e.message}`); }
     if (toolArgs === null || typeof toolArgs !== "object" || Array.isArray(toolArgs)) usage("--args must be a JSON object");
   } else if (a === "--timeout") timeoutS = Number(next());
+  else if (a === "--answer") {
+    try { answers = JSON.parse(next()); } catch (e) { usage(`--answer is not valid JSON: ${e.message}`); }
+  }
   else if (a === "--stdio") {
     stdio = argv.slice(i + 1);
     if (stdio.length === 0) usage("--stdio needs a command");
@@ -64,7 +72,30 @@ let negotiated = null;
 const origSetPV = transport.setProtocolVersion?.bind(transport);
 transport.setProtocolVersion = (v) => { negotiated = v; origSetPV?.(v); };
 
-const client = new Client({ name: "ts-interop-client", version: "1.0.0" });
+const capabilities = {};
+if (answers?.elicit) capabilities.elicitation = {};
+if (answers?.sample) capabilities.sampling = {};
+if (answers?.roots) capabilities.roots = {};
+const client = new Client({ name: "ts-interop-client", version: "1.0.0" }, { capabilities });
+const asked = [];
+if (answers?.elicit) {
+  client.setRequestHandler(ElicitRequestSchema, async () => {
+    asked.push("elicitation/create");
+    return { action: "accept", content: answers.elicit };
+  });
+}
+if (answers?.sample) {
+  client.setRequestHandler(CreateMessageRequestSchema, async () => {
+    asked.push("sampling/createMessage");
+    return { role: "assistant", content: { type: "text", text: answers.sample }, model: "ts-interop" };
+  });
+}
+if (answers?.roots) {
+  client.setRequestHandler(ListRootsRequestSchema, async () => {
+    asked.push("roots/list");
+    return { roots: answers.roots };
+  });
+}
 const reqOpts = { timeout: timeoutS * 1000 };
 
 const watchdog = setTimeout(() => {
@@ -96,6 +127,7 @@ try {
     out.isError = Boolean(res.isError);
     out.structuredContent = res.structuredContent ?? null;
   }
+  out.asked = asked;
   process.stdout.write(JSON.stringify(out) + "\n");
   clearTimeout(watchdog);
   await client.close().catch(() => {});

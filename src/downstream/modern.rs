@@ -1,0 +1,354 @@
+//! Speaking 2026-07-28 (the stateless era) to a downstream server: the per-request
+//! `_meta` envelope, the `server/discover` probe and what it says, the HTTP request
+//! metadata headers (`Mcp-Method`, `Mcp-Name`, `Mcp-Param-*`) and the `x-mcp-header`
+//! rules a tool must meet to be offered at all.
+//!
+//! The gateway forwards the calling client's own `protocolVersion` and
+//! `clientCapabilities` (never a union of every client's), so a server that needs a
+//! capability the caller lacks can refuse with -32021 itself.
+
+use super::{Connection, Params, Sink};
+use crate::message::{self, Id, Outcome};
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// The stateless revision.
+pub const VERSION: &str = "2026-07-28";
+pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+pub const META_INFO: &str = "io.modelcontextprotocol/clientInfo";
+pub const META_LOG: &str = "io.modelcontextprotocol/logLevel";
+pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+pub const META_SUBSCRIPTION: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// The gateway as a client.
+pub fn client_info() -> Value {
+    json!({ "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") })
+}
+
+/// Puts the 2026-07-28 envelope into `params._meta`: the version, the caller's
+/// capabilities (`{}` for the gateway's own requests), the gateway's `clientInfo`, and
+/// the log level the caller asked for (none: the server sends no log messages).
+pub fn stamp(params: &mut Map<String, Value>, capabilities: Option<Map<String, Value>>, log_level: Option<&str>) {
+    let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    if !meta.is_object() {
+        *meta = Value::Object(Map::new());
+    }
+    if let Value::Object(m) = meta {
+        m.insert(META_VERSION.into(), Value::String(VERSION.into()));
+        m.insert(META_CAPS.into(), Value::Object(capabilities.unwrap_or_default()));
+        m.entry(META_INFO).or_insert_with(client_info);
+        match log_level {
+            Some(l) => {
+                m.insert(META_LOG.into(), Value::String(l.into()));
+            }
+            None => {
+                m.remove(META_LOG);
+            }
+        }
+    }
+}
+
+/// Params of a background request of the gateway's own (lists, the probe, listen).
+pub fn own_params(mut params: Map<String, Value>) -> Map<String, Value> {
+    stamp(&mut params, None, None);
+    params
+}
+
+/// What a `server/discover` result says, when it is one naming [`VERSION`].
+pub struct Discovered {
+    pub capabilities: Option<Map<String, Value>>,
+    pub server_info: Value,
+    pub instructions: Option<String>,
+}
+
+/// Reads a `server/discover` result. `None` unless it lists [`VERSION`] among
+/// `supportedVersions` (a server advertising only handshake versions is a legacy one).
+pub fn discovered(result: &str) -> Option<Discovered> {
+    let mut r: Map<String, Value> = serde_json::from_str(result).ok()?;
+    let versions = r.get("supportedVersions")?.as_array()?;
+    if !versions.iter().any(|v| v.as_str() == Some(VERSION)) {
+        return None;
+    }
+    let server_info = r
+        .get("_meta")
+        .and_then(|m| m.get(META_SERVER_INFO))
+        .cloned()
+        .or_else(|| r.remove("serverInfo"))
+        .unwrap_or(Value::Null);
+    Some(Discovered {
+        capabilities: match r.remove("capabilities") {
+            Some(Value::Object(c)) => Some(c),
+            _ => None,
+        },
+        server_info,
+        instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
+    })
+}
+
+/// A header value per the 2026-07-28 value encoding: as is when it is plain visible
+/// ASCII (spaces inside allowed, no tabs or other controls) and does not look like the sentinel; otherwise
+/// `=?base64?…?=` of its UTF-8 bytes.
+pub fn header_value(s: &str) -> String {
+    let unsafe_chars = s.bytes().any(|b| !(0x20..=0x7e).contains(&b));
+    let padded = s.starts_with(' ') || s.ends_with(' ');
+    let sentinel = s.starts_with("=?base64?") && s.ends_with("?=");
+    let plain = !(unsafe_chars || padded || sentinel);
+    if plain {
+        s.to_owned()
+    } else {
+        format!("=?base64?{}?=", base64(s.as_bytes()))
+    }
+}
+
+fn base64(b: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `Mcp-Name` for a request: `params.name` of `tools/call` and `prompts/get`,
+/// `params.uri` of `resources/read`.
+pub fn name_header(method: &str, params: &Map<String, Value>) -> Option<String> {
+    let field = match method {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        _ => return None,
+    };
+    params.get(field).and_then(Value::as_str).map(header_value)
+}
+
+/// The `Mcp-Param-{h}` headers of a call: for each property of `schema` reached through
+/// `properties` keys only that carries `x-mcp-header: h`, the argument at that path
+/// (omitted when absent or null).
+pub fn param_headers(schema: &Value, arguments: Option<&Value>, out: &mut Vec<(String, String)>) {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (key, prop) in props {
+        let value = arguments.and_then(|a| a.get(key)).filter(|v| !v.is_null());
+        if let Some(Value::String(h)) = prop.get("x-mcp-header") {
+            let text = match value {
+                Some(Value::String(s)) => header_value(s),
+                Some(Value::Bool(b)) => b.to_string(),
+                Some(Value::Number(n)) => n.to_string(),
+                _ => continue,
+            };
+            out.push((format!("Mcp-Param-{h}"), text));
+        } else if prop.get("properties").is_some() {
+            param_headers(prop, value, out);
+        }
+    }
+}
+
+/// Checks a tool's `x-mcp-header` annotations against the 2026-07-28 rules; a tool that
+/// breaks them must not be offered. The error says why.
+pub fn check_x_mcp_headers(input_schema: Option<&Value>) -> Result<(), String> {
+    let Some(schema) = input_schema else { return Ok(()) };
+    let mut seen = Vec::new();
+    walk(schema, true, &mut seen)
+}
+
+fn is_tchar(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)
+}
+
+/// `reachable`: this schema is reached from the root through `properties` keys only.
+fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), String> {
+    let Some(obj) = schema.as_object() else { return Ok(()) };
+    if let Some(h) = obj.get("x-mcp-header") {
+        if !reachable {
+            return Err("x-mcp-header on a property not reachable through `properties` keys alone".into());
+        }
+        let Some(h) = h.as_str() else {
+            return Err("x-mcp-header is not a string".into());
+        };
+        if h.is_empty() || !h.chars().all(is_tchar) {
+            return Err(format!("x-mcp-header {h:?} is not an HTTP field-name token"));
+        }
+        if seen.iter().any(|s| s.eq_ignore_ascii_case(h)) {
+            return Err(format!("x-mcp-header {h:?} appears twice (case-insensitively)"));
+        }
+        let types: Vec<&str> = match obj.get("type") {
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        if types.is_empty() || !types.iter().all(|t| matches!(*t, "string" | "integer" | "boolean")) {
+            return Err(format!(
+                "x-mcp-header {h:?} is on a property whose type is not string, integer or boolean"
+            ));
+        }
+        seen.push(h.to_owned());
+    }
+    for (k, v) in obj {
+        match k.as_str() {
+            "properties" => {
+                if let Some(props) = v.as_object() {
+                    for p in props.values() {
+                        walk(p, reachable, seen)?;
+                    }
+                }
+            }
+            "x-mcp-header" | "type" | "description" | "title" | "enum" | "const" | "default" | "examples"
+            | "required" => {}
+            _ => match v {
+                Value::Object(_) => walk(v, false, seen)?,
+                Value::Array(items) => {
+                    for i in items {
+                        walk(i, false, seen)?;
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+    Ok(())
+}
+
+/// The most rounds of questions one call may take through the bridge.
+const MAX_ROUNDS: usize = 16;
+
+/// The bridge from a modern server to a handshake-era client: while the server answers
+/// `input_required`, each of its `inputRequests` is asked of the client as a real
+/// request on the call's stream (`sampling/createMessage`, `elicitation/create`,
+/// `roots/list`, each checked against the client's capabilities), and the call is sent
+/// again with the answers as `inputResponses` and the server's `requestState` echoed. The
+/// client sees one ordinary call. `params` are the call's params as first sent.
+#[allow(clippy::too_many_arguments)]
+pub async fn bridge_input_required(
+    conn: &Connection,
+    server: &str,
+    method: &str,
+    mut out: Outcome,
+    params: Map<String, Value>,
+    headers: Vec<(String, String)>,
+    progress: Option<Id>,
+    sink: Option<Sink>,
+    timeout: Duration,
+) -> Outcome {
+    let fail = |msg: String| {
+        Outcome::Error(message::error_object(
+            message::code::INTERNAL_ERROR,
+            &msg,
+            Some(json!({ "server": server })),
+        ))
+    };
+    for _ in 0..MAX_ROUNDS {
+        let Outcome::Result(r) = &out else { return out };
+        let Some((requests, state)) = input_required(r.get()) else {
+            return out;
+        };
+        let Some((sink, peer)) = sink.as_ref().and_then(|s| s.peer().cloned().map(|p| (s, p))) else {
+            return fail(format!(
+                "server '{server}' needs input from the client for {method}, but this call has no stream to ask it on"
+            ));
+        };
+        let mut responses = Map::new();
+        for (key, request) in requests {
+            let Some(asked) = request.get("method").and_then(Value::as_str) else {
+                return fail(format!(
+                    "server '{server}' sent an input request without a method ({key})"
+                ));
+            };
+            let asked_params = request.get("params").map(message::to_raw);
+            match peer.clone().ask(asked.to_owned(), asked_params, sink.clone()).await {
+                Outcome::Result(answer) => {
+                    let answer = serde_json::from_str(answer.get()).unwrap_or(Value::Null);
+                    responses.insert(key, answer);
+                }
+                Outcome::Error(e) => return Outcome::Error(e),
+            }
+        }
+        let mut retry = params.clone();
+        if !responses.is_empty() {
+            retry.insert("inputResponses".into(), Value::Object(responses));
+        }
+        if let Some(state) = state {
+            retry.insert("requestState".into(), state);
+        }
+        let params = Params::Object {
+            params: retry,
+            progress: progress.clone(),
+        };
+        out = match conn
+            .call_with_headers(method, params, Some(sink.clone()), timeout, headers.clone())
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return Outcome::Error(e.to_error_object()),
+        };
+    }
+    fail(format!(
+        "server '{server}' still needed input after {MAX_ROUNDS} rounds of {method}; giving up"
+    ))
+}
+
+/// The `inputRequests` and `requestState` of an `input_required` result.
+fn input_required(result: &str) -> Option<(Map<String, Value>, Option<Value>)> {
+    if !result.contains("input_required") {
+        return None;
+    }
+    let mut r: Map<String, Value> = serde_json::from_str(result).ok()?;
+    if r.get("resultType").and_then(Value::as_str) != Some("input_required") {
+        return None;
+    }
+    let requests = match r.remove("inputRequests") {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    Some((requests, r.remove("requestState")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_follow_the_encoding_rules() {
+        assert_eq!(header_value("us-west1"), "us-west1");
+        assert_eq!(header_value("Hello, 世界"), "=?base64?SGVsbG8sIOS4lueVjA==?=");
+        assert_eq!(header_value(" padded "), "=?base64?IHBhZGRlZCA=?=");
+        assert_eq!(header_value("line1\nline2"), "=?base64?bGluZTEKbGluZTI=?=");
+        assert_eq!(
+            header_value("=?base64?literal?="),
+            "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="
+        );
+    }
+
+    #[test]
+    fn x_mcp_header_rules() {
+        let ok = json!({"type":"object","properties":{"region":{"type":"string","x-mcp-header":"Region"},
+            "nested":{"type":"object","properties":{"n":{"type":"integer","x-mcp-header":"N"}}}}});
+        assert!(check_x_mcp_headers(Some(&ok)).is_ok());
+        let mut out = Vec::new();
+        param_headers(&ok, Some(&json!({"region":"eu","nested":{"n":7}})), &mut out);
+        assert_eq!(
+            out,
+            vec![
+                ("Mcp-Param-Region".into(), "eu".into()),
+                ("Mcp-Param-N".into(), "7".into())
+            ]
+        );
+        for bad in [
+            json!({"properties":{"a":{"type":"number","x-mcp-header":"A"}}}),
+            json!({"properties":{"a":{"type":"string","x-mcp-header":""}}}),
+            json!({"properties":{"a":{"type":"string","x-mcp-header":"A B"}}}),
+            json!({"properties":{"a":{"type":"string","x-mcp-header":"A"},"b":{"type":"string","x-mcp-header":"a"}}}),
+            json!({"properties":{"a":{"type":"array","items":{"type":"string","x-mcp-header":"A"}}}}),
+            json!({"anyOf":[{"properties":{"a":{"type":"string","x-mcp-header":"A"}}}]}),
+        ] {
+            assert!(check_x_mcp_headers(Some(&bad)).is_err(), "{bad}");
+        }
+    }
+}

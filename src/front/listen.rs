@@ -1,0 +1,277 @@
+//! `subscriptions/listen` (2026-07-28): one request whose answer is a stream of
+//! notifications, on the HTTP front (an SSE response) and the stdio front (lines tagged
+//! with the subscription id).
+//!
+//! The stream starts with `notifications/subscriptions/acknowledged` (the filter the
+//! gateway agreed to honor), then carries the gateway's `notifications/{tools,prompts,
+//! resources}/list_changed` (the same broadcast handshake sessions get) and
+//! `notifications/resources/updated` for the URIs it subscribed, each only if the filter
+//! asked for it. Every frame has `_meta["io.modelcontextprotocol/subscriptionId"]` = the
+//! listen request's id, as sent (a number stays a number).
+//!
+//! Resource URIs are subscribed through the router's refcounted `resources/subscribe`, as
+//! the stream's own throwaway client: a URI that is unknown, hidden by the caller's
+//! allowlist, or whose server refuses the subscription is left out of the acknowledged
+//! filter (and never fires). When the stream ends, whatever way, the client is forgotten,
+//! which unsubscribes downstreams nobody else needs. A graceful end (gateway shutdown)
+//! sends the listen request's response, `{resultType: "complete"}` with the subscription
+//! id in `_meta`; an abrupt one (the client went away, cancelled it, or could not keep
+//! up with the broadcast) sends nothing more.
+
+use crate::client::Client;
+use crate::message::{self, Id, Outcome};
+use crate::router::Gateway;
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+pub const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// What a listen request asked to hear about.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub tools: bool,
+    pub prompts: bool,
+    pub resources: bool,
+    pub uris: Vec<String>,
+}
+
+impl Filter {
+    /// Reads `params.notifications` (absent: nothing asked). Wrong types are an error.
+    pub fn parse(params: &Map<String, Value>) -> Result<Filter, String> {
+        let n = match params.get("notifications") {
+            None | Some(Value::Null) => return Ok(Filter::default()),
+            Some(Value::Object(n)) => n,
+            Some(_) => return Err("params.notifications must be an object".into()),
+        };
+        let flag = |k: &str| match n.get(k) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(format!("params.notifications.{k} must be a boolean")),
+        };
+        let mut uris: Vec<String> = Vec::new();
+        match n.get("resourceSubscriptions") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(a)) => {
+                for u in a {
+                    let Value::String(u) = u else {
+                        return Err("params.notifications.resourceSubscriptions must be an array of strings".into());
+                    };
+                    if !uris.contains(u) {
+                        uris.push(u.clone());
+                    }
+                }
+            }
+            Some(_) => {
+                return Err("params.notifications.resourceSubscriptions must be an array of strings".into());
+            }
+        }
+        Ok(Filter {
+            tools: flag("toolsListChanged")?,
+            prompts: flag("promptsListChanged")?,
+            resources: flag("resourcesListChanged")?,
+            uris,
+        })
+    }
+}
+
+/// One open listen stream.
+pub struct Listen {
+    pub gw: Arc<Gateway>,
+    /// The stream's own client (a unique id, the caller's identity): its resource
+    /// subscriptions are the stream's.
+    pub client: Arc<Client>,
+    /// The listen request's id: the subscription id.
+    pub id: Id,
+    pub filter: Filter,
+    /// Cancelled when the gateway shuts down: the stream ends gracefully.
+    pub closing: CancellationToken,
+    /// Cancelled when the client cancels the stream: it ends without a response.
+    pub cancel: CancellationToken,
+    /// Decorates the final (graceful) result.
+    pub finish: Box<dyn FnOnce(Outcome) -> Outcome + Send>,
+}
+
+/// Forgets the stream's client when the stream ends, whatever way.
+struct Forget(Arc<Gateway>, Arc<Client>);
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        let (gw, client) = (self.0.clone(), self.1.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { gw.forget_client(&client).await });
+        }
+    }
+}
+
+/// Runs a listen stream: every message goes to `out` through `frame` (SSE framing on
+/// HTTP, nothing on stdio); `keepalive` (after that long without a message) too. Ends
+/// when `out` closes, the stream is cancelled, or the gateway closes it.
+pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes, keepalive: Option<(Duration, Bytes)>) {
+    // Subscribed before anything is asked of servers, so nothing that happens meanwhile
+    // is lost; it is sent after the acknowledgment.
+    let mut changes = l.gw.subscribe();
+    let mut own = l.client.subscribe_own();
+    let _forget = Forget(l.gw.clone(), l.client.clone());
+    let mut honored = Vec::new();
+    for (i, uri) in l.filter.uris.iter().enumerate() {
+        let params = message::to_raw(&json!({ "uri": uri }));
+        let id = json!(format!("listen-subscribe-{i}"));
+        let sub =
+            l.gw.request(&l.client, &id, "resources/subscribe", Some(params), None, None);
+        let res = tokio::select! {
+            r = sub => r,
+            _ = l.cancel.cancelled() => return,
+            _ = out.closed() => return,
+        };
+        match res {
+            Some(Outcome::Result(_)) => honored.push(uri.clone()),
+            other => {
+                let why = match other {
+                    Some(Outcome::Error(e)) => e.get().to_owned(),
+                    _ => "cancelled".into(),
+                };
+                debug!(%uri, error = %why, "listen: resource subscription not honored");
+            }
+        }
+    }
+    let mut ack = Map::new();
+    for (flag, key) in [
+        (l.filter.tools, "toolsListChanged"),
+        (l.filter.prompts, "promptsListChanged"),
+        (l.filter.resources, "resourcesListChanged"),
+    ] {
+        if flag {
+            ack.insert(key.into(), Value::Bool(true));
+        }
+    }
+    if !honored.is_empty() {
+        ack.insert("resourceSubscriptions".into(), json!(honored));
+    }
+    let ack = json!({
+        "_meta": { META_SUBSCRIPTION_ID: l.id },
+        "notifications": ack,
+    });
+    let ack = message::notification("notifications/subscriptions/acknowledged", Some(&message::to_raw(&ack)));
+    if out.send(frame(&ack)).await.is_err() {
+        return;
+    }
+    loop {
+        let idle = async {
+            match &keepalive {
+                Some((d, _)) => tokio::time::sleep(*d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let next = tokio::select! {
+            biased;
+            _ = l.cancel.cancelled() => return,
+            _ = out.closed() => return,
+            _ = l.closing.cancelled() => {
+                let result = message::to_raw(&json!({ "_meta": { META_SUBSCRIPTION_ID: l.id } }));
+                let done = (l.finish)(Outcome::Result(result));
+                let _ = out.send(frame(&message::response(&l.id, &done))).await;
+                return;
+            }
+            m = changes.recv() => m,
+            m = own.recv() => m,
+            () = idle => {
+                if let Some((_, comment)) = &keepalive {
+                    if out.send(comment.clone()).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+        };
+        let m = match next {
+            Ok(m) => m,
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                // No replay in this era: the client re-listens and lists again.
+                tracing::warn!(subscription = %l.id, missed = n, "listen stream cannot keep up; ending it");
+                return;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        // A reload may have narrowed the client's allowlist since it subscribed.
+        let identity = l.client.identity();
+        let refreshed = identity
+            .as_ref()
+            .map(|i| l.gw.topology().auth.client(&i.name).unwrap_or_else(|| i.clone()));
+        let visible = |uri: &str| refreshed.as_ref().is_none_or(|i| i.permits(uri));
+        if let Some(tagged) = tag(&m, &l.filter, &honored, &l.id, &visible) {
+            if out.send(frame(&tagged)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The notification with the subscription id in `params._meta`, if the filter wants it
+/// (and, for a resource, the client may still see it).
+fn tag(m: &[u8], filter: &Filter, honored: &[String], id: &Id, visible: &dyn Fn(&str) -> bool) -> Option<Vec<u8>> {
+    let mut v: Value = serde_json::from_slice(m).ok()?;
+    let wanted = match v.get("method").and_then(Value::as_str)? {
+        "notifications/tools/list_changed" => filter.tools,
+        "notifications/prompts/list_changed" => filter.prompts,
+        "notifications/resources/list_changed" => filter.resources,
+        "notifications/resources/updated" => v
+            .get("params")
+            .and_then(|p| p.get("uri"))
+            .and_then(Value::as_str)
+            .is_some_and(|u| honored.iter().any(|h| h == u) && visible(u)),
+        _ => false,
+    };
+    if !wanted {
+        return None;
+    }
+    let obj = v.as_object_mut()?;
+    let params = obj.entry("params").or_insert_with(|| json!({}));
+    let Value::Object(params) = params else { return None };
+    let meta = params.entry("_meta").or_insert_with(|| json!({}));
+    let Value::Object(meta) = meta else { return None };
+    meta.insert(META_SUBSCRIPTION_ID.into(), id.clone());
+    serde_json::to_vec(&v).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_and_tagging() {
+        let p =
+            json!({"notifications": {"toolsListChanged": true, "resourceSubscriptions": ["a://1", "a://1", "b://2"]}});
+        let f = Filter::parse(p.as_object().unwrap()).unwrap();
+        assert!(f.tools && !f.prompts && !f.resources);
+        assert_eq!(f.uris, vec!["a://1", "b://2"]);
+        for bad in [
+            json!({"notifications": 1}),
+            json!({"notifications": {"toolsListChanged": "yes"}}),
+            json!({"notifications": {"resourceSubscriptions": [1]}}),
+        ] {
+            assert!(Filter::parse(bad.as_object().unwrap()).is_err(), "{bad}");
+        }
+        let honored = vec!["a://1".to_owned()];
+        let all = |_: &str| true;
+        let tools = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
+        let t: Value = serde_json::from_slice(&tag(tools, &f, &honored, &json!(7), &all).unwrap()).unwrap();
+        assert_eq!(t["params"]["_meta"][META_SUBSCRIPTION_ID], json!(7));
+        let prompts = br#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#;
+        assert!(tag(prompts, &f, &honored, &json!(7), &all).is_none());
+        let upd = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"a://1"}}"#;
+        let u: Value = serde_json::from_slice(&tag(upd, &f, &honored, &json!("s"), &all).unwrap()).unwrap();
+        assert_eq!(u["params"]["_meta"][META_SUBSCRIPTION_ID], json!("s"));
+        assert_eq!(u["params"]["uri"], "a://1");
+        let other = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"b://2"}}"#;
+        assert!(tag(other, &f, &honored, &json!(7), &all).is_none());
+        assert!(
+            tag(upd, &f, &honored, &json!(7), &|_: &str| false).is_none(),
+            "hidden since"
+        );
+    }
+}

@@ -1,0 +1,546 @@
+//! Multi round-trip requests (2026-07-28) for handshake-era downstreams.
+//!
+//! A handshake-era server asks its questions (`elicitation/create`, `sampling/createMessage`,
+//! `roots/list`) in the middle of a call; a 2026-07-28 client can only be asked through an
+//! `InputRequiredResult`. So a stateless `tools/call`, `prompts/get` or `resources/read`
+//! runs as a [`Call`]: a task of its own whose client hands the server's questions to the
+//! front end instead of refusing them. The front end races "question asked" against "call
+//! finished": a question answers the client's HTTP request with `resultType:
+//! "input_required"`, the question(s) in `inputRequests` and a `requestState`, while the
+//! downstream call waits, [`Parked`] in this process. The client's retry (a new id, the
+//! same method and name/uri, `inputResponses` + the `requestState`) takes the call back:
+//! the answers go to the waiting questions and the call goes on, to its result or to
+//! further questions.
+//!
+//! `requestState` is `mcp-gateway.{call}.{round}.{expiry ms}.{HMAC-SHA256}`: the MAC (a random key per
+//! process) covers those and the method, name/uri and principal (auth identity, or IP) it
+//! was issued for, so a state is refused when tampered with, expired, presented for
+//! another request or by another principal, or used twice (each round's state is taken
+//! once). A parked call expires after [`TTL`] and is then cancelled downstream (its task
+//! is aborted). Parked calls live in one gateway process: a retry reaching another
+//! instance is refused. A `requestState` without the `mcp-gateway.` mark is not the
+//! gateway's: it is a 2026-07-28 server's own, and the retry goes to that server untouched.
+
+use crate::client::Client;
+use crate::downstream::{Sink, SINK_QUEUE};
+use crate::message::{self, Id, Outcome};
+use crate::router::Gateway;
+use bytes::Bytes;
+use ring::hmac;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use tracing::debug;
+
+/// Marks a `requestState` the gateway minted; any other state is a server's own and
+/// passes through to it untouched (a 2026-07-28 server's multi round-trip request).
+pub const STATE_PREFIX: &str = "mcp-gateway.";
+
+/// How long a parked call waits for the client's retry.
+pub const TTL: Duration = Duration::from_secs(300);
+/// Calls parked at once at most; past it a call that asks is failed instead (a bound on
+/// what clients that never retry can hold).
+pub const MAX_PARKED: usize = 10_000;
+/// After a first question, how long other questions of the same moment are awaited, so
+/// questions asked together go out in one `inputRequests`.
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// The methods that may answer `input_required`.
+pub fn may_ask(method: &str) -> bool {
+    matches!(method, "tools/call" | "prompts/get" | "resources/read")
+}
+
+/// A server's question during a stateless call, for the client.
+pub struct Question {
+    pub method: String,
+    pub params: Option<Box<RawValue>>,
+    pub answer: oneshot::Sender<Outcome>,
+}
+
+/// Aborts the call's task when the call is dropped (expired, or its client went away).
+struct Abort(tokio::task::JoinHandle<()>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What happened next in a call.
+pub enum Step {
+    /// A message for the client before the answer (progress, a log message).
+    Related(Bytes),
+    /// The call's outcome; `None` when it was cancelled.
+    Done(Option<Outcome>),
+    /// The server's open questions, as an `inputRequests` map.
+    InputRequired(Map<String, Value>),
+}
+
+/// One stateless call that may ask questions.
+pub struct Call {
+    questions: mpsc::Receiver<Question>,
+    related: mpsc::Receiver<Bytes>,
+    done: oneshot::Receiver<Option<Outcome>>,
+    _task: Abort,
+    /// Questions asked and not answered yet, by their `inputRequests` key.
+    open: Vec<(String, Question)>,
+    asked: u64,
+    binding: Binding,
+}
+
+/// What a call's `requestState` is bound to.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub method: String,
+    /// `params.name` (tools/call, prompts/get) or `params.uri` (resources/read).
+    pub target: String,
+    /// The auth identity, or the caller's IP address without auth.
+    pub principal: String,
+}
+
+impl Call {
+    /// Starts `method` for `client` (a stateless client, made here able to be asked).
+    pub fn start(
+        gw: Arc<Gateway>,
+        client: Client,
+        id: Id,
+        params: Option<Box<RawValue>>,
+        parent: Option<opentelemetry::Context>,
+        binding: Binding,
+    ) -> Call {
+        let (qtx, questions) = mpsc::channel(16);
+        let client = Arc::new(client.questions(qtx));
+        let (sink, related) = mpsc::channel(SINK_QUEUE);
+        let (done_tx, done) = oneshot::channel();
+        let method = binding.method.clone();
+        let task = tokio::spawn(async move {
+            let out = gw
+                .request(&client, &id, &method, params, Some(Sink::new(sink)), parent)
+                .await;
+            let _ = done_tx.send(out);
+        });
+        Call {
+            questions,
+            related,
+            done,
+            _task: Abort(task),
+            open: Vec::new(),
+            asked: 0,
+            binding,
+        }
+    }
+
+    pub fn binding(&self) -> &Binding {
+        &self.binding
+    }
+
+    /// Gives the client's `inputResponses` to the questions they answer (by key). Values
+    /// that are not objects, and unknown keys, are ignored; unanswered questions stay open.
+    pub fn answer(&mut self, responses: Option<&Value>) {
+        let Some(Value::Object(responses)) = responses else {
+            return;
+        };
+        let open = std::mem::take(&mut self.open);
+        for (key, q) in open {
+            match responses.get(&key) {
+                Some(v @ Value::Object(_)) => {
+                    debug!(%key, method = %q.method, "answering a server's question with the client's input response");
+                    let _ = q.answer.send(Outcome::Result(message::to_raw(v)));
+                }
+                _ => self.open.push((key, q)),
+            }
+        }
+    }
+
+    fn add(&mut self, q: Question) {
+        self.asked += 1;
+        let key = format!("q{}", self.asked);
+        self.open.push((key, q));
+    }
+
+    fn input_requests(&self) -> Map<String, Value> {
+        self.open
+            .iter()
+            .map(|(key, q)| {
+                let mut r = json!({ "method": q.method });
+                if let Some(p) = &q.params {
+                    r["params"] = serde_json::from_str(p.get()).unwrap_or(Value::Null);
+                }
+                (key.clone(), r)
+            })
+            .collect()
+    }
+
+    /// Waits for the next thing to tell the client.
+    pub async fn next(&mut self) -> Step {
+        if let Ok(m) = self.related.try_recv() {
+            return Step::Related(m);
+        }
+        if !self.open.is_empty() {
+            // Asked again: some questions were not answered by the retry.
+            return Step::InputRequired(self.input_requests());
+        }
+        let mut related_open = true;
+        let mut questions_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                m = self.related.recv(), if related_open => match m {
+                    Some(m) => return Step::Related(m),
+                    None => related_open = false,
+                },
+                q = self.questions.recv(), if questions_open => match q {
+                    Some(q) => {
+                        self.add(q);
+                        while let Ok(Some(q)) = tokio::time::timeout(SETTLE, self.questions.recv()).await {
+                            self.add(q);
+                        }
+                        return Step::InputRequired(self.input_requests());
+                    }
+                    None => questions_open = false,
+                },
+                out = &mut self.done => return Step::Done(out.ok().flatten()),
+            }
+        }
+    }
+}
+
+/// Calls waiting for their client's retry, and the key that signs their states.
+pub struct Parked {
+    key: hmac::Key,
+    ttl: Duration,
+    calls: Mutex<HashMap<String, Waiting>>,
+}
+
+struct Waiting {
+    round: u64,
+    call: Call,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Parked {
+    /// A table with a fresh random key; parked calls expire after `ttl`.
+    pub fn new(ttl: Duration) -> Arc<Parked> {
+        use rand::RngCore;
+        let mut key = [0u8; 32];
+        rand::rng().fill_bytes(&mut key);
+        Arc::new(Parked {
+            key: hmac::Key::new(hmac::HMAC_SHA256, &key),
+            ttl,
+            calls: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn signed(call: &str, round: u64, expires: u64, b: &Binding) -> Vec<u8> {
+        // Fields that cannot contain a newline first; the rest are length-prefixed.
+        let mut m = format!("mcp-gateway/mrtr/1\n{call}\n{round}\n{expires}\n").into_bytes();
+        for f in [&b.method, &b.target, &b.principal] {
+            m.extend_from_slice(format!("{}:", f.len()).as_bytes());
+            m.extend_from_slice(f.as_bytes());
+            m.push(b'\n');
+        }
+        m
+    }
+
+    /// Parks a call that asked questions; returns its `requestState`, or `None` (the call
+    /// dropped, so cancelled) when [`MAX_PARKED`] calls are waiting already.
+    pub fn park(self: &Arc<Self>, call: Call, previous: Option<(String, u64)>) -> Option<String> {
+        let (id, round) = match previous {
+            Some((id, round)) => (id, round + 1),
+            None => {
+                use rand::RngCore;
+                let mut b = [0u8; 16];
+                rand::rng().fill_bytes(&mut b);
+                (hex(&b), 1)
+            }
+        };
+        let expires = now_ms().saturating_add(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX));
+        let tag = hmac::sign(&self.key, &Self::signed(&id, round, expires, &call.binding));
+        let state = format!("{STATE_PREFIX}{id}.{round}.{expires}.{}", hex(tag.as_ref()));
+        {
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            if calls.len() >= MAX_PARKED {
+                tracing::warn!(
+                    max = MAX_PARKED,
+                    "too many calls waiting for their clients' input; failing one"
+                );
+                return None;
+            }
+            calls.insert(id.clone(), Waiting { round, call });
+        }
+        let table: Weak<Parked> = Arc::downgrade(self);
+        let ttl = self.ttl;
+        tokio::spawn(async move {
+            tokio::time::sleep(ttl).await;
+            let Some(table) = table.upgrade() else { return };
+            let mut calls = table.calls.lock().unwrap_or_else(|e| e.into_inner());
+            if calls.get(&id).is_some_and(|w| w.round == round) {
+                debug!(call = %id, "a parked call expired; cancelling it");
+                // Dropped: its task is aborted, which cancels the downstream call.
+                calls.remove(&id);
+            }
+        });
+        Some(state)
+    }
+
+    /// Takes back the call a `requestState` names, if it verifies for `binding`. Returns
+    /// the call and its (id, round) for the next [`park`](Parked::park); the error is a
+    /// reason for the log only.
+    pub fn resume(&self, state: &str, binding: &Binding) -> Result<(Call, (String, u64)), &'static str> {
+        let Some(state) = state.strip_prefix(STATE_PREFIX) else {
+            return Err("malformed");
+        };
+        let mut parts = state.split('.');
+        let (Some(id), Some(round), Some(expires), Some(tag), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err("malformed");
+        };
+        let (Ok(round), Ok(expires), Some(tag)) = (round.parse::<u64>(), expires.parse::<u64>(), unhex(tag)) else {
+            return Err("malformed");
+        };
+        hmac::verify(&self.key, &Self::signed(id, round, expires, binding), &tag)
+            .map_err(|_| "bad signature, or issued for another request or principal")?;
+        if now_ms() >= expires {
+            return Err("expired");
+        }
+        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        match calls.get(id) {
+            Some(w) if w.round == round && w.call.binding == *binding => {}
+            Some(_) => return Err("already used"),
+            None => return Err("unknown call (used, expired, or from another gateway process)"),
+        }
+        let w = calls.remove(id).ok_or("unknown call")?;
+        Ok((w.call, (id.to_owned(), round)))
+    }
+}
+
+/// One round of a stateless call that may ask: a new call, or a parked one a
+/// `requestState` names, until its result or its next questions.
+pub struct Round {
+    pub gw: Arc<Gateway>,
+    pub parked: Arc<Parked>,
+    pub id: Id,
+    pub method: String,
+    /// Who may resume the call: the auth identity, or the caller's IP address.
+    pub principal: String,
+    /// The gateway's `initialize` result (its serverInfo decorates results).
+    pub init: Outcome,
+    pub private: bool,
+    /// `params.uri` of a `resources/read`, for its not-found error.
+    pub uri: Option<String>,
+}
+
+impl Round {
+    /// Starts the call (or resumes the one `params.requestState` names, giving it
+    /// `params.inputResponses`). Yields what to send, in order: related messages
+    /// (`false`), then the response (`true`): the decorated result, or `input_required`
+    /// with the call parked. Dropping the stream before its end cancels the call. A state
+    /// that does not verify is the error to answer with.
+    pub fn start(
+        self,
+        client: Client,
+        params: Option<Box<RawValue>>,
+        parent: Option<opentelemetry::Context>,
+    ) -> Result<impl futures::Stream<Item = (bool, Bytes)> + Send, Outcome> {
+        let mut p = message::params_object(params.as_deref()).unwrap_or_default();
+        let state = p.remove("requestState");
+        let responses = p.remove("inputResponses");
+        let field = if self.method == "resources/read" { "uri" } else { "name" };
+        let binding = Binding {
+            method: self.method.clone(),
+            target: p.get(field).and_then(Value::as_str).unwrap_or_default().to_owned(),
+            principal: self.principal.clone(),
+        };
+        let (call, previous) = match state {
+            None | Some(Value::Null) => {
+                // A new call: its params go on untouched (a server that reads
+                // `inputResponses` itself, for stateless retries, still sees them).
+                let call = Call::start(self.gw.clone(), client, self.id.clone(), params, parent, binding);
+                (call, None)
+            }
+            // Not the gateway's: a 2026-07-28 server's own state, for it to check.
+            Some(Value::String(s)) if !s.starts_with(STATE_PREFIX) => {
+                let call = Call::start(self.gw.clone(), client, self.id.clone(), params, parent, binding);
+                (call, None)
+            }
+            Some(Value::String(s)) => match self.parked.resume(&s, &binding) {
+                Ok((mut call, previous)) => {
+                    call.answer(responses.as_ref());
+                    (call, Some(previous))
+                }
+                Err(reason) => {
+                    tracing::warn!(method = %self.method, reason, "requestState refused");
+                    return Err(crate::front::modern::invalid_state());
+                }
+            },
+            Some(_) => {
+                tracing::warn!(method = %self.method, "requestState refused: not a string");
+                return Err(crate::front::modern::invalid_state());
+            }
+        };
+        let round = Arc::new(self);
+        Ok(futures::stream::unfold(Some((call, previous)), move |state| {
+            let round = round.clone();
+            async move {
+                let (mut call, previous) = state?;
+                let out = match call.next().await {
+                    Step::Related(m) => return Some(((false, m), Some((call, previous)))),
+                    Step::Done(out) => {
+                        let out = out.unwrap_or_else(|| {
+                            Outcome::Error(message::error_object(-32800, "request cancelled", None))
+                        });
+                        crate::front::modern::finish(
+                            &round.method,
+                            out,
+                            &round.init,
+                            round.private,
+                            round.uri.as_deref(),
+                        )
+                    }
+                    Step::InputRequired(requests) => match round.parked.park(call, previous) {
+                        Some(state) => crate::front::modern::input_required(requests, state, &round.init),
+                        None => Outcome::Error(message::error_object(
+                            crate::message::code::INTERNAL_ERROR,
+                            "the server asked for input, but too many calls are waiting for input in mcp-gateway; try again later",
+                            None,
+                        )),
+                    },
+                };
+                Some(((true, Bytes::from(message::response(&round.id, &out))), None))
+            }
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(target: &str) -> Binding {
+        Binding {
+            method: "tools/call".into(),
+            target: target.into(),
+            principal: "alice".into(),
+        }
+    }
+
+    /// A call whose questions, related messages and outcome the test sends by hand.
+    fn call() -> (Call, mpsc::Sender<Question>, oneshot::Sender<Option<Outcome>>) {
+        let (qtx, questions) = mpsc::channel(16);
+        let (_rtx, related) = mpsc::channel(4);
+        let (dtx, done) = oneshot::channel();
+        let call = Call {
+            questions,
+            related,
+            done,
+            _task: Abort(tokio::spawn(async {})),
+            open: Vec::new(),
+            asked: 0,
+            binding: binding("s0__ask"),
+        };
+        (call, qtx, dtx)
+    }
+
+    fn question(method: &str) -> (Question, oneshot::Receiver<Outcome>) {
+        let (tx, rx) = oneshot::channel();
+        let q = Question {
+            method: method.into(),
+            params: Some(message::to_raw(&json!({ "message": method }))),
+            answer: tx,
+        };
+        (q, rx)
+    }
+
+    #[tokio::test]
+    async fn questions_asked_together_go_out_together_and_are_asked_again_until_answered() {
+        let (mut c, qtx, dtx) = call();
+        let (q1, mut a1) = question("elicitation/create");
+        let (q2, mut a2) = question("roots/list");
+        qtx.send(q1).await.unwrap();
+        qtx.send(q2).await.unwrap();
+        let Step::InputRequired(reqs) = c.next().await else {
+            panic!("expected input_required")
+        };
+        assert_eq!(
+            Value::Object(reqs),
+            json!({
+                "q1": {"method": "elicitation/create", "params": {"message": "elicitation/create"}},
+                "q2": {"method": "roots/list", "params": {"message": "roots/list"}},
+            })
+        );
+        // Only q2 answered (and junk ignored): q1 is asked again, alone.
+        c.answer(Some(&json!({"q2": {"roots": []}, "q9": {}, "q1": "not an object"})));
+        assert!(matches!(a2.try_recv(), Ok(Outcome::Result(_))));
+        assert!(a1.try_recv().is_err());
+        let Step::InputRequired(reqs) = c.next().await else {
+            panic!("expected input_required")
+        };
+        assert_eq!(reqs.keys().collect::<Vec<_>>(), vec!["q1"]);
+        c.answer(Some(&json!({"q1": {"action": "decline"}})));
+        assert!(matches!(a1.try_recv(), Ok(Outcome::Result(_))));
+        let _ = dtx.send(Some(Outcome::Result(message::empty_object())));
+        assert!(matches!(c.next().await, Step::Done(Some(Outcome::Result(_)))));
+    }
+
+    #[tokio::test]
+    async fn states_verify_once_for_their_binding_only() {
+        let parked = Parked::new(Duration::from_secs(60));
+        let (c, _q, _d) = call();
+        let state = parked.park(c, None).unwrap();
+        // Tampered anywhere, or presented for another target or principal: refused, and
+        // the call stays parked.
+        let mut bad = state.clone();
+        let last = bad.pop().unwrap();
+        bad.push(if last == '0' { '1' } else { '0' });
+        assert!(parked.resume(&bad, &binding("s0__ask")).is_err());
+        let later = state.replacen(".1.", ".2.", 1);
+        assert!(parked.resume(&later, &binding("s0__ask")).is_err());
+        assert!(parked.resume(&state, &binding("s0__other")).is_err());
+        let mut bob = binding("s0__ask");
+        bob.principal = "bob".into();
+        assert!(parked.resume(&state, &bob).is_err());
+        assert!(parked.resume("", &binding("s0__ask")).is_err());
+        let (c, previous) = parked.resume(&state, &binding("s0__ask")).expect("verifies");
+        assert!(parked.resume(&state, &binding("s0__ask")).is_err(), "used once");
+        // The next round's state is a different one; the old one stays spent.
+        let next = parked.park(c, Some(previous)).unwrap();
+        assert_ne!(next, state);
+        assert!(parked.resume(&state, &binding("s0__ask")).is_err());
+        assert!(parked.resume(&next, &binding("s0__ask")).is_ok());
+    }
+
+    #[tokio::test]
+    async fn expired_calls_are_dropped() {
+        let parked = Parked::new(Duration::from_millis(50));
+        let (c, qtx, _d) = call();
+        let state = parked.park(c, None).unwrap();
+        // The call is dropped at expiry: its question channel closes.
+        tokio::time::timeout(Duration::from_secs(5), qtx.closed())
+            .await
+            .expect("dropped at expiry");
+        assert!(parked.resume(&state, &binding("s0__ask")).is_err());
+    }
+}
