@@ -826,7 +826,9 @@ impl Gateway {
             }
         }
         let conn = match &info.session {
-            Some(session) => s.connection_for(session).await,
+            // Boxed: starting a per-session process (probe, handshake, lists) is a large
+            // future, and inline it would make every request's future that large.
+            Some(session) => Box::pin(s.connection_for(session)).await,
             None => s.connection(),
         };
         let conn = match conn {
