@@ -139,6 +139,7 @@ struct RawGateway {
     header_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
+    worker_threads: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -423,6 +424,9 @@ pub struct Gateway {
     /// Longest message line a child may write (or a stdio client send); longer ones fail
     /// the call they answer with an error naming the server.
     pub max_line: usize,
+    /// Async runtime worker threads; `None`: half the CPUs, at least one (or
+    /// `TOKIO_WORKER_THREADS`). Read at start only.
+    pub worker_threads: Option<usize>,
 }
 
 /// One `[servers.NAME]` entry.
@@ -730,7 +734,11 @@ impl Config {
                 0
             }),
         };
-        for (key, v) in [("max_sessions", g.max_sessions), ("max_in_flight", g.max_in_flight)] {
+        for (key, v) in [
+            ("max_sessions", g.max_sessions),
+            ("max_in_flight", g.max_in_flight),
+            ("worker_threads", g.worker_threads),
+        ] {
             if v == Some(0) {
                 cx.at(0, format!("gateway.{key} must be at least 1"));
             }
@@ -974,6 +982,7 @@ impl Config {
                 header_timeout,
                 body_timeout,
                 max_line,
+                worker_threads: g.worker_threads,
             },
             servers,
             rate_limits,

@@ -237,6 +237,78 @@ pub enum Params {
         params: Map<String, Value>,
         progress: Option<Id>,
     },
+    /// Like `Object`, opened one level only (`tools/call`, `prompts/get`): values the
+    /// router did not touch are written back as the client sent them.
+    Members {
+        params: message::Members,
+        progress: Option<Id>,
+    },
+}
+
+/// Params the router opened and may edit on their way downstream: what forwarding
+/// needs of them, for a full map ([`Map`]) and a one-level one ([`message::Members`]).
+pub trait OpenParams {
+    /// `_meta` as an object; `None` if absent or not an object.
+    fn meta(&mut self) -> Option<&mut Map<String, Value>>;
+    /// `_meta`, added empty if absent; `None` if present but not an object.
+    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>>;
+    /// `name`, if it is a string.
+    fn name(&self) -> Option<std::borrow::Cow<'_, str>>;
+    /// The params to send, with the caller's progress token.
+    fn into_params(self, progress: Option<Id>) -> Params;
+    /// The whole params as a map, for code that edits more than `_meta` (for
+    /// [`message::Members`] this parses every value: use it only where needed).
+    fn into_map(self) -> Map<String, Value>;
+}
+
+impl OpenParams for Map<String, Value> {
+    fn meta(&mut self) -> Option<&mut Map<String, Value>> {
+        match self.get_mut("_meta") {
+            Some(Value::Object(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
+        match self.entry("_meta").or_insert_with(|| Value::Object(Map::new())) {
+            Value::Object(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.get("name").and_then(Value::as_str).map(std::borrow::Cow::Borrowed)
+    }
+
+    fn into_params(self, progress: Option<Id>) -> Params {
+        Params::Object { params: self, progress }
+    }
+
+    fn into_map(self) -> Map<String, Value> {
+        self
+    }
+}
+
+impl OpenParams for message::Members {
+    fn meta(&mut self) -> Option<&mut Map<String, Value>> {
+        message::Members::meta(self)
+    }
+
+    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
+        message::Members::meta_or_insert(self)
+    }
+
+    fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.get_str("name")
+    }
+
+    fn into_params(self, progress: Option<Id>) -> Params {
+        Params::Members { params: self, progress }
+    }
+
+    fn into_map(self) -> Map<String, Value> {
+        message::Members::into_map(self)
+    }
 }
 
 /// A request for the connection's owner.
@@ -459,6 +531,14 @@ pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option
             }
             // Straight into the line: no intermediate string, no re-validation.
             (message::request_with_object(id, method, &params), progress)
+        }
+        Params::Members { mut params, progress } => {
+            if progress.is_some() {
+                if let Some(m) = params.meta_or_insert() {
+                    m.insert("progressToken".into(), Value::from(id));
+                }
+            }
+            (message::request_with_members(id, method, &params), progress)
         }
     }
 }

@@ -56,7 +56,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime(config.gateway.worker_threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mcp-gateway: cannot start the runtime: {e}");
@@ -98,6 +98,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The async runtime. Its worker threads: `gateway.worker_threads`, else
+/// `TOKIO_WORKER_THREADS`, else half the CPUs (at least one). The gateway shares its
+/// machine with the stdio servers it runs (and often with the client); on 2 cores one
+/// worker cut CPU per call and the c=64 tail (BENCHMARKS.md), where a worker per core
+/// woke threads across cores for every call.
+fn runtime(configured: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    b.enable_all();
+    let from_env = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
+    match configured {
+        Some(n) => {
+            b.worker_threads(n.max(1));
+        }
+        None if from_env => {}
+        None => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            b.worker_threads((cpus / 2).max(1));
+        }
+    }
+    b.build()
 }
 
 /// Logs go to stderr only (stdout belongs to JSON-RPC in stdio mode). The level comes

@@ -12,7 +12,7 @@ use crate::catalog::{Catalog, Source};
 pub use crate::client::Client;
 use crate::client::Unregister;
 use crate::config::Config;
-use crate::downstream::{Params, Sink};
+use crate::downstream::{OpenParams, Params, Sink};
 use crate::limit::{Limited, Limits};
 use crate::message::{self, code, id_key, Id, Outcome};
 use crate::metrics::{self, Metrics};
@@ -180,6 +180,9 @@ impl Gateway {
         let old = self.topology();
         if config.gateway.listen != old.config.gateway.listen || config.gateway.path != old.config.gateway.path {
             warn!("gateway.listen and gateway.path changes take effect after a restart");
+        }
+        if config.gateway.worker_threads != old.config.gateway.worker_threads {
+            warn!("gateway.worker_threads changes take effect after a restart");
         }
         let mut servers = Vec::with_capacity(config.servers.len());
         let mut added = Vec::new();
@@ -491,7 +494,7 @@ impl Gateway {
             (true, _) => metrics::Outcome::RateLimited,
             (false, None) => metrics::Outcome::Cancelled,
             (false, Some(Outcome::Error(_))) => metrics::Outcome::Error,
-            (false, Some(Outcome::Result(r))) if method == "tools/call" && is_tool_error(r) => {
+            (false, Some(Outcome::Result(r))) if method == "tools/call" && message::is_tool_error(r) => {
                 metrics::Outcome::ToolError
             }
             (false, Some(Outcome::Result(_))) => metrics::Outcome::Ok,
@@ -619,11 +622,13 @@ impl Gateway {
                 } else {
                     (&catalog.prompts, "prompt")
                 };
-                let mut p = match message::params_object(params.as_deref()) {
+                // Opened one level only: `arguments` goes on as the client wrote it.
+                let mut p = match message::Members::parse(params) {
                     Ok(p) => p,
                     Err(e) => return err(code::INVALID_PARAMS, e),
                 };
-                let Some(name) = p.get("name").and_then(Value::as_str) else {
+                let name = p.get_str("name");
+                let Some(name) = name.as_deref() else {
                     return err(code::INVALID_PARAMS, format!("{method} needs params.name"));
                 };
                 let Some(route) = table.get(name).filter(|_| visible(name)) else {
@@ -647,7 +652,7 @@ impl Gateway {
                 if let Err(l) = topo.limits.check_server(route.server, tool) {
                     return self.limited(method, &l, info);
                 }
-                p.insert("name".into(), Value::String(route.name.clone()));
+                p.insert_str("name", &route.name);
                 // A task-augmented call goes as one only to a server that declared it can.
                 let as_task = method == "tools/call" && p.contains_key("task");
                 let server = &topo.servers[route.server];
@@ -808,7 +813,7 @@ impl Gateway {
         client: &Arc<Client>,
         server: usize,
         method: &str,
-        mut params: Map<String, Value>,
+        mut params: impl OpenParams,
         sink: Option<Sink>,
         info: &mut CallInfo,
     ) -> Outcome {
@@ -821,27 +826,31 @@ impl Gateway {
             }
         }
         let conn = match &info.session {
-            Some(session) => s.connection_for(session).await,
+            // Boxed: starting a per-session process (probe, handshake, lists) is a large
+            // future, and inline it would make every request's future that large.
+            Some(session) => Box::pin(s.connection_for(session)).await,
             None => s.connection(),
         };
         let conn = match conn {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
-        let progress = match params.get_mut("_meta") {
-            Some(Value::Object(meta)) => meta.remove("progressToken"),
-            _ => None,
-        };
+        let progress = params.meta().and_then(|meta| meta.remove("progressToken"));
         let sink = if progress.is_some() || sink.is_some() {
             sink
         } else {
             None
         };
         let modern = s.state().info.as_ref().is_some_and(|i| i.modern);
-        let mut headers = Vec::new();
-        if modern {
-            self.stamp(s, client, method, &mut params, &mut headers);
+        if !modern {
+            // Handshake era: no envelope, no bridge; the params go on as opened (for
+            // tools/call and prompts/get, Members: untouched values stay raw).
+            return self.forward_plain(s, &conn, method, params, progress, sink).await;
         }
+        // The 2026-07-28 envelope and the input_required retry work on the whole map.
+        let mut params = params.into_map();
+        let mut headers = Vec::new();
+        self.stamp(s, client, method, &mut params, &mut headers);
         // A handshake-era client cannot take an input_required result: the gateway asks
         // it itself and retries (the first bridge). Only these methods may return one.
         let bridge = modern && !client.stateless && matches!(method, "tools/call" | "prompts/get" | "resources/read");
@@ -858,7 +867,7 @@ impl Gateway {
             },
             version.as_deref(),
             method,
-            params.get("name").and_then(Value::as_str),
+            params.name().as_deref(),
         );
         ds.inject(&mut params);
         let timeout = s.settings().timeout;
@@ -882,6 +891,45 @@ impl Gateway {
                 .await
             }
             None => out,
+        }
+    }
+
+    /// A call to a handshake-era server: trace context in, params out as they are.
+    async fn forward_plain(
+        &self,
+        s: &Server,
+        conn: &crate::downstream::Connection,
+        method: &str,
+        mut params: impl OpenParams,
+        progress: Option<message::Id>,
+        sink: Option<Sink>,
+    ) -> Outcome {
+        let version = telemetry::exporting()
+            .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
+            .flatten();
+        let ds = DownstreamSpan::new(
+            &tracing::Span::current(),
+            &s.name,
+            match s.cfg.transport {
+                crate::config::Transport::Stdio(_) => "pipe",
+                crate::config::Transport::Http(_) => "tcp",
+            },
+            version.as_deref(),
+            method,
+            params.name().as_deref(),
+        );
+        ds.inject(&mut params);
+        let res = conn
+            .call(method, params.into_params(progress), sink, s.settings().timeout)
+            .instrument(ds.span.clone())
+            .await;
+        ds.finish(&res);
+        match res {
+            Ok(out) => out,
+            Err(e) => {
+                warn!(server = %s.name, method, error = %e, "downstream call failed");
+                Outcome::Error(e.to_error_object())
+            }
         }
     }
 
@@ -1036,16 +1084,6 @@ fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
         })
         .collect();
     Catalog::build(&config.gateway.separator, &sources)
-}
-
-/// Whether a tool result says `isError: true`.
-fn is_tool_error(result: &RawValue) -> bool {
-    #[derive(serde::Deserialize)]
-    struct R {
-        #[serde(rename = "isError", default)]
-        is_error: bool,
-    }
-    serde_json::from_str::<R>(result.get()).is_ok_and(|r| r.is_error)
 }
 
 /// What the router learned about a request on its way, for metrics and traces.

@@ -29,7 +29,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tracing::field::Empty;
@@ -305,8 +305,8 @@ fn headers_of(span: &Span) -> Option<TraceHeaders> {
 
 /// The trace context a call carries in `params._meta` (read by the HTTP downstream to
 /// send it as headers too).
-pub fn meta_headers(params: &Map<String, Value>) -> Option<TraceHeaders> {
-    let meta = params.get("_meta")?.as_object()?;
+pub fn meta_headers(params: &mut impl crate::downstream::OpenParams) -> Option<TraceHeaders> {
+    let meta = params.meta()?;
     Some(TraceHeaders {
         traceparent: meta.get("traceparent")?.as_str()?.to_owned(),
         tracestate: meta.get("tracestate").and_then(Value::as_str).map(str::to_owned),
@@ -512,17 +512,15 @@ fn finish(span: &Span, kind: Kind, error_type: &str) {
 }
 
 fn classify(method: &str, o: &Outcome) -> Kind {
-    #[derive(Deserialize)]
-    struct R {
-        #[serde(default, rename = "isError")]
-        is_error: bool,
-    }
     match o {
         Outcome::Error(_) => Kind::Error,
-        Outcome::Result(r) if method == "tools/call" => match serde_json::from_str::<R>(r.get()) {
-            Ok(R { is_error: true }) => Kind::ToolError,
-            _ => Kind::Ok,
-        },
+        Outcome::Result(r) if method == "tools/call" => {
+            if crate::message::is_tool_error(r) {
+                Kind::ToolError
+            } else {
+                Kind::Ok
+            }
+        }
         Outcome::Result(_) => Kind::Ok,
     }
 }
@@ -603,13 +601,12 @@ impl DownstreamSpan {
 
     /// Puts this span's context into `params._meta.traceparent` (and `tracestate`),
     /// replacing whatever the client sent there.
-    pub fn inject(&self, params: &mut Map<String, Value>) {
+    pub fn inject(&self, params: &mut impl crate::downstream::OpenParams) {
         if self.done {
             return;
         }
         let Some(h) = headers_of(&self.span) else { return };
-        let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(m) = meta {
+        if let Some(m) = params.meta_or_insert() {
             m.insert("traceparent".into(), Value::String(h.traceparent));
             match h.tracestate {
                 Some(s) => m.insert("tracestate".into(), Value::String(s)),
@@ -696,9 +693,14 @@ mod tests {
 
     #[test]
     fn meta_headers_read_back() {
-        let p: Map<String, Value> =
-            serde_json::from_str(r#"{"_meta":{"traceparent":"00-a-b-01","tracestate":"k=v"}}"#).unwrap();
-        let h = meta_headers(&p).unwrap();
+        let text = r#"{"_meta":{"traceparent":"00-a-b-01","tracestate":"k=v"}}"#;
+        let mut p: serde_json::Map<String, Value> = serde_json::from_str(text).unwrap();
+        let h = meta_headers(&mut p).unwrap();
+        assert_eq!(h.traceparent, "00-a-b-01");
+        assert_eq!(h.tracestate.as_deref(), Some("k=v"));
+        let raw = RawValue::from_string(text.to_owned()).unwrap();
+        let mut m = crate::message::Members::parse(Some(raw)).unwrap();
+        let h = meta_headers(&mut m).unwrap();
         assert_eq!(h.traceparent, "00-a-b-01");
         assert_eq!(h.tracestate.as_deref(), Some("k=v"));
     }

@@ -14,8 +14,10 @@
 //!   every 10 % of the calls; the bound holds and RSS plateaus.
 //! - `list`: merged `tools/list` of `--list-servers` (20) mock servers × `--list-tools` (50)
 //!   extra tools, served from the catalog; p50/p99 at c=1.
-//! - `startup`: `--startup-servers` (20) mock servers that each take `--init-delay-ms`
-//!   (200) to initialize: time from spawning the gateway to the first complete `tools/list`.
+//! - `startup`: `--startup-servers` (20) servers that each take `--init-delay-ms` (200) to
+//!   initialize: time from spawning the gateway to the first complete `tools/list`. The
+//!   servers are this binary's own minimal stdio server (the hidden `fixture` subcommand,
+//!   see `bench/fixture.rs`), or with `--startup-fixture python` the Python mock.
 //!
 //! Each (mode, concurrency) case: warm up, then run for `--duration` (or `--calls`),
 //! with `concurrency` workers each keeping one request in flight. Latencies are kept
@@ -26,6 +28,9 @@
 macro_rules! outln {
     ($($t:tt)*) => {{ println!($($t)*); }}; // stdout-ok
 }
+
+#[path = "bench/fixture.rs"]
+mod fixture;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -134,6 +139,17 @@ struct Args {
     /// startup: each mock's `--init-delay-ms`.
     #[arg(long, default_value_t = 200)]
     init_delay_ms: u64,
+    /// startup: which servers. `native` is this binary's own minimal stdio server
+    /// (`mcp-gateway-bench fixture`, starts in about a millisecond); `python` is `--mock`
+    /// (each a CPython interpreter, which on 2 cores dominates the time).
+    #[arg(long, value_enum, default_value = "native")]
+    startup_fixture: StartupFixture,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum StartupFixture {
+    Native,
+    Python,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -339,16 +355,15 @@ struct StdioClient {
 
 impl StdioClient {
     /// `quiet`: the child's stderr goes to /dev/null instead of ours.
-    async fn spawn(python: &str, fixture: &Path, fargs: &[String], quiet: bool) -> Result<Arc<StdioClient>> {
-        let mut child = Command::new(python)
-            .arg(fixture)
-            .args(fargs)
+    async fn spawn(program: &Path, pargs: &[String], quiet: bool) -> Result<Arc<StdioClient>> {
+        let mut child = Command::new(program)
+            .args(pargs)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(if quiet { Stdio::null() } else { Stdio::inherit() })
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("cannot start {python} {}", fixture.display()))?;
+            .with_context(|| format!("cannot start {} {}", program.display(), pargs.join(" ")))?;
         let pid = child.id().context("child has no pid")?;
         let stdin = child.stdin.take().context("no stdin")?;
         let stdout = child.stdout.take().context("no stdout")?;
@@ -769,7 +784,9 @@ async fn run_case_span(
 // ---------------------------------------------------------------- modes
 
 async fn bench_direct(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
-    let client = StdioClient::spawn(&args.python, &args.fixture, &args.fixture_args, false).await?;
+    let mut pargs = vec![args.fixture.to_string_lossy().into_owned()];
+    pargs.extend(args.fixture_args.iter().cloned());
+    let client = StdioClient::spawn(Path::new(&args.python), &pargs, false).await?;
     let sh = Arc::new(Shared {
         next_id: AtomicU64::new(1),
         done: AtomicU64::new(0),
@@ -1118,11 +1135,38 @@ async fn open_session(addr: SocketAddr, path: &str) -> Result<(Target, http1::Se
     Ok((target, s))
 }
 
-/// One server entry of a generated gateway.toml.
+/// One server entry of a generated gateway.toml: `command` with `args`.
 struct Spec {
     name: String,
-    script: PathBuf,
+    command: PathBuf,
     args: Vec<String>,
+}
+
+impl Spec {
+    /// A Python fixture: the interpreter runs the script (made absolute) with `extra`.
+    fn python(args: &Args, name: String, script: &Path, extra: &[String]) -> Result<Spec> {
+        let script =
+            std::fs::canonicalize(script).with_context(|| format!("fixture {} not found", script.display()))?;
+        let mut a = vec![script.to_string_lossy().into_owned()];
+        a.extend(extra.iter().cloned());
+        Ok(Spec {
+            name,
+            command: PathBuf::from(&args.python),
+            args: a,
+        })
+    }
+
+    /// This binary's own native fixture (`mcp-gateway-bench fixture …`).
+    fn native(name: String, extra: &[String]) -> Result<Spec> {
+        let exe = std::env::current_exe().context("cannot find the bench binary for its native fixture")?;
+        let mut a = vec!["fixture".to_owned(), "--name".to_owned(), name.clone()];
+        a.extend(extra.iter().cloned());
+        Ok(Spec {
+            name,
+            command: exe,
+            args: a,
+        })
+    }
 }
 
 /// A gateway started for one target case, with its own config directory.
@@ -1144,14 +1188,11 @@ async fn start_gateway(args: &Args, tag: &str, servers: &[Spec], extra: &str) ->
     );
     config.push_str(extra);
     for s in servers {
-        let script =
-            std::fs::canonicalize(&s.script).with_context(|| format!("fixture {} not found", s.script.display()))?;
-        let mut fargs = vec![toml_str(&script.to_string_lossy())];
-        fargs.extend(s.args.iter().map(|a| toml_str(a)));
+        let fargs: Vec<String> = s.args.iter().map(|a| toml_str(a)).collect();
         config.push_str(&format!(
             "\n[servers.{}]\ncommand = {}\nargs = [{}]\n",
             s.name,
-            toml_str(&args.python),
+            toml_str(&s.command.to_string_lossy()),
             fargs.join(", ")
         ));
     }
@@ -1215,26 +1256,27 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-fn echo_specs(args: &Args, n: usize) -> Vec<Spec> {
+fn echo_specs(args: &Args, n: usize) -> Result<Vec<Spec>> {
     (0..n)
-        .map(|i| Spec {
-            name: if n == 1 { SERVER.to_owned() } else { format!("s{i:02}") },
-            script: args.fixture.clone(),
-            args: args.fixture_args.clone(),
+        .map(|i| {
+            let name = if n == 1 { SERVER.to_owned() } else { format!("s{i:02}") };
+            Spec::python(args, name, &args.fixture, &args.fixture_args)
         })
         .collect()
 }
 
-fn mock_specs(args: &Args, n: usize, extra: &[String]) -> Vec<Spec> {
+/// `n` servers `s00`…: the Python mock (`--mock`), or with `native` this binary's fixture.
+/// `extra` are arguments both understand (`--tools`, `--init-delay-ms`).
+fn mock_specs(args: &Args, n: usize, extra: &[String], native: bool) -> Result<Vec<Spec>> {
     (0..n)
         .map(|i| {
             let name = format!("s{i:02}");
-            let mut a = vec!["--name".to_owned(), name.clone()];
-            a.extend(extra.iter().cloned());
-            Spec {
-                name,
-                script: args.mock.clone(),
-                args: a,
+            if native {
+                Spec::native(name, extra)
+            } else {
+                let mut a = vec!["--name".to_owned(), name.clone()];
+                a.extend(extra.iter().cloned());
+                Spec::python(args, name, &args.mock, &a)
             }
         })
         .collect()
@@ -1283,7 +1325,7 @@ fn list_body(id: u64) -> Vec<u8> {
 /// idle-rss: the gateway with N stdio servers, one session and one call, then idle.
 async fn bench_idle_rss(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     let n = args.idle_servers;
-    let gw = start_gateway(args, "idle", &echo_specs(args, n), "").await?;
+    let gw = start_gateway(args, "idle", &echo_specs(args, n)?, "").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = gw.rss();
     let (target, s) = open_session(gw.addr, &gw.path).await?;
@@ -1341,7 +1383,7 @@ async fn bench_sessions(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()>
     let gw = start_gateway(
         args,
         "sessions",
-        &echo_specs(args, 1),
+        &echo_specs(args, 1)?,
         &format!("max_sessions = {}\n", n + 1000),
     )
     .await?;
@@ -1409,7 +1451,7 @@ async fn bench_sessions(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()>
 async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<TargetRow>) -> Result<()> {
     let total = args.soak_calls;
     let c = args.soak_concurrency;
-    let gw = start_gateway(args, "soak", &echo_specs(args, 1), "").await?;
+    let gw = start_gateway(args, "soak", &echo_specs(args, 1)?, "").await?;
     let (target, sh) = checked_session(gw.addr, &gw.path, &format!("{SERVER}__echo"), args).await?;
     let start_done = sh.done.load(Ordering::Relaxed);
     let mut samples: Vec<(u64, u64)> = vec![(0, gw.rss().unwrap_or(0))];
@@ -1504,7 +1546,7 @@ async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<Ta
 async fn bench_list(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     let n = args.list_servers;
     let extra = vec!["--tools".to_owned(), args.list_tools.to_string()];
-    let gw = start_gateway(args, "list", &mock_specs(args, n, &extra), "").await?;
+    let gw = start_gateway(args, "list", &mock_specs(args, n, &extra, false)?, "").await?;
     let (target, mut s) = open_session(gw.addr, &gw.path).await?;
     let (_, _, body) = post(&mut s, &target, list_body(1)).await?;
     let names = tool_names(&body)?;
@@ -1555,14 +1597,12 @@ async fn bench_startup(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> 
     let n = args.startup_servers;
     let extra = vec!["--init-delay-ms".to_owned(), args.init_delay_ms.to_string()];
     // The floor: the same fixtures spawned and initialized directly, all at once.
+    let native = args.startup_fixture == StartupFixture::Native;
+    let kind = if native { "native" } else { "Python" };
+    let specs = mock_specs(args, n, &extra, native)?;
     let t0 = Instant::now();
-    let specs = mock_specs(args, n, &extra);
-    let clients = futures::future::try_join_all(
-        specs
-            .iter()
-            .map(|s| StdioClient::spawn(&args.python, &s.script, &s.args, true)),
-    )
-    .await?;
+    let clients =
+        futures::future::try_join_all(specs.iter().map(|s| StdioClient::spawn(&s.command, &s.args, true))).await?;
     let floor = t0.elapsed();
     for c in clients {
         c.stop().await;
@@ -1589,7 +1629,7 @@ async fn bench_startup(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> 
     };
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     eprintln!(
-        "  startup: {n} servers × {} ms init: listening after {:.0} ms, first complete tools/list ({} tools, try {tries}) after {:.0} ms; floor (the fixtures alone, spawned and initialized in parallel): {:.0} ms",
+        "  startup: {n} {kind} servers × {} ms init: listening after {:.0} ms, first complete tools/list ({} tools, try {tries}) after {:.0} ms; floor (the fixtures alone, spawned and initialized in parallel): {:.0} ms",
         args.init_delay_ms,
         ms(listening),
         first.1,
@@ -1599,7 +1639,7 @@ async fn bench_startup(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> 
     target_row(
         targets,
         &format!(
-            "startup, {n} servers × {} ms init → first complete tools/list",
+            "startup, {n} {kind} servers × {} ms init → first complete tools/list",
             args.init_delay_ms
         ),
         "≤ 300 ms",
@@ -1792,8 +1832,19 @@ fn print_targets(targets: &[TargetRow]) {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    // Hidden: `mcp-gateway-bench fixture …` is a minimal stdio MCP server (no runtime).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "fixture") {
+        let fargs = fixture::FixtureArgs::parse_from(std::env::args_os().skip(1));
+        return fixture::run(fargs);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench_main())
+}
+
+async fn bench_main() -> Result<()> {
     let mut args = Args::parse();
     if args.serve_baseline {
         return serve_baseline(&args.text).await;

@@ -472,8 +472,12 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                     }
                 }
                 // The downstream span's context, put in params._meta by the router.
-                let trace = match &params {
+                let mut params = params;
+                let trace = match &mut params {
                     Params::Object { params, .. } if crate::telemetry::exporting() => {
+                        crate::telemetry::meta_headers(params)
+                    }
+                    Params::Members { params, .. } if crate::telemetry::exporting() => {
                         crate::telemetry::meta_headers(params)
                     }
                     _ => None,

@@ -132,8 +132,7 @@ pub fn app(http: Http) -> Router {
     let mcp = axum::routing::MethodRouter::new()
         .get(get_stream)
         .post(post)
-        .delete(delete)
-        .layer(axum::middleware::from_fn_with_state(http.clone(), per_ip));
+        .delete(delete);
     Router::new()
         .route(&path, mcp)
         .route("/healthz", get(|| async { "ok\n" }))
@@ -147,11 +146,12 @@ pub fn app(http: Http) -> Router {
         .with_state(http)
 }
 
-/// The per-IP limit, checked before a body is read or parsed: 429 with `Retry-After`.
-async fn per_ip(State(http): State<Http>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let peer = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+/// The per-IP limit, checked first by each MCP endpoint handler, before a body is read
+/// or parsed: 429 with `Retry-After`. (A plain call rather than a middleware layer, which
+/// cloned a boxed service and boxed a future for every request.)
+#[allow(clippy::result_large_err)]
+fn per_ip(http: &Http, extensions: &axum::http::Extensions) -> Result<(), Response> {
+    let peer = extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
     if let Some(axum::extract::ConnectInfo(addr)) = peer {
         if let Err(l) = http.gw.topology().limits.check_ip(addr.ip()) {
             http.gw.metrics.rate_limited(&l.what);
@@ -160,10 +160,10 @@ async fn per_ip(State(http): State<Http>, req: axum::extract::Request, next: axu
             if let Ok(v) = HeaderValue::from_str(&format!("{secs:.0}")) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
             }
-            return resp;
+            return Err(resp);
         }
     }
-    next.run(req).await
+    Ok(())
 }
 
 /// A JSON-RPC error as an HTTP response with no id.
@@ -213,7 +213,12 @@ impl IntoResponse for Reject {
 
 fn json_response(body: impl Into<Body>) -> Response {
     let body: Body = body.into();
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    // A static header value: a `&str` here would be copied into a new buffer per response.
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
 }
 
 /// Checks Origin (when present) and Host against localhost and the configured lists.
@@ -354,12 +359,13 @@ fn new_session_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-async fn post(
-    State(http): State<Http>,
-    extensions: axum::http::Extensions,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response {
+    // Taken apart, not extracted: the `HeaderMap` and `Extensions` extractors clone.
+    let (parts, body) = req.into_parts();
+    let (headers, extensions) = (parts.headers, parts.extensions);
+    if let Err(r) = per_ip(&http, &extensions) {
+        return r;
+    }
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
@@ -856,7 +862,12 @@ fn sse_response(body: Body) -> Response {
 }
 
 /// GET: the session's stream of server-initiated messages (list_changed).
-async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
+async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Response {
+    let (parts, _) = req.into_parts();
+    let (headers, extensions) = (parts.headers, parts.extensions);
+    if let Err(r) = per_ip(&http, &extensions) {
+        return r;
+    }
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
@@ -928,7 +939,12 @@ async fn get_stream(State(http): State<Http>, headers: HeaderMap) -> Response {
     sse_response(Body::from_stream(stream))
 }
 
-async fn delete(State(http): State<Http>, headers: HeaderMap) -> Response {
+async fn delete(State(http): State<Http>, req: axum::extract::Request) -> Response {
+    let (parts, _) = req.into_parts();
+    let (headers, extensions) = (parts.headers, parts.extensions);
+    if let Err(r) = per_ip(&http, &extensions) {
+        return r;
+    }
     if let Err(r) = check_origin_host(&http.gw, &headers) {
         return r.into_response();
     }
