@@ -855,20 +855,7 @@ impl Gateway {
         // it itself and retries (the first bridge). Only these methods may return one.
         let bridge = modern && !client.stateless && matches!(method, "tools/call" | "prompts/get" | "resources/read");
         let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
-        let version = telemetry::exporting()
-            .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
-            .flatten();
-        let ds = DownstreamSpan::new(
-            &tracing::Span::current(),
-            &s.name,
-            match s.cfg.transport {
-                crate::config::Transport::Stdio(_) => "pipe",
-                crate::config::Transport::Http(_) => "tcp",
-            },
-            version.as_deref(),
-            method,
-            params.name().as_deref(),
-        );
+        let ds = downstream_span(s, method, params.name().as_deref());
         ds.inject(&mut params);
         let timeout = s.settings().timeout;
         let res = conn
@@ -904,20 +891,7 @@ impl Gateway {
         progress: Option<message::Id>,
         sink: Option<Sink>,
     ) -> Outcome {
-        let version = telemetry::exporting()
-            .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
-            .flatten();
-        let ds = DownstreamSpan::new(
-            &tracing::Span::current(),
-            &s.name,
-            match s.cfg.transport {
-                crate::config::Transport::Stdio(_) => "pipe",
-                crate::config::Transport::Http(_) => "tcp",
-            },
-            version.as_deref(),
-            method,
-            params.name().as_deref(),
-        );
+        let ds = downstream_span(s, method, params.name().as_deref());
         ds.inject(&mut params);
         let res = conn
             .call(method, params.into_params(progress), sink, s.settings().timeout)
@@ -967,6 +941,25 @@ impl Gateway {
             }
         }
     }
+}
+
+/// The span of one call to server `s`, a child of the current (request) span.
+fn downstream_span(s: &Server, method: &str, name: Option<&str>) -> DownstreamSpan {
+    let version = telemetry::exporting()
+        .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
+        .flatten();
+    let transport = match s.cfg.transport {
+        crate::config::Transport::Stdio(_) => "pipe",
+        crate::config::Transport::Http(_) => "tcp",
+    };
+    DownstreamSpan::new(
+        &tracing::Span::current(),
+        &s.name,
+        transport,
+        version.as_deref(),
+        method,
+        name,
+    )
 }
 
 /// The error of a server that is not ready and whose prefix `name` carries.

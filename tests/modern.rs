@@ -10,11 +10,7 @@ use serde_json::{json, Value};
 const V: &str = "2026-07-28";
 
 fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": V,
-        "io.modelcontextprotocol/clientInfo": {"name": "modern-test", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    })
+    modern_meta("modern-test")
 }
 
 /// The headers a conforming client derives from the body.

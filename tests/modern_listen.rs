@@ -13,11 +13,7 @@ const T: Duration = Duration::from_secs(20);
 const SUB: &str = "io.modelcontextprotocol/subscriptionId";
 
 fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": V,
-        "io.modelcontextprotocol/clientInfo": {"name": "listen-test", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    })
+    modern_meta("listen-test")
 }
 
 /// A well-formed stateless POST (headers derived from the body), as `token` if given.

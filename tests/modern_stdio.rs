@@ -12,11 +12,7 @@ const T: Duration = Duration::from_secs(30);
 const SUB: &str = "io.modelcontextprotocol/subscriptionId";
 
 fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": V,
-        "io.modelcontextprotocol/clientInfo": {"name": "stdio-modern", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    })
+    modern_meta("stdio-modern")
 }
 
 fn with_meta(mut params: Value) -> Value {

@@ -546,6 +546,22 @@ async fn serve_stateless(
     .await
 }
 
+/// An answer as SSE: `first`, then the rest of the messages (the response last).
+fn sse_answer(first: bytes::Bytes, rest: impl futures::Stream<Item = bytes::Bytes> + Send + 'static) -> Response {
+    let events = futures::stream::once(async move { first })
+        .chain(rest)
+        .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
+    sse_response(Body::from_stream(events))
+}
+
+fn task_failed() -> Response {
+    rpc_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        code::INTERNAL_ERROR,
+        "request task failed",
+    )
+}
+
 /// A stateless answer as JSON. -32020, -32021 and -32022 (a server's own included) are
 /// 400 on HTTP in 2026-07-28.
 fn stateless_json(answer: bytes::Bytes) -> Response {
@@ -593,17 +609,8 @@ async fn multi_round(
     let mut rounds = Box::pin(rounds);
     match rounds.next().await {
         Some((true, answer)) => stateless_json(answer),
-        Some((false, first)) => {
-            let events = futures::stream::once(async move { first })
-                .chain(rounds.map(|(_, m)| m))
-                .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
-            sse_response(Body::from_stream(events))
-        }
-        None => rpc_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            code::INTERNAL_ERROR,
-            "request task failed",
-        ),
+        Some((false, first)) => sse_answer(first, rounds.map(|(_, m)| m)),
+        None => task_failed(),
     }
 }
 
@@ -772,17 +779,9 @@ async fn request(
         Some((true, answer)) => json_response(answer),
         Some((false, first)) => {
             task.spawn();
-            let rest = out.map(|(_, m)| m);
-            let events = futures::stream::once(async move { first })
-                .chain(rest)
-                .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
-            sse_response(Body::from_stream(events))
+            sse_answer(first, out.map(|(_, m)| m))
         }
-        None => rpc_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            code::INTERNAL_ERROR,
-            "request task failed",
-        ),
+        None => task_failed(),
     }
 }
 

@@ -126,20 +126,12 @@ pub async fn serve<R, W>(
         };
         match msg {
             Kind::Request { id, method, params } if modern::has_modern_meta(params.as_deref()) => {
-                let identity = match &as_client {
-                    None => None,
-                    Some(name) => match gw.topology().auth.client(name) {
-                        Some(identity) => Some(identity),
-                        None => {
-                            let err = Outcome::Error(message::error_object(
-                                code::INVALID_REQUEST,
-                                &format!("client {name:?} is no longer configured in gateway.toml"),
-                                None,
-                            ));
-                            let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
-                            continue;
-                        }
-                    },
+                let identity = match client_identity(&gw, as_client.as_deref()) {
+                    Ok(i) => i,
+                    Err(err) => {
+                        let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
+                        continue;
+                    }
                 };
                 let m = ModernRequest {
                     gw: &gw,
@@ -164,16 +156,11 @@ pub async fn serve<R, W>(
                 let _ = out_tx.send(Bytes::from(message::response(&id, &out))).await;
             }
             Kind::Request { id, method, params } => {
-                if let Some(name) = &as_client {
+                if as_client.is_some() {
                     // Looked up per request, so a reload's change to the table applies.
-                    match gw.topology().auth.client(name) {
-                        Some(identity) => client.set_identity(Some(identity)),
-                        None => {
-                            let err = Outcome::Error(message::error_object(
-                                code::INVALID_REQUEST,
-                                &format!("client {name:?} is no longer configured in gateway.toml"),
-                                None,
-                            ));
+                    match client_identity(&gw, as_client.as_deref()) {
+                        Ok(identity) => client.set_identity(identity),
+                        Err(err) => {
                             let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
                             continue;
                         }
@@ -398,6 +385,19 @@ impl ModernRequest<'_> {
             }
         });
     }
+}
+
+/// The identity `--client NAME` has in the config now (none without `--client`); an
+/// error answer when the name is no longer configured.
+fn client_identity(gw: &Gateway, as_client: Option<&str>) -> Result<Option<Arc<crate::auth::Identity>>, Outcome> {
+    let Some(name) = as_client else { return Ok(None) };
+    gw.topology().auth.client(name).map(Some).ok_or_else(|| {
+        Outcome::Error(message::error_object(
+            code::INVALID_REQUEST,
+            &format!("client {name:?} is no longer configured in gateway.toml"),
+            None,
+        ))
+    })
 }
 
 async fn write_lines<W: AsyncWrite + Unpin>(mut out: W, mut rx: mpsc::Receiver<Bytes>) {

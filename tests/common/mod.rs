@@ -302,3 +302,12 @@ pub fn pids_matching(needle: &str) -> Vec<i32> {
 pub fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// The 2026-07-28 `_meta` envelope of a request from a client named `client`.
+pub fn modern_meta(client: &str) -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": client, "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+}
