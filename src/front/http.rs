@@ -860,18 +860,24 @@ fn sse_response(body: Body) -> Response {
     resp
 }
 
-/// GET: the session's stream of server-initiated messages (list_changed).
-async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Response {
+/// The checks every bodyless MCP request passes first (GET, DELETE): the per-IP limit,
+/// Origin and Host, and who the caller is. Returns its headers and identity.
+async fn admit_bodyless(
+    http: &Http,
+    req: axum::extract::Request,
+) -> Result<(HeaderMap, Option<Arc<Identity>>), Response> {
     let (parts, _) = req.into_parts();
     let (headers, extensions) = (parts.headers, parts.extensions);
-    if let Err(r) = per_ip(&http, &extensions) {
-        return r;
-    }
-    if let Err(r) = check_origin_host(&http.gw, &headers) {
-        return r.into_response();
-    }
-    let who = match identify(&http, &headers, b"").await {
-        Ok(w) => w,
+    per_ip(http, &extensions)?;
+    check_origin_host(&http.gw, &headers).map_err(IntoResponse::into_response)?;
+    let who = identify(http, &headers, b"").await?;
+    Ok((headers, who))
+}
+
+/// GET: the session's stream of server-initiated messages (list_changed).
+async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Response {
+    let (headers, who) = match admit_bodyless(&http, req).await {
+        Ok(a) => a,
         Err(resp) => return resp,
     };
     let accepts = headers
@@ -939,16 +945,8 @@ async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Re
 }
 
 async fn delete(State(http): State<Http>, req: axum::extract::Request) -> Response {
-    let (parts, _) = req.into_parts();
-    let (headers, extensions) = (parts.headers, parts.extensions);
-    if let Err(r) = per_ip(&http, &extensions) {
-        return r;
-    }
-    if let Err(r) = check_origin_host(&http.gw, &headers) {
-        return r.into_response();
-    }
-    let who = match identify(&http, &headers, b"").await {
-        Ok(w) => w,
+    let (headers, who) = match admit_bodyless(&http, req).await {
+        Ok(a) => a,
         Err(resp) => return resp,
     };
     let (sid, _) = match session(&http, &headers, who.as_ref()) {
