@@ -256,3 +256,48 @@ async fn listen_only_subscribes_what_the_allowlist_shows() {
     let m = next(&mut s).await;
     assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_streams_are_bounded_by_max_sessions() {
+    let gw = Gateway::start(&format!(
+        "[gateway]\nmax_sessions = 2\n\n[servers.s0]\n{}\n",
+        mock("s0", &[])
+    ));
+    let first = listen(&gw, None, json!(1), json!({"toolsListChanged": true})).await;
+    let _second = listen(&gw, None, json!(2), json!({"toolsListChanged": true})).await;
+    let third = post(
+        &gw,
+        None,
+        "application/json, text/event-stream",
+        json!(3),
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+    )
+    .await;
+    assert_eq!(third.status(), 503);
+    let body: Value = third.json().await.unwrap();
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("max_sessions"),
+        "{body}"
+    );
+    // Closing one frees its place.
+    drop(first);
+    let mut freed = false;
+    for _ in 0..200 {
+        let r = post(
+            &gw,
+            None,
+            "application/json, text/event-stream",
+            json!(4),
+            "subscriptions/listen",
+            json!({"notifications": {"toolsListChanged": true}}),
+        )
+        .await;
+        if r.status() == 200 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(freed, "a closed listen stream's place was not freed");
+}

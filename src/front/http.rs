@@ -27,7 +27,7 @@ use axum::Router;
 use dashmap::DashMap;
 use futures::StreamExt;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -65,6 +65,17 @@ pub struct Http {
     closing: CancellationToken,
     /// Stateless calls waiting for their client's answers (multi round-trip requests).
     parked: Arc<crate::mrtr::Parked>,
+    /// Open `subscriptions/listen` streams, at most `gateway.max_sessions`.
+    listening: Arc<AtomicUsize>,
+}
+
+/// One open listen stream, counted while it lives.
+struct Listening(Arc<AtomicUsize>);
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Http {
@@ -77,6 +88,7 @@ impl Http {
             started: Instant::now(),
             closing: CancellationToken::new(),
             parked,
+            listening: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -649,6 +661,19 @@ fn listen(
             ))
         }
     };
+    let max = http.gw.config().gateway.max_sessions;
+    if http.listening.fetch_add(1, Ordering::Relaxed) >= max {
+        http.listening.fetch_sub(1, Ordering::Relaxed);
+        return Reject::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::INTERNAL_ERROR,
+            format!(
+                "the gateway has {max} open listen streams, its limit (gateway.max_sessions); close one or try later"
+            ),
+        )
+        .answer(&id);
+    }
+    let counted = Listening(http.listening.clone());
     let n = LISTENS.fetch_add(1, Ordering::Relaxed);
     let client = Client::new(format!("stateless:{key}:listen-{n}")).stateless(prepared.capabilities, None);
     let _ = client.protocol_version.set(modern::VERSION.to_owned());
@@ -664,7 +689,11 @@ fn listen(
     };
     let (tx, rx) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let keepalive = Some((KEEPALIVE, bytes::Bytes::from_static(b": keep-alive\n\n")));
-    tokio::spawn(listen::run(l, tx, |m| bytes::Bytes::from(event(m)), keepalive));
+    let run = listen::run(l, tx, |m| bytes::Bytes::from(event(m)), keepalive);
+    tokio::spawn(async move {
+        let _counted = counted;
+        run.await
+    });
     let frames = futures::stream::unfold(rx, |mut rx| async move {
         let m = rx.recv().await?;
         Some((Ok::<_, std::io::Error>(m), rx))
