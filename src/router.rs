@@ -347,6 +347,21 @@ impl Gateway {
     /// The `initialize` result: the negotiated version, the union of the downstream
     /// capabilities, the servers' instructions under headings, and the gateway's own info.
     pub fn initialize_result(&self, params: Option<&RawValue>) -> Outcome {
+        self.initialize_result_for(params, None)
+    }
+
+    /// The `initialize` result as `identity` sees it: the instructions of a server whose
+    /// tools, prompts and resources its allowlist hides entirely are left out.
+    pub fn initialize_result_for(&self, params: Option<&RawValue>, identity: Option<&Identity>) -> Outcome {
+        let topo = self.topology();
+        let shown = |server: &str| {
+            identity.is_none_or(|i| {
+                topo.catalog
+                    .entries
+                    .iter()
+                    .any(|e| &*e.server == server && i.permits(&e.public))
+            })
+        };
         let requested = message::params_object(params)
             .ok()
             .and_then(|p| p.get("protocolVersion").and_then(Value::as_str).map(str::to_owned));
@@ -388,7 +403,11 @@ impl Gateway {
                     caps.insert(cap.into(), value);
                 }
             }
-            if let Some(text) = info.instructions.as_deref().filter(|t| !t.trim().is_empty()) {
+            if let Some(text) = info
+                .instructions
+                .as_deref()
+                .filter(|t| !t.trim().is_empty() && shown(&s.name))
+            {
                 if !instructions.is_empty() {
                     instructions.push_str("\n\n");
                 }

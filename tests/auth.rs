@@ -197,6 +197,18 @@ async fn allowlists_filter_lists_and_calls() {
     let alice = As::open(&gw, ALICE).await;
     let bob = As::open(&gw, BOB).await;
 
+    // The instructions of a server the allowlist hides entirely are not shown either.
+    for (token, docs_shown) in [(ALICE, false), (BOB, true)] {
+        let init: Value = post(&gw, Some(token), None, initialize_body())
+            .await
+            .json()
+            .await
+            .unwrap();
+        let text = init["result"]["instructions"].as_str().unwrap_or_default();
+        assert!(text.contains("## calc"), "{init}");
+        assert_eq!(text.contains("## docs"), docs_shown, "{init}");
+    }
+
     let tools = alice.names("tools/list", "tools", "name").await;
     assert!(tools.iter().all(|t| t.starts_with("calc__")), "{tools:?}");
     assert!(tools.contains(&"calc__add".to_owned()), "{tools:?}");

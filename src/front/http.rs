@@ -511,7 +511,7 @@ async fn serve_stateless(
         }
     };
     let private = topo.auth.required();
-    let init = http.gw.initialize_result(None);
+    let init = http.gw.initialize_result_for(None, who.as_deref());
     if method == "server/discover" {
         return json_response(message::response(&id, &modern::discover(&init, private)));
     }
@@ -719,7 +719,7 @@ fn initialize(
         )
         .answer(id);
     }
-    let outcome = http.gw.initialize_result(params);
+    let outcome = http.gw.initialize_result_for(params, who.as_deref());
     let version = match &outcome {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get())
             .ok()

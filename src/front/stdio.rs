@@ -145,7 +145,8 @@ pub async fn serve<R, W>(
             }
             Kind::Request { id, method, params } if method == "initialize" => {
                 client.set_capabilities(params.as_deref());
-                let out = gw.initialize_result(params.as_deref());
+                let identity = client_identity(&gw, as_client.as_deref()).ok().flatten();
+                let out = gw.initialize_result_for(params.as_deref(), identity.as_deref());
                 if let Outcome::Result(r) = &out {
                     if let Ok(v) = serde_json::from_str::<Value>(r.get()) {
                         if let Some(version) = v.get("protocolVersion").and_then(Value::as_str) {
@@ -254,7 +255,7 @@ impl ModernRequest<'_> {
             }
         };
         let private = self.gw.topology().auth.required();
-        let init = self.gw.initialize_result(None);
+        let init = self.gw.initialize_result_for(None, identity.as_deref());
         if method == "server/discover" {
             self.answer(&id, &modern::discover(&init, private)).await;
             return;
