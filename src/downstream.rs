@@ -344,6 +344,9 @@ pub enum Incoming {
     /// The connection is gone; every pending call has already failed. `clean` when a
     /// child exited with status 0.
     Closed { reason: String, clean: bool },
+    /// A Streamable HTTP server forgot its session and was initialized again: what
+    /// sessions asked of it (resource subscriptions, the log level) must be asked again.
+    Reinitialized,
 }
 
 /// A cheap, clonable handle to one downstream connection.

@@ -204,8 +204,9 @@ pub enum Event {
         server: Arc<str>,
         announced: Option<ListKind>,
     },
-    /// A server was started again: what sessions asked of the old process (resource
-    /// subscriptions, the log level) must be asked of the new one.
+    /// A server was started again, or a Streamable HTTP server initialized again after
+    /// forgetting its session: what sessions asked of the old one (resource
+    /// subscriptions, the log level) must be asked again.
     Restarted { server: Arc<str> },
     /// A notification from a server that is not about lists (e.g. resources/updated).
     Notification {
@@ -796,6 +797,13 @@ impl Server {
                             .await;
                     }
                 },
+                Incoming::Reinitialized => {
+                    let _ = events
+                        .send(Event::Restarted {
+                            server: self.name.clone(),
+                        })
+                        .await;
+                }
                 Incoming::Closed { reason, clean } => {
                     let stopped = matches!(self.state().status, Status::Stopped);
                     if !stopped {

@@ -485,3 +485,31 @@ async fn secrets_in_headers_and_url_never_show() {
     assert!(logs.contains("DEBUG"), "not a debug log:\n{logs}");
     leaks("the gateway's debug log", &logs);
 }
+
+#[tokio::test]
+async fn a_forgotten_session_gets_its_resource_subscriptions_back() {
+    // probe, initialize, initialized, tools/list, resources/list, templates/list, and the
+    // client's subscribe: the POST after those finds no session.
+    let remote = Remote::start(&["--resources", "--forget-sessions-after", "7"]);
+    let gw = Gateway::start(&remote_table("rs", &remote.url(), ""));
+    let s = gw.session().await;
+    let sub = s
+        .request(json!(1), "resources/subscribe", json!({"uri": "fixture://watched"}))
+        .await;
+    assert_eq!(sub["result"], json!({}), "{sub}");
+    assert_eq!(remote.posts_of("resources/subscribe").len(), 1);
+    let r = call(&s, json!(2), "rs__echo", json!({"text": "after"})).await;
+    assert_eq!(text(&r), "after", "{r}");
+    assert_eq!(remote.posts_of("initialize").len(), 2, "{:#?}", remote.records());
+    // The new session is subscribed again, under its own session id.
+    let again = until(Duration::from_secs(10), || {
+        remote.posts_of("resources/subscribe").len() == 2
+    })
+    .await;
+    assert!(again, "{:#?}", remote.records());
+    let subs = remote.posts_of("resources/subscribe");
+    assert_ne!(
+        subs[0]["headers"]["mcp-session-id"], subs[1]["headers"]["mcp-session-id"],
+        "{subs:?}"
+    );
+}

@@ -205,6 +205,7 @@ impl Shared {
         }
         self.send(message::notification("notifications/initialized", None))
             .await;
+        let _ = self.incoming.send(Incoming::Reinitialized).await;
         Ok(())
     }
 
