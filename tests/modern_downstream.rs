@@ -323,3 +323,33 @@ async fn merged_lists_carry_the_smallest_ttl_and_any_private_scope() {
     assert_eq!(tools["result"]["ttlMs"], 0, "{tools}");
     assert_eq!(tools["result"]["cacheScope"], "public", "{tools}");
 }
+
+#[tokio::test]
+async fn a_modern_servers_log_messages_reach_the_caller_at_its_level() {
+    let gw = Gateway::start(&fixture_stdio(&[], "prefix = \"\""));
+    let s = gw.session().await;
+    // Without logging/setLevel the call carries no logLevel: the server logs nothing.
+    let quiet = s
+        .request_all(
+            json!(1),
+            "tools/call",
+            json!({"name": "test_tool_with_logging", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(quiet.len(), 1, "{quiet:?}");
+    let set = s.request(json!(2), "logging/setLevel", json!({"level": "info"})).await;
+    assert_eq!(set["result"], json!({}), "{set}");
+    // With it, the three messages come on the call's stream (its listen stream, always
+    // pending on the same pipe, does not count as another call).
+    let all = s
+        .request_all(
+            json!(3),
+            "tools/call",
+            json!({"name": "test_tool_with_logging", "arguments": {}}),
+        )
+        .await;
+    let logs: Vec<&Value> = all.iter().filter(|m| m["method"] == "notifications/message").collect();
+    assert_eq!(logs.len(), 3, "{all:?}\n{}", gw.logs());
+    assert_eq!(logs[0]["params"]["data"], "Tool execution started", "{all:?}");
+    assert_eq!(text(all.last().unwrap()), "Tool with logging executed successfully");
+}

@@ -242,8 +242,10 @@ impl Actor {
             "notifications/message" => {
                 // Over a shared pipe a log message carries no link to a call. It goes to the
                 // caller only when exactly one call is in flight; otherwise the gateway logs it.
+                // A 2026-07-28 server's listen stream stays pending for good; it is not a call.
+                let calls = self.pending.values().filter(|p| p.method != "subscriptions/listen");
                 let mut only = self.pending.values().filter(|p| p.sink.is_some());
-                if let (1, Some(p)) = (self.pending.len(), only.next()) {
+                if let (1, Some(p)) = (calls.count(), only.next()) {
                     if let Some(sink) = &p.sink {
                         sink.log(params.as_deref());
                     }
