@@ -843,27 +843,14 @@ fn toml_str(s: &str) -> String {
 }
 
 async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> Result<GatewayInfo> {
-    let mut cmd = Command::new(&args.gateway_bin);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .env("MCP_GATEWAY_LOG", "warn");
-    let (mut child, addr, path, mut stderr) = spawn_listening(cmd, "mcp-gateway listening on ")
-        .await
-        .with_context(|| format!("gateway {}", args.gateway_bin.display()))?;
-    let pid = child.id().context("gateway has no pid")?;
-    // Keep draining stderr so the gateway never blocks on it; keep what it says.
-    let said: Arc<Mutex<Vec<String>>> = Arc::default();
-    let drain = {
-        let said = said.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = stderr.next_line().await {
-                let mut s = said.lock().unwrap();
-                if s.len() < 50 {
-                    s.push(line);
-                }
-            }
-        })
-    };
+    let Spawned {
+        mut child,
+        pid,
+        addr,
+        path,
+        said,
+        drain,
+    } = spawn_gateway(args, config).await?;
     // One session for the whole run.
     let tool = format!("{SERVER}__echo");
     let (target, sh) = checked_session(addr, &path, &tool, args).await?;
@@ -971,6 +958,51 @@ async fn serve_baseline(text: &str) -> Result<()> {
 
 /// Spawns a child that prints `PREFIX http://ADDR/PATH` on stderr when ready; returns
 /// the child, its address and path, and the rest of its stderr.
+/// A gateway started on `config` and listening.
+struct Spawned {
+    child: Child,
+    pid: u32,
+    addr: SocketAddr,
+    path: String,
+    /// Its first 50 stderr lines.
+    said: Arc<Mutex<Vec<String>>>,
+    /// Ends when its stderr does.
+    drain: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the gateway on `config` (port 0, warnings only) and keeps draining its stderr,
+/// so it never blocks on it, keeping what it says.
+async fn spawn_gateway(args: &Args, config: &Path) -> Result<Spawned> {
+    let mut cmd = Command::new(&args.gateway_bin);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .env("MCP_GATEWAY_LOG", "warn");
+    let (child, addr, path, mut stderr) = spawn_listening(cmd, "mcp-gateway listening on ")
+        .await
+        .with_context(|| format!("gateway {}", args.gateway_bin.display()))?;
+    let pid = child.id().context("gateway has no pid")?;
+    let said: Arc<Mutex<Vec<String>>> = Arc::default();
+    let drain = {
+        let said = said.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stderr.next_line().await {
+                let mut s = said.lock().unwrap();
+                if s.len() < 50 {
+                    s.push(line);
+                }
+            }
+        })
+    };
+    Ok(Spawned {
+        child,
+        pid,
+        addr,
+        path,
+        said,
+        drain,
+    })
+}
+
 async fn spawn_listening(
     mut cmd: Command,
     prefix: &str,
@@ -1198,26 +1230,14 @@ async fn start_gateway(args: &Args, tag: &str, servers: &[Spec], extra: &str) ->
     }
     let config_path = dir.join("gateway.toml");
     std::fs::write(&config_path, config)?;
-    let mut cmd = Command::new(&args.gateway_bin);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config_path)
-        .env("MCP_GATEWAY_LOG", "warn");
-    let (child, addr, path, mut stderr) = spawn_listening(cmd, "mcp-gateway listening on ")
-        .await
-        .with_context(|| format!("gateway {}", args.gateway_bin.display()))?;
-    let pid = child.id().context("gateway has no pid")?;
-    let said: Arc<Mutex<Vec<String>>> = Arc::default();
-    {
-        let said = said.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = stderr.next_line().await {
-                let mut s = said.lock().unwrap();
-                if s.len() < 50 {
-                    s.push(line);
-                }
-            }
-        });
-    }
+    let Spawned {
+        child,
+        pid,
+        addr,
+        path,
+        said,
+        ..
+    } = spawn_gateway(args, &config_path).await?;
     Ok(Gw {
         child,
         pid,
