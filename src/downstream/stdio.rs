@@ -96,6 +96,13 @@ async fn write_lines(stdin: ChildStdin, mut rx: mpsc::Receiver<Vec<u8>>) {
             debug!(error = %e, "child stdin closed");
             return;
         }
+        if rx.is_empty() {
+            // Before the write(2), let every task that is ready now run once: under load
+            // the calls arriving on other connections in the same tick queue their lines
+            // behind this one and share its write (and the child's wake-up). Alone, the
+            // line waits only for the scheduler's next turn.
+            tokio::task::yield_now().await;
+        }
         // Flush only when nothing else is queued, so bursts go out in few writes.
         if rx.is_empty() && stdin.flush().await.is_err() {
             return;
