@@ -100,9 +100,13 @@ pub async fn serve(
         })
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let app = front::http::app(http.clone());
     let header_timeout = gw.config().gateway.header_timeout;
-    let mut server = Box::pin(front::http::serve(listener, app, header_timeout, stop_rx.clone()));
+    let mut server = Box::pin(front::http::serve(
+        listener,
+        http.clone(),
+        header_timeout,
+        stop_rx.clone(),
+    ));
     tokio::select! {
         r = &mut server => r?,
         _ = shutdown => {
