@@ -6,6 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "mcp-gateway", version, about = "A team's MCP servers behind one endpoint")]
 struct Cli {
