@@ -87,8 +87,12 @@ fn main() -> ExitCode {
             }
         }
     });
-    // Send the spans still queued while the runtime that runs the exporter is alive.
-    telemetry.shutdown();
+    // Send the spans still queued while the runtime that runs the exporter is alive,
+    // and driven: with one worker (the current-thread scheduler) only this thread runs
+    // it, so the flush waits on a blocking thread while block_on turns the runtime.
+    runtime.block_on(async {
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    });
     // Dropping the runtime would wait for its blocking threads, and the one reading
     // stdin (stdio mode) never returns while the client keeps stdin open: a SIGTERM
     // would then leave the gateway hanging after it stopped every server.
@@ -107,22 +111,24 @@ fn main() -> ExitCode {
 /// `TOKIO_WORKER_THREADS`, else half the CPUs (at least one). The gateway shares its
 /// machine with the stdio servers it runs (and often with the client); on 2 cores one
 /// worker cut CPU per call and the c=64 tail (BENCHMARKS.md), where a worker per core
-/// woke threads across cores for every call.
+/// woke threads across cores for every call. One worker means tokio's current-thread
+/// scheduler: the same single thread of work, without the multi-thread scheduler's
+/// stealing, injection queue and per-poll clock reads.
 fn runtime(configured: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    b.enable_all();
-    let from_env = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
-    match configured {
-        Some(n) => {
-            b.worker_threads(n.max(1));
-        }
-        None if from_env => {}
-        None => {
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            b.worker_threads((cpus / 2).max(1));
-        }
-    }
-    b.build()
+    let from_env =
+        std::env::var_os("TOKIO_WORKER_THREADS").and_then(|v| v.to_str().and_then(|s| s.trim().parse::<usize>().ok()));
+    let workers = match (configured, from_env) {
+        (Some(n), _) | (None, Some(n)) => n.max(1),
+        (None, None) => (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1),
+    };
+    let mut b = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    b.enable_all().build()
 }
 
 /// Logs go to stderr only (stdout belongs to JSON-RPC in stdio mode). The level comes
