@@ -784,8 +784,7 @@ async fn request(
     parent: Option<opentelemetry::Context>,
     finish: Option<Finish>,
 ) -> Response {
-    let (sink, related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
-    let (done_tx, done) = oneshot::channel::<Vec<u8>>();
+    let (sink, mut related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let gw = http.gw.clone();
     let stateless = finish.is_some();
     let mut task = Detached(Some(Box::pin(async move {
@@ -803,53 +802,70 @@ async fn request(
             Some(f) => f(out),
             None => out,
         };
-        let _ = done_tx.send(message::response(&id, &out));
+        message::response(&id, &out)
     })));
-    let mut out = Box::pin(outgoing(related, done));
     // The request runs right here, without a task of its own, until the first thing to
     // send is known: the answer (the usual case: plain JSON), or a related message (then
     // it moves to a task, and the answer follows on an SSE stream).
+    enum First {
+        Answer(Vec<u8>),
+        Related(bytes::Bytes),
+    }
     let first = {
-        let mut next = out.next();
+        let Some(fut) = task.0.as_mut() else {
+            return task_failed();
+        };
+        let mut open = true;
         loop {
-            let Some(fut) = task.0.as_mut() else {
-                break next.await;
-            };
             tokio::select! {
                 biased;
-                item = &mut next => break item,
-                () = fut => task.0 = None,
+                m = related.recv(), if open => match m {
+                    Some(m) => break First::Related(m),
+                    None => open = false,
+                },
+                out = &mut *fut => break First::Answer(out),
             }
         }
     };
     match first {
-        Some((true, answer)) if stateless => stateless_json(answer),
-        Some((true, answer)) => json_response(answer),
-        Some((false, first)) => {
-            task.spawn();
-            sse_answer(first, out.map(|(_, m)| m))
-        }
-        None => task_failed(),
-    }
-}
-
-/// A request still running. Dropped unfinished (the client went away, or the answer
-/// goes out as SSE), it goes on in a task of its own, as if it had been spawned.
-struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>);
-
-impl Detached {
-    fn spawn(&mut self) {
-        if let Some(fut) = self.0.take() {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(fut);
+        First::Answer(answer) => {
+            task.0 = None;
+            match related.try_recv() {
+                Err(_) if stateless => stateless_json(answer.into()),
+                Err(_) => json_response(answer),
+                // Related messages queued before the answer go out before it, on SSE.
+                Ok(m) => {
+                    let rest = std::iter::from_fn(move || related.try_recv().ok());
+                    let rest = futures::stream::iter(rest.chain(std::iter::once(answer.into())));
+                    sse_answer(m, rest)
+                }
             }
         }
+        First::Related(m) => {
+            let (done_tx, done) = oneshot::channel::<Vec<u8>>();
+            if let Some(fut) = task.0.take() {
+                tokio::spawn(async move {
+                    let _ = done_tx.send(fut.await);
+                });
+            }
+            sse_answer(m, outgoing(related, done).map(|(_, m)| m))
+        }
     }
 }
+
+/// A request still running, with the answer it will make. Dropped unfinished (the client
+/// went away), it goes on in a task of its own, as if it had been spawned.
+struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>>>);
 
 impl Drop for Detached {
     fn drop(&mut self) {
-        self.spawn();
+        if let Some(fut) = self.0.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    fut.await;
+                });
+            }
+        }
     }
 }
 
