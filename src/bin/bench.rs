@@ -27,6 +27,8 @@
 //! The HTTP cases' measured calls (gateway, baseline, soak) use `--client raw` (the default,
 //! `bench/rawhttp.rs`: one write and usually one read per call, every answer checked) or
 //! `--client hyper`; session set-up uses hyper.
+//! The bench runs on a current-thread runtime by default (`--bench-threads 1`): on a
+//! 2-core box its CPU per call is CPU the gateway and the fixture don't get.
 
 /// The report goes to stdout: this is a command-line tool, not the stdio gateway.
 macro_rules! outln {
@@ -156,6 +158,11 @@ struct Args {
     /// Session set-up always uses hyper.
     #[arg(long, value_enum, default_value = "raw")]
     client: Client,
+    /// Threads of the bench's own tokio runtime: 1 is a current-thread runtime (no
+    /// cross-thread wakeups: the least bench CPU per call, which on a small box is CPU
+    /// the gateway gets), N > 1 a multi-thread runtime with N workers, 0 one worker per CPU.
+    #[arg(long, default_value_t = 1)]
+    bench_threads: usize,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -1960,10 +1967,15 @@ fn main() -> Result<()> {
             .build()?
             .block_on(serve_baseline(&args.text));
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(bench_main(args))
+    let rt = match args.bench_threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
+    rt.block_on(bench_main(args))
 }
 
 async fn bench_main(mut args: Args) -> Result<()> {
