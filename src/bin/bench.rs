@@ -23,6 +23,12 @@
 //! with `concurrency` workers each keeping one request in flight. Latencies are kept
 //! whole (one `u64` per call) and sorted; percentiles are nearest-rank.
 //! Exits non-zero if any call fails.
+//!
+//! The HTTP cases' measured calls (gateway, baseline, soak) use `--client raw` (the default,
+//! `bench/rawhttp.rs`: one write and usually one read per call, every answer checked) or
+//! `--client hyper`; session set-up uses hyper.
+//! The bench runs on a current-thread runtime by default (`--bench-threads 1`): on a
+//! 2-core box its CPU per call is CPU the gateway and the fixture don't get.
 
 /// The report goes to stdout: this is a command-line tool, not the stdio gateway.
 macro_rules! outln {
@@ -31,6 +37,8 @@ macro_rules! outln {
 
 #[path = "bench/fixture.rs"]
 mod fixture;
+#[path = "bench/rawhttp.rs"]
+mod rawhttp;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -144,6 +152,23 @@ struct Args {
     /// (each a CPython interpreter, which on 2 cores dominates the time).
     #[arg(long, value_enum, default_value = "native")]
     startup_fixture: StartupFixture,
+    /// The HTTP client of the measured calls (gateway, baseline, soak): `raw` is a minimal
+    /// keep-alive HTTP/1.1 client (one write and usually one read per call, buffers
+    /// reused); `hyper` is hyper's `client::conn::http1` (its connection a separate task).
+    /// Session set-up always uses hyper.
+    #[arg(long, value_enum, default_value = "raw")]
+    client: Client,
+    /// Threads of the bench's own tokio runtime: 1 is a current-thread runtime (no
+    /// cross-thread wakeups: the least bench CPU per call, which on a small box is CPU
+    /// the gateway gets), N > 1 a multi-thread runtime with N workers, 0 one worker per CPU.
+    #[arg(long, default_value_t = 1)]
+    bench_threads: usize,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Client {
+    Raw,
+    Hyper,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -279,6 +304,14 @@ fn call_body(id: u64, tool: &str, text: &str) -> Vec<u8> {
     let args = json!({ "text": text });
     format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#)
         .into_bytes()
+}
+
+/// `call_body` is `CALL_HEAD`, the id, then `call_tail` (the raw client writes it so).
+const CALL_HEAD: &[u8] = br#"{"jsonrpc":"2.0","id":"#;
+
+fn call_tail(tool: &str, text: &str) -> Vec<u8> {
+    let args = json!({ "text": text });
+    format!(r#","method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#).into_bytes()
 }
 
 fn initialize_body(id: u64) -> Vec<u8> {
@@ -507,9 +540,44 @@ enum Worker {
     },
     Http {
         target: Target,
-        sender: Option<http1::SendRequest<Full<Bytes>>>,
+        conn: HttpConn,
         check_id: bool,
     },
+}
+
+/// One worker's HTTP connection.
+enum HttpConn {
+    Hyper(Option<http1::SendRequest<Full<Bytes>>>),
+    /// The raw client and its reused request body.
+    Raw {
+        conn: Box<rawhttp::Conn>,
+        body: Vec<u8>,
+    },
+}
+
+impl HttpConn {
+    /// A connected `client` for `target` (its session, if any, in every request).
+    async fn open(client: Client, target: &Target) -> Result<HttpConn> {
+        Ok(match client {
+            Client::Hyper => HttpConn::Hyper(Some(connect(target.addr).await?)),
+            Client::Raw => {
+                let mut headers: Vec<(&str, &[u8])> = vec![
+                    ("Accept", b"application/json, text/event-stream"),
+                    ("Content-Type", b"application/json"),
+                ];
+                if let Some(s) = &target.session {
+                    headers.push(("mcp-session-id", s.as_bytes()));
+                    headers.push(("mcp-protocol-version", PROTOCOL_VERSION.as_bytes()));
+                }
+                let mut conn = rawhttp::Conn::new(target.addr, &target.path, target.host.as_bytes(), &headers);
+                conn.connect().await?;
+                HttpConn::Raw {
+                    conn: Box::new(conn),
+                    body: Vec::with_capacity(256),
+                }
+            }
+        })
+    }
 }
 
 struct Shared {
@@ -519,26 +587,72 @@ struct Shared {
     tool: String,
     text: String,
     expect: String,
+    /// `call_tail(tool, text)`.
+    tail: Vec<u8>,
+}
+
+impl Shared {
+    fn new(tool: String, text: &str) -> Shared {
+        Shared {
+            next_id: AtomicU64::new(1),
+            done: AtomicU64::new(0),
+            tail: call_tail(&tool, text),
+            tool,
+            text: text.to_owned(),
+            expect: expected_text(text),
+        }
+    }
+
+    /// `call_body(id, tool, text)`, written into `out`.
+    fn call_body_into(&self, out: &mut Vec<u8>, id: u64) {
+        out.clear();
+        out.extend_from_slice(CALL_HEAD);
+        rawhttp::push_decimal(out, id);
+        out.extend_from_slice(&self.tail);
+    }
 }
 
 impl Worker {
     async fn call(&mut self, sh: &Shared) -> Result<()> {
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
-        let body = call_body(id, &sh.tool, &sh.text);
         match self {
             Worker::Direct { client } => {
-                let line = client.request(id, body).await?;
+                let line = client.request(id, call_body(id, &sh.tool, &sh.text)).await?;
                 check_reply(&line, Some(id), &sh.expect)
             }
             Worker::Http {
+                conn: HttpConn::Raw { conn, body },
+                check_id,
+                ..
+            } => {
+                sh.call_body_into(body, id);
+                let a = conn.post(body).await?;
+                let sse_body;
+                let answer = if a.sse {
+                    sse_body = sse_last_data(a.body);
+                    &sse_body[..]
+                } else {
+                    a.body
+                };
+                if a.status != 200 {
+                    let status =
+                        StatusCode::from_u16(a.status).map_or_else(|_| a.status.to_string(), |s| s.to_string());
+                    bail!("HTTP {status}: {}", show(answer));
+                }
+                check_reply(answer, check_id.then_some(id), &sh.expect)
+            }
+            Worker::Http {
                 target,
-                sender,
+                conn: HttpConn::Hyper(sender),
                 check_id,
             } => {
+                let body = call_body(id, &sh.tool, &sh.text);
                 if sender.is_none() {
                     *sender = Some(connect(target.addr).await?);
                 }
-                let s = sender.as_mut().expect("connected");
+                let Some(s) = sender.as_mut() else {
+                    bail!("not connected");
+                };
                 let r = post(s, target, body).await;
                 let (status, _, answer) = match r {
                     Ok(r) => r,
@@ -557,8 +671,16 @@ impl Worker {
 
     /// After a timeout the connection is mid-request: start over on a new one.
     fn reset(&mut self) {
-        if let Worker::Http { sender, .. } = self {
-            *sender = None;
+        match self {
+            Worker::Http {
+                conn: HttpConn::Hyper(sender),
+                ..
+            } => *sender = None,
+            Worker::Http {
+                conn: HttpConn::Raw { conn, .. },
+                ..
+            } => conn.reset(),
+            Worker::Direct { .. } => {}
         }
     }
 }
@@ -787,13 +909,7 @@ async fn bench_direct(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
     let mut pargs = vec![args.fixture.to_string_lossy().into_owned()];
     pargs.extend(args.fixture_args.iter().cloned());
     let client = StdioClient::spawn(Path::new(&args.python), &pargs, false).await?;
-    let sh = Arc::new(Shared {
-        next_id: AtomicU64::new(1),
-        done: AtomicU64::new(0),
-        tool: "echo".into(),
-        text: args.text.clone(),
-        expect: expected_text(&args.text),
-    });
+    let sh = Arc::new(Shared::new("echo".into(), &args.text));
     let procs = Procs {
         gateway: None,
         fixture: Some(client.pid),
@@ -868,8 +984,8 @@ async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> R
         let mut workers = Vec::with_capacity(c);
         for _ in 0..c {
             workers.push(Worker::Http {
+                conn: HttpConn::open(args.client, &target).await?,
                 target: target.clone(),
-                sender: Some(connect(addr).await?),
                 check_id: true,
             });
         }
@@ -1054,19 +1170,13 @@ async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
         host: HeaderValue::from_str(&addr.to_string())?,
         session: Some(HeaderValue::from_static("0123456789abcdef0123456789abcdef")),
     };
-    let sh = Arc::new(Shared {
-        next_id: AtomicU64::new(1),
-        done: AtomicU64::new(0),
-        tool: format!("{SERVER}__echo"),
-        text: args.text.clone(),
-        expect: expected_text(&args.text),
-    });
+    let sh = Arc::new(Shared::new(format!("{SERVER}__echo"), &args.text));
     for &c in &args.concurrency {
         let mut workers = Vec::with_capacity(c);
         for _ in 0..c {
             workers.push(Worker::Http {
+                conn: HttpConn::open(args.client, &target).await?,
                 target: target.clone(),
-                sender: Some(connect(addr).await?),
                 check_id: false, // fixed answer bytes
             });
         }
@@ -1139,16 +1249,10 @@ async fn init_session(s: &mut http1::SendRequest<Full<Bytes>>, base: &Target) ->
 /// before any timing; returns the session's target and the shared call state.
 async fn checked_session(addr: SocketAddr, path: &str, tool: &str, args: &Args) -> Result<(Target, Arc<Shared>)> {
     let (target, s) = open_session(addr, path).await?;
-    let sh = Arc::new(Shared {
-        next_id: AtomicU64::new(1),
-        done: AtomicU64::new(0),
-        tool: tool.to_owned(),
-        text: args.text.clone(),
-        expect: expected_text(&args.text),
-    });
+    let sh = Arc::new(Shared::new(tool.to_owned(), &args.text));
     let mut probe = Worker::Http {
         target: target.clone(),
-        sender: Some(s),
+        conn: HttpConn::Hyper(Some(s)),
         check_id: true,
     };
     probe.call(&sh).await.context("first tools/call through the gateway")?;
@@ -1349,26 +1453,23 @@ async fn bench_idle_rss(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()>
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = gw.rss();
     let (target, s) = open_session(gw.addr, &gw.path).await?;
-    let sh = Shared {
-        next_id: AtomicU64::new(1),
-        done: AtomicU64::new(0),
-        tool: if n == 1 {
+    let sh = Shared::new(
+        if n == 1 {
             format!("{SERVER}__echo")
         } else {
             "s00__echo".to_owned()
         },
-        text: args.text.clone(),
-        expect: expected_text(&args.text),
-    };
+        &args.text,
+    );
     let mut w = Worker::Http {
         target,
-        sender: Some(s),
+        conn: HttpConn::Hyper(Some(s)),
         check_id: true,
     };
     w.call(&sh).await.context("tools/call through the gateway")?;
     if let Worker::Http {
         target,
-        sender: Some(s),
+        conn: HttpConn::Hyper(Some(s)),
         ..
     } = &mut w
     {
@@ -1478,8 +1579,8 @@ async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<Ta
     let mut workers = Vec::with_capacity(c);
     for _ in 0..c {
         workers.push(Worker::Http {
+            conn: HttpConn::open(args.client, &target).await?,
             target: target.clone(),
-            sender: Some(connect(gw.addr).await?),
             check_id: true,
         });
     }
@@ -1858,17 +1959,26 @@ fn main() -> Result<()> {
         let fargs = fixture::FixtureArgs::parse_from(std::env::args_os().skip(1));
         return fixture::run(fargs);
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(bench_main())
+    let args = Args::parse();
+    if args.serve_baseline {
+        // The baseline server runs like the gateway: a default multi-thread runtime.
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(serve_baseline(&args.text));
+    }
+    let rt = match args.bench_threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
+    rt.block_on(bench_main(args))
 }
 
-async fn bench_main() -> Result<()> {
-    let mut args = Args::parse();
-    if args.serve_baseline {
-        return serve_baseline(&args.text).await;
-    }
+async fn bench_main(mut args: Args) -> Result<()> {
     if args.quick {
         args.duration = Duration::from_millis(500);
         args.warmup = Duration::from_millis(100);
@@ -1930,4 +2040,19 @@ async fn bench_main() -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_body_parts() {
+        let sh = Shared::new("fast__echo".into(), "h\"i ü");
+        let mut out = Vec::new();
+        for id in [0, 1, 99, 123456789] {
+            sh.call_body_into(&mut out, id);
+            assert_eq!(out, call_body(id, "fast__echo", "h\"i ü"));
+        }
+    }
 }
