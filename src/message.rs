@@ -303,6 +303,8 @@ enum MemberKey {
 enum MemberValue {
     Span(std::ops::Range<usize>),
     Raw(Box<RawValue>),
+    /// JSON text the gateway wrote itself (a serialized string), so valid as it is.
+    Written(String),
     Object(Map<String, Value>),
 }
 
@@ -415,13 +417,22 @@ impl Members {
         match v {
             MemberValue::Span(r) => self.text.get().get(r.clone()),
             MemberValue::Raw(b) => Some(b.get()),
+            MemberValue::Written(t) => Some(t),
             MemberValue::Object(_) => None,
         }
     }
 
     /// A member that is a string.
     pub fn get_str(&self, key: &str) -> Option<std::borrow::Cow<'_, str>> {
-        serde_json::from_str::<JsonStr>(self.get_raw(key)?).ok().map(|s| s.0)
+        let raw = self.get_raw(key)?;
+        // The usual case, a string without escapes, is its own text between the quotes
+        // (the text is parsed JSON, so a quote inside would have been escaped).
+        if let Some(inner) = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+            if !inner.contains(['\\', '"']) {
+                return Some(std::borrow::Cow::Borrowed(inner));
+            }
+        }
+        serde_json::from_str::<JsonStr>(raw).ok().map(|s| s.0)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -432,12 +443,9 @@ impl Members {
     pub fn insert_str(&mut self, key: &str, value: &str) {
         let mut out = Vec::with_capacity(value.len() + 2);
         write_str(&mut out, value);
-        // A serialized string is valid JSON, and UTF-8.
-        let raw = String::from_utf8(out)
-            .ok()
-            .and_then(|s| RawValue::from_string(s).ok())
-            .unwrap_or_else(empty_object);
-        self.set(key, MemberValue::Raw(raw));
+        // A serialized str is valid JSON, and UTF-8; no need to parse it again.
+        let text = String::from_utf8(out).unwrap_or_else(|_| "\"\"".to_owned());
+        self.set(key, MemberValue::Written(text));
     }
 
     fn set(&mut self, key: &str, value: MemberValue) {
@@ -499,6 +507,7 @@ impl Members {
             match v {
                 MemberValue::Span(r) => out.extend_from_slice(text.get(r.clone()).unwrap_or("null").as_bytes()),
                 MemberValue::Raw(b) => out.extend_from_slice(b.get().as_bytes()),
+                MemberValue::Written(t) => out.extend_from_slice(t.as_bytes()),
                 // Writing a map of Values into a Vec cannot fail.
                 MemberValue::Object(m) => {
                     let _ = serde_json::to_writer(&mut *out, m);
@@ -521,6 +530,7 @@ impl Members {
                     .get(r.clone())
                     .and_then(|t| serde_json::from_str(t).ok()),
                 MemberValue::Raw(b) => serde_json::from_str(b.get()).ok(),
+                MemberValue::Written(t) => serde_json::from_str(t).ok(),
                 MemberValue::Object(m) => Some(Value::Object(m.clone())),
             };
             if let Some(value) = value {
