@@ -240,6 +240,48 @@ pub fn response(id: &Id, outcome: &Outcome) -> Vec<u8> {
     out
 }
 
+/// From this size on, a result is not copied into its response: [`Answer::Parts`].
+pub const LARGE_RESULT: usize = 64 * 1024;
+
+/// A response ready to send. A large result goes out in parts: the head
+/// (`{"jsonrpc":"2.0","id":…,"result":`), the result's own bytes (moved, not copied: a
+/// 20 MB result is copied once in all, when its line is split from the server's
+/// message), then `}`.
+pub enum Answer {
+    Whole(Vec<u8>),
+    /// The head and the result; `}` follows.
+    Parts(Vec<u8>, bytes::Bytes),
+}
+
+impl Answer {
+    pub fn new(id: &Id, outcome: Outcome) -> Answer {
+        match outcome {
+            Outcome::Result(r) if r.get().len() >= LARGE_RESULT => {
+                let mut head = Vec::with_capacity(48);
+                head.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+                write_value(&mut head, id);
+                head.extend_from_slice(b",\"result\":");
+                let text: Box<str> = r.into();
+                Answer::Parts(head, bytes::Bytes::from(String::from(text)))
+            }
+            o => Answer::Whole(response(id, &o)),
+        }
+    }
+
+    /// The whole response in one buffer (a copy, for a large result).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self {
+            Answer::Whole(v) => v,
+            Answer::Parts(mut head, body) => {
+                head.reserve_exact(body.len() + 1);
+                head.extend_from_slice(&body);
+                head.push(b'}');
+                head
+            }
+        }
+    }
+}
+
 fn write_value(out: &mut Vec<u8>, v: &Value) {
     // Writing a Value into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, v);
@@ -648,6 +690,25 @@ pub fn short_hash(parts: &[&str], hex_len: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_large_result_is_answered_without_a_copy() {
+        let big = format!("{{\"text\":\"{}\"}}", "x".repeat(LARGE_RESULT));
+        let raw = RawValue::from_string(big.clone()).unwrap();
+        let at = raw.get().as_ptr();
+        match Answer::new(&Value::from(7), Outcome::Result(raw)) {
+            Answer::Parts(head, body) => {
+                assert_eq!(head, br#"{"jsonrpc":"2.0","id":7,"result":"#);
+                assert_eq!(body.as_ptr(), at, "the result's bytes were copied");
+                let whole = Answer::Parts(head, body).into_vec();
+                let v: Value = serde_json::from_slice(&whole).unwrap();
+                assert_eq!(v["result"]["text"].as_str().map(str::len), Some(LARGE_RESULT));
+            }
+            Answer::Whole(_) => panic!("a large result was framed whole"),
+        }
+        let small = Answer::new(&Value::from("a"), Outcome::Result(empty_object())).into_vec();
+        assert_eq!(small, br#"{"jsonrpc":"2.0","id":"a","result":{}}"#);
+    }
+
     use super::*;
 
     #[test]

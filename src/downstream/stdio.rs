@@ -215,7 +215,8 @@ pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(
 }
 
 fn memchr(buf: &[u8]) -> Option<usize> {
-    buf.iter().position(|&b| b == b'\n')
+    // SIMD: a 20 MB line is scanned in a few milliseconds, not byte by byte.
+    memchr::memchr(b'\n', buf)
 }
 
 async fn log_stderr<R: AsyncBufRead + Unpin>(mut reader: R) {

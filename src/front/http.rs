@@ -802,13 +802,13 @@ async fn request(
             Some(f) => f(out),
             None => out,
         };
-        message::response(&id, &out)
+        message::Answer::new(&id, out)
     })));
     // The request runs right here, without a task of its own, until the first thing to
     // send is known: the answer (the usual case: plain JSON), or a related message (then
     // it moves to a task, and the answer follows on an SSE stream).
     enum First {
-        Answer(Vec<u8>),
+        Answer(message::Answer),
         Related(bytes::Bytes),
     }
     let first = {
@@ -831,12 +831,13 @@ async fn request(
         First::Answer(answer) => {
             task.0 = None;
             match related.try_recv() {
-                Err(_) if stateless => stateless_json(answer.into()),
-                Err(_) => json_response(answer),
+                Err(_) if stateless => stateless_json(answer.into_vec().into()),
+                Err(_) => json_response(answer_body(answer)),
                 // Related messages queued before the answer go out before it, on SSE.
                 Ok(m) => {
                     let rest = std::iter::from_fn(move || related.try_recv().ok());
-                    let rest = futures::stream::iter(rest.chain(std::iter::once(answer.into())));
+                    let answer = answer.into_vec().into();
+                    let rest = futures::stream::iter(rest.chain(std::iter::once(answer)));
                     sse_answer(m, rest)
                 }
             }
@@ -845,7 +846,7 @@ async fn request(
             let (done_tx, done) = oneshot::channel::<Vec<u8>>();
             if let Some(fut) = task.0.take() {
                 tokio::spawn(async move {
-                    let _ = done_tx.send(fut.await);
+                    let _ = done_tx.send(fut.await.into_vec());
                 });
             }
             sse_answer(m, outgoing(related, done).map(|(_, m)| m))
@@ -855,7 +856,61 @@ async fn request(
 
 /// A request still running, with the answer it will make. Dropped unfinished (the client
 /// went away), it goes on in a task of its own, as if it had been spawned.
-struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>>>);
+struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = message::Answer> + Send>>>);
+
+/// A JSON answer's body. A large result goes to the socket from its own buffer, after the
+/// head and before the closing brace, with its length known (Content-Length).
+fn answer_body(answer: message::Answer) -> Body {
+    match answer {
+        message::Answer::Whole(v) => Body::from(v),
+        message::Answer::Parts(head, result) => Body::new(Chunks::new([
+            bytes::Bytes::from(head),
+            result,
+            bytes::Bytes::from_static(b"}"),
+        ])),
+    }
+}
+
+/// A body of a few buffers sent as they are, with their total length known.
+struct Chunks {
+    parts: std::collections::VecDeque<bytes::Bytes>,
+    left: u64,
+}
+
+impl Chunks {
+    fn new<const N: usize>(parts: [bytes::Bytes; N]) -> Chunks {
+        let left = parts.iter().map(|b| b.len() as u64).sum();
+        Chunks {
+            parts: parts.into_iter().filter(|b| !b.is_empty()).collect(),
+            left,
+        }
+    }
+}
+
+impl axum::body::HttpBody for Chunks {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let next = this.parts.pop_front().map(|b| {
+            this.left -= b.len() as u64;
+            Ok(hyper::body::Frame::data(b))
+        });
+        std::task::Poll::Ready(next)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
+    }
+}
 
 impl Drop for Detached {
     fn drop(&mut self) {
