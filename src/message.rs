@@ -2,9 +2,10 @@
 //!
 //! A message is parsed into a [`Kind`]: `id` and `method` are read, while
 //! `params`, `result` and `error` stay as raw JSON text ([`RawValue`]) until some
-//! code needs to look inside. Forwarding a 20 MB tool result therefore costs one
-//! copy of the bytes and no re-serialization, and fields the gateway does not know
-//! pass through untouched. Pure: no I/O.
+//! code needs to look inside. A 20 MB tool result is never re-serialized: it is copied
+//! once here, when it is split from the server's message, and a large one then goes out
+//! from that buffer ([`Answer`]). Fields the gateway does not know pass through
+//! untouched. Pure: no I/O.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -244,9 +245,8 @@ pub fn response(id: &Id, outcome: &Outcome) -> Vec<u8> {
 pub const LARGE_RESULT: usize = 64 * 1024;
 
 /// A response ready to send. A large result goes out in parts: the head
-/// (`{"jsonrpc":"2.0","id":…,"result":`), the result's own bytes (moved, not copied: a
-/// 20 MB result is copied once in all, when its line is split from the server's
-/// message), then `}`.
+/// (`{"jsonrpc":"2.0","id":…,"result":`), the result's own bytes (moved, not copied),
+/// then `}`.
 pub enum Answer {
     Whole(Vec<u8>),
     /// The head and the result; `}` follows.
