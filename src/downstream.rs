@@ -148,7 +148,7 @@ pub async fn answer_server_request(
     why_unknown: &str,
 ) -> Outcome {
     if method == "ping" {
-        return Outcome::Result(message::empty_object());
+        return Outcome::Result(message::empty_object().into());
     }
     match caller {
         Some(sink) => match sink.peer().cloned() {

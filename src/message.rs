@@ -55,8 +55,61 @@ pub enum Kind {
 /// The two shapes of a response body.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    Result(Box<RawValue>),
+    Result(Raw),
     Error(Box<RawValue>),
+}
+
+/// A result's JSON text as the server wrote it: valid JSON, and UTF-8. A large one shares
+/// the buffer of the message it came in ([`Kind::parse_shared`]), so it is not copied on
+/// its way to the client; a clone costs a reference count.
+#[derive(Clone)]
+pub struct Raw(bytes::Bytes);
+
+impl Raw {
+    pub fn get(&self) -> &str {
+        // SAFETY: a Raw is only made from a `Box<RawValue>` (a str) or from a sub-slice of
+        // a `&str` view of its buffer (`slice_of`), so its bytes are always UTF-8.
+        unsafe { std::str::from_utf8_unchecked(&self.0) }
+    }
+
+    /// The bytes, shared.
+    pub fn bytes(&self) -> bytes::Bytes {
+        self.0.clone()
+    }
+
+    /// `part` of `whole`, where `whole` is `buf` read as UTF-8: shared if `part` lies
+    /// in it, else copied.
+    fn slice_of(buf: &bytes::Bytes, whole: &str, part: &str) -> Raw {
+        let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
+        let inside = whole.as_ptr() == buf.as_ptr()
+            && whole.len() == buf.len()
+            && start <= whole.len()
+            && part.len() <= whole.len() - start;
+        if inside {
+            Raw(buf.slice(start..start + part.len()))
+        } else {
+            Raw(bytes::Bytes::copy_from_slice(part.as_bytes()))
+        }
+    }
+}
+
+impl From<Box<RawValue>> for Raw {
+    fn from(r: Box<RawValue>) -> Raw {
+        let text: Box<str> = r.into();
+        Raw(bytes::Bytes::from(String::from(text)))
+    }
+}
+
+impl From<&RawValue> for Raw {
+    fn from(r: &RawValue) -> Raw {
+        Raw(bytes::Bytes::copy_from_slice(r.get().as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for Raw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
 }
 
 /// Why a message could not be read. The first maps to -32700, the second to -32600.
@@ -101,6 +154,16 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
 impl Kind {
     /// Parses one JSON-RPC message (not a batch).
     pub fn parse(bytes: &[u8]) -> Result<Kind, ParseError> {
+        Kind::parse_with(bytes, None)
+    }
+
+    /// [`Kind::parse`] of a message in a shared buffer: a large result is a slice of it,
+    /// not a copy. (A small one is copied, so it does not keep the buffer alive.)
+    pub fn parse_shared(buf: &bytes::Bytes) -> Result<Kind, ParseError> {
+        Kind::parse_with(buf, Some(buf))
+    }
+
+    fn parse_with(bytes: &[u8], shared: Option<&bytes::Bytes>) -> Result<Kind, ParseError> {
         // UTF-8 checked once over the whole message: parsing from a `&str` then borrows
         // each string and raw value without checking its bytes again (from a `&[u8]`,
         // serde_json re-validates every one of them).
@@ -145,7 +208,10 @@ impl Kind {
             });
         }
         let outcome = match (wire.result, wire.error) {
-            (Some(r), None) => Outcome::Result(r.to_owned()),
+            (Some(r), None) => Outcome::Result(match shared {
+                Some(buf) if r.get().len() >= LARGE_RESULT => Raw::slice_of(buf, text, r.get()),
+                _ => Raw::from(r),
+            }),
             (None, Some(e)) => Outcome::Error(e.to_owned()),
             _ => {
                 return Err(ParseError::Shape(
@@ -261,8 +327,7 @@ impl Answer {
                 head.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
                 write_value(&mut head, id);
                 head.extend_from_slice(b",\"result\":");
-                let text: Box<str> = r.into();
-                Answer::Parts(head, bytes::Bytes::from(String::from(text)))
+                Answer::Parts(head, r.bytes())
             }
             o => Answer::Whole(response(id, &o)),
         }
@@ -621,9 +686,9 @@ pub fn request_with_members(id: u64, method: &str, params: &Members) -> Vec<u8> 
 /// object is parsed with every value but `isError` skipped unread (`IgnoredAny`, no
 /// allocation), so an `isError` nested in content, or inside a string, does not count.
 /// Anything that is not an object, or whose `isError` is not a boolean, is not an error.
-pub fn is_tool_error(result: &RawValue) -> bool {
+pub fn is_tool_error(result: &str) -> bool {
     use serde::de::{IgnoredAny, MapAccess, Visitor};
-    let bytes = result.get().as_bytes();
+    let bytes = result.as_bytes();
     let named =
         memchr::memchr_iter(b'E', bytes).any(|i| bytes[..i].ends_with(b"is") && bytes[i..].starts_with(b"Error"));
     let escaped = || memchr::memchr_iter(b'\\', bytes).any(|i| bytes.get(i + 1) == Some(&b'u'));
@@ -649,7 +714,7 @@ pub fn is_tool_error(result: &RawValue) -> bool {
             Ok(is_error)
         }
     }
-    let mut de = serde_json::Deserializer::from_str(result.get());
+    let mut de = serde_json::Deserializer::from_str(result);
     serde::Deserializer::deserialize_map(&mut de, Top).unwrap_or(false)
 }
 
@@ -691,11 +756,41 @@ pub fn short_hash(parts: &[&str], hex_len: usize) -> String {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_large_result_goes_from_the_servers_line_to_the_answer_uncopied() {
+        let text = "y".repeat(LARGE_RESULT);
+        let line = bytes::Bytes::from(format!(r#"{{"jsonrpc":"2.0","id":3,"result":{{"text":"{text}"}}}}"#));
+        let Kind::Response { outcome, .. } = Kind::parse_shared(&line).unwrap() else {
+            panic!("not a response")
+        };
+        let Answer::Parts(head, body) = Answer::new(&Value::from("c"), outcome) else {
+            panic!("a large result was framed whole")
+        };
+        let inside = line.as_ptr() as usize..line.as_ptr() as usize + line.len();
+        assert!(inside.contains(&(body.as_ptr() as usize)), "the result was copied");
+        let v: Value = serde_json::from_slice(&Answer::Parts(head, body).into_vec()).unwrap();
+        assert_eq!(v["id"], "c");
+        assert_eq!(v["result"]["text"].as_str(), Some(text.as_str()));
+        // A small result is copied, so it does not keep a large buffer alive.
+        let small = bytes::Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"a":1}}"#);
+        let Ok(Kind::Response {
+            outcome: Outcome::Result(r),
+            ..
+        }) = Kind::parse_shared(&small)
+        else {
+            panic!("not a result")
+        };
+        assert_eq!(r.get(), r#"{"a":1}"#);
+        assert!(
+            !(small.as_ptr() as usize..small.as_ptr() as usize + small.len()).contains(&(r.get().as_ptr() as usize))
+        );
+    }
+
+    #[test]
     fn a_large_result_is_answered_without_a_copy() {
         let big = format!("{{\"text\":\"{}\"}}", "x".repeat(LARGE_RESULT));
         let raw = RawValue::from_string(big.clone()).unwrap();
         let at = raw.get().as_ptr();
-        match Answer::new(&Value::from(7), Outcome::Result(raw)) {
+        match Answer::new(&Value::from(7), Outcome::Result(raw.into())) {
             Answer::Parts(head, body) => {
                 assert_eq!(head, br#"{"jsonrpc":"2.0","id":7,"result":"#);
                 assert_eq!(body.as_ptr(), at, "the result's bytes were copied");
@@ -705,7 +800,7 @@ mod tests {
             }
             Answer::Whole(_) => panic!("a large result was framed whole"),
         }
-        let small = Answer::new(&Value::from("a"), Outcome::Result(empty_object())).into_vec();
+        let small = Answer::new(&Value::from("a"), Outcome::Result(empty_object().into())).into_vec();
         assert_eq!(small, br#"{"jsonrpc":"2.0","id":"a","result":{}}"#);
     }
 
@@ -721,7 +816,7 @@ mod tests {
         };
         assert_ne!(id_key(&id), id_key(&sid));
         assert_eq!(
-            String::from_utf8(response(&sid, &Outcome::Result(empty_object()))).unwrap(),
+            String::from_utf8(response(&sid, &Outcome::Result(empty_object().into()))).unwrap(),
             r#"{"jsonrpc":"2.0","id":"1","result":{}}"#
         );
     }
@@ -778,7 +873,7 @@ mod tests {
 
     #[test]
     fn tool_errors_are_top_level_booleans() {
-        let yes = |s: &str| is_tool_error(&RawValue::from_string(s.to_owned()).unwrap());
+        let yes = |s: &str| is_tool_error(s);
         assert!(yes(r#"{"content":[],"isError":true}"#));
         assert!(yes(r#"{"isError":true,"content":[{"type":"text","text":"x"}]}"#));
         assert!(yes(r#"{"content":[], "\u0069sError" : true}"#));

@@ -148,7 +148,7 @@ impl Call {
             match responses.get(&key) {
                 Some(v @ Value::Object(_)) => {
                     debug!(%key, method = %q.method, "answering a server's question with the client's input response");
-                    let _ = q.answer.send(Outcome::Result(message::to_raw(v)));
+                    let _ = q.answer.send(Outcome::Result(message::to_raw(v).into()));
                 }
                 _ => self.open.push((key, q)),
             }
@@ -501,7 +501,7 @@ mod tests {
         assert_eq!(reqs.keys().collect::<Vec<_>>(), vec!["q1"]);
         c.answer(Some(&json!({"q1": {"action": "decline"}})));
         assert!(matches!(a1.try_recv(), Ok(Outcome::Result(_))));
-        let _ = dtx.send(Some(Outcome::Result(message::empty_object())));
+        let _ = dtx.send(Some(Outcome::Result(message::empty_object().into())));
         assert!(matches!(c.next().await, Step::Done(Some(Outcome::Result(_)))));
     }
 

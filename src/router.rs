@@ -422,7 +422,7 @@ impl Gateway {
         if !instructions.is_empty() {
             result["instructions"] = Value::String(instructions);
         }
-        Outcome::Result(message::to_raw(&result))
+        Outcome::Result(message::to_raw(&result).into())
     }
 
     /// Answers one request. Related notifications (progress, log messages) go to `sink`
@@ -513,7 +513,7 @@ impl Gateway {
             (true, _) => metrics::Outcome::RateLimited,
             (false, None) => metrics::Outcome::Cancelled,
             (false, Some(Outcome::Error(_))) => metrics::Outcome::Error,
-            (false, Some(Outcome::Result(r))) if method == "tools/call" && message::is_tool_error(r) => {
+            (false, Some(Outcome::Result(r))) if method == "tools/call" && message::is_tool_error(r.get()) => {
                 metrics::Outcome::ToolError
             }
             (false, Some(Outcome::Result(_))) => metrics::Outcome::Ok,
@@ -531,10 +531,13 @@ impl Gateway {
         self.metrics.rate_limited(&l.what);
         info.rate_limited = true;
         if method == "tools/call" {
-            Outcome::Result(message::to_raw(&json!({
-                "content": [{ "type": "text", "text": l.message() }],
-                "isError": true,
-            })))
+            Outcome::Result(
+                message::to_raw(&json!({
+                    "content": [{ "type": "text", "text": l.message() }],
+                    "isError": true,
+                }))
+                .into(),
+            )
         } else {
             Outcome::Error(message::error_object(
                 code::RATE_LIMITED,
@@ -609,7 +612,7 @@ impl Gateway {
             }
         };
         match method {
-            "ping" => Outcome::Result(message::empty_object()),
+            "ping" => Outcome::Result(message::empty_object().into()),
             "tools/list" => list(views.as_ref().map_or(&catalog.tools_result, |v| &v.tools)),
             "prompts/list" => list(views.as_ref().map_or(&catalog.prompts_result, |v| &v.prompts)),
             "resources/list" => list(views.as_ref().map_or(&catalog.resources_result, |v| &v.resources)),
@@ -633,7 +636,7 @@ impl Gateway {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(client.id.clone(), Arc::downgrade(client));
                 self.apply_log_level(topo).await;
-                Outcome::Result(message::empty_object())
+                Outcome::Result(message::empty_object().into())
             }
             "tools/call" | "prompts/get" => {
                 let (table, what) = if method == "tools/call" {
@@ -681,7 +684,7 @@ impl Gateway {
                 let out = self.forward(topo, client, route.server, method, p, sink, info).await;
                 match out {
                     Outcome::Result(r) if as_task => self
-                        .created_task(&server.name, client, &r)
+                        .created_task(&server.name, client, r.get())
                         .unwrap_or(Outcome::Result(r)),
                     other => other,
                 }
@@ -702,9 +705,9 @@ impl Gateway {
                 p.insert("taskId".into(), Value::String(route.task_id));
                 match self.forward(topo, client, server, method, p, sink, info).await {
                     Outcome::Result(r) => {
-                        let mut body = crate::tasks::open(&r);
+                        let mut body = crate::tasks::open(r.get());
                         crate::tasks::rewrite_task_object(&mut body, &route.server);
-                        Outcome::Result(crate::tasks::close(body))
+                        Outcome::Result(crate::tasks::close(body).into())
                     }
                     other => other,
                 }
@@ -768,12 +771,12 @@ impl Gateway {
                 };
                 if !first_or_last {
                     // Refcounted: the downstream already is (or still must stay) subscribed.
-                    return Outcome::Result(message::empty_object());
+                    return Outcome::Result(message::empty_object().into());
                 }
                 if topo.servers[server].modern() {
                     // 2026-07-28 has no resources/subscribe: the URI joins the server's listen stream.
                     topo.servers[server].listen_uri(&key.1, method == "resources/subscribe");
-                    return Outcome::Result(message::empty_object());
+                    return Outcome::Result(message::empty_object().into());
                 }
                 let out = self.forward(topo, client, server, method, p, sink, info).await;
                 if method == "resources/subscribe" && matches!(out, Outcome::Error(_)) {
@@ -1026,20 +1029,20 @@ fn page(result: &RawValue, method: &str, cursor: Option<&Value>, page_size: usiz
     };
     if page_size == 0 {
         return if offset == 0 {
-            Outcome::Result(result.to_owned())
+            Outcome::Result(result.to_owned().into())
         } else {
             invalid()
         };
     }
     let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(result.get()) else {
-        return Outcome::Result(result.to_owned());
+        return Outcome::Result(result.to_owned().into());
     };
     let Some((key, Value::Array(items))) = body
         .iter_mut()
         .find(|(_, v)| v.is_array())
         .map(|(k, v)| (k.clone(), v.take()))
     else {
-        return Outcome::Result(result.to_owned());
+        return Outcome::Result(result.to_owned().into());
     };
     if offset > items.len() {
         return invalid();
@@ -1053,7 +1056,7 @@ fn page(result: &RawValue, method: &str, cursor: Option<&Value>, page_size: usiz
     if more {
         body.insert("nextCursor".into(), Value::String(encode_cursor(method, end)));
     }
-    Outcome::Result(message::to_raw(&Value::Object(body)))
+    Outcome::Result(message::to_raw(&Value::Object(body)).into())
 }
 
 fn encode_cursor(method: &str, offset: usize) -> String {

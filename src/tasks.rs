@@ -96,8 +96,8 @@ pub fn rewrite_task_object(obj: &mut Map<String, Value>, server: &str) -> Option
 }
 
 /// Opens a raw result as an object (empty on anything else).
-pub fn open(raw: &RawValue) -> Map<String, Value> {
-    match serde_json::from_str(raw.get()) {
+pub fn open(raw: &str) -> Map<String, Value> {
+    match serde_json::from_str(raw) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
     }

@@ -515,7 +515,7 @@ fn classify(method: &str, o: &Outcome) -> Kind {
     match o {
         Outcome::Error(_) => Kind::Error,
         Outcome::Result(r) if method == "tools/call" => {
-            if crate::message::is_tool_error(r) {
+            if crate::message::is_tool_error(r.get()) {
                 Kind::ToolError
             } else {
                 Kind::Ok
@@ -680,7 +680,7 @@ mod tests {
 
     #[test]
     fn classifies_outcomes() {
-        let r = |s: &str| Outcome::Result(RawValue::from_string(s.into()).unwrap());
+        let r = |s: &str| Outcome::Result(RawValue::from_string(s.into()).unwrap().into());
         assert_eq!(
             classify("tools/call", &r(r#"{"content":[],"isError":true}"#)),
             Kind::ToolError

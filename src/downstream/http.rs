@@ -231,7 +231,7 @@ impl Shared {
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
         if !is_sse {
             let body = resp.bytes().await.map_err(|e| self.unavailable(describe(&e)))?;
-            return match Kind::parse(&body) {
+            return match Kind::parse_shared(&body) {
                 Ok(Kind::Response { outcome, .. }) => Ok(outcome),
                 Ok(_) => Err(self.unavailable("answered a request with something other than a response")),
                 Err(e) => Err(self.unavailable(format!("answered with invalid JSON-RPC: {e}"))),

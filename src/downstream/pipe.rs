@@ -78,7 +78,7 @@ impl Actor {
                     }
                 },
                 line = lines.recv() => match line {
-                    Some(line) => self.line(&line).await,
+                    Some(line) => self.line(bytes::Bytes::from(line)).await,
                     None => {
                         // Stdout closed: the child is exiting; give it a moment to report.
                         break match tokio::time::timeout(Duration::from_millis(200), &mut exit).await {
@@ -167,8 +167,9 @@ impl Actor {
         }
     }
 
-    async fn line(&mut self, line: &[u8]) {
-        let kind = match Kind::parse(line) {
+    /// One message from the server. A large result stays in the line's buffer.
+    async fn line(&mut self, line: bytes::Bytes) {
+        let kind = match Kind::parse_shared(&line) {
             Ok(k) => k,
             Err(e) => {
                 let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);

@@ -173,7 +173,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             _ = out.closed() => return,
             _ = l.closing.cancelled() => {
                 let result = message::to_raw(&json!({ "_meta": { META_SUBSCRIPTION_ID: l.id } }));
-                let done = (l.finish)(Outcome::Result(result));
+                let done = (l.finish)(Outcome::Result(result.into()));
                 let _ = out.send(frame(&message::response(&l.id, &done))).await;
                 return;
             }

@@ -456,7 +456,7 @@ pub fn input_required(requests: Map<String, Value>, state: String, init: &Outcom
     if !info.is_null() {
         v["_meta"] = json!({ META_SERVER_INFO: info });
     }
-    Outcome::Result(message::to_raw(&v))
+    Outcome::Result(message::to_raw(&v).into())
 }
 
 /// The error for a `requestState` that does not verify (the reason goes to the log only).
@@ -494,7 +494,7 @@ fn finish_value(method: &str, mut v: Value, info: &Value, private: bool) -> Outc
             o.insert("cacheScope".into(), json!(scope));
         }
     }
-    Outcome::Result(message::to_raw(&v))
+    Outcome::Result(message::to_raw(&v).into())
 }
 
 #[cfg(test)]

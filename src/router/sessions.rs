@@ -95,7 +95,7 @@ impl Gateway {
     }
 
     /// Rewrites a server's CreateTaskResult for the client and binds the task to it.
-    pub(super) fn created_task(&self, server: &Arc<str>, client: &Arc<Client>, result: &RawValue) -> Option<Outcome> {
+    pub(super) fn created_task(&self, server: &Arc<str>, client: &Arc<Client>, result: &str) -> Option<Outcome> {
         let mut body = crate::tasks::open(result);
         let Some(Value::Object(task)) = body.get_mut("task") else {
             return None;
@@ -108,7 +108,7 @@ impl Gateway {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(client.id.clone(), Arc::downgrade(client));
-        Some(Outcome::Result(crate::tasks::close(body)))
+        Some(Outcome::Result(crate::tasks::close(body).into()))
     }
 
     /// tasks/list: this session's tasks, from every server that lists tasks.
@@ -127,7 +127,7 @@ impl Gateway {
                 else {
                     break;
                 };
-                let mut page = crate::tasks::open(&r);
+                let mut page = crate::tasks::open(r.get());
                 if let Some(Value::Array(tasks)) = page.remove("tasks") {
                     for t in tasks {
                         let Value::Object(mut t) = t else { continue };
@@ -150,13 +150,13 @@ impl Gateway {
                 }
             }
         }
-        Outcome::Result(message::to_raw(&json!({ "tasks": all })))
+        Outcome::Result(message::to_raw(&json!({ "tasks": all })).into())
     }
 
     /// Delivers a server's `notifications/tasks/status` to the session that owns the task.
     pub(super) fn task_status(&self, server: &Arc<str>, method: &str, params: Option<&RawValue>) {
         let Some(raw) = params else { return };
-        let mut body = crate::tasks::open(raw);
+        let mut body = crate::tasks::open(raw.get());
         let Some(id) = body.get("taskId").and_then(Value::as_str) else {
             return;
         };
