@@ -23,7 +23,7 @@ pub struct Pipe {
     /// Each message for the server, ending in a newline.
     pub write: mpsc::Sender<Vec<u8>>,
     /// Each message from the server.
-    pub lines: mpsc::Receiver<Vec<u8>>,
+    pub lines: mpsc::Receiver<bytes::Bytes>,
     /// Completes with a sentence when the server is gone.
     pub exit: oneshot::Receiver<String>,
     /// The child's process group, to signal on shutdown.
@@ -61,7 +61,12 @@ struct Actor {
 type Exit = oneshot::Receiver<String>;
 
 impl Actor {
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>, mut lines: mpsc::Receiver<Vec<u8>>, mut exit: Exit) {
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        mut lines: mpsc::Receiver<bytes::Bytes>,
+        mut exit: Exit,
+    ) {
         let reason = loop {
             tokio::select! {
                 cmd = commands.recv() => match cmd {
@@ -78,7 +83,7 @@ impl Actor {
                     }
                 },
                 line = lines.recv() => match line {
-                    Some(line) => self.line(bytes::Bytes::from(line)).await,
+                    Some(line) => self.line(line).await,
                     None => {
                         // Stdout closed: the child is exiting; give it a moment to report.
                         break match tokio::time::timeout(Duration::from_millis(200), &mut exit).await {

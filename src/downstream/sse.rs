@@ -27,7 +27,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     let url = reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("bad url {}: {e}", spec.url_display))?;
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display, transport = "sse");
     let (write_tx, mut write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
-    let (line_tx, line_rx) = mpsc::channel::<Vec<u8>>(64);
+    let (line_tx, line_rx) = mpsc::channel::<bytes::Bytes>(64);
     let (exit_tx, exit_rx) = oneshot::channel();
     let (endpoint_tx, mut endpoint_rx) = watch::channel::<Option<reqwest::Url>>(None);
     let stop = CancellationToken::new();
@@ -93,7 +93,7 @@ async fn read_stream(
     hdrs: reqwest::header::HeaderMap,
     url: reqwest::Url,
     endpoint: watch::Sender<Option<reqwest::Url>>,
-    lines: mpsc::Sender<Vec<u8>>,
+    lines: mpsc::Sender<bytes::Bytes>,
 ) -> String {
     let resp = match http
         .get(url.clone())
@@ -124,7 +124,7 @@ async fn read_stream(
                     Err(e) => return format!("the server named a bad endpoint: {e}"),
                 },
                 "" | "message" => {
-                    if lines.send(ev.data.into_bytes()).await.is_err() {
+                    if lines.send(bytes::Bytes::from(ev.data)).await.is_err() {
                         return "closed".to_owned();
                     }
                 }

@@ -6,10 +6,11 @@
 use super::pipe::{run_pipe, Pipe};
 use super::{Connection, Incoming};
 use crate::config::StdioSpec;
+use bytes::{Bytes, BytesMut};
 use std::io;
 use std::process::Stdio;
 use std::sync::Arc;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::ChildStdin;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn, Instrument};
@@ -45,14 +46,9 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
     let span = tracing::info_span!("downstream", server = %server, pid = pid.unwrap_or(0));
 
     let (write_tx, write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
-    let (line_tx, line_rx) = mpsc::channel::<Vec<u8>>(64);
+    let (line_tx, line_rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(write_lines(stdin, write_rx).instrument(span.clone()));
-    let reader = read_lines(
-        BufReader::with_capacity(64 << 10, stdout),
-        line_tx,
-        server.clone(),
-        spec.max_line,
-    );
+    let reader = read_lines(LineReader::new(stdout), line_tx, server.clone(), spec.max_line);
     tokio::spawn(reader.instrument(span.clone()));
     tokio::spawn(log_stderr(BufReader::new(stderr)).instrument(span.clone()));
     let (exit_tx, exit_rx) = oneshot::channel();
@@ -110,20 +106,24 @@ async fn write_lines(stdin: ChildStdin, mut rx: mpsc::Receiver<Vec<u8>>) {
     }
 }
 
-async fn read_lines<R: AsyncBufRead + Unpin>(mut reader: R, tx: mpsc::Sender<Vec<u8>>, server: Arc<str>, max: usize) {
+async fn read_lines<R: AsyncRead + Unpin>(
+    mut reader: LineReader<R>,
+    tx: mpsc::Sender<Bytes>,
+    server: Arc<str>,
+    max: usize,
+) {
     loop {
-        let mut line = Vec::new();
-        let line = match read_line_limited(&mut reader, &mut line, max).await {
-            Ok(LineRead::Eof) => return,
-            Ok(LineRead::TooLong(n)) => {
+        let line = match reader.next(max).await {
+            Ok(Next::Eof) => return,
+            Ok(Next::TooLong(n, prefix)) => {
                 warn!(bytes = n, max, "skipping an over-long stdout line");
                 // Fail the call it answers now, rather than let it time out.
-                match too_long_answer(&line, &server, n, max) {
-                    Some(answer) => answer,
+                match too_long_answer(&prefix, &server, n, max) {
+                    Some(answer) => Bytes::from(answer),
                     None => continue,
                 }
             }
-            Ok(LineRead::Line) => {
+            Ok(Next::Line(line)) => {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
@@ -137,6 +137,134 @@ async fn read_lines<R: AsyncBufRead + Unpin>(mut reader: R, tx: mpsc::Sender<Vec
         if tx.send(line).await.is_err() {
             return;
         }
+    }
+}
+
+/// The first read buffer's size, and the smallest.
+const READ: usize = 64 << 10;
+/// The largest read buffer, for a long line.
+const READ_MAX: usize = 8 << 20;
+
+/// What [`LineReader::next`] found.
+pub(crate) enum Next {
+    Line(Bytes),
+    /// A line over the limit, consumed: its length and its first bytes.
+    TooLong(usize, Vec<u8>),
+    Eof,
+}
+
+/// Splits a child's stdout into `\n`-terminated lines (without the newline or a `\r`
+/// before it), reading straight from the pipe into buffers of its own. A line within one
+/// read is a slice of that buffer; a longer one is joined once from the buffers it
+/// filled (each read bigger than the last, up to 8 MiB). So a 20 MB message is copied
+/// once on its way in: no reader's buffer to copy out of, no buffer growing by copies.
+pub(crate) struct LineReader<R> {
+    inner: R,
+    /// Read, not yet returned. Its first `scanned` bytes hold no newline.
+    cur: BytesMut,
+    scanned: usize,
+    /// Full buffers of the line being read, before `cur`.
+    parts: Vec<Bytes>,
+    /// The bytes in `parts`.
+    in_parts: usize,
+    /// Over the limit: the line's first bytes and its length so far; nothing else is kept.
+    over: Option<(Vec<u8>, usize)>,
+}
+
+impl<R: AsyncRead + Unpin> LineReader<R> {
+    pub(crate) fn new(inner: R) -> LineReader<R> {
+        LineReader {
+            inner,
+            cur: BytesMut::with_capacity(READ),
+            scanned: 0,
+            parts: Vec::new(),
+            in_parts: 0,
+            over: None,
+        }
+    }
+
+    /// The next line of at most `max` bytes. A longer one is consumed and reported, so
+    /// the stream stays in step. Cancel-safe: what was read stays in the reader.
+    pub(crate) async fn next(&mut self, max: usize) -> io::Result<Next> {
+        loop {
+            if let Some(i) = memchr(&self.cur[self.scanned..]) {
+                let end = self.scanned + i;
+                let mut tail = self.cur.split_to(end + 1);
+                tail.truncate(end);
+                self.scanned = 0;
+                return Ok(self.finish(tail, max));
+            }
+            self.scanned = self.cur.len();
+            if self.cur.capacity() - self.cur.len() < READ / 4 {
+                if self.cur.len() >= READ / 2 {
+                    // (Nearly) full, and no newline: the buffer becomes part of the line,
+                    // and the next read goes to a new one, bigger as the line grows.
+                    let full = self.cur.split().freeze();
+                    self.scanned = 0;
+                    self.keep(full, max);
+                    let size = (self.in_parts + self.over.as_ref().map_or(0, |o| o.1)).clamp(READ, READ_MAX);
+                    self.cur.reserve(size);
+                } else {
+                    // The short start of a line at the end of a buffer moves to a new one.
+                    self.cur.reserve(READ);
+                }
+            }
+            if self.inner.read_buf(&mut self.cur).await? == 0 {
+                // End of stream: a last line without a newline still counts.
+                let tail = self.cur.split();
+                self.scanned = 0;
+                if tail.is_empty() && self.parts.is_empty() && self.over.is_none() {
+                    return Ok(Next::Eof);
+                }
+                return Ok(self.finish(tail, max));
+            }
+        }
+    }
+
+    /// Adds a buffer of the current line, or, past the limit, keeps only its start.
+    fn keep(&mut self, part: Bytes, max: usize) {
+        if part.is_empty() {
+            return;
+        }
+        if let Some((_, n)) = &mut self.over {
+            *n += part.len();
+            return;
+        }
+        self.in_parts += part.len();
+        self.parts.push(part);
+        if self.in_parts > max {
+            let mut prefix = Vec::with_capacity(LONG_LINE_PREFIX);
+            for p in self.parts.drain(..) {
+                let room = LONG_LINE_PREFIX - prefix.len();
+                prefix.extend_from_slice(&p[..room.min(p.len())]);
+            }
+            self.over = Some((prefix, self.in_parts));
+            self.in_parts = 0;
+        }
+    }
+
+    /// The line whose last piece is `tail`.
+    fn finish(&mut self, tail: BytesMut, max: usize) -> Next {
+        let tail = tail.freeze();
+        self.keep(tail, max);
+        let line = match self.over.take() {
+            Some((prefix, n)) => return Next::TooLong(n, prefix),
+            None if self.parts.len() == 1 => self.parts.pop().unwrap_or_default(),
+            None => {
+                // The one copy of a long line: its buffers joined.
+                let mut joined = Vec::with_capacity(self.in_parts);
+                for p in self.parts.drain(..) {
+                    joined.extend_from_slice(&p);
+                }
+                Bytes::from(joined)
+            }
+        };
+        self.parts.clear();
+        self.in_parts = 0;
+        Next::Line(match line.last() {
+            Some(b'\r') => line.slice(..line.len() - 1),
+            _ => line,
+        })
     }
 }
 
@@ -234,6 +362,78 @@ async fn log_stderr<R: AsyncBufRead + Unpin>(mut reader: R) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader that gives at most `step` bytes a read.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            let n = self.step.min(buf.remaining()).min(self.data.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    async fn lines(data: &[u8], step: usize, max: usize) -> Vec<String> {
+        let mut r = LineReader::new(Trickle {
+            data: data.to_vec(),
+            at: 0,
+            step,
+        });
+        let mut got = Vec::new();
+        loop {
+            match r.next(max).await.unwrap() {
+                Next::Eof => break,
+                Next::TooLong(n, prefix) => got.push(format!("too long {n} {}", String::from_utf8_lossy(&prefix))),
+                Next::Line(l) => got.push(String::from_utf8(l.to_vec()).unwrap()),
+            }
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn line_reader_splits_limits_and_stays_in_step() {
+        let data = b"short\r\nthis line is far too long\nok\n\nlast";
+        for step in [1, 3, 7, 64 << 10] {
+            assert_eq!(
+                lines(data, step, 10).await,
+                ["short", "too long 25 this line is far too long", "ok", "", "last"],
+                "step {step}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn line_reader_joins_long_lines_once_and_keeps_the_rest() {
+        let long = "x".repeat(3 * READ + 123);
+        let data = format!("a\n{long}\r\nb\n{long}\nc");
+        for step in [1000, 5000, 64 << 10, 1 << 20] {
+            let got = lines(data.as_bytes(), step, 1 << 20).await;
+            assert_eq!(got.len(), 5, "step {step}");
+            assert_eq!((got[0].as_str(), got[2].as_str(), got[4].as_str()), ("a", "b", "c"));
+            assert!(got[1] == long && got[3] == long, "step {step}");
+        }
+        // Over the limit: only the start is kept, and the next line is whole.
+        let data = format!("{{\"id\":7,\"result\":\"{long}\"}}\nafter\n");
+        let got = lines(data.as_bytes(), 64 << 10, READ).await;
+        assert_eq!(got.len(), 2);
+        assert!(
+            got[0].starts_with(&format!("too long {} {{\"id\":7,", long.len() + 20)),
+            "{}",
+            &got[0][..40]
+        );
+        assert_eq!(got[1], "after");
+    }
 
     #[tokio::test]
     async fn lines_are_limited_and_stay_in_step() {
