@@ -192,6 +192,13 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 let mut tail = self.cur.split_to(end + 1);
                 tail.truncate(end);
                 self.scanned = 0;
+                if self.cur.capacity() > 2 * READ && self.cur.len() <= READ {
+                    // After a long line, what follows it moves to a buffer of the usual
+                    // size, so the long line's buffer is freed with the line.
+                    let mut rest = BytesMut::with_capacity(READ);
+                    rest.extend_from_slice(&self.cur);
+                    self.cur = rest;
+                }
                 return Ok(self.finish(tail, max));
             }
             self.scanned = self.cur.len();
@@ -411,6 +418,26 @@ mod tests {
                 "step {step}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn line_reader_lets_go_of_a_long_lines_buffers() {
+        let data = format!("{}\nsmall\n", "z".repeat(40 * READ));
+        let mut r = LineReader::new(Trickle {
+            data: data.into_bytes(),
+            at: 0,
+            step: 4 << 20,
+        });
+        let Next::Line(long) = r.next(usize::MAX).await.unwrap() else {
+            panic!("no line")
+        };
+        assert_eq!(long.len(), 40 * READ);
+        assert!(
+            r.cur.capacity() <= 2 * READ,
+            "kept {} bytes of buffer",
+            r.cur.capacity()
+        );
+        assert!(matches!(r.next(usize::MAX).await.unwrap(), Next::Line(l) if l == "small"));
     }
 
     #[tokio::test]
