@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(kind) = Kind::parse(data) {
         match kind {
             Kind::Request { id, method, params } => {
-                let answer = message::response(&id, &Outcome::Result(message::empty_object()));
+                let answer = message::response(&id, &Outcome::Result(message::empty_object().into()));
                 assert!(Kind::parse(&answer).is_ok(), "our response must parse");
                 if let Ok(p) = message::params_object(params.as_deref()) {
                     let (line, token) = encode_request(7, &method, Params::Object { params: p, progress: Some(id.clone()) });
