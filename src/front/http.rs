@@ -831,7 +831,10 @@ async fn request(
         First::Answer(answer) => {
             task.0 = None;
             match related.try_recv() {
-                Err(_) if stateless => stateless_json(answer.into_vec().into()),
+                // (A large answer is a result, never one of the errors that change the status.)
+                Err(_) if stateless && matches!(answer, message::Answer::Whole(_)) => {
+                    stateless_json(answer.into_vec().into())
+                }
                 Err(_) => json_response(answer_body(answer)),
                 // Related messages queued before the answer go out before it, on SSE.
                 Ok(m) => {

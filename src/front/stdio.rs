@@ -52,7 +52,10 @@ pub async fn serve<R, W>(
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (out_tx, out_rx) = mpsc::channel::<Bytes>(crate::downstream::SINK_QUEUE);
-    let writer = tokio::spawn(write_lines(output, out_rx));
+    // Large answers (a result of 64 KiB or more) come on a channel of their own, in
+    // parts, so their result is written from its own buffer (see `message::Answer`).
+    let (large_tx, large_rx) = mpsc::channel::<message::Answer>(4);
+    let writer = tokio::spawn(write_lines(output, out_rx, large_rx));
     let client = Arc::new(Client::new("stdio").transport("pipe"));
 
     // list_changed for everyone, and this session's own messages (resource updates).
@@ -167,14 +170,21 @@ pub async fn serve<R, W>(
                         }
                     }
                 }
-                let (gw, client, out) = (gw.clone(), client.clone(), out_tx.clone());
+                let (gw, client, out, large) = (gw.clone(), client.clone(), out_tx.clone(), large_tx.clone());
                 tokio::spawn(async move {
                     // A cancelled request gets no answer, as the spec asks.
                     if let Some(result) = gw
                         .request(&client, &id, &method, params, Some(Sink::new(out.clone())), None)
                         .await
                     {
-                        let _ = out.send(Bytes::from(message::response(&id, &result))).await;
+                        match message::Answer::new(&id, result) {
+                            message::Answer::Whole(line) => {
+                                let _ = out.send(Bytes::from(line)).await;
+                            }
+                            parts => {
+                                let _ = large.send(parts).await;
+                            }
+                        }
                     }
                 });
             }
@@ -218,6 +228,7 @@ pub async fn serve<R, W>(
     gw.forget_client(&client).await;
     notifier.abort();
     drop(out_tx);
+    drop(large_tx);
     // Answers still being computed hold senders; the writer ends when the last is gone.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
 }
@@ -401,14 +412,84 @@ fn client_identity(gw: &Gateway, as_client: Option<&str>) -> Result<Option<Arc<c
     })
 }
 
-async fn write_lines<W: AsyncWrite + Unpin>(mut out: W, mut rx: mpsc::Receiver<Bytes>) {
-    while let Some(m) = rx.recv().await {
-        if out.write_all(&m).await.is_err() || out.write_all(b"\n").await.is_err() {
+/// Writes each message as a line. A large answer is written in its parts; whatever was
+/// queued before it (its call's progress, say) goes out first.
+async fn write_lines<W: AsyncWrite + Unpin>(
+    mut out: W,
+    mut rx: mpsc::Receiver<Bytes>,
+    mut large: mpsc::Receiver<message::Answer>,
+) {
+    let mut large_open = true;
+    loop {
+        let next = tokio::select! {
+            biased;
+            m = rx.recv() => match m {
+                Some(m) => Ok(m),
+                // Every sender is gone; a request queues its large answer before it
+                // lets go of its sender, so what is left on `large` is complete.
+                None => break,
+            },
+            a = large.recv(), if large_open => match a {
+                Some(a) => Err(a),
+                None => {
+                    large_open = false;
+                    continue;
+                }
+            },
+        };
+        let written = match next {
+            Ok(m) => write_line(&mut out, &m).await,
+            Err(a) => write_answer(&mut out, a).await,
+        };
+        if written.is_err() || (rx.is_empty() && large.is_empty() && out.flush().await.is_err()) {
             return;
         }
-        if rx.is_empty() && out.flush().await.is_err() {
+    }
+    while let Ok(a) = large.try_recv() {
+        if write_answer(&mut out, a).await.is_err() {
             return;
         }
     }
     let _ = out.flush().await;
+}
+
+async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, m: &[u8]) -> std::io::Result<()> {
+    out.write_all(m).await?;
+    out.write_all(b"\n").await
+}
+
+async fn write_answer<W: AsyncWrite + Unpin>(out: &mut W, a: message::Answer) -> std::io::Result<()> {
+    match a {
+        message::Answer::Whole(line) => write_line(out, &line).await,
+        message::Answer::Parts(head, result) => {
+            out.write_all(&head).await?;
+            out.write_all(&result).await?;
+            out.write_all(b"}\n").await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_large_answer_is_written_whole_after_what_was_queued_before_it() {
+        let (tx, rx) = mpsc::channel::<Bytes>(8);
+        let (ltx, lrx) = mpsc::channel::<message::Answer>(2);
+        tx.send(Bytes::from_static(b"{\"progress\":1}")).await.unwrap();
+        let big = message::to_raw(&serde_json::json!({ "text": "b".repeat(message::LARGE_RESULT) }));
+        let answer = message::Answer::new(&Value::from(9), Outcome::Result(big.into()));
+        assert!(matches!(answer, message::Answer::Parts(..)));
+        ltx.send(answer).await.unwrap();
+        drop((tx, ltx));
+        let mut out = Vec::new();
+        write_lines(&mut out, rx, lrx).await;
+        let lines: Vec<&[u8]> = out.split(|&b| b == b'\n').collect();
+        assert_eq!(lines.len(), 3, "two lines and the end");
+        assert_eq!(lines[0], b"{\"progress\":1}");
+        let v: Value = serde_json::from_slice(lines[1]).unwrap();
+        assert_eq!(v["id"], 9);
+        assert_eq!(v["result"]["text"].as_str().map(str::len), Some(message::LARGE_RESULT));
+    }
 }
