@@ -2,10 +2,10 @@
 //!
 //! A message is parsed into a [`Kind`]: `id` and `method` are read, while
 //! `params`, `result` and `error` stay as raw JSON text ([`RawValue`]) until some
-//! code needs to look inside. A 20 MB tool result is never re-serialized: it is copied
-//! once here, when it is split from the server's message, and a large one then goes out
-//! from that buffer ([`Answer`]). Fields the gateway does not know pass through
-//! untouched. Pure: no I/O.
+//! code needs to look inside. A large tool result is never re-serialized nor copied
+//! here: it stays a slice of the message it came in ([`Raw`], [`Kind::parse_shared`])
+//! and goes out from that buffer ([`Answer`]). Fields the gateway does not know pass
+//! through untouched. Pure: no I/O.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -296,14 +296,20 @@ pub fn response(id: &Id, outcome: &Outcome) -> Vec<u8> {
         Outcome::Result(r) => ("result", r.get()),
         Outcome::Error(e) => ("error", e.get()),
     };
-    let mut out = Vec::with_capacity(40 + body.len());
+    let mut out = response_head(id, key, body.len() + 1);
+    out.extend_from_slice(body.as_bytes());
+    out.push(b'}');
+    out
+}
+
+/// `{"jsonrpc":"2.0","id":<id>,"<key>":`, with room for `more` bytes after it.
+fn response_head(id: &Id, key: &str, more: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + more);
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     write_value(&mut out, id);
     out.extend_from_slice(b",\"");
     out.extend_from_slice(key.as_bytes());
     out.extend_from_slice(b"\":");
-    out.extend_from_slice(body.as_bytes());
-    out.push(b'}');
     out
 }
 
@@ -323,11 +329,7 @@ impl Answer {
     pub fn new(id: &Id, outcome: Outcome) -> Answer {
         match outcome {
             Outcome::Result(r) if r.get().len() >= LARGE_RESULT => {
-                let mut head = Vec::with_capacity(48);
-                head.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-                write_value(&mut head, id);
-                head.extend_from_slice(b",\"result\":");
-                Answer::Parts(head, r.bytes())
+                Answer::Parts(response_head(id, "result", 0), r.bytes())
             }
             o => Answer::Whole(response(id, &o)),
         }
