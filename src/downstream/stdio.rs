@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use std::io;
 use std::process::Stdio;
 use std::sync::Arc;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::ChildStdin;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn, Instrument};
@@ -50,7 +50,7 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
     tokio::spawn(write_lines(stdin, write_rx).instrument(span.clone()));
     let reader = read_lines(LineReader::new(stdout), line_tx, server.clone(), spec.max_line);
     tokio::spawn(reader.instrument(span.clone()));
-    tokio::spawn(log_stderr(BufReader::new(stderr)).instrument(span.clone()));
+    tokio::spawn(log_stderr(LineReader::new(stderr)).instrument(span.clone()));
     let (exit_tx, exit_rx) = oneshot::channel();
     tokio::spawn(async move {
         let status = child
@@ -153,8 +153,9 @@ pub(crate) enum Next {
     Eof,
 }
 
-/// Splits a child's stdout into `\n`-terminated lines (without the newline or a `\r`
-/// before it), reading straight from the pipe into buffers of its own. A line within one
+/// Splits a stream (a child's stdout or stderr, the stdio front's stdin) into
+/// `\n`-terminated lines (without the newline or a `\r` before it), reading straight
+/// from the pipe into buffers of its own. A line within one
 /// read is a slice of that buffer; a longer one is joined once from the buffers it
 /// filled (each read bigger than the last, up to 8 MiB). So a 20 MB message is copied
 /// once on its way in: no reader's buffer to copy out of, no buffer growing by copies.
@@ -295,73 +296,17 @@ fn too_long_answer(prefix: &[u8], server: &str, bytes: usize, max: usize) -> Opt
     Some(crate::message::response(&id, &crate::message::Outcome::Error(error)))
 }
 
-pub(crate) enum LineRead {
-    Line,
-    TooLong(usize),
-    Eof,
-}
-
-/// Reads one `\n`-terminated line (without the newline) of at most `max` bytes. A longer
-/// line is consumed and reported, so the stream stays in step.
-pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(
-    r: &mut R,
-    out: &mut Vec<u8>,
-    max: usize,
-) -> io::Result<LineRead> {
-    let mut seen = 0usize;
-    loop {
-        let buf = r.fill_buf().await?;
-        if buf.is_empty() {
-            return Ok(if seen == 0 {
-                LineRead::Eof
-            } else if seen > max {
-                LineRead::TooLong(seen)
-            } else {
-                LineRead::Line
-            });
-        }
-        let (chunk, done) = match memchr(buf) {
-            Some(i) => (&buf[..i], i + 1),
-            None => (buf, 0),
-        };
-        seen += chunk.len();
-        if seen <= max {
-            out.extend_from_slice(chunk);
-        } else {
-            // Keep only the start of an over-long line (where its id usually is).
-            let room = LONG_LINE_PREFIX.saturating_sub(out.len());
-            out.truncate(LONG_LINE_PREFIX);
-            out.extend_from_slice(&chunk[..room.min(chunk.len())]);
-        }
-        if done > 0 {
-            r.consume(done);
-            if out.last() == Some(&b'\r') {
-                out.pop();
-            }
-            return Ok(if seen > max {
-                LineRead::TooLong(seen)
-            } else {
-                LineRead::Line
-            });
-        }
-        let n = buf.len();
-        r.consume(n);
-    }
-}
-
 fn memchr(buf: &[u8]) -> Option<usize> {
     // SIMD: a 20 MB line is scanned in a few milliseconds, not byte by byte.
     memchr::memchr(b'\n', buf)
 }
 
-async fn log_stderr<R: AsyncBufRead + Unpin>(mut reader: R) {
-    let mut line = Vec::new();
+async fn log_stderr<R: AsyncRead + Unpin>(mut reader: LineReader<R>) {
     loop {
-        line.clear();
-        match read_line_limited(&mut reader, &mut line, 64 << 10).await {
-            Ok(LineRead::Line) => info!(target: "downstream::stderr", "{}", String::from_utf8_lossy(&line)),
-            Ok(LineRead::TooLong(n)) => info!(target: "downstream::stderr", "({n} byte stderr line skipped)"),
-            Ok(LineRead::Eof) | Err(_) => return,
+        match reader.next(64 << 10).await {
+            Ok(Next::Line(line)) => info!(target: "downstream::stderr", "{}", String::from_utf8_lossy(&line)),
+            Ok(Next::TooLong(n, _)) => info!(target: "downstream::stderr", "({n} byte stderr line skipped)"),
+            Ok(Next::Eof) | Err(_) => return,
         }
     }
 }
@@ -460,22 +405,5 @@ mod tests {
             &got[0][..40]
         );
         assert_eq!(got[1], "after");
-    }
-
-    #[tokio::test]
-    async fn lines_are_limited_and_stay_in_step() {
-        let data: &[u8] = b"short\r\nthis line is far too long\nok\n\nlast";
-        let mut r = BufReader::with_capacity(4, data);
-        let mut out = Vec::new();
-        let mut got = Vec::new();
-        loop {
-            out.clear();
-            match read_line_limited(&mut r, &mut out, 10).await.unwrap() {
-                LineRead::Eof => break,
-                LineRead::TooLong(n) => got.push(format!("too long {n}")),
-                LineRead::Line => got.push(String::from_utf8(out.clone()).unwrap()),
-            }
-        }
-        assert_eq!(got, ["short", "too long 25", "ok", "", "last"]);
     }
 }

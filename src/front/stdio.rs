@@ -12,7 +12,7 @@
 //! graceful response.
 
 use super::{listen, modern};
-use crate::downstream::stdio::{read_line_limited, LineRead};
+use crate::downstream::stdio::{LineReader, Next};
 use crate::downstream::Sink;
 use crate::message::{self, code, id_key, Id, Kind, Outcome};
 use crate::router::{Client, Gateway};
@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -86,22 +86,21 @@ pub async fn serve<R, W>(
     let closing = CancellationToken::new();
 
     let max_line = gw.config().gateway.max_line;
-    let mut reader = BufReader::with_capacity(64 << 10, input);
-    let mut line = Vec::new();
+    let mut reader = LineReader::new(input);
     tokio::pin!(shutdown);
     let mut stopping = false;
     loop {
-        line.clear();
+        // Cancel-safe: a line half read stays in the reader.
         let read = tokio::select! {
-            r = read_line_limited(&mut reader, &mut line, max_line) => r,
+            r = reader.next(max_line) => r,
             _ = &mut shutdown => {
                 stopping = true;
                 break;
             }
         };
-        match read {
-            Ok(LineRead::Eof) => break,
-            Ok(LineRead::TooLong(n)) => {
+        let line = match read {
+            Ok(Next::Eof) => break,
+            Ok(Next::TooLong(n, _)) => {
                 let err = Outcome::Error(message::error_object(
                     code::INVALID_REQUEST,
                     &format!("message of {n} bytes is over the {max_line} byte limit (gateway.max_line)"),
@@ -110,12 +109,12 @@ pub async fn serve<R, W>(
                 let _ = out_tx.send(Bytes::from(message::response(&Value::Null, &err))).await;
                 continue;
             }
-            Ok(LineRead::Line) => {}
+            Ok(Next::Line(line)) => line,
             Err(e) => {
                 warn!(error = %e, "reading stdin failed");
                 break;
             }
-        }
+        };
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
