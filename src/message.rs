@@ -230,6 +230,34 @@ impl Kind {
     }
 }
 
+/// Makes `message` exactly one line for a newline-delimited stream (a stdio child's
+/// stdin, the stdio front's stdout): every raw LF or CR in it becomes a space, and one
+/// `\n` ends it. In valid JSON a raw LF or CR can only be whitespace between tokens
+/// (inside a string it must be escaped), so the message means the same; and whatever
+/// bytes a peer got into it, it cannot become two messages. In place, no copy: the
+/// scan is SIMD `memchr2`, and a message without either byte is untouched.
+pub fn frame_line(message: &mut Vec<u8>) {
+    if message.last() == Some(&b'\n') {
+        message.pop();
+    }
+    blank_line_breaks(message);
+    message.push(b'\n');
+}
+
+/// Replaces every raw LF and CR in `bytes` with a space.
+pub fn blank_line_breaks(bytes: &mut [u8]) {
+    let mut from = 0;
+    while let Some(i) = memchr::memchr2(b'\n', b'\r', &bytes[from..]) {
+        bytes[from + i] = b' ';
+        from += i + 1;
+    }
+}
+
+/// Whether `bytes` holds a raw LF or CR.
+pub fn has_line_breaks(bytes: &[u8]) -> bool {
+    memchr::memchr2(b'\n', b'\r', bytes).is_some()
+}
+
 /// Writes a request line: `{"jsonrpc":"2.0","id":..,"method":..,"params":..}`.
 pub fn request(id: &Id, method: &str, params: Option<&RawValue>) -> Vec<u8> {
     call(Some(id), method, params)

@@ -87,7 +87,10 @@ async fn write_lines(stdin: ChildStdin, mut rx: mpsc::Receiver<Vec<u8>>) {
     // Lines queued behind one another collect here and reach the pipe in one write(2);
     // a line longer than the buffer goes straight through.
     let mut stdin = tokio::io::BufWriter::with_capacity(64 << 10, stdin);
-    while let Some(line) = rx.recv().await {
+    while let Some(mut line) = rx.recv().await {
+        // The one place that writes to a child: whatever a client put in a message,
+        // it reaches the child as exactly one line.
+        crate::message::frame_line(&mut line);
         if let Err(e) = stdin.write_all(&line).await {
             debug!(error = %e, "child stdin closed");
             return;

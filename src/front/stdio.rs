@@ -452,17 +452,29 @@ async fn write_lines<W: AsyncWrite + Unpin>(
     let _ = out.flush().await;
 }
 
+/// Writes `m` as exactly one line: a message with raw line breaks (a downstream's
+/// pretty-printed result, say) has them blanked in a copy first.
 async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, m: &[u8]) -> std::io::Result<()> {
-    out.write_all(m).await?;
+    write_unbroken(out, m).await?;
     out.write_all(b"\n").await
+}
+
+async fn write_unbroken<W: AsyncWrite + Unpin>(out: &mut W, m: &[u8]) -> std::io::Result<()> {
+    if message::has_line_breaks(m) {
+        let mut copy = m.to_vec();
+        message::blank_line_breaks(&mut copy);
+        out.write_all(&copy).await
+    } else {
+        out.write_all(m).await
+    }
 }
 
 async fn write_answer<W: AsyncWrite + Unpin>(out: &mut W, a: message::Answer) -> std::io::Result<()> {
     match a {
         message::Answer::Whole(line) => write_line(out, &line).await,
         message::Answer::Parts(head, result) => {
-            out.write_all(&head).await?;
-            out.write_all(&result).await?;
+            write_unbroken(out, &head).await?;
+            write_unbroken(out, &result).await?;
             out.write_all(b"}\n").await
         }
     }
