@@ -167,6 +167,7 @@ struct RawServer {
     restart: Option<Spanned<String>>,
     isolation: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
+    stall_timeout: Option<Spanned<String>>,
     max_sessions: Option<usize>,
     protocol: Option<Spanned<String>>,
 }
@@ -436,6 +437,9 @@ pub struct Server {
     /// Put before the server's tool and prompt names; empty means unprefixed.
     pub prefix: String,
     pub timeout: Duration,
+    /// A server that owes answers and has said nothing for `timeout` is degraded (and
+    /// pinged); for this long, it is killed and started again. Default: twice `timeout`.
+    pub stall_timeout: Duration,
     pub enabled: bool,
     pub tools: Filter,
     pub transport: Transport,
@@ -840,6 +844,12 @@ impl Config {
                 &format!("servers.{name}.idle_timeout"),
                 Duration::from_secs(600),
             );
+            let stall_timeout = duration(
+                &mut cx,
+                s.stall_timeout.as_ref(),
+                &format!("servers.{name}.stall_timeout"),
+                timeout.saturating_mul(2),
+            );
             let protocol = match s.protocol.as_ref().map(|r| r.get_ref().as_str()) {
                 None | Some("auto") => Era::Auto,
                 Some("2026-07-28") => Era::Modern,
@@ -870,6 +880,7 @@ impl Config {
                 name: name.clone(),
                 prefix: prefix.clone(),
                 timeout,
+                stall_timeout,
                 enabled: s.enabled,
                 tools: Filter {
                     allow: s.tools.allow.clone(),

@@ -184,6 +184,10 @@ pub enum DsError {
     },
     #[error("server '{server}' is not available: {reason}")]
     Unavailable { server: Arc<str>, reason: String },
+    #[error(
+        "server '{server}' is busy: {queued} messages are already waiting to be written to it (the gateway's bound); try again shortly"
+    )]
+    Busy { server: Arc<str>, queued: usize },
     #[error("server '{server}' answered HTTP {status}: {detail}")]
     Status {
         server: Arc<str>,
@@ -205,6 +209,7 @@ impl DsError {
             DsError::Timeout { server, .. }
             | DsError::Exited { server, .. }
             | DsError::Unavailable { server, .. }
+            | DsError::Busy { server, .. }
             | DsError::Status { server, .. } => server,
         }
     }
@@ -357,6 +362,8 @@ pub struct Connection {
     next_id: Arc<AtomicU64>,
     /// The child's pid, for a stdio server.
     pid: Option<u32>,
+    /// Set by the owner while the server owes answers and has said nothing for its timeout.
+    degraded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -372,6 +379,7 @@ impl Connection {
             tx,
             next_id: Arc::new(AtomicU64::new(1)),
             pid: None,
+            degraded: Arc::default(),
         }
     }
 
@@ -383,6 +391,11 @@ impl Connection {
 
     pub fn pid(&self) -> Option<u32> {
         self.pid
+    }
+
+    /// Whether the server owes answers and has said nothing for its timeout.
+    pub fn degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
     }
 
     pub fn server(&self) -> &Arc<str> {

@@ -107,22 +107,36 @@ pub async fn serve(
         header_timeout,
         stop_rx.clone(),
     ));
-    tokio::select! {
-        r = &mut server => r?,
+    let deadline = tokio::select! {
+        r = &mut server => {
+            r?;
+            tokio::time::Instant::now() + grace
+        }
         _ = shutdown => {
             info!("shutting down");
+            let deadline = tokio::time::Instant::now() + grace;
             let _ = stop_tx.send(true);
             // GET streams never finish by themselves; end them now, not after the grace.
             http.close_streams();
-            if tokio::time::timeout(grace, &mut server).await.is_err() {
+            if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
                 info!("grace period over; closing open streams");
             }
+            deadline
         }
-    }
+    };
     drop(stop_rx);
     janitor.abort();
-    gw.stop().await;
+    stop_servers(&gw, deadline).await;
     Ok(())
+}
+
+/// Stops every server, and once `deadline` (the end of `shutdown_grace`) has passed
+/// kills every child still alive, whatever state its pipes and tasks are in.
+async fn stop_servers(gw: &Gateway, deadline: tokio::time::Instant) {
+    if tokio::time::timeout_at(deadline, gw.stop()).await.is_err() {
+        let n = downstream::stdio::kill_all();
+        tracing::warn!(children = n, "shutdown_grace is over: killed the servers still running");
+    }
 }
 
 /// Serves MCP over this process's stdin/stdout until stdin ends or `shutdown` completes,
@@ -134,7 +148,7 @@ pub async fn stdio(config: Config, client: Option<String>, shutdown: impl Future
     let grace = gw.config().gateway.shutdown_grace;
     let (stdin, stdout) = (tokio::io::stdin(), tokio::io::stdout());
     front::stdio::serve(gw.clone(), stdin, stdout, shutdown, grace, client).await;
-    gw.stop().await;
+    stop_servers(&gw, tokio::time::Instant::now() + grace).await;
     Ok(())
 }
 

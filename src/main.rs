@@ -72,12 +72,13 @@ fn main() -> ExitCode {
         let _rt = runtime.enter();
         mcp_gateway::telemetry::init(&config.telemetry, &log_filter())
     };
+    let grace = config.gateway.shutdown_grace;
     let result = runtime.block_on(async move {
         match cli.command.unwrap_or(Cmd::Serve { listen: None }) {
-            Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal())
+            Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal(grace))
                 .await
                 .map(|_| true),
-            Cmd::Stdio { client } => mcp_gateway::stdio(config, client, shutdown_signal())
+            Cmd::Stdio { client } => mcp_gateway::stdio(config, client, shutdown_signal(grace))
                 .await
                 .map(|_| true),
             Cmd::Check { connect } => {
@@ -139,7 +140,22 @@ fn log_filter() -> String {
         .unwrap_or_else(|_| "info".to_owned())
 }
 
-async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM, and starts the last resort: if the process is still
+/// running `grace` (plus a moment for the exporter's flush) later, whatever the runtime is
+/// doing, every child is killed and the process exits.
+async fn shutdown_signal(grace: std::time::Duration) {
+    signal().await;
+    let _ = std::thread::Builder::new()
+        .name("shutdown-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(grace + std::time::Duration::from_millis(500));
+            let n = mcp_gateway::downstream::stdio::kill_all();
+            eprintln!("mcp-gateway: still running {grace:?} after the shutdown signal; killed {n} servers and exiting");
+            std::process::exit(1);
+        });
+}
+
+async fn signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

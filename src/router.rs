@@ -337,11 +337,10 @@ impl Gateway {
 
     /// True when every enabled server is ready.
     pub fn ready(&self) -> bool {
-        self.topology()
-            .servers
-            .iter()
-            .filter(|s| s.cfg.enabled)
-            .all(|s| s.state().status == Status::Ready)
+        self.topology().servers.iter().filter(|s| s.cfg.enabled).all(|s| {
+            let st = s.state();
+            st.status == Status::Ready && !st.degraded()
+        })
     }
 
     /// The `initialize` result: the negotiated version, the union of the downstream

@@ -109,6 +109,14 @@ pub struct State {
     pub last_error: Option<String>,
 }
 
+impl State {
+    /// Ready, but owing answers it has not given for its timeout (see
+    /// [`downstream::pipe`]): shown as `degraded`, and not ready for `/readyz`.
+    pub fn degraded(&self) -> bool {
+        self.status == Status::Ready && self.conn.as_ref().is_some_and(Connection::degraded)
+    }
+}
+
 /// A configured server and its live state.
 pub struct Server {
     /// As configured. Its `prefix`, `timeout` and `tools` may be retuned by a reload
@@ -391,6 +399,15 @@ impl Server {
     }
 
     /// The settings a reload may change without restarting the server.
+    /// When the owner of a child's pipes counts it degraded, and stalled.
+    fn pipe_watch(&self) -> downstream::pipe::Watch {
+        let timeout = self.settings().timeout;
+        downstream::pipe::Watch {
+            degraded_after: timeout.min(self.cfg.stall_timeout),
+            stall_after: self.cfg.stall_timeout,
+        }
+    }
+
     pub fn settings(&self) -> Arc<Settings> {
         self.settings.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -478,7 +495,7 @@ impl Server {
         let spec = match &self.cfg.transport {
             config::Transport::Stdio(spec) => {
                 let probed = !self.skip_probe.load(Ordering::Relaxed);
-                let conn = downstream::stdio::spawn(self.name.clone(), spec, tx)
+                let conn = downstream::stdio::spawn(self.name.clone(), spec, tx, self.pipe_watch())
                     .map_err(|e| format!("failed to start: {e}"))?;
                 let out = self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx));
                 if out.is_ok() || !probed || !self.skip_probe.load(Ordering::Relaxed) {
@@ -486,7 +503,7 @@ impl Server {
                 }
                 // It exited on the probe: at once again, with initialize alone.
                 let (tx, rx) = mpsc::channel(64);
-                let conn = downstream::stdio::spawn(self.name.clone(), spec, tx)
+                let conn = downstream::stdio::spawn(self.name.clone(), spec, tx, self.pipe_watch())
                     .map_err(|e| format!("failed to start: {e}"))?;
                 return self.handshake_or_close(conn).await.map(|(c, i)| (c, i, rx));
             }

@@ -641,6 +641,7 @@ impl DownstreamSpan {
                     DsError::Timeout { .. } => "timeout",
                     DsError::Exited { .. } => "server_exited",
                     DsError::Unavailable { .. } => "unavailable",
+                    DsError::Busy { .. } => "busy",
                     DsError::Status { .. } => "http_status",
                 },
             ),

@@ -8,14 +8,40 @@ use super::{
 };
 use crate::message::{self, Kind};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
 /// How long a child gets after its stdin closes, and again after SIGTERM.
 const GRACE: Duration = Duration::from_secs(2);
+
+/// How many bytes of messages may wait for the server's input in the owner's outbox.
+/// Past it a request is refused at once as busy ([`DsError::Busy`]); one message alone
+/// is always admitted, however large.
+pub const OUTBOX_BYTES: usize = 16 << 20;
+/// How many messages may wait in the outbox, whatever their size.
+pub const OUTBOX_MESSAGES: usize = 4096;
+
+/// When a server that owes answers counts as stuck: see the module doc.
+#[derive(Debug, Clone, Copy)]
+pub struct Watch {
+    /// No word from the server this long while it owes answers: degraded, and pinged.
+    pub degraded_after: Duration,
+    /// This long: killed (and started again by its supervisor).
+    pub stall_after: Duration,
+}
+
+impl Watch {
+    /// No watch (a stream whose server cannot be restarted from here).
+    pub const OFF: Watch = Watch {
+        degraded_after: Duration::MAX,
+        stall_after: Duration::MAX,
+    };
+}
 
 /// A message stream to a server: lines out, lines in, and word of its end. A child's
 /// pipes are one; the legacy HTTP+SSE transport (a GET stream plus POSTs) is another.
@@ -30,31 +56,65 @@ pub struct Pipe {
     pub pid: Option<u32>,
     /// Cancelled when shutdown starts, for transports that must be told to stop.
     pub stop: Option<tokio_util::sync::CancellationToken>,
+    /// Bytes of messages not yet written: the owner adds a message's length when it
+    /// queues it, the writer takes it off once written. Bounds the outbox and the
+    /// writer's channel together ([`OUTBOX_BYTES`]).
+    pub unwritten: Arc<AtomicUsize>,
 }
 
 /// Starts the task that owns `pipe` and returns its handle.
-pub fn run_pipe(server: Arc<str>, pipe: Pipe, incoming: mpsc::Sender<Incoming>, span: tracing::Span) -> Connection {
+pub fn run_pipe(
+    server: Arc<str>,
+    pipe: Pipe,
+    incoming: mpsc::Sender<Incoming>,
+    watch: Watch,
+    span: tracing::Span,
+) -> Connection {
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
+    let conn = Connection::new(server.clone(), tx);
     let actor = Actor {
-        server: server.clone(),
+        server,
         pending: HashMap::new(),
-        write: Some(pipe.write),
+        listens: 0,
+        outbox: VecDeque::new(),
+        unwritten: pipe.unwritten,
         incoming,
         pid: pipe.pid,
         stop: pipe.stop,
+        watch,
+        owed_since: None,
+        degraded: conn.degraded.clone(),
+        next_id: conn.next_id.clone(),
     };
-    tokio::spawn(actor.run(rx, pipe.lines, pipe.exit).instrument(span));
-    Connection::new(server, tx)
+    tokio::spawn(actor.run(rx, pipe.write, pipe.lines, pipe.exit).instrument(span));
+    conn
+}
+
+/// A message waiting for the server's input; `id` when it is a request.
+struct Out {
+    id: Option<u64>,
+    line: Vec<u8>,
 }
 
 struct Actor {
     server: Arc<str>,
     pending: HashMap<u64, Pending>,
-    /// Lines for the child's stdin; `None` once stdin is closed.
-    write: Option<mpsc::Sender<Vec<u8>>>,
+    /// Pending `subscriptions/listen` streams: open for good, so no answer is owed.
+    listens: usize,
+    /// Messages the writer has no room for yet, oldest first.
+    outbox: VecDeque<Out>,
+    /// See [`Pipe::unwritten`].
+    unwritten: Arc<AtomicUsize>,
     incoming: mpsc::Sender<Incoming>,
     pid: Option<u32>,
     stop: Option<tokio_util::sync::CancellationToken>,
+    watch: Watch,
+    /// Since when the server owes answers and has said nothing (`None`: owes none).
+    owed_since: Option<Instant>,
+    /// Shared with the handles: shown in `/status`, read by `/readyz`.
+    degraded: Arc<AtomicBool>,
+    /// The handles' id counter, for the owner's own pings.
+    next_id: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How the child ended, as a sentence.
@@ -64,26 +124,51 @@ impl Actor {
     async fn run(
         mut self,
         mut commands: mpsc::Receiver<Command>,
+        write: mpsc::Sender<Vec<u8>>,
         mut lines: mpsc::Receiver<bytes::Bytes>,
         mut exit: Exit,
     ) {
+        // Lines for the child's stdin; `None` once stdin is closed.
+        let mut write = Some(write);
+        let check = (self.watch.degraded_after.min(self.watch.stall_after) / 4)
+            .clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let mut tick = tokio::time::interval(check);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reason = loop {
+            self.flush(&mut write);
+            // Only when the outbox holds what the writer had no room for (rare: a clone).
+            let writer = if self.outbox.is_empty() { None } else { write.clone() };
             tokio::select! {
                 cmd = commands.recv() => match cmd {
                     Some(Command::Shutdown { done }) => {
+                        // Dropping the writer's sender closes the child's stdin.
+                        drop(write.take());
                         self.shutdown(&mut exit).await;
                         self.fail_all("it was stopped by a gateway shutdown or a config reload");
                         let _ = done.send(());
                         return;
                     }
-                    Some(cmd) => self.command(cmd).await,
+                    Some(cmd) => self.command(cmd, &write).await,
                     None => {
+                        drop(write.take());
                         self.shutdown(&mut exit).await;
                         return;
                     }
                 },
+                permit = async { writer.as_ref()?.reserve().await.ok() }, if writer.is_some() => match permit {
+                    Some(permit) => {
+                        if let Some(out) = self.outbox.pop_front() {
+                            permit.send(out.line);
+                        }
+                    }
+                    None => {
+                        // The writer is gone (the child closed its stdin).
+                        write = None;
+                        self.clear_outbox();
+                    }
+                },
                 line = lines.recv() => match line {
-                    Some(line) => self.line(line).await,
+                    Some(line) => self.line(line, &write).await,
                     None => {
                         // Stdout closed: the child is exiting; give it a moment to report.
                         break match tokio::time::timeout(Duration::from_millis(200), &mut exit).await {
@@ -93,9 +178,15 @@ impl Actor {
                     }
                 },
                 status = &mut exit => break status.unwrap_or_else(|_| "exited".to_owned()),
+                _ = tick.tick(), if self.owed_since.is_some() => {
+                    if let Some(why) = self.check_stall() {
+                        break why;
+                    }
+                }
             }
         };
         warn!(%reason, in_flight = self.pending.len(), "server exited");
+        self.degraded.store(false, Ordering::Relaxed);
         // Handles see the connection closed before any caller hears of the exit, so the
         // next call of an isolated session starts a new process instead of using this one.
         commands.close();
@@ -120,7 +211,104 @@ impl Actor {
         }
     }
 
-    async fn command(&mut self, cmd: Command) {
+    /// Moves what the writer has room for from the outbox into its channel, never waiting.
+    fn flush(&mut self, write: &mut Option<mpsc::Sender<Vec<u8>>>) {
+        let Some(w) = write.as_ref() else { return };
+        while let Some(out) = self.outbox.pop_front() {
+            match w.try_send(out.line) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(line)) => {
+                    self.outbox.push_front(Out { id: out.id, line });
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(line)) => {
+                    self.unwritten.fetch_sub(line.len(), Ordering::Relaxed);
+                    *write = None;
+                    self.clear_outbox();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn clear_outbox(&mut self) {
+        let bytes: usize = self.outbox.drain(..).map(|o| o.line.len()).sum();
+        self.unwritten.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Queues a message for the server's input.
+    fn queue(&mut self, id: Option<u64>, line: Vec<u8>) {
+        self.unwritten.fetch_add(line.len(), Ordering::Relaxed);
+        self.outbox.push_back(Out { id, line });
+    }
+
+    /// Whether there is room for one more request: nothing unwritten at all (one message
+    /// alone is always admitted), or less than the bounds.
+    fn has_room(&self) -> bool {
+        let bytes = self.unwritten.load(Ordering::Relaxed);
+        bytes == 0 || (bytes < OUTBOX_BYTES && self.outbox.len() < OUTBOX_MESSAGES)
+    }
+
+    /// Answers are owed for every pending call but the listen streams.
+    fn owes(&self) -> bool {
+        self.pending.len() > self.listens
+    }
+
+    /// The server said something: whatever it owes, it is not stuck.
+    fn heard(&mut self) {
+        self.owed_since = self.owes().then(Instant::now);
+        if self.degraded.load(Ordering::Relaxed) {
+            self.degraded.store(false, Ordering::Relaxed);
+            info!("server is answering again");
+        }
+    }
+
+    /// Degraded after `degraded_after` without a word while answers are owed (and a
+    /// `ping` goes out, which a live server answers even when it forgot a cancelled
+    /// call); stalled after `stall_after`: the reason to end it.
+    fn check_stall(&mut self) -> Option<String> {
+        let silent = self.owed_since?.elapsed();
+        if silent >= self.watch.stall_after {
+            return Some(format!(
+                "stalled: no word from it for {} while {} answers were owed (stall_timeout)",
+                super::fmt_duration(self.watch.stall_after),
+                self.pending.len() - self.listens,
+            ));
+        }
+        if silent >= self.watch.degraded_after && !self.degraded.swap(true, Ordering::Relaxed) {
+            warn!(
+                silent = %super::fmt_duration(silent),
+                owed = self.pending.len() - self.listens,
+                "server is not answering: degraded"
+            );
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (reply, _) = oneshot::channel();
+            self.pending.insert(
+                id,
+                Pending {
+                    method: "ping".to_owned(),
+                    sink: None,
+                    progress: None,
+                    reply,
+                },
+            );
+            let (mut line, _) = encode_request(id, "ping", super::Params::Raw(None));
+            line.push(b'\n');
+            self.queue(Some(id), line);
+        }
+        None
+    }
+
+    /// Forgets a pending call, keeping the count of listen streams.
+    fn take(&mut self, id: u64) -> Option<Pending> {
+        let p = self.pending.remove(&id)?;
+        if p.method == "subscriptions/listen" {
+            self.listens -= 1;
+        }
+        Some(p)
+    }
+
+    async fn command(&mut self, cmd: Command, write: &Option<mpsc::Sender<Vec<u8>>>) {
         match cmd {
             Command::Request {
                 id,
@@ -130,8 +318,27 @@ impl Actor {
                 reply,
                 ..
             } => {
+                if write.is_none() {
+                    let _ = reply.send(Err(DsError::Unavailable {
+                        server: self.server.clone(),
+                        reason: "its input is closed".into(),
+                    }));
+                    return;
+                }
+                if !self.has_room() {
+                    let _ = reply.send(Err(DsError::Busy {
+                        server: self.server.clone(),
+                        queued: self.outbox.len(),
+                    }));
+                    return;
+                }
                 let (mut line, progress) = encode_request(id, &method, params);
                 line.push(b'\n');
+                if method == "subscriptions/listen" {
+                    self.listens += 1;
+                } else if self.owed_since.is_none() {
+                    self.owed_since = Some(Instant::now());
+                }
                 self.pending.insert(
                     id,
                     Pending {
@@ -141,20 +348,31 @@ impl Actor {
                         reply,
                     },
                 );
-                self.write(line).await;
+                self.queue(Some(id), line);
             }
             Command::Notify { method, params } => {
+                if write.is_none() || !self.has_room() {
+                    debug!(%method, "dropping a notification: the server's input is closed or full");
+                    return;
+                }
                 let mut line = message::notification(&method, params.as_deref());
                 line.push(b'\n');
-                self.write(line).await;
+                self.queue(None, line);
             }
             Command::Cancel { id, reason } => {
-                if let Some(p) = self.pending.remove(&id) {
+                if let Some(p) = self.take(id) {
                     debug!(id, method = %p.method, reason, "cancelling downstream request");
+                    // Still in the outbox: the server never sees it, nor its cancellation.
+                    if let Some(at) = self.outbox.iter().position(|o| o.id == Some(id)) {
+                        if let Some(out) = self.outbox.remove(at) {
+                            self.unwritten.fetch_sub(out.line.len(), Ordering::Relaxed);
+                        }
+                        return;
+                    }
                     let params = message::to_raw(&serde_json::json!({ "requestId": id, "reason": reason }));
                     let mut line = message::notification("notifications/cancelled", Some(&params));
                     line.push(b'\n');
-                    self.write(line).await;
+                    self.queue(None, line);
                 }
             }
             // Handled in the run loop; answered here only for completeness.
@@ -164,21 +382,16 @@ impl Actor {
         }
     }
 
-    async fn write(&mut self, line: Vec<u8>) {
-        if let Some(w) = &self.write {
-            if w.send(line).await.is_err() {
-                self.write = None;
-            }
-        }
-    }
-
     /// One message from the server. A large result stays in the line's buffer.
-    async fn line(&mut self, line: bytes::Bytes) {
-        let kind = match Kind::parse_shared(&line) {
+    async fn line(&mut self, line: bytes::Bytes, write: &Option<mpsc::Sender<Vec<u8>>>) {
+        let kind = Kind::parse_shared(&line);
+        // Whatever it is, the server is alive; after the answer is taken off `pending`.
+        let kind = match kind {
             Ok(k) => k,
             Err(e) => {
                 let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
                 warn!(error = %e, line = %shown, "skipping a stdout line that is not JSON-RPC");
+                self.heard();
                 return;
             }
         };
@@ -186,17 +399,24 @@ impl Actor {
             Kind::Response { id, outcome } => {
                 let Some(n) = id.as_ref().and_then(wire_id) else {
                     debug!(?id, "skipping a response with no usable id");
+                    self.heard();
                     return;
                 };
-                match self.pending.remove(&n) {
+                // Only an id the gateway minted and still waits on is answered.
+                match self.take(n) {
                     Some(p) => {
                         let _ = p.reply.send(Ok(outcome));
                     }
                     None => debug!(id = n, "skipping a response to no pending request"),
                 }
+                self.heard();
             }
-            Kind::Notification { method, params } => self.notification(method, params).await,
+            Kind::Notification { method, params } => {
+                self.heard();
+                self.notification(method, params).await
+            }
             Kind::Request { id, method, params } => {
+                self.heard();
                 // Over a shared pipe a request carries no link to the call that caused it:
                 // it goes to the caller when exactly one call with a client is in flight.
                 let callers: Vec<&Pending> = self.pending.values().filter(|p| p.sink.is_some()).collect();
@@ -208,7 +428,7 @@ impl Actor {
                         format!("{} calls of clients are in flight on this server", many.len()),
                     ),
                 };
-                let Some(write) = self.write.clone() else { return };
+                let Some(write) = write.clone() else { return };
                 tokio::spawn(
                     async move {
                         let outcome = super::answer_server_request(caller, method, params, &why).await;
@@ -272,6 +492,7 @@ impl Actor {
     }
 
     fn fail_all(&mut self, reason: &str) {
+        self.listens = 0;
         for (_, p) in self.pending.drain() {
             let _ = p.reply.send(Err(DsError::Exited {
                 server: self.server.clone(),
@@ -283,7 +504,7 @@ impl Actor {
 
     /// Closes stdin, waits, then SIGTERM, waits, then SIGKILL, to the whole process group.
     async fn shutdown(&mut self, exit: &mut Exit) {
-        self.write = None;
+        self.clear_outbox();
         if let Some(stop) = &self.stop {
             stop.cancel();
         }

@@ -47,6 +47,8 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         );
     }
     // POSTs, in order, once the endpoint is known.
+    let unwritten = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let posted = unwritten.clone();
     tokio::spawn(
         async move {
             let endpoint = match tokio::time::timeout(ENDPOINT_WAIT, endpoint_rx.wait_for(Option::is_some)).await {
@@ -58,6 +60,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
             };
             let Some(endpoint) = endpoint else { return };
             while let Some(mut line) = write_rx.recv().await {
+                posted.fetch_sub(line.len(), std::sync::atomic::Ordering::Relaxed);
                 if line.last() == Some(&b'\n') {
                     line.pop();
                 }
@@ -83,8 +86,9 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         exit: exit_rx,
         pid: None,
         stop: Some(stop),
+        unwritten,
     };
-    Ok(run_pipe(server, pipe, incoming, span))
+    Ok(run_pipe(server, pipe, incoming, super::pipe::Watch::OFF, span))
 }
 
 /// Reads the GET stream until it ends; returns why it ended.

@@ -3,7 +3,7 @@
 //! owns it ([`super::pipe`]) maps ids and shuts it down (stdin closed, then SIGTERM,
 //! then SIGKILL to the whole group). A child that exits fails every pending call at once.
 
-use super::pipe::{run_pipe, Pipe};
+use super::pipe::{run_pipe, Pipe, Watch};
 use super::{Connection, Incoming};
 use crate::config::StdioSpec;
 use bytes::{Bytes, BytesMut};
@@ -20,7 +20,12 @@ const LONG_LINE_PREFIX: usize = 256;
 
 /// Spawns the child and the task that owns it. Returns its handle; what the child
 /// says on its own (notifications, its exit) arrives on `incoming`.
-pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming>) -> io::Result<Connection> {
+pub fn spawn(
+    server: Arc<str>,
+    spec: &StdioSpec,
+    incoming: mpsc::Sender<Incoming>,
+    watch: Watch,
+) -> io::Result<Connection> {
     let mut cmd = tokio::process::Command::new(&spec.command);
     cmd.args(&spec.args)
         .current_dir(&spec.cwd)
@@ -47,17 +52,25 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
 
     let (write_tx, write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
     let (line_tx, line_rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(write_lines(stdin, write_rx).instrument(span.clone()));
+    let unwritten = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn(write_lines(stdin, write_rx, unwritten.clone()).instrument(span.clone()));
     let reader = read_lines(LineReader::new(stdout), line_tx, server.clone(), spec.max_line);
     tokio::spawn(reader.instrument(span.clone()));
     tokio::spawn(log_stderr(LineReader::new(stderr)).instrument(span.clone()));
     let (exit_tx, exit_rx) = oneshot::channel();
+    let group = pid.and_then(|p| libc::pid_t::try_from(p).ok());
+    if let Some(g) = group {
+        live_groups().insert(g);
+    }
     tokio::spawn(async move {
         let status = child
             .wait()
             .await
             .map(describe)
             .unwrap_or_else(|e| format!("wait failed: {e}"));
+        if let Some(g) = group {
+            live_groups().remove(&g);
+        }
         let _ = exit_tx.send(status);
     });
     let pipe = Pipe {
@@ -66,8 +79,32 @@ pub fn spawn(server: Arc<str>, spec: &StdioSpec, incoming: mpsc::Sender<Incoming
         exit: exit_rx,
         pid,
         stop: None,
+        unwritten,
     };
-    Ok(run_pipe(server, pipe, incoming, span).with_pid(pid))
+    Ok(run_pipe(server, pipe, incoming, watch, span).with_pid(pid))
+}
+
+/// The process groups of the children alive now. The one piece of global state in the
+/// gateway, for one reason: the last step of a shutdown ([`kill_all`]) must reach every
+/// child whatever the tasks that own them are doing.
+fn live_groups() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<libc::pid_t>> {
+    static GROUPS: std::sync::Mutex<std::collections::BTreeSet<libc::pid_t>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sends SIGKILL to the process group of every child still alive: what a shutdown does
+/// once `shutdown_grace` is over, whatever state the pipes are in. Returns how many.
+pub fn kill_all() -> usize {
+    let groups = live_groups();
+    for g in groups.iter() {
+        // SAFETY: kill(2) with a negative pid signals a process group we created for a
+        // child (process_group(0) made its pid the group id). No memory is touched.
+        unsafe {
+            libc::kill(-g, libc::SIGKILL);
+        }
+    }
+    groups.len()
 }
 
 /// How [`describe`] puts a clean exit.
@@ -83,15 +120,22 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
-async fn write_lines(stdin: ChildStdin, mut rx: mpsc::Receiver<Vec<u8>>) {
+async fn write_lines(
+    stdin: ChildStdin,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    unwritten: Arc<std::sync::atomic::AtomicUsize>,
+) {
     // Lines queued behind one another collect here and reach the pipe in one write(2);
     // a line longer than the buffer goes straight through.
     let mut stdin = tokio::io::BufWriter::with_capacity(64 << 10, stdin);
     while let Some(mut line) = rx.recv().await {
         // The one place that writes to a child: whatever a client put in a message,
         // it reaches the child as exactly one line.
+        let queued = line.len();
         crate::message::frame_line(&mut line);
-        if let Err(e) = stdin.write_all(&line).await {
+        let written = stdin.write_all(&line).await;
+        unwritten.fetch_sub(queued, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = written {
             debug!(error = %e, "child stdin closed");
             return;
         }

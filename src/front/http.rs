@@ -1100,6 +1100,7 @@ fn status_json(http: &Http) -> Value {
             let state = match &st.status {
                 Status::Disabled => "disabled",
                 Status::Starting => "starting",
+                Status::Ready if st.degraded() => "degraded",
                 Status::Ready => "ready",
                 Status::Down(_) => "down",
                 Status::Failed(_) => "failed",
