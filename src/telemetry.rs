@@ -47,6 +47,13 @@ const MAX_PAYLOAD: usize = 16 << 10;
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
+/// `log_format = "json"` is in force (else text).
+static LOG_JSON: AtomicBool = AtomicBool::new(false);
+
+/// Switches the log lines' format, at once.
+fn set_log_format(format: LogFormat) {
+    LOG_JSON.store(format == LogFormat::Json, Ordering::Relaxed);
+}
 static RECORD_PAYLOADS: AtomicBool = AtomicBool::new(false);
 
 /// True when spans are exported; everything that costs more than a branch is skipped
@@ -78,14 +85,29 @@ impl Telemetry {
 /// OpenTelemetry layer. Must run inside a Tokio runtime context (the exporter's batch
 /// task and gRPC channel live on it).
 pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
-    let filter = tracing_subscriber::EnvFilter::new(log_filter);
-    let fmt = tracing_subscriber::fmt::layer()
+    // Both formats are installed, each behind the level filter and a switch a reload can
+    // flip (`log_format`). A level the filter excludes stays excluded per callsite, so the
+    // switch costs nothing there; an event that is logged reads one atomic.
+    use tracing_subscriber::filter::FilterExt;
+    set_log_format(cfg.log_format);
+    let text = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(false);
-    let fmt = match cfg.log_format {
-        LogFormat::Text => fmt.with_filter(filter).boxed(),
-        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
-    };
+        .with_ansi(false)
+        .with_filter(
+            tracing_subscriber::EnvFilter::new(log_filter).and(tracing_subscriber::filter::filter_fn(|_| {
+                !LOG_JSON.load(Ordering::Relaxed)
+            })),
+        );
+    let json = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .json()
+        .with_filter(
+            tracing_subscriber::EnvFilter::new(log_filter).and(tracing_subscriber::filter::filter_fn(|_| {
+                LOG_JSON.load(Ordering::Relaxed)
+            })),
+        );
+    let fmt = text.and_then(json);
     // The provider is always installed, around an exporter a reload can point elsewhere
     // (or nowhere); spans are only made while `exporting()`.
     let (inner, error) = match cfg.otlp_endpoint.as_deref() {
@@ -181,22 +203,59 @@ fn provider(cfg: &config::Telemetry, exporter: Switch) -> SdkTracerProvider {
     )
     .with_batch_config(batch.build())
     .build();
-    let resource = opentelemetry_sdk::Resource::builder_empty()
-        .with_service_name(cfg.service_name.clone())
+    SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(resource(&cfg.service_name))
+        .build()
+}
+
+/// An exporter a reload can point at another endpoint (or at none). It keeps the
+/// resource (`service.name`, `service.version`) the provider gives it and hands it to
+/// every exporter it wraps, the ones a reload installs included: an OTLP exporter sends
+/// only the resource it was given, so without this spans arrive as `unknown_service`.
+#[derive(Debug, Clone, Default)]
+struct Switch(
+    std::sync::Arc<tokio::sync::RwLock<Option<opentelemetry_otlp::SpanExporter>>>,
+    std::sync::Arc<std::sync::Mutex<Option<opentelemetry_sdk::Resource>>>,
+);
+
+impl Switch {
+    /// The resource in force, if the provider gave one yet.
+    fn resource(&self) -> Option<opentelemetry_sdk::Resource> {
+        self.1.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `exporter` in place, with the resource in force.
+    async fn install(&self, mut exporter: Option<opentelemetry_otlp::SpanExporter>) {
+        use opentelemetry_sdk::trace::SpanExporter as _;
+        if let (Some(e), Some(r)) = (exporter.as_mut(), self.resource()) {
+            e.set_resource(&r);
+        }
+        *self.0.write().await = exporter;
+    }
+
+    /// A reload's `service_name`: the resource changes for the exporter in force and
+    /// every later one.
+    async fn rename(&self, service_name: &str) {
+        use opentelemetry_sdk::trace::SpanExporter as _;
+        let r = resource(service_name);
+        *self.1.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.clone());
+        if let Some(e) = self.0.write().await.as_mut() {
+            e.set_resource(&r);
+        }
+    }
+}
+
+/// `service.name` and `service.version`.
+fn resource(service_name: &str) -> opentelemetry_sdk::Resource {
+    opentelemetry_sdk::Resource::builder_empty()
+        .with_service_name(service_name.to_owned())
         .with_attribute(opentelemetry::KeyValue::new(
             "service.version",
             env!("CARGO_PKG_VERSION"),
         ))
-        .build();
-    SdkTracerProvider::builder()
-        .with_span_processor(processor)
-        .with_resource(resource)
         .build()
 }
-
-/// An exporter a reload can point at another endpoint (or at none).
-#[derive(Debug, Clone, Default)]
-struct Switch(std::sync::Arc<tokio::sync::RwLock<Option<opentelemetry_otlp::SpanExporter>>>);
 
 impl opentelemetry_sdk::trace::SpanExporter for Switch {
     fn export(
@@ -211,14 +270,24 @@ impl opentelemetry_sdk::trace::SpanExporter for Switch {
             }
         }
     }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        *self.1.lock().unwrap_or_else(|e| e.into_inner()) = Some(resource.clone());
+        // Called by the batch task before any export; the exporter is not in use then.
+        if let Ok(mut inner) = self.0.try_write() {
+            if let Some(e) = inner.as_mut() {
+                e.set_resource(resource);
+            }
+        }
+    }
 }
 
 static SWITCH: std::sync::OnceLock<Switch> = std::sync::OnceLock::new();
 /// The `[telemetry]` in force, to tell what a reload changes.
 static CURRENT: std::sync::Mutex<Option<config::Telemetry>> = std::sync::Mutex::new(None);
 
-/// Applies a reloaded `[telemetry]`: the OTLP endpoint and protocol and `record_payloads`
-/// change at once; `service_name`, `log_format` and the batch delay need a restart.
+/// Applies a reloaded `[telemetry]`: the OTLP endpoint and protocol, `record_payloads`,
+/// `service_name` and `log_format` change at once; the batch delay needs a restart.
 pub async fn reconfigure(cfg: &config::Telemetry) {
     let previous = {
         let Ok(mut current) = CURRENT.lock() else { return };
@@ -229,9 +298,15 @@ pub async fn reconfigure(cfg: &config::Telemetry) {
     };
     let Some(switch) = SWITCH.get() else { return };
     if let Some(p) = &previous {
-        if p.service_name != cfg.service_name || p.log_format != cfg.log_format || p.batch_delay != cfg.batch_delay {
-            tracing::warn!("telemetry service_name, log_format and batch delay take effect after a restart");
+        if p.batch_delay != cfg.batch_delay {
+            tracing::warn!("the telemetry batch delay takes effect after a restart");
         }
+        if p.log_format != cfg.log_format {
+            set_log_format(cfg.log_format);
+        }
+    }
+    if previous.as_ref().is_none_or(|p| p.service_name != cfg.service_name) {
+        switch.rename(&cfg.service_name).await;
     }
     let inner = match cfg.otlp_endpoint.as_deref() {
         None => None,
@@ -244,7 +319,7 @@ pub async fn reconfigure(cfg: &config::Telemetry) {
         },
     };
     let on = inner.is_some();
-    *switch.0.write().await = inner;
+    switch.install(inner).await;
     RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
     EXPORTING.store(on, Ordering::Relaxed);
     tracing::info!(

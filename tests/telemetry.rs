@@ -34,13 +34,16 @@ impl Collector {
                 async move {
                     let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
                     for rs in req.resource_spans {
-                        if let Some(r) = &rs.resource {
-                            for kv in &r.attributes {
-                                if kv.key == "service.name" {
-                                    n.lock().unwrap().push(any_str(kv.value.as_ref()));
-                                }
-                            }
-                        }
+                        // Each batch's resource as "name version" ("" for a missing one).
+                        let r = rs.resource.as_ref();
+                        let get = |key: &str| {
+                            r.and_then(|r| r.attributes.iter().find(|kv| kv.key == key))
+                                .map(|kv| any_str(kv.value.as_ref()))
+                                .unwrap_or_default()
+                        };
+                        n.lock()
+                            .unwrap()
+                            .push(format!("{} {}", get("service.name"), get("service.version")));
                         for ss in rs.scope_spans {
                             s.lock().unwrap().extend(ss.spans);
                         }
@@ -192,7 +195,63 @@ async fn request_and_downstream_spans_nest_and_propagate_to_stdio() {
     let all = format!("{spans:?}");
     assert!(!all.contains("SECRET-ARGUMENT-42"), "arguments leaked into spans");
     assert!(attr(req, "gen_ai.tool.call.arguments").is_none());
-    assert!(otlp.service_names.lock().unwrap().iter().all(|n| n == "gw-under-test"));
+    let resources = otlp.service_names.lock().unwrap().clone();
+    let expected = format!("gw-under-test {}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        !resources.is_empty() && resources.iter().all(|n| *n == expected),
+        "{resources:?}"
+    );
+}
+
+/// The spans' resource names the service (from `[telemetry]`, else `OTEL_SERVICE_NAME`)
+/// and its version, also after a reload points the export at another receiver, and a
+/// reload's `service_name` and `log_format` apply without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_carry_the_service_name_and_version_across_reloads() {
+    let version = env!("CARGO_PKG_VERSION");
+    let (first, second) = (Collector::start().await, Collector::start().await);
+    let name = unique("calc");
+    let servers = format!("[servers.calc]\n{}", mock(&name, &[]));
+    let plain = |endpoint: &str, extra: &str| format!("[telemetry]\notlp_endpoint = {endpoint:?}\n{extra}\n{servers}");
+    let env = [FAST[0], ("OTEL_SERVICE_NAME", "from-env")];
+    let gw = Gateway::start_with_env(&plain(&first.endpoint, ""), &env);
+    let s = gw.session().await;
+    s.call("calc__echo_meta", json!({})).await;
+    first
+        .wait("spans", |s| named(s, "tools/call calc__echo_meta").is_some())
+        .await;
+    let seen = first.service_names.lock().unwrap().clone();
+    assert!(seen.iter().all(|n| *n == format!("from-env {version}")), "{seen:?}");
+
+    // Another receiver, a service name of the config's own, and JSON log lines.
+    let reloads = gw.logs().matches("telemetry reconfigured").count();
+    std::fs::write(
+        gw.config_path(),
+        plain(&second.endpoint, "service_name = \"renamed\"\nlog_format = \"json\""),
+    )
+    .unwrap();
+    assert!(
+        until(DEADLINE, || gw.logs().matches("telemetry reconfigured").count()
+            > reloads)
+        .await,
+        "no reload:\n{}",
+        gw.logs()
+    );
+    s.call("calc__echo_meta", json!({})).await;
+    second
+        .wait("spans after the reload", |s| {
+            named(s, "tools/call calc__echo_meta").is_some()
+        })
+        .await;
+    let seen = second.service_names.lock().unwrap().clone();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|n| *n == format!("renamed {version}")),
+        "{seen:?}"
+    );
+    let logs = gw.logs();
+    let last = logs.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+    let line: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {last}"));
+    assert!(line["fields"].is_object() || line["level"].is_string(), "{line}");
 }
 
 /// A client's `traceparent` header is continued: same trace id, parented on the
