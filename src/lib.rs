@@ -65,16 +65,17 @@ pub async fn serve(
     let grace = config.gateway.shutdown_grace;
     let addr = listen.unwrap_or(config.gateway.listen);
     let path = config.gateway.path.clone();
+    // The port first: a port in use is reported before any server is started.
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
     let gw = Gateway::new(config);
     gw.start().await;
     reload::spawn(&gw, gw.config().file.clone());
     // With OAuth, have the issuer's keys before the first token arrives.
     let auth = gw.topology().auth.clone();
     tokio::spawn(async move { auth.prefetch().await });
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let local = listener.local_addr()?;
     // A stable line on stderr that scripts and tests wait for.
     eprintln!("mcp-gateway listening on http://{local}{path}");
     info!(%local, %path, "listening");

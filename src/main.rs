@@ -10,23 +10,34 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "mcp-gateway", version, about = "A team's MCP servers behind one endpoint")]
+#[command(
+    name = "mcp-gateway",
+    version,
+    about = "A team's MCP servers behind one endpoint",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     /// The config file.
     #[arg(long, global = true, env = "MCP_GATEWAY_CONFIG", default_value = "gateway.toml")]
     config: PathBuf,
+    /// `serve`'s flags, for when the command is left out (`serve` is the default).
+    #[command(flatten)]
+    serve: ServeArgs,
     #[command(subcommand)]
     command: Option<Cmd>,
+}
+
+#[derive(clap::Args, Default)]
+struct ServeArgs {
+    /// Listen here instead of gateway.listen (port 0 picks a free port).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve Streamable HTTP on gateway.listen (the default).
-    Serve {
-        /// Listen here instead of gateway.listen (port 0 picks a free port).
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-    },
+    Serve(ServeArgs),
     /// Serve the merged catalog over stdin/stdout (for an mcp.json "command" entry).
     Stdio {
         /// Act as this [clients.NAME]: its allow/deny and rate_limit apply. Required when
@@ -74,8 +85,8 @@ fn main() -> ExitCode {
     };
     let grace = config.gateway.shutdown_grace;
     let result = runtime.block_on(async move {
-        match cli.command.unwrap_or(Cmd::Serve { listen: None }) {
-            Cmd::Serve { listen } => mcp_gateway::serve(config, listen, shutdown_signal(grace))
+        match cli.command.unwrap_or(Cmd::Serve(cli.serve)) {
+            Cmd::Serve(ServeArgs { listen }) => mcp_gateway::serve(config, listen, shutdown_signal(grace))
                 .await
                 .map(|_| true),
             Cmd::Stdio { client } => mcp_gateway::stdio(config, client, shutdown_signal(grace))
