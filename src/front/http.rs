@@ -291,6 +291,34 @@ fn is_local_host(hostport: &str) -> bool {
     matches!(host, "localhost" | "127.0.0.1" | "::1")
 }
 
+/// The body of a POST must be JSON: `application/json`, any parameters (`; charset=utf-8`),
+/// the media type case-insensitive (RFC 9110 §8.3.1). A missing Content-Type is refused
+/// too: the official SDK clients always send it (and the SDKs' own servers refuse
+/// requests without it), and a form post or `text/plain` is how a browser page sends a
+/// request to localhost without a CORS preflight.
+fn check_content_type(headers: &HeaderMap) -> Result<(), Reject> {
+    let value = headers.get(header::CONTENT_TYPE);
+    let ok = value.and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(';')
+            .next()
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if ok {
+        return Ok(());
+    }
+    let got = match value {
+        None => "none".to_owned(),
+        Some(v) => format!("{:?}", String::from_utf8_lossy(v.as_bytes())),
+    };
+    Err(Reject::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        code::INVALID_REQUEST,
+        format!(
+            "a POST carries one JSON-RPC message: send it with Content-Type: application/json (this one has {got})"
+        ),
+    ))
+}
+
 /// The public URL of the MCP endpoint, for OAuth metadata and challenges.
 fn resource_url(http: &Http, headers: &HeaderMap) -> String {
     let config = http.gw.config();
@@ -391,20 +419,27 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
     if let Err(r) = per_ip(&http, &extensions) {
         return r;
     }
-    if let Err(r) = check_origin_host(&http.gw, &headers) {
+    if let Err(r) = check_origin_host(&http.gw, &headers).and_then(|()| check_content_type(&headers)) {
         return r.into_response();
     }
     let limits = &http.gw.config().gateway;
+    let too_large = || {
+        rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            code::INVALID_REQUEST,
+            &format!("the request body is over the {} byte limit", limits.max_body),
+        )
+    };
+    // A Content-Length over the limit is refused as soon as the headers are in, before
+    // any of the body is read (or, with `Expect: 100-continue`, sent).
+    let max = u64::try_from(limits.max_body).unwrap_or(u64::MAX);
+    if axum::body::HttpBody::size_hint(&body).lower() > max {
+        return too_large();
+    }
     // A client that trickles its body is cut off; one that sends too much gets 413.
     let body = match tokio::time::timeout(limits.body_timeout, axum::body::to_bytes(body, limits.max_body)).await {
         Ok(Ok(b)) => b,
-        Ok(Err(_)) => {
-            return rpc_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                code::INVALID_REQUEST,
-                &format!("the request body is over the {} byte limit", limits.max_body),
-            )
-        }
+        Ok(Err(_)) => return too_large(),
         Err(_) => {
             return rpc_error(
                 StatusCode::REQUEST_TIMEOUT,
