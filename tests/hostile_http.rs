@@ -1,6 +1,8 @@
 //! Hostile HTTP input (issue #13, found by probing the release binary from outside),
-//! each against the real binary on a real socket: bodies that are not JSON (415), and
-//! a Content-Length over `max_body` refused before any body arrives (413).
+//! each against the real binary on a real socket: bodies that are not JSON (415), a
+//! Content-Length over `max_body` refused before any body arrives (413), headers that
+//! must come once (400), no Host (400), and Origin and Host values that only look
+//! local (403).
 
 mod common;
 use common::*;
@@ -27,6 +29,16 @@ fn gateway(gateway: &str, rest: &str) -> Gateway {
     )
 }
 
+/// `[clients.*]` tables for alice, bob and carol (tokens from the environment), with
+/// `alice` and `bob` as extra lines of their tables.
+fn clients(alice: &str, bob: &str) -> String {
+    format!(
+        "[clients.alice]\ntoken = \"${{ALICE_TOKEN}}\"\n{alice}\n\n\
+         [clients.bob]\ntoken = \"${{BOB_TOKEN}}\"\n{bob}\n\n\
+         [clients.carol]\ntoken = \"${{CAROL_TOKEN}}\"\n"
+    )
+}
+
 fn hostport(gw: &Gateway) -> String {
     gw.base.trim_start_matches("http://").to_string()
 }
@@ -38,6 +50,26 @@ fn ping() -> Value {
 fn initialize_body() -> Value {
     json!({"jsonrpc":"2.0","id":"init","method":"initialize","params":{
         "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"hostile","version":"1"}}})
+}
+
+/// A POST to the endpoint as `token` (if any): status, session id header, JSON body.
+async fn initialize(gw: &Gateway, http: &reqwest::Client, token: Option<&str>) -> (u16, Option<String>, Value) {
+    let mut r = http
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .json(&initialize_body());
+    if let Some(t) = token {
+        r = r.header("authorization", format!("Bearer {t}"));
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    let sid = r
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = r.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, sid, body)
 }
 
 /// Reads one HTTP response with a Content-Length body: status code, head and body.
@@ -77,6 +109,15 @@ async fn read_response(s: &mut TcpStream) -> (u16, String, String) {
     }
     let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string();
     (status, head, body)
+}
+
+/// Writes `request` as is on a new connection and reads one response, within [`T`].
+async fn raw(gw: &Gateway, request: &str) -> (u16, String, String) {
+    let mut c = TcpStream::connect(hostport(gw)).await.unwrap();
+    c.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::timeout(T, read_response(&mut c))
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {T:?} to {request:?}"))
 }
 
 fn error_message(v: &Value) -> &str {
@@ -193,4 +234,165 @@ async fn a_content_length_over_max_body_is_refused_before_the_body_is_sent() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["id"], 3);
+}
+
+// ---------------------------------------------------------------- headers that must be one
+
+#[tokio::test]
+async fn two_authorization_headers_are_400_whichever_comes_first() {
+    let gw = gateway("", &clients("", ""));
+    let http = reqwest::Client::new();
+    // Alone, each token works.
+    assert_eq!(initialize(&gw, &http, Some(ALICE)).await.0, 200);
+    for (first, second) in [(ALICE, BOB), (ALICE, "not-a-token"), ("not-a-token", ALICE)] {
+        let r = http
+            .post(&gw.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", format!("Bearer {first}"))
+            .header("authorization", format!("Bearer {second}"))
+            .json(&initialize_body())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{first:.5}… then {second:.5}…");
+        assert!(r.headers().get("mcp-session-id").is_none());
+        let v: Value = r.json().await.unwrap();
+        assert!(error_message(&v).contains("Authorization"), "{v}");
+        // The tokens are not echoed.
+        assert!(!v.to_string().contains(ALICE) && !v.to_string().contains(BOB), "{v}");
+    }
+    assert_eq!(gw.get_json("/status").await["sessions"], 1);
+    assert!(!gw.logs().contains(ALICE) && !gw.logs().contains(BOB));
+}
+
+#[tokio::test]
+async fn two_session_ids_are_400() {
+    let gw = gateway("", "");
+    let (a, b) = (gw.session().await, gw.session().await);
+    let r = a
+        .post()
+        .header("mcp-session-id", &b.id)
+        .json(&ping())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(error_message(&r.json().await.unwrap()).contains("Mcp-Session-Id"));
+}
+
+#[tokio::test]
+async fn a_request_without_host_or_with_two_is_400() {
+    let gw = gateway("", "");
+    let s = gw.session().await;
+    let addr = hostport(&gw);
+    let body = ping().to_string();
+    let post = |hosts: &str| {
+        format!(
+            "POST /mcp HTTP/1.1\r\n{hosts}Content-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMcp-Session-Id: {}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            s.id,
+            body.len()
+        )
+    };
+    let (status, head, reply) = raw(&gw, &post(&format!("Host: {addr}\r\n"))).await;
+    assert_eq!(status, 200, "{head}{reply}");
+
+    for hosts in ["".to_owned(), format!("Host: {addr}\r\nHost: {addr}\r\n")] {
+        let (status, head, reply) = raw(&gw, &post(&hosts)).await;
+        assert_eq!(status, 400, "{hosts:?}: {head}{reply}");
+        let v: Value = serde_json::from_str(&reply).unwrap();
+        assert!(error_message(&v).contains("Host"), "{v}");
+    }
+    // Every route, not only the MCP endpoint.
+    let (status, head, reply) = raw(&gw, "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, 400, "{head}{reply}");
+    // HTTP/1.0 has no Host requirement (an old health checker): still served.
+    let (status, head, reply) = raw(&gw, "GET /healthz HTTP/1.0\r\n\r\n").await;
+    assert_eq!((status, reply.as_str()), (200, "ok\n"), "{head}");
+}
+
+// ---------------------------------------------------------------- Origin and Host parsed
+
+#[tokio::test]
+async fn origins_are_parsed_so_userinfo_tricks_are_not_localhost() {
+    let gw = gateway("allowed_origins = [\"https://app.example.com\"]", "");
+    let s = gw.session().await;
+    let with_origin = |origin: &'static str| {
+        let req = s.post().header("origin", origin).json(&ping());
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    for origin in [
+        "http://localhost:1@evil.com",
+        "http://localhost@evil.com",
+        "http://[::1]@evil.com",
+        "http://127.0.0.1:80@evil.com:80",
+        "http://localhost.evil.com",
+        "http://127.0.0.1.evil.com",
+        "http://localhost:1234/path",
+        "http://localhost:notaport",
+        "ftp://localhost",
+        "localhost",
+        "null",
+        "https://app.example.com@evil.com",
+        "https://app.example.com.evil.com",
+        "https://app.example.com:8443",
+        "http://app.example.com",
+        "https://evil.com#@app.example.com",
+    ] {
+        assert_eq!(with_origin(origin).await, 403, "{origin}");
+    }
+    for origin in [
+        "http://localhost:1234",
+        "http://localhost",
+        "https://LOCALHOST:8443",
+        "http://127.0.0.1:5",
+        "http://[::1]:8080",
+        "https://app.example.com",
+        "https://App.Example.COM",
+        "https://app.example.com:443",
+    ] {
+        assert_eq!(with_origin(origin).await, 200, "{origin}");
+    }
+}
+
+#[tokio::test]
+async fn host_values_are_parsed_too() {
+    let gw = gateway("allowed_hosts = [\"gateway.internal\", \"pinned.internal:8080\"]", "");
+    let s = gw.session().await;
+    let body = ping().to_string();
+    let post = |host: &str| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMcp-Session-Id: {}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            s.id,
+            body.len()
+        )
+    };
+    for host in [
+        "localhost:1@evil.com",
+        "localhost@evil.com",
+        "localhost:x",
+        "[::1]evil.com",
+        "pinned.internal:9090",
+        "pinned.internal",
+        "evil.com",
+        "gateway.internal.evil.com",
+    ] {
+        let (status, head, reply) = raw(&gw, &post(host)).await;
+        assert!(matches!(status, 400 | 403), "{host}: {head}{reply}");
+    }
+    for host in [
+        "localhost",
+        "LocalHost:8080",
+        "127.0.0.1:1",
+        "[::1]:9",
+        "gateway.internal",
+        "Gateway.Internal:9000",
+        "pinned.internal:8080",
+    ] {
+        let (status, head, reply) = raw(&gw, &post(host)).await;
+        assert_eq!(status, 200, "{host}: {head}{reply}");
+    }
 }

@@ -246,16 +246,66 @@ fn json_response(body: impl Into<Body>) -> Response {
         .into_response()
 }
 
-/// Checks Origin (when present) and Host against localhost and the configured lists.
+/// Headers an MCP request may carry at most once. A second copy is refused (400) rather
+/// than one of them picked: which one wins would depend on who reads them (a proxy in
+/// front may check the last `Authorization`, the gateway the first).
+fn check_single(headers: &HeaderMap) -> Result<(), Reject> {
+    // Nothing repeated at all, the usual case: no lookups.
+    if headers.len() == headers.keys_len() {
+        return Ok(());
+    }
+    let single: [(&HeaderName, &str); 5] = [
+        (&header::AUTHORIZATION, "Authorization"),
+        (&header::ORIGIN, "Origin"),
+        (&header::CONTENT_TYPE, "Content-Type"),
+        (&SESSION_HEADER, "Mcp-Session-Id"),
+        (&VERSION_HEADER, "MCP-Protocol-Version"),
+    ];
+    for (name, shown) in single {
+        if headers.get_all(name).iter().nth(1).is_some() {
+            return Err(Reject::new(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                format!("more than one {shown} header: send it once"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP/1.1 request needs exactly one Host header (RFC 9112 §3.2): 400 otherwise, on
+/// every route. HTTP/1.0 has no such rule, and a request without one is still served
+/// (old health checkers); the MCP endpoint then has no Host to check.
+fn host_problem<B>(req: &axum::http::Request<B>) -> Option<Response> {
+    if req.version() < axum::http::Version::HTTP_11 {
+        return None;
+    }
+    let why = match req.headers().get_all(header::HOST).iter().count() {
+        1 => return None,
+        0 => "no Host header: HTTP/1.1 requires one",
+        _ => "more than one Host header: send it once",
+    };
+    Some(rpc_error(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, why))
+}
+
+/// Checks Origin (when present) and Host against localhost and the configured lists,
+/// after taking each value apart (see [`Authority`]): `http://localhost:1@evil.com` is
+/// not a localhost origin, it is not an origin at all.
 fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
+    check_single(headers)?;
     let config = gw.config();
     let g = &config.gateway;
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
-        let ok = g.allowed_origins.iter().any(|o| o == origin)
-            || origin
-                .split_once("://")
-                .is_some_and(|(scheme, rest)| matches!(scheme, "http" | "https") && is_local_host(rest));
+        let ok = match WebOrigin::parse(origin) {
+            Some(o) => {
+                (o.web() && o.authority.is_local())
+                    || g.allowed_origins
+                        .iter()
+                        .any(|a| WebOrigin::parse(a).is_some_and(|a| a == o))
+            }
+            None => false,
+        };
         if !ok {
             return Err(Reject::new(
                 StatusCode::FORBIDDEN,
@@ -266,10 +316,18 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
     }
     if let Some(host) = headers.get(header::HOST) {
         let host = host.to_str().unwrap_or("");
-        let ok = is_local_host(host)
-            || g.allowed_hosts
-                .iter()
-                .any(|h| h == host || host.rsplit_once(':').is_some_and(|(name, _)| name == h));
+        let Some(a) = Authority::parse(host) else {
+            return Err(Reject::new(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                format!("Host {host:?} is not a host[:port]"),
+            ));
+        };
+        let ok = a.is_local()
+            || g.allowed_hosts.iter().any(|h| {
+                Authority::parse(h)
+                    .is_some_and(|allowed| allowed.host == a.host && allowed.port.is_none_or(|p| a.port == Some(p)))
+            });
         if !ok {
             return Err(Reject::new(
                 StatusCode::FORBIDDEN,
@@ -281,14 +339,92 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
     Ok(())
 }
 
-/// `localhost`, `127.0.0.1` or `[::1]`, with or without a port.
-fn is_local_host(hostport: &str) -> bool {
-    let host = if let Some(rest) = hostport.strip_prefix('[') {
-        rest.split_once(']').map_or("", |(h, _)| h)
-    } else {
-        hostport.split(':').next().unwrap_or("")
-    };
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
+/// `host[:port]` taken apart: a DNS name or IPv4 address (letters, digits, `-`, `.`,
+/// `_`), or an IPv6 literal in brackets; the port, when given, digits that fit a u16.
+/// Anything else (userinfo `a@b`, a path, `%`, spaces, an empty host) does not parse.
+#[derive(Debug, PartialEq)]
+struct Authority {
+    /// Lowercased; an IPv6 literal without its brackets.
+    host: String,
+    port: Option<u16>,
+}
+
+impl Authority {
+    fn parse(s: &str) -> Option<Authority> {
+        let (host, port) = match s.strip_prefix('[') {
+            Some(rest) => {
+                let (h, after) = rest.split_once(']')?;
+                let v6 = !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
+                let port = match after {
+                    "" => None,
+                    p => Some(p.strip_prefix(':')?),
+                };
+                (v6.then_some(h)?, port)
+            }
+            None => {
+                let (h, port) = match s.rsplit_once(':') {
+                    Some((h, p)) => (h, Some(p)),
+                    None => (s, None),
+                };
+                let name = !h.is_empty()
+                    && h.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+                (name.then_some(h)?, port)
+            }
+        };
+        let port = match port {
+            None => None,
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => Some(p.parse().ok()?),
+            Some(_) => return None,
+        };
+        Some(Authority {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    /// `localhost`, `127.0.0.1` or `::1`, on any port.
+    fn is_local(&self) -> bool {
+        matches!(self.host.as_str(), "localhost" | "127.0.0.1" | "::1")
+    }
+}
+
+/// An origin, `scheme://host[:port]` (RFC 6454), with the scheme lowercased and a port
+/// equal to the scheme's default dropped, so `https://App.example.com:443` and
+/// `https://app.example.com` are the same origin. A configured value may end in `/`.
+#[derive(Debug, PartialEq)]
+struct WebOrigin {
+    scheme: String,
+    authority: Authority,
+}
+
+impl WebOrigin {
+    fn parse(s: &str) -> Option<WebOrigin> {
+        let (scheme, rest) = s.split_once("://")?;
+        let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if !scheme_ok {
+            return None;
+        }
+        let scheme = scheme.to_ascii_lowercase();
+        let mut authority = Authority::parse(rest.strip_suffix('/').unwrap_or(rest))?;
+        let default = match scheme.as_str() {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        };
+        if authority.port.is_some() && authority.port == default {
+            authority.port = None;
+        }
+        Some(WebOrigin { scheme, authority })
+    }
+
+    /// http or https: the only schemes a localhost origin is accepted with.
+    fn web(&self) -> bool {
+        matches!(self.scheme.as_str(), "http" | "https")
+    }
 }
 
 /// The body of a POST must be JSON: `application/json`, any parameters (`; charset=utf-8`),
@@ -1286,10 +1422,15 @@ pub async fn serve(
         let (app, http, path) = (app.clone(), http.clone(), path.clone());
         let service = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            if let Some(refused) = host_problem(&req) {
+                return Either::Left(Either::Right(futures::future::ready(Ok(refused))));
+            }
             let direct = req.method() == axum::http::Method::POST && req.uri().path() == &*path;
             let req = req.map(Body::new);
             if direct {
-                Either::Left(post(State(http.clone()), req).map(Ok::<_, std::convert::Infallible>))
+                Either::Left(Either::Left(
+                    post(State(http.clone()), req).map(Ok::<_, std::convert::Infallible>),
+                ))
             } else {
                 Either::Right(app.clone().oneshot(req))
             }
