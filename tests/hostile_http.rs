@@ -1,8 +1,9 @@
 //! Hostile HTTP input (issue #13, found by probing the release binary from outside),
 //! each against the real binary on a real socket: bodies that are not JSON (415), a
 //! Content-Length over `max_body` refused before any body arrives (413), headers that
-//! must come once (400), no Host (400), and Origin and Host values that only look
-//! local (403).
+//! must come once (400), no Host (400), Origin and Host values that only look local
+//! (403), `initialize` counted against a client's rate limits (-32029), and
+//! `gateway.max_sessions_per_client` bounding one identity's share of the sessions.
 
 mod common;
 use common::*;
@@ -395,4 +396,110 @@ async fn host_values_are_parsed_too() {
         let (status, head, reply) = raw(&gw, &post(host)).await;
         assert_eq!(status, 200, "{host}: {head}{reply}");
     }
+}
+
+// ---------------------------------------------------------------- initialize and limits
+
+#[tokio::test]
+async fn initialize_counts_against_the_clients_rate_limits() {
+    let gw = gateway(
+        "",
+        &format!(
+            "[rate_limits]\nper_client = \"4/m\"\n\n{}",
+            clients("rate_limit = \"3/m\"", "")
+        ),
+    );
+    let http = reqwest::Client::new();
+    // alice's own rate_limit: three initializes, then the fourth is refused.
+    for i in 0..3 {
+        let (status, sid, v) = initialize(&gw, &http, Some(ALICE)).await;
+        assert_eq!((status, sid.is_some()), (200, true), "alice #{i}: {v}");
+    }
+    let (status, sid, v) = initialize(&gw, &http, Some(ALICE)).await;
+    assert_eq!((status, sid), (200, None), "{v}");
+    assert_eq!(v["id"], "init", "{v}");
+    assert_eq!(v["error"]["code"], -32029, "{v}");
+    assert!(error_message(&v).contains("client 'alice' limit 3/m"), "{v}");
+    let ms = v["error"]["data"]["retryAfterMs"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(ms > 0 && ms <= 20_000, "3/m refills one every 20 s, not {ms} ms");
+    // per_client: bob has no limit of his own, but four a minute is every client's.
+    for i in 0..4 {
+        let (status, sid, v) = initialize(&gw, &http, Some(BOB)).await;
+        assert_eq!((status, sid.is_some()), (200, true), "bob #{i}: {v}");
+    }
+    let (_, sid, v) = initialize(&gw, &http, Some(BOB)).await;
+    assert_eq!(sid, None, "{v}");
+    assert_eq!(v["error"]["code"], -32029, "{v}");
+    assert!(error_message(&v).contains("per_client limit 4/m"), "{v}");
+    assert!(v["error"]["data"]["retryAfterMs"].as_u64().is_some(), "{v}");
+    // Nobody else paid for them.
+    let (status, sid, v) = initialize(&gw, &http, Some(CAROL)).await;
+    assert_eq!((status, sid.is_some()), (200, true), "carol: {v}");
+    assert_eq!(gw.get_json("/status").await["sessions"], 8);
+}
+
+#[tokio::test]
+async fn max_sessions_per_client_bounds_one_clients_share() {
+    // max_sessions = 20 and no max_sessions_per_client: a tenth of it, 2 each.
+    let gw = gateway("max_sessions = 20", &clients("", ""));
+    let http = reqwest::Client::new();
+    let mut alice = Vec::new();
+    for _ in 0..2 {
+        let (status, sid, v) = initialize(&gw, &http, Some(ALICE)).await;
+        assert_eq!(status, 200, "{v}");
+        alice.push(sid.expect("a session"));
+    }
+    let (status, sid, v) = initialize(&gw, &http, Some(ALICE)).await;
+    assert_eq!((status, sid), (503, None), "{v}");
+    assert_eq!(v["id"], "init", "{v}");
+    let msg = error_message(&v);
+    assert!(
+        msg.contains("alice") && msg.contains('2') && msg.contains("gateway.max_sessions_per_client"),
+        "{msg}"
+    );
+    // Another client still gets its own share.
+    for _ in 0..2 {
+        let (status, sid, v) = initialize(&gw, &http, Some(BOB)).await;
+        assert_eq!((status, sid.is_some()), (200, true), "bob: {v}");
+    }
+    assert_eq!(initialize(&gw, &http, Some(BOB)).await.0, 503);
+    // Ending one of alice's sessions gives her place back, and only one.
+    let r = http
+        .delete(&gw.url)
+        .header("authorization", format!("Bearer {ALICE}"))
+        .header("mcp-session-id", &alice[0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(initialize(&gw, &http, Some(ALICE)).await.0, 200);
+    assert_eq!(initialize(&gw, &http, Some(ALICE)).await.0, 503);
+    assert_eq!(gw.get_json("/status").await["sessions"], 4);
+}
+
+#[tokio::test]
+async fn without_auth_the_share_is_per_address() {
+    let gw = gateway("max_sessions_per_client = 2", "");
+    let from = |ip: [u8; 4]| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(ip))
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    for _ in 0..2 {
+        assert_eq!(initialize(&gw, &one, None).await.0, 200);
+    }
+    let (status, sid, v) = initialize(&gw, &one, None).await;
+    assert_eq!((status, sid), (503, None), "{v}");
+    let msg = error_message(&v);
+    assert!(
+        msg.contains("127.0.0.1") && msg.contains("gateway.max_sessions_per_client"),
+        "{msg}"
+    );
+    // Another address has a share of its own.
+    let (status, sid, v) = initialize(&gw, &two, None).await;
+    assert_eq!((status, sid.is_some()), (200, true), "{v}");
 }

@@ -48,6 +48,8 @@ pub struct Session {
     client: Arc<Client>,
     /// The identity that opened it, when auth is configured; nobody else may use it.
     owner: Option<String>,
+    /// Whose share of `gateway.max_sessions_per_client` it is (see [`share_of`]).
+    share: Arc<str>,
     protocol_version: String,
     /// Milliseconds since the gateway started, at the last request.
     last_seen: AtomicU64,
@@ -80,6 +82,9 @@ pub struct Shared {
     parked: Arc<crate::mrtr::Parked>,
     /// Open `subscriptions/listen` streams, at most `gateway.max_sessions`.
     listening: Arc<AtomicUsize>,
+    /// Open sessions per identity (see [`share_of`]), at most
+    /// `gateway.max_sessions_per_client` each; an identity with none has no entry.
+    shares: DashMap<Arc<str>, usize>,
 }
 
 /// One open listen stream, counted while it lives.
@@ -102,6 +107,7 @@ impl Http {
             closing: CancellationToken::new(),
             parked,
             listening: Arc::new(AtomicUsize::new(0)),
+            shares: DashMap::new(),
         }))
     }
 
@@ -135,10 +141,28 @@ impl Http {
     /// Ends a session: its requests are cancelled and its subscriptions dropped.
     pub fn end_session(&self, sid: &str) {
         if let Some((_, s)) = self.sessions.remove(sid) {
+            self.release_share(&s.share);
             s.client.cancel_all();
             let (gw, client) = (self.gw.clone(), s.client.clone());
             tokio::spawn(async move { gw.forget_client(&client).await });
         }
+    }
+
+    /// Counts one more session for `share`, unless it already has `max`.
+    fn take_share(&self, share: &Arc<str>, max: usize) -> bool {
+        let mut n = self.shares.entry(share.clone()).or_insert(0);
+        if *n >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release_share(&self, share: &Arc<str>) {
+        if let Some(mut n) = self.shares.get_mut(share) {
+            *n = n.saturating_sub(1);
+        }
+        self.shares.remove_if(share, |_, n| *n == 0);
     }
 
     pub fn gateway(&self) -> &Arc<Gateway> {
@@ -619,7 +643,10 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
     }
     if let Kind::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return initialize(&http, id, params.as_deref(), who);
+            let peer = extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip());
+            return initialize(&http, id, params.as_deref(), who, peer);
         }
     }
     let id = match &msg {
@@ -894,18 +921,46 @@ fn listen(
 /// Rewrites a request's outcome before it is sent (the stateless era decorates results).
 type Finish = Box<dyn FnOnce(Outcome) -> Outcome + Send>;
 
+/// Whose share of the sessions one belongs to: the authenticated client's name, or with
+/// no auth the caller's address (behind a proxy, every caller has the proxy's).
+fn share_of(who: Option<&Identity>, peer: Option<std::net::IpAddr>) -> Arc<str> {
+    match (who, peer) {
+        (Some(i), _) => format!("client '{}'", i.name).into(),
+        (None, Some(ip)) => format!("address {ip}").into(),
+        (None, None) => "an unknown address".into(),
+    }
+}
+
 fn initialize(
     http: &Http,
     id: &Id,
     params: Option<&serde_json::value::RawValue>,
     who: Option<Arc<Identity>>,
+    peer: Option<std::net::IpAddr>,
 ) -> Response {
-    let max = http.gw.config().gateway.max_sessions;
+    // Like any other request of the client: over its rate limits, the same -32029.
+    if let Err(limited) = http.gw.admit_initialize(who.as_deref()) {
+        return json_response(message::response(id, &limited));
+    }
+    let config = http.gw.config();
+    let max = config.gateway.max_sessions;
     if http.sessions.len() >= max {
         return Reject::new(
             StatusCode::SERVICE_UNAVAILABLE,
             code::INTERNAL_ERROR,
             format!("the gateway has {max} open sessions, its limit (gateway.max_sessions); end one or try later"),
+        )
+        .answer(id);
+    }
+    let share = share_of(who.as_deref(), peer);
+    let per_client = config.gateway.max_sessions_per_client;
+    if !http.take_share(&share, per_client) {
+        return Reject::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::INTERNAL_ERROR,
+            format!(
+                "{share} has {per_client} open sessions, its limit (gateway.max_sessions_per_client); end one or try later"
+            ),
         )
         .answer(id);
     }
@@ -929,6 +984,7 @@ fn initialize(
             c
         },
         owner,
+        share,
         protocol_version: version.clone(),
         last_seen: AtomicU64::new(http.now_ms()),
         get_open: AtomicBool::new(false),
