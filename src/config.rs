@@ -132,6 +132,7 @@ struct RawGateway {
     max_body: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     max_sessions: Option<usize>,
+    max_sessions_per_client: Option<Spanned<usize>>,
     page_size: Option<usize>,
     max_in_flight: Option<usize>,
     session_idle: Option<Spanned<String>>,
@@ -411,6 +412,10 @@ pub struct Gateway {
     pub page_size: usize,
     /// Open HTTP sessions at most; `initialize` past it is refused (503).
     pub max_sessions: usize,
+    /// Open HTTP sessions of one identity at most (the authenticated client's name, else
+    /// the caller's IP address); `initialize` past it is refused (503). Default: a tenth
+    /// of `max_sessions`, at least 1.
+    pub max_sessions_per_client: usize,
     /// Requests in flight per session at most; more are refused with an error.
     pub max_in_flight: usize,
     /// A session unused this long (and with no open GET stream) is ended.
@@ -747,6 +752,12 @@ impl Config {
                 cx.at(0, format!("gateway.{key} must be at least 1"));
             }
         }
+        if let Some(n) = g.max_sessions_per_client.as_ref().filter(|n| *n.get_ref() == 0) {
+            cx.at(
+                n.span().start,
+                "gateway.max_sessions_per_client must be at least 1".to_owned(),
+            );
+        }
         let shutdown_grace = duration(
             &mut cx,
             g.shutdown_grace.as_ref(),
@@ -974,6 +985,7 @@ impl Config {
         if !cx.errors.is_empty() {
             return Err(ConfigErrors(cx.errors));
         }
+        let max_sessions = g.max_sessions.unwrap_or(10_000);
         Ok(Config {
             file: path.to_path_buf(),
             gateway: Gateway {
@@ -985,7 +997,10 @@ impl Config {
                 allowed_hosts: g.allowed_hosts,
                 max_body,
                 shutdown_grace,
-                max_sessions: g.max_sessions.unwrap_or(10_000),
+                max_sessions,
+                max_sessions_per_client: g
+                    .max_sessions_per_client
+                    .map_or((max_sessions / 10).max(1), Spanned::into_inner),
                 page_size: g.page_size.unwrap_or(0),
                 max_in_flight: g.max_in_flight.unwrap_or(1_000),
                 session_idle,
@@ -1452,6 +1467,27 @@ mod tests {
             deny: vec!["delete_*".into()],
         };
         assert!(f.permits("create") && !f.permits("delete_x"));
+    }
+
+    #[test]
+    fn max_sessions_per_client_defaults_to_a_tenth_and_is_located_when_zero() {
+        let at = |src: &str| Config::parse(Path::new("g.toml"), src, &env);
+        let per = |src: &str| at(src).map(|c| c.gateway.max_sessions_per_client).ok();
+        assert_eq!(per(""), Some(1_000));
+        assert_eq!(per("[gateway]\nmax_sessions = 25\n"), Some(2));
+        assert_eq!(per("[gateway]\nmax_sessions = 5\n"), Some(1));
+        assert_eq!(
+            per("[gateway]\nmax_sessions = 5\nmax_sessions_per_client = 5\n"),
+            Some(5)
+        );
+        let errors = at("[gateway]\nmax_sessions_per_client = 0\n")
+            .err()
+            .map(|e| e.to_string());
+        let errors = errors.unwrap_or_default();
+        assert!(
+            errors.contains("g.toml:2:27") && errors.contains("at least 1"),
+            "{errors}"
+        );
     }
 
     #[test]

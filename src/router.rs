@@ -478,10 +478,7 @@ impl Gateway {
         let identity = client.identity();
         // Once clients are configured, a client is its name: all its sessions share a budget.
         let rate_key = identity.as_ref().map_or(client.id.as_str(), |i| i.name.as_str());
-        let allowed = topo
-            .limits
-            .check_client(rate_key)
-            .and_then(|()| identity.as_ref().map_or(Ok(()), |i| i.check_rate()));
+        let allowed = check_client_rates(&topo, rate_key, identity.as_deref());
         let out = match allowed {
             Err(l) => Some(self.limited(method, &l, &mut info)),
             Ok(()) => {
@@ -526,9 +523,27 @@ impl Gateway {
     /// `isError`, whose text a model can act on; anything else a JSON-RPC error with
     /// `data.retryAfterMs`.
     fn limited(&self, method: &str, l: &Limited, info: &mut CallInfo) -> Outcome {
+        info.rate_limited = true;
+        self.rate_limited(method, l)
+    }
+
+    /// `initialize` as a configured client: it counts against the same limits as the
+    /// client's other requests (`[rate_limits] per_client` by name, and its own
+    /// `rate_limit`), so one client cannot open sessions as fast as it likes. Without an
+    /// identity there is no client yet to count against (a client is its session then);
+    /// `per_ip` and `gateway.max_sessions_per_client` bound those.
+    pub fn admit_initialize(&self, identity: Option<&Identity>) -> Result<(), Outcome> {
+        let Some(identity) = identity else {
+            return Ok(());
+        };
+        check_client_rates(&self.topology(), &identity.name, Some(identity))
+            .map_err(|l| self.rate_limited("initialize", &l))
+    }
+
+    /// The answer to a request over a rate limit (see [`Gateway::limited`]), counted.
+    fn rate_limited(&self, method: &str, l: &Limited) -> Outcome {
         debug!(method, limit = %l.what, "rate limited");
         self.metrics.rate_limited(&l.what);
-        info.rate_limited = true;
         if method == "tools/call" {
             Outcome::Result(
                 message::to_raw(&json!({
@@ -1098,6 +1113,14 @@ fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
         })
         .collect();
     Catalog::build(&config.gateway.separator, &sources)
+}
+
+/// Checks (and spends) a client's budgets: `[rate_limits] per_client` under `key`, then
+/// the identity's own `rate_limit`.
+fn check_client_rates(topo: &Topology, key: &str, identity: Option<&Identity>) -> Result<(), Limited> {
+    topo.limits
+        .check_client(key)
+        .and_then(|()| identity.map_or(Ok(()), Identity::check_rate))
 }
 
 /// What the router learned about a request on its way, for metrics and traces.

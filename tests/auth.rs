@@ -309,9 +309,10 @@ async fn sessions_belong_to_their_identity() {
 #[tokio::test]
 async fn rate_limits_key_by_client_name() {
     let cfg =
-        config("[rate_limits]\nper_client = \"3/m\"\n").replace("deny = [", "rate_limit = \"100/m burst 2\"\ndeny = [");
+        config("[rate_limits]\nper_client = \"6/m\"\n").replace("deny = [", "rate_limit = \"100/m burst 4\"\ndeny = [");
     let gw = start(&cfg);
-    // alice's own limit: 2 requests, over two sessions (the limit is hers, not a session's).
+    // alice's own limit: 4 requests, two initializes (they count too) and two calls over
+    // two sessions (the limit is hers, not a session's).
     let (a1, a2) = (As::open(&gw, ALICE).await, As::open(&gw, ALICE).await);
     assert!(a1
         .call("calc__add", json!({"a": 1, "b": 1}))
@@ -329,7 +330,8 @@ async fn rate_limits_key_by_client_name() {
         error_of(&r)["message"].as_str().unwrap().contains("client 'alice'"),
         "{r}"
     );
-    // per_client keys by name: bob's three sessions share 3/m.
+    // per_client keys by name: bob's three sessions (three initializes) and three pings
+    // share 6/m.
     let b = [
         As::open(&gw, BOB).await,
         As::open(&gw, BOB).await,

@@ -214,7 +214,8 @@ async fn stalled_headers_and_silent_connections_are_closed_after_header_timeout(
 
 #[tokio::test]
 async fn max_sessions_refuses_initialize_with_503_until_one_ends() {
-    let (gw, _) = gateway("max_sessions = 3", "");
+    // All from 127.0.0.1: one identity's share must not be what stops them.
+    let (gw, _) = gateway("max_sessions = 3\nmax_sessions_per_client = 3", "");
     let mut open = Vec::new();
     for _ in 0..3 {
         open.push(gw.session().await);

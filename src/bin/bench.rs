@@ -1513,7 +1513,8 @@ async fn bench_sessions(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()>
         args,
         "sessions",
         &echo_specs(args, 1)?,
-        &format!("max_sessions = {}\n", n + 1000),
+        // Every session is from this one address: its share is the whole gateway.
+        &format!("max_sessions = {0}\nmax_sessions_per_client = {0}\n", n + 1000),
     )
     .await?;
     // Warm the allocator and the session map's first buckets.

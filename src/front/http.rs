@@ -48,6 +48,8 @@ pub struct Session {
     client: Arc<Client>,
     /// The identity that opened it, when auth is configured; nobody else may use it.
     owner: Option<String>,
+    /// Whose share of `gateway.max_sessions_per_client` it is (see [`share_of`]).
+    share: Arc<str>,
     protocol_version: String,
     /// Milliseconds since the gateway started, at the last request.
     last_seen: AtomicU64,
@@ -80,6 +82,9 @@ pub struct Shared {
     parked: Arc<crate::mrtr::Parked>,
     /// Open `subscriptions/listen` streams, at most `gateway.max_sessions`.
     listening: Arc<AtomicUsize>,
+    /// Open sessions per identity (see [`share_of`]), at most
+    /// `gateway.max_sessions_per_client` each; an identity with none has no entry.
+    shares: DashMap<Arc<str>, usize>,
 }
 
 /// One open listen stream, counted while it lives.
@@ -102,6 +107,7 @@ impl Http {
             closing: CancellationToken::new(),
             parked,
             listening: Arc::new(AtomicUsize::new(0)),
+            shares: DashMap::new(),
         }))
     }
 
@@ -135,10 +141,28 @@ impl Http {
     /// Ends a session: its requests are cancelled and its subscriptions dropped.
     pub fn end_session(&self, sid: &str) {
         if let Some((_, s)) = self.sessions.remove(sid) {
+            self.release_share(&s.share);
             s.client.cancel_all();
             let (gw, client) = (self.gw.clone(), s.client.clone());
             tokio::spawn(async move { gw.forget_client(&client).await });
         }
+    }
+
+    /// Counts one more session for `share`, unless it already has `max`.
+    fn take_share(&self, share: &Arc<str>, max: usize) -> bool {
+        let mut n = self.shares.entry(share.clone()).or_insert(0);
+        if *n >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release_share(&self, share: &Arc<str>) {
+        if let Some(mut n) = self.shares.get_mut(share) {
+            *n = n.saturating_sub(1);
+        }
+        self.shares.remove_if(share, |_, n| *n == 0);
     }
 
     pub fn gateway(&self) -> &Arc<Gateway> {
@@ -246,16 +270,66 @@ fn json_response(body: impl Into<Body>) -> Response {
         .into_response()
 }
 
-/// Checks Origin (when present) and Host against localhost and the configured lists.
+/// Headers an MCP request may carry at most once. A second copy is refused (400) rather
+/// than one of them picked: which one wins would depend on who reads them (a proxy in
+/// front may check the last `Authorization`, the gateway the first).
+fn check_single(headers: &HeaderMap) -> Result<(), Reject> {
+    // Nothing repeated at all, the usual case: no lookups.
+    if headers.len() == headers.keys_len() {
+        return Ok(());
+    }
+    let single: [(&HeaderName, &str); 5] = [
+        (&header::AUTHORIZATION, "Authorization"),
+        (&header::ORIGIN, "Origin"),
+        (&header::CONTENT_TYPE, "Content-Type"),
+        (&SESSION_HEADER, "Mcp-Session-Id"),
+        (&VERSION_HEADER, "MCP-Protocol-Version"),
+    ];
+    for (name, shown) in single {
+        if headers.get_all(name).iter().nth(1).is_some() {
+            return Err(Reject::new(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                format!("more than one {shown} header: send it once"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP/1.1 request needs exactly one Host header (RFC 9112 §3.2): 400 otherwise, on
+/// every route. HTTP/1.0 has no such rule, and a request without one is still served
+/// (old health checkers); the MCP endpoint then has no Host to check.
+fn host_problem<B>(req: &axum::http::Request<B>) -> Option<Response> {
+    if req.version() < axum::http::Version::HTTP_11 {
+        return None;
+    }
+    let why = match req.headers().get_all(header::HOST).iter().count() {
+        1 => return None,
+        0 => "no Host header: HTTP/1.1 requires one",
+        _ => "more than one Host header: send it once",
+    };
+    Some(rpc_error(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, why))
+}
+
+/// Checks Origin (when present) and Host against localhost and the configured lists,
+/// after taking each value apart (see [`Authority`]): `http://localhost:1@evil.com` is
+/// not a localhost origin, it is not an origin at all.
 fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
+    check_single(headers)?;
     let config = gw.config();
     let g = &config.gateway;
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
-        let ok = g.allowed_origins.iter().any(|o| o == origin)
-            || origin
-                .split_once("://")
-                .is_some_and(|(scheme, rest)| matches!(scheme, "http" | "https") && is_local_host(rest));
+        let ok = match WebOrigin::parse(origin) {
+            Some(o) => {
+                (o.web() && o.authority.is_local())
+                    || g.allowed_origins
+                        .iter()
+                        .any(|a| WebOrigin::parse(a).is_some_and(|a| a == o))
+            }
+            None => false,
+        };
         if !ok {
             return Err(Reject::new(
                 StatusCode::FORBIDDEN,
@@ -266,10 +340,18 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
     }
     if let Some(host) = headers.get(header::HOST) {
         let host = host.to_str().unwrap_or("");
-        let ok = is_local_host(host)
-            || g.allowed_hosts
-                .iter()
-                .any(|h| h == host || host.rsplit_once(':').is_some_and(|(name, _)| name == h));
+        let Some(a) = Authority::parse(host) else {
+            return Err(Reject::new(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                format!("Host {host:?} is not a host[:port]"),
+            ));
+        };
+        let ok = a.is_local()
+            || g.allowed_hosts.iter().any(|h| {
+                Authority::parse(h)
+                    .is_some_and(|allowed| allowed.host == a.host && allowed.port.is_none_or(|p| a.port == Some(p)))
+            });
         if !ok {
             return Err(Reject::new(
                 StatusCode::FORBIDDEN,
@@ -281,14 +363,120 @@ fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Reject> {
     Ok(())
 }
 
-/// `localhost`, `127.0.0.1` or `[::1]`, with or without a port.
-fn is_local_host(hostport: &str) -> bool {
-    let host = if let Some(rest) = hostport.strip_prefix('[') {
-        rest.split_once(']').map_or("", |(h, _)| h)
-    } else {
-        hostport.split(':').next().unwrap_or("")
+/// `host[:port]` taken apart: a DNS name or IPv4 address (letters, digits, `-`, `.`,
+/// `_`), or an IPv6 literal in brackets; the port, when given, digits that fit a u16.
+/// Anything else (userinfo `a@b`, a path, `%`, spaces, an empty host) does not parse.
+#[derive(Debug, PartialEq)]
+struct Authority {
+    /// Lowercased; an IPv6 literal without its brackets.
+    host: String,
+    port: Option<u16>,
+}
+
+impl Authority {
+    fn parse(s: &str) -> Option<Authority> {
+        let (host, port) = match s.strip_prefix('[') {
+            Some(rest) => {
+                let (h, after) = rest.split_once(']')?;
+                let v6 = !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
+                let port = match after {
+                    "" => None,
+                    p => Some(p.strip_prefix(':')?),
+                };
+                (v6.then_some(h)?, port)
+            }
+            None => {
+                let (h, port) = match s.rsplit_once(':') {
+                    Some((h, p)) => (h, Some(p)),
+                    None => (s, None),
+                };
+                let name = !h.is_empty()
+                    && h.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+                (name.then_some(h)?, port)
+            }
+        };
+        let port = match port {
+            None => None,
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => Some(p.parse().ok()?),
+            Some(_) => return None,
+        };
+        Some(Authority {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    /// `localhost`, `127.0.0.1` or `::1`, on any port.
+    fn is_local(&self) -> bool {
+        matches!(self.host.as_str(), "localhost" | "127.0.0.1" | "::1")
+    }
+}
+
+/// An origin, `scheme://host[:port]` (RFC 6454), with the scheme lowercased and a port
+/// equal to the scheme's default dropped, so `https://App.example.com:443` and
+/// `https://app.example.com` are the same origin. A configured value may end in `/`.
+#[derive(Debug, PartialEq)]
+struct WebOrigin {
+    scheme: String,
+    authority: Authority,
+}
+
+impl WebOrigin {
+    fn parse(s: &str) -> Option<WebOrigin> {
+        let (scheme, rest) = s.split_once("://")?;
+        let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if !scheme_ok {
+            return None;
+        }
+        let scheme = scheme.to_ascii_lowercase();
+        let mut authority = Authority::parse(rest.strip_suffix('/').unwrap_or(rest))?;
+        let default = match scheme.as_str() {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        };
+        if authority.port.is_some() && authority.port == default {
+            authority.port = None;
+        }
+        Some(WebOrigin { scheme, authority })
+    }
+
+    /// http or https: the only schemes a localhost origin is accepted with.
+    fn web(&self) -> bool {
+        matches!(self.scheme.as_str(), "http" | "https")
+    }
+}
+
+/// The body of a POST must be JSON: `application/json`, any parameters (`; charset=utf-8`),
+/// the media type case-insensitive (RFC 9110 §8.3.1). A missing Content-Type is refused
+/// too: the official SDK clients always send it (and the SDKs' own servers refuse
+/// requests without it), and a form post or `text/plain` is how a browser page sends a
+/// request to localhost without a CORS preflight.
+fn check_content_type(headers: &HeaderMap) -> Result<(), Reject> {
+    let value = headers.get(header::CONTENT_TYPE);
+    let ok = value.and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(';')
+            .next()
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if ok {
+        return Ok(());
+    }
+    let got = match value {
+        None => "none".to_owned(),
+        Some(v) => format!("{:?}", String::from_utf8_lossy(v.as_bytes())),
     };
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
+    Err(Reject::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        code::INVALID_REQUEST,
+        format!(
+            "a POST carries one JSON-RPC message: send it with Content-Type: application/json (this one has {got})"
+        ),
+    ))
 }
 
 /// The public URL of the MCP endpoint, for OAuth metadata and challenges.
@@ -391,20 +579,27 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
     if let Err(r) = per_ip(&http, &extensions) {
         return r;
     }
-    if let Err(r) = check_origin_host(&http.gw, &headers) {
+    if let Err(r) = check_origin_host(&http.gw, &headers).and_then(|()| check_content_type(&headers)) {
         return r.into_response();
     }
     let limits = &http.gw.config().gateway;
+    let too_large = || {
+        rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            code::INVALID_REQUEST,
+            &format!("the request body is over the {} byte limit", limits.max_body),
+        )
+    };
+    // A Content-Length over the limit is refused as soon as the headers are in, before
+    // any of the body is read (or, with `Expect: 100-continue`, sent).
+    let max = u64::try_from(limits.max_body).unwrap_or(u64::MAX);
+    if axum::body::HttpBody::size_hint(&body).lower() > max {
+        return too_large();
+    }
     // A client that trickles its body is cut off; one that sends too much gets 413.
     let body = match tokio::time::timeout(limits.body_timeout, axum::body::to_bytes(body, limits.max_body)).await {
         Ok(Ok(b)) => b,
-        Ok(Err(_)) => {
-            return rpc_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                code::INVALID_REQUEST,
-                &format!("the request body is over the {} byte limit", limits.max_body),
-            )
-        }
+        Ok(Err(_)) => return too_large(),
         Err(_) => {
             return rpc_error(
                 StatusCode::REQUEST_TIMEOUT,
@@ -448,7 +643,10 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
     }
     if let Kind::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return initialize(&http, id, params.as_deref(), who);
+            let peer = extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip());
+            return initialize(&http, id, params.as_deref(), who, peer);
         }
     }
     let id = match &msg {
@@ -723,18 +921,46 @@ fn listen(
 /// Rewrites a request's outcome before it is sent (the stateless era decorates results).
 type Finish = Box<dyn FnOnce(Outcome) -> Outcome + Send>;
 
+/// Whose share of the sessions one belongs to: the authenticated client's name, or with
+/// no auth the caller's address (behind a proxy, every caller has the proxy's).
+fn share_of(who: Option<&Identity>, peer: Option<std::net::IpAddr>) -> Arc<str> {
+    match (who, peer) {
+        (Some(i), _) => format!("client '{}'", i.name).into(),
+        (None, Some(ip)) => format!("address {ip}").into(),
+        (None, None) => "an unknown address".into(),
+    }
+}
+
 fn initialize(
     http: &Http,
     id: &Id,
     params: Option<&serde_json::value::RawValue>,
     who: Option<Arc<Identity>>,
+    peer: Option<std::net::IpAddr>,
 ) -> Response {
-    let max = http.gw.config().gateway.max_sessions;
+    // Like any other request of the client: over its rate limits, the same -32029.
+    if let Err(limited) = http.gw.admit_initialize(who.as_deref()) {
+        return json_response(message::response(id, &limited));
+    }
+    let config = http.gw.config();
+    let max = config.gateway.max_sessions;
     if http.sessions.len() >= max {
         return Reject::new(
             StatusCode::SERVICE_UNAVAILABLE,
             code::INTERNAL_ERROR,
             format!("the gateway has {max} open sessions, its limit (gateway.max_sessions); end one or try later"),
+        )
+        .answer(id);
+    }
+    let share = share_of(who.as_deref(), peer);
+    let per_client = config.gateway.max_sessions_per_client;
+    if !http.take_share(&share, per_client) {
+        return Reject::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::INTERNAL_ERROR,
+            format!(
+                "{share} has {per_client} open sessions, its limit (gateway.max_sessions_per_client); end one or try later"
+            ),
         )
         .answer(id);
     }
@@ -758,6 +984,7 @@ fn initialize(
             c
         },
         owner,
+        share,
         protocol_version: version.clone(),
         last_seen: AtomicU64::new(http.now_ms()),
         get_open: AtomicBool::new(false),
@@ -1252,10 +1479,15 @@ pub async fn serve(
         let (app, http, path) = (app.clone(), http.clone(), path.clone());
         let service = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            if let Some(refused) = host_problem(&req) {
+                return Either::Left(Either::Right(futures::future::ready(Ok(refused))));
+            }
             let direct = req.method() == axum::http::Method::POST && req.uri().path() == &*path;
             let req = req.map(Body::new);
             if direct {
-                Either::Left(post(State(http.clone()), req).map(Ok::<_, std::convert::Infallible>))
+                Either::Left(Either::Left(
+                    post(State(http.clone()), req).map(Ok::<_, std::convert::Infallible>),
+                ))
             } else {
                 Either::Right(app.clone().oneshot(req))
             }
