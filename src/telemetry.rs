@@ -78,7 +78,9 @@ impl Telemetry {
 /// OpenTelemetry layer. Must run inside a Tokio runtime context (the exporter's batch
 /// task and gRPC channel live on it).
 pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
-    let filter = tracing_subscriber::EnvFilter::new(log_filter);
+    use tracing_subscriber::filter::FilterExt;
+    let filter =
+        tracing_subscriber::EnvFilter::new(log_filter).and(tracing_subscriber::filter::filter_fn(not_per_fs_event));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false);
@@ -133,6 +135,25 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
         );
     }
     Telemetry { provider }
+}
+
+/// Crates (log targets) whose debug and trace events come once per filesystem event in
+/// the watched config folder ([`crate::reload`]). With the log file in that folder each
+/// such line is itself an event: the log would feed itself (tens of MB a second while
+/// idle). Their info and above still pass.
+const PER_FS_EVENT: &[&str] = &["notify", "inotify"];
+
+/// False for a debug or trace event of a [`PER_FS_EVENT`] crate, whatever the filter says.
+fn not_per_fs_event(meta: &tracing::Metadata<'_>) -> bool {
+    if *meta.level() <= tracing::Level::INFO {
+        return true;
+    }
+    let target = meta.target();
+    !PER_FS_EVENT.iter().any(|c| {
+        target
+            .strip_prefix(c)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
 }
 
 /// The exporter for `[telemetry]`'s endpoint and protocol.

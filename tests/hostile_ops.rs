@@ -1,0 +1,103 @@
+//! Operations under hostile conditions (issue #13), each against the real binary and real
+//! children: trace logging written into the config's own folder must not feed the config
+//! watcher; a child flooding stderr is logged at a bounded rate and never blocked; and a
+//! crash-looping server's failed start attempts count as restarts.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A child process killed (SIGKILL) and reaped on drop.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What `path` holds from byte `from` on (lossy UTF-8); empty when unreadable.
+fn read_from(path: &Path, from: u64) -> String {
+    let mut out = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(SeekFrom::Start(from)).is_ok() {
+            let _ = f.read_to_end(&mut out);
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The last `n` bytes of `s` or a little more (whole characters).
+fn tail(s: &str, n: usize) -> &str {
+    let mut at = s.len().saturating_sub(n);
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    &s[at..]
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Waits until the file holds `needle` after byte `from`.
+async fn file_has(path: &Path, from: u64, needle: &str) -> bool {
+    until(WAIT, || read_from(path, from).contains(needle)).await
+}
+
+/// Before the fix the notify crate logged (at trace) every inotify event in the config's
+/// folder; with the log file in that folder each log line was a new event: tens of MB
+/// a second while idle. Now only config-file events are acted on and the watcher's
+/// dependency logs nothing per event.
+#[tokio::test]
+async fn trace_logs_in_the_config_folder_do_not_feed_the_watcher() {
+    let name = unique("trace-loop");
+    let (dir, mut cmd) = gateway_command(
+        &server("a", &name, &[], ""),
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("MCP_GATEWAY_LOG", "trace")],
+    );
+    let log = dir.path().join("gateway.log");
+    let file = std::fs::File::create(&log).expect("create the log file");
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(file);
+    let _gw = Killed(cmd.spawn().expect("spawn gateway"));
+    assert!(
+        file_has(&log, 0, "mcp-gateway listening on").await && file_has(&log, 0, "listed").await,
+        "the gateway did not start; log:\n{:.4000}",
+        read_from(&log, 0)
+    );
+
+    // Idle for 2 s (the measurement itself): the log must stay small.
+    let before = size(&log);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = size(&log) - before;
+    assert!(
+        grown < 200_000,
+        "{grown} bytes of log in 2 idle seconds; its tail:\n{}",
+        tail(&read_from(&log, size(&log).saturating_sub(3000)), 3000)
+    );
+
+    // The config file itself is still watched: an edit adding a server is picked up.
+    let at = size(&log);
+    let name_b = unique("trace-loop-b");
+    let edited = format!("{}{}", server("a", &name, &[], ""), server("b", &name_b, &[], ""));
+    std::fs::write(dir.path().join("gateway.toml"), edited).expect("rewrite the config");
+    assert!(
+        file_has(&log, at, "reload done").await,
+        "no reload; log since the edit:\n{:.4000}",
+        read_from(&log, at)
+    );
+    assert!(
+        !mock_pids(&name_b).is_empty(),
+        "the added server was not started; log:\n{:.4000}",
+        read_from(&log, at)
+    );
+}
+
