@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use serde_json::json;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::process::Stdio;
@@ -98,6 +99,68 @@ async fn trace_logs_in_the_config_folder_do_not_feed_the_watcher() {
         !mock_pids(&name_b).is_empty(),
         "the added server was not started; log:\n{:.4000}",
         read_from(&log, at)
+    );
+}
+
+/// The largest number in `log` after "flood ": how far the child got.
+fn last_flood_line(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| l.split("flood ").nth(1)?.split_whitespace().next()?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// A child writing stderr as fast as the pipe takes it made gigabytes of gateway log.
+/// Now its lines are logged at a bounded rate (100/s, bursts of 200) with a
+/// "suppressed N" line for the rest, while the pipe is still drained at full speed.
+#[tokio::test]
+async fn a_child_flooding_stderr_is_logged_at_a_bounded_rate_and_never_blocked() {
+    let name = unique("flood");
+    let gw = Gateway::start(&server("f", &name, &["--quirk", "stderr-flood"], ""));
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("f__echo", json!({"text": "up"})).await), "up");
+
+    let t0 = Instant::now();
+    let before = gw.logs().len();
+    assert!(
+        gw.wait_log("suppressed", Duration::from_secs(5)).await,
+        "no suppressed line; log tail:\n{}",
+        tail(&gw.logs(), 3000)
+    );
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed())).await;
+    let logs = gw.logs();
+    let window = &logs[before..];
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(
+        window.len() < 300_000,
+        "{} bytes of log in {secs:.1} s; tail:\n{}",
+        window.len(),
+        tail(window, 2000)
+    );
+    // Every flood line the gateway logged so far, against the rate: 200 at once, 100/s.
+    let logged = logs.lines().filter(|l| l.contains("flood ")).count() as f64;
+    let allowed = 200.0 + 100.0 * (secs + 1.0);
+    assert!(logged <= allowed, "{logged} flood lines logged in {secs:.1} s");
+    // The child was never held up: it wrote far more lines than were logged.
+    let written = last_flood_line(&logs);
+    assert!(
+        written as f64 > 20.0 * logged.max(1.0),
+        "the child got to line {written} only, {logged} logged"
+    );
+    let suppressed = window
+        .lines()
+        .find(|l| l.contains("suppressed"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(suppressed.contains("stderr lines"), "{suppressed}");
+
+    // And the server still answers, on the same child.
+    assert_eq!(text(&s.call("f__echo", json!({"text": "still"})).await), "still");
+    let st = gw.server_status("f").await;
+    assert_eq!(
+        (st["state"].as_str(), st["restarts"].as_u64()),
+        (Some("ready"), Some(0)),
+        "{st}"
     );
 }
 
