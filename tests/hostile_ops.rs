@@ -164,3 +164,60 @@ async fn a_child_flooding_stderr_is_logged_at_a_bounded_rate_and_never_blocked()
     );
 }
 
+/// `mcp_gateway_downstream_restarts_total{server="NAME"}` from /metrics.
+async fn metric_restarts(gw: &Gateway, server: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", gw.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let key = format!("mcp_gateway_downstream_restarts_total{{server=\"{server}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /metrics:\n{text}"))
+}
+
+/// A server that never starts was tried five times while `restarts` said 0. Every start
+/// attempt after the first counts, failed ones included (attempts 1 + 2 + 4 s apart: 3
+/// restarts by about 7 s).
+#[tokio::test]
+async fn failed_start_attempts_count_as_restarts() {
+    let steady = unique("steady");
+    let config = format!(
+        "{}[servers.never]\ncommand = \"sh\"\nargs = [\"-c\", \"exit 1\"]\n\n\
+         [servers.missing]\ncommand = \"/nonexistent/mcp-server-{steady}\"\n",
+        server("steady", &steady, &[], "")
+    );
+    let gw = Gateway::start(&config);
+    let deadline = Instant::now() + WAIT;
+    for name in ["never", "missing"] {
+        loop {
+            let st = gw.server_status(name).await;
+            if st["restarts"].as_u64().is_some_and(|r| r >= 3) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: restarts never reached 3: {st}\nlog:\n{}",
+                gw.logs()
+            );
+            assert_ne!(st["state"], "ready", "{st}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // /metrics agrees: read between two /status reads of the same counter.
+        let low = gw.server_status(name).await["restarts"].as_u64().unwrap_or(0);
+        let m = metric_restarts(&gw, name).await;
+        let high = gw.server_status(name).await["restarts"].as_u64().unwrap_or(0);
+        assert!((low..=high).contains(&m), "{name}: /metrics {m}, /status {low}..{high}");
+        assert!(m >= 3, "{name}: {m}");
+    }
+    // A server that started once and never failed has not restarted.
+    let st = gw.server_status("steady").await;
+    assert_eq!(
+        (st["state"].as_str(), st["restarts"].as_u64()),
+        (Some("ready"), Some(0)),
+        "{st}"
+    );
+    assert_eq!(metric_restarts(&gw, "steady").await, 0);
+}
