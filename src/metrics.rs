@@ -277,7 +277,9 @@ impl Metrics {
                 u8::from(*up)
             );
         }
-        out.push_str("# HELP mcp_gateway_downstream_restarts_total Times a server was started again.\n");
+        out.push_str(
+            "# HELP mcp_gateway_downstream_restarts_total Start attempts after the first, failed ones included.\n",
+        );
         out.push_str("# TYPE mcp_gateway_downstream_restarts_total counter\n");
         for (name, _, _, restarts) in &snap.servers {
             let _ = writeln!(

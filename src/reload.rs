@@ -68,6 +68,8 @@ fn watch_file(path: &Path, tx: mpsc::Sender<()>) -> Option<notify::RecommendedWa
         if ev.kind.is_access() {
             return;
         }
+        // Only the config file matters: events for the folder's other files (a log file
+        // written there, say) are dropped here, before anything is logged.
         if ev.paths.iter().any(|p| p.file_name() == name.as_deref()) {
             let _ = tx.try_send(());
         }

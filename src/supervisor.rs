@@ -127,7 +127,7 @@ pub struct Server {
     state: RwLock<State>,
     /// Cancelled by [`Server::stop`]; ends the reconnect loop.
     stop: CancellationToken,
-    /// Times the server was started again after its first start.
+    /// Start attempts after the first, failed ones included.
     pub restarts: std::sync::atomic::AtomicU64,
     /// With `isolation = "session"`: each client session's slot for its own process, by
     /// session id. The map's lock is held only briefly; a process starts under its
@@ -579,21 +579,24 @@ impl Server {
                 Some(s) => {
                     let _ = s.send(());
                 }
-                None if incoming.is_some() => {
+                None => {
+                    // Every attempt after the first is a restart, failed ones included: a
+                    // crash-looping server shows how often it was tried.
                     self.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let _ = events
-                        .send(Event::Restarted {
-                            server: self.name.clone(),
-                        })
-                        .await;
-                    let _ = events
-                        .send(Event::ListsChanged {
-                            server: self.name.clone(),
-                            announced: None,
-                        })
-                        .await;
+                    if incoming.is_some() {
+                        let _ = events
+                            .send(Event::Restarted {
+                                server: self.name.clone(),
+                            })
+                            .await;
+                        let _ = events
+                            .send(Event::ListsChanged {
+                                server: self.name.clone(),
+                                announced: None,
+                            })
+                            .await;
+                    }
                 }
-                None => {}
             }
             let clean = match incoming {
                 Some(incoming) => {

@@ -90,23 +90,21 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
     // switch costs nothing there; an event that is logged reads one atomic.
     use tracing_subscriber::filter::FilterExt;
     set_log_format(cfg.log_format);
+    let level =
+        || tracing_subscriber::EnvFilter::new(log_filter).and(tracing_subscriber::filter::filter_fn(not_per_fs_event));
     let text = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .with_filter(
-            tracing_subscriber::EnvFilter::new(log_filter).and(tracing_subscriber::filter::filter_fn(|_| {
-                !LOG_JSON.load(Ordering::Relaxed)
-            })),
-        );
+        .with_filter(level().and(tracing_subscriber::filter::filter_fn(|_| {
+            !LOG_JSON.load(Ordering::Relaxed)
+        })));
     let json = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .json()
-        .with_filter(
-            tracing_subscriber::EnvFilter::new(log_filter).and(tracing_subscriber::filter::filter_fn(|_| {
-                LOG_JSON.load(Ordering::Relaxed)
-            })),
-        );
+        .with_filter(level().and(tracing_subscriber::filter::filter_fn(|_| {
+            LOG_JSON.load(Ordering::Relaxed)
+        })));
     let fmt = text.and_then(json);
     // The provider is always installed, around an exporter a reload can point elsewhere
     // (or nowhere); spans are only made while `exporting()`.
@@ -155,6 +153,25 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
         );
     }
     Telemetry { provider }
+}
+
+/// Crates (log targets) whose debug and trace events come once per filesystem event in
+/// the watched config folder ([`crate::reload`]). With the log file in that folder each
+/// such line is itself an event: the log would feed itself (tens of MB a second while
+/// idle). Their info and above still pass.
+const PER_FS_EVENT: &[&str] = &["notify", "inotify"];
+
+/// False for a debug or trace event of a [`PER_FS_EVENT`] crate, whatever the filter says.
+fn not_per_fs_event(meta: &tracing::Metadata<'_>) -> bool {
+    if *meta.level() <= tracing::Level::INFO {
+        return true;
+    }
+    let target = meta.target();
+    !PER_FS_EVENT.iter().any(|c| {
+        target
+            .strip_prefix(c)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
 }
 
 /// The exporter for `[telemetry]`'s endpoint and protocol.

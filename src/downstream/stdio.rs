@@ -7,9 +7,11 @@ use super::pipe::{run_pipe, Pipe, Watch};
 use super::{Connection, Incoming};
 use crate::config::StdioSpec;
 use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
 use std::io;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::ChildStdin;
 use tokio::sync::{mpsc, oneshot};
@@ -56,7 +58,7 @@ pub fn spawn(
     tokio::spawn(write_lines(stdin, write_rx, unwritten.clone()).instrument(span.clone()));
     let reader = read_lines(LineReader::new(stdout), line_tx, server.clone(), spec.max_line);
     tokio::spawn(reader.instrument(span.clone()));
-    tokio::spawn(log_stderr(LineReader::new(stderr)).instrument(span.clone()));
+    tokio::spawn(log_stderr(LineReader::new(stderr), server.clone()).instrument(span.clone()));
     let (exit_tx, exit_rx) = oneshot::channel();
     let group = pid.and_then(|p| libc::pid_t::try_from(p).ok());
     if let Some(g) = group {
@@ -348,13 +350,141 @@ fn memchr(buf: &[u8]) -> Option<usize> {
     memchr::memchr(b'\n', buf)
 }
 
-async fn log_stderr<R: AsyncRead + Unpin>(mut reader: LineReader<R>) {
-    loop {
-        match reader.next(64 << 10).await {
-            Ok(Next::Line(line)) => info!(target: "downstream::stderr", "{}", String::from_utf8_lossy(&line)),
-            Ok(Next::TooLong(n, _)) => info!(target: "downstream::stderr", "({n} byte stderr line skipped)"),
-            Ok(Next::Eof) | Err(_) => return,
+/// The longest stderr line read whole; a longer one is skipped (its length logged).
+const STDERR_LINE_MAX: usize = 64 << 10;
+/// Of a line logged, at most this many bytes are shown.
+const STDERR_SHOWN_MAX: usize = 4 << 10;
+/// Stderr lines logged per second per server, on average, …
+const STDERR_RATE: f64 = 100.0;
+/// … and at once after a quiet spell. Lines over the budget are counted, not logged.
+const STDERR_BURST: f64 = 200.0;
+/// How often, at most, the count of lines not logged is.
+const STDERR_REPORT: Duration = Duration::from_secs(1);
+
+/// A token bucket: [`STDERR_BURST`] lines at once, refilled at [`STDERR_RATE`] a second.
+#[derive(Debug)]
+struct Budget {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Budget {
+    fn new(now: Instant) -> Budget {
+        Budget {
+            tokens: STDERR_BURST,
+            at: now,
         }
+    }
+
+    /// Takes one line's token if there is one.
+    fn take(&mut self, now: Instant) -> bool {
+        let secs = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + secs * STDERR_RATE).min(STDERR_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A server's stderr budget, shared by its processes.
+type Shared = Arc<Mutex<Budget>>;
+
+/// The stderr budget of each server by name, shared by its processes (one per session
+/// with `isolation = "session"`, and the next one after a restart).
+static BUDGETS: std::sync::LazyLock<Mutex<HashMap<Arc<str>, Shared>>> = std::sync::LazyLock::new(Default::default);
+
+fn budget_of(server: &Arc<str>) -> Shared {
+    let mut all = BUDGETS.lock().unwrap_or_else(|e| e.into_inner());
+    all.entry(server.clone())
+        .or_insert_with(|| Arc::new(Mutex::new(Budget::new(Instant::now()))))
+        .clone()
+}
+
+/// Forgets a server's budget once no process of it is left.
+fn release_budget(server: &Arc<str>, budget: Shared) {
+    let mut all = BUDGETS.lock().unwrap_or_else(|e| e.into_inner());
+    drop(budget);
+    if all.get(server).is_some_and(|b| Arc::strong_count(b) == 1) {
+        all.remove(server);
+    }
+}
+
+/// Logs a child's stderr, line by line, within its server's [`Budget`]: a child writing
+/// as fast as it can fills the log at [`STDERR_RATE`] lines a second, not at its own
+/// pace. Lines over the budget are still read (the child never waits on its pipe) and
+/// counted; the count is logged at most every [`STDERR_REPORT`], and at the end.
+async fn log_stderr<R: AsyncRead + Unpin>(mut reader: LineReader<R>, server: Arc<str>) {
+    let budget = budget_of(&server);
+    let mut dropped: u64 = 0;
+    let report = tokio::time::sleep(STDERR_REPORT);
+    tokio::pin!(report);
+    loop {
+        let next = if dropped == 0 {
+            reader.next(STDERR_LINE_MAX).await
+        } else {
+            tokio::select! {
+                next = reader.next(STDERR_LINE_MAX) => next,
+                _ = &mut report => {
+                    suppressed(&mut dropped);
+                    continue;
+                }
+            }
+        };
+        let line = match next {
+            Ok(Next::Line(line)) => Ok(line),
+            Ok(Next::TooLong(n, _)) => Err(n),
+            Ok(Next::Eof) | Err(_) => break,
+        };
+        if !take(&budget) {
+            if dropped == 0 {
+                // The first line of a count: the count is due one period on (not at once,
+                // which would be one report per refill), so reports come a period apart.
+                report.as_mut().reset(tokio::time::Instant::now() + STDERR_REPORT);
+            }
+            dropped += 1;
+            continue;
+        }
+        let line = match line {
+            Ok(line) => line,
+            Err(n) => {
+                info!(target: "downstream::stderr", "({n} byte stderr line skipped)");
+                continue;
+            }
+        };
+        let shown = &line[..line.len().min(STDERR_SHOWN_MAX)];
+        if shown.len() < line.len() {
+            info!(
+                target: "downstream::stderr",
+                "{} … ({} bytes)",
+                String::from_utf8_lossy(shown),
+                line.len()
+            );
+        } else {
+            info!(target: "downstream::stderr", "{}", String::from_utf8_lossy(shown));
+        }
+    }
+    suppressed(&mut dropped);
+    release_budget(&server, budget);
+}
+
+fn take(budget: &Mutex<Budget>) -> bool {
+    budget.lock().unwrap_or_else(|e| e.into_inner()).take(Instant::now())
+}
+
+/// Logs how many stderr lines went unlogged, and starts counting again.
+fn suppressed(dropped: &mut u64) {
+    if *dropped > 0 {
+        warn!(
+            target: "downstream::stderr",
+            suppressed = *dropped,
+            "suppressed {} stderr lines (over {STDERR_RATE} lines/s, bursts of {STDERR_BURST})",
+            *dropped
+        );
+        *dropped = 0;
     }
 }
 
@@ -398,6 +528,21 @@ mod tests {
             }
         }
         got
+    }
+
+    #[test]
+    fn the_stderr_budget_gives_a_burst_then_the_rate() {
+        let t0 = Instant::now();
+        let mut b = Budget::new(t0);
+        let burst = (0..1000).filter(|_| b.take(t0)).count();
+        assert_eq!(burst, STDERR_BURST as usize);
+        // Half a second later: half a second's worth, no more.
+        let later = t0 + Duration::from_millis(500);
+        let refilled = (0..1000).filter(|_| b.take(later)).count();
+        assert_eq!(refilled, (STDERR_RATE / 2.0) as usize);
+        // A long quiet spell refills up to the burst only.
+        let much_later = later + Duration::from_secs(3600);
+        assert_eq!((0..1000).filter(|_| b.take(much_later)).count(), STDERR_BURST as usize);
     }
 
     #[tokio::test]

@@ -260,6 +260,26 @@ impl IntoResponse for Reject {
     }
 }
 
+/// Past `gateway.max_body`, at least this much more of a body is read and dropped
+/// before the 413 (see [`post`]).
+const DRAIN_MIN: usize = 1 << 20;
+
+/// Reads `body` to its end, dropping it; false when it is longer than `max` (or fails):
+/// then the connection is left for hyper to close.
+async fn drain(body: &mut Body, max: usize) -> bool {
+    let mut left = max;
+    while let Some(frame) = http_body_util::BodyExt::frame(body).await {
+        let Ok(frame) = frame else { return false };
+        if let Some(data) = frame.data_ref() {
+            match left.checked_sub(data.len()) {
+                Some(l) => left = l,
+                None => return false,
+            }
+        }
+    }
+    true
+}
+
 fn json_response(body: impl Into<Body>) -> Response {
     let body: Body = body.into();
     // A static header value: a `&str` here would be copied into a new buffer per response.
@@ -591,13 +611,28 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
         )
     };
     // A Content-Length over the limit is refused as soon as the headers are in, before
-    // any of the body is read (or, with `Expect: 100-continue`, sent).
+    // any of the body is read (or, with `Expect: 100-continue`, sent). The body is not
+    // read, so the connection closes, and the answer says so.
     let max = u64::try_from(limits.max_body).unwrap_or(u64::MAX);
     if axum::body::HttpBody::size_hint(&body).lower() > max {
-        return too_large();
+        let mut resp = too_large();
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
     }
-    // A client that trickles its body is cut off; one that sends too much gets 413.
-    let body = match tokio::time::timeout(limits.body_timeout, axum::body::to_bytes(body, limits.max_body)).await {
+    // A client that trickles its body is cut off; one that sends too much gets 413, after
+    // the rest of its body is read (up to as much again, within body_timeout) and
+    // dropped, so its connection can carry the next request: hyper would close a
+    // connection with unread body behind the 413's back, and the client, told nothing,
+    // would send its next request into the closed connection.
+    let mut body = body;
+    let read = async {
+        match http_body_util::BodyExt::collect(http_body_util::Limited::new(&mut body, limits.max_body)).await {
+            Ok(c) => Ok(c.to_bytes()),
+            Err(_) => Err(drain(&mut body, limits.max_body.max(DRAIN_MIN)).await),
+        }
+    };
+    let body = match tokio::time::timeout(limits.body_timeout, read).await {
         Ok(Ok(b)) => b,
         Ok(Err(_)) => return too_large(),
         Err(_) => {
