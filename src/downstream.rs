@@ -364,6 +364,8 @@ pub struct Connection {
     pid: Option<u32>,
     /// Set by the owner while the server owes answers and has said nothing for its timeout.
     degraded: Arc<std::sync::atomic::AtomicBool>,
+    /// A child's last stderr lines.
+    stderr: Option<Arc<stdio::StderrTail>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -380,6 +382,7 @@ impl Connection {
             next_id: Arc::new(AtomicU64::new(1)),
             pid: None,
             degraded: Arc::default(),
+            stderr: None,
         }
     }
 
@@ -391,6 +394,20 @@ impl Connection {
 
     pub fn pid(&self) -> Option<u32> {
         self.pid
+    }
+
+    /// The same handle, keeping the child's last stderr lines.
+    pub fn with_stderr(mut self, tail: Arc<stdio::StderrTail>) -> Self {
+        self.stderr = Some(tail);
+        self
+    }
+
+    /// The child's last stderr lines (secrets masked), once its stderr has ended.
+    pub async fn stderr_tail(&self) -> Option<String> {
+        match &self.stderr {
+            Some(t) => t.text().await,
+            None => None,
+        }
     }
 
     /// Whether the server owes answers and has said nothing for its timeout.

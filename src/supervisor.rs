@@ -117,6 +117,14 @@ impl State {
     }
 }
 
+/// `why`, followed by the child's last stderr lines when it wrote any.
+async fn with_stderr(why: String, conn: &Connection) -> String {
+    match conn.stderr_tail().await {
+        Some(tail) => format!("{why}; its last stderr: {tail}"),
+        None => why,
+    }
+}
+
 /// A configured server and its live state.
 pub struct Server {
     /// As configured. Its `prefix`, `timeout` and `tools` may be retuned by a reload
@@ -543,7 +551,7 @@ impl Server {
             Ok(info) => Ok((conn, info)),
             Err(e) => {
                 conn.shutdown().await;
-                Err(format!("initialize failed: {e}"))
+                Err(with_stderr(format!("initialize failed: {e}"), &conn).await)
             }
         }
     }
@@ -828,9 +836,12 @@ impl Server {
                     let stopped = matches!(self.state().status, Status::Stopped);
                     if !stopped {
                         let old = self.state.write().unwrap_or_else(|e| e.into_inner()).conn.take();
-                        let why = match self.cfg.transport {
-                            config::Transport::Stdio(_) => format!("exited ({reason})"),
-                            config::Transport::Http(_) => format!("connection lost ({reason})"),
+                        let why = match (&self.cfg.transport, &old) {
+                            (config::Transport::Stdio(_), Some(c)) if !clean => {
+                                with_stderr(format!("exited ({reason})"), c).await
+                            }
+                            (config::Transport::Stdio(_), _) => format!("exited ({reason})"),
+                            (config::Transport::Http(_), _) => format!("connection lost ({reason})"),
                         };
                         self.fail(why);
                         if let Some(old) = old {

@@ -49,3 +49,43 @@ fn a_port_in_use_is_reported_before_any_server_starts() {
     assert!(!stderr.contains("initialized"), "{stderr}");
     assert!(pids_matching(&name).is_empty());
 }
+
+/// A stdio server that exits before answering `initialize` (here: Python cannot open its
+/// script, the usual mistake with a relative path) has its last stderr lines in
+/// `/status` `lastError` and in `check --connect`, with the child's secrets masked.
+#[tokio::test]
+async fn a_child_that_exits_before_initialize_shows_its_stderr() {
+    let cfg = format!(
+        "[servers.missing]\ncommand = \"python3\"\nargs = [\"no_such_server_script.py\"]\ncwd = {:?}\nrestart = \"never\"\n\n\
+         [servers.leaky]\ncommand = \"python3\"\nargs = [\"-c\", \"import os,sys; sys.stderr.write('token is ' + os.environ['TOKEN'] + chr(10)); sys.exit(3)\"]\n\
+         env = {{ TOKEN = \"s3cret-token-value\" }}\nrestart = \"never\"\n",
+        repo().display().to_string()
+    );
+    let gw = Gateway::start(&cfg);
+    let mut seen = (String::new(), String::new());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        let (a, b) = (gw.server_status("missing").await, gw.server_status("leaky").await);
+        seen = (
+            a["lastError"].as_str().unwrap_or_default().to_owned(),
+            b["lastError"].as_str().unwrap_or_default().to_owned(),
+        );
+        if seen.0.contains("stderr") && seen.1.contains("stderr") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen.0.contains("can't open file") && seen.0.contains("no_such_server_script.py"),
+        "{}",
+        seen.0
+    );
+    assert!(seen.1.contains("token is ***"), "{}", seen.1);
+    assert!(!seen.1.contains("s3cret-token-value"));
+    assert!(!gw.logs().contains("s3cret-token-value"), "the secret reached the log");
+
+    let (run, _dir) = check(&cfg, &["--connect"], &[]);
+    assert_eq!(run.code, Some(1), "{}", run.stdout);
+    assert!(run.stdout.contains("can't open file"), "{}", run.stdout);
+    assert!(!format!("{}{}", run.stdout, run.stderr).contains("s3cret-token-value"));
+}

@@ -58,7 +58,9 @@ pub fn spawn(
     tokio::spawn(write_lines(stdin, write_rx, unwritten.clone()).instrument(span.clone()));
     let reader = read_lines(LineReader::new(stdout), line_tx, server.clone(), spec.max_line);
     tokio::spawn(reader.instrument(span.clone()));
-    tokio::spawn(log_stderr(LineReader::new(stderr), server.clone()).instrument(span.clone()));
+    let tail = Arc::new(StderrTail::default());
+    let secrets = secret_values(spec);
+    tokio::spawn(log_stderr(LineReader::new(stderr), server.clone(), tail.clone(), secrets).instrument(span.clone()));
     let (exit_tx, exit_rx) = oneshot::channel();
     let group = pid.and_then(|p| libc::pid_t::try_from(p).ok());
     if let Some(g) = group {
@@ -83,7 +85,73 @@ pub fn spawn(
         stop: None,
         unwritten,
     };
-    Ok(run_pipe(server, pipe, incoming, watch, span).with_pid(pid))
+    Ok(run_pipe(server, pipe, incoming, watch, span)
+        .with_pid(pid)
+        .with_stderr(tail))
+}
+
+/// How many of a child's last stderr lines are kept, to say why it failed.
+const TAIL_LINES: usize = 5;
+/// The longest kept line, in characters.
+const TAIL_LINE_MAX: usize = 300;
+/// An env value this long or longer is masked in what the child writes to stderr.
+const MASKED_MIN: usize = 6;
+
+/// A child's last stderr lines (secrets masked): shown in `/status` `lastError` and by
+/// `check --connect` when it exits, for example before answering `initialize`.
+#[derive(Default)]
+pub struct StderrTail {
+    lines: Mutex<std::collections::VecDeque<String>>,
+    ended: std::sync::atomic::AtomicBool,
+    end: tokio::sync::Notify,
+}
+
+impl StderrTail {
+    fn push(&self, line: String) {
+        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        if lines.len() == TAIL_LINES {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    fn close(&self) {
+        self.ended.store(true, std::sync::atomic::Ordering::Release);
+        self.end.notify_waiters();
+    }
+
+    /// The last lines, one ` | ` apart, once stderr has ended (waiting briefly for the
+    /// reader to catch up with a child that just exited); `None` if there were none.
+    pub async fn text(&self) -> Option<String> {
+        let ended = self.end.notified();
+        if !self.ended.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(500), ended).await;
+        }
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        (!lines.is_empty()).then(|| lines.iter().map(String::as_str).collect::<Vec<_>>().join(" | "))
+    }
+}
+
+/// The child's env values worth masking in its stderr (the short ones would mask
+/// ordinary words).
+fn secret_values(spec: &StdioSpec) -> Vec<String> {
+    spec.env
+        .iter()
+        .map(|(_, v)| v.expose())
+        .filter(|v| v.len() >= MASKED_MIN)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `line` with every secret in it replaced by `***`.
+fn masked(line: std::borrow::Cow<'_, str>, secrets: &[String]) -> String {
+    let mut line = line.into_owned();
+    for s in secrets {
+        if line.contains(s.as_str()) {
+            line = line.replace(s.as_str(), "***");
+        }
+    }
+    line
 }
 
 /// The process groups of the children alive now. The one piece of global state in the
@@ -417,7 +485,12 @@ fn release_budget(server: &Arc<str>, budget: Shared) {
 /// as fast as it can fills the log at [`STDERR_RATE`] lines a second, not at its own
 /// pace. Lines over the budget are still read (the child never waits on its pipe) and
 /// counted; the count is logged at most every [`STDERR_REPORT`], and at the end.
-async fn log_stderr<R: AsyncRead + Unpin>(mut reader: LineReader<R>, server: Arc<str>) {
+async fn log_stderr<R: AsyncRead + Unpin>(
+    mut reader: LineReader<R>,
+    server: Arc<str>,
+    tail: Arc<StderrTail>,
+    secrets: Vec<String>,
+) {
     let budget = budget_of(&server);
     let mut dropped: u64 = 0;
     let report = tokio::time::sleep(STDERR_REPORT);
@@ -456,17 +529,15 @@ async fn log_stderr<R: AsyncRead + Unpin>(mut reader: LineReader<R>, server: Arc
             }
         };
         let shown = &line[..line.len().min(STDERR_SHOWN_MAX)];
+        let text = masked(String::from_utf8_lossy(shown), &secrets);
         if shown.len() < line.len() {
-            info!(
-                target: "downstream::stderr",
-                "{} … ({} bytes)",
-                String::from_utf8_lossy(shown),
-                line.len()
-            );
+            info!(target: "downstream::stderr", "{text} … ({} bytes)", line.len());
         } else {
-            info!(target: "downstream::stderr", "{}", String::from_utf8_lossy(shown));
+            info!(target: "downstream::stderr", "{text}");
         }
+        tail.push(text.chars().take(TAIL_LINE_MAX).collect());
     }
+    tail.close();
     suppressed(&mut dropped);
     release_budget(&server, budget);
 }
