@@ -591,6 +591,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigError {
     pub file: String,
+    /// 1-based; 0 for a problem with the file as a whole.
     pub line: usize,
     pub column: usize,
     pub message: String,
@@ -598,6 +599,10 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            // About the file as a whole (it cannot be read).
+            return write!(f, "{}: {}", self.file, self.message);
+        }
         write!(f, "{}:{}:{}: {}", self.file, self.line, self.column, self.message)
     }
 }
@@ -961,11 +966,17 @@ impl Config {
     /// Reads and validates a config file. `env` looks up the gateway's environment.
     pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
         let src = std::fs::read_to_string(path).map_err(|e| {
+            // A relative path resolves against the working directory, which is often not
+            // the one meant (an mcp.json stdio entry runs wherever its client runs): say both.
+            let tried = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+            let cwd = std::env::current_dir().map_or_else(|e| format!("unknown: {e}"), |d| d.display().to_string());
             ConfigErrors(vec![ConfigError {
-                file: path.display().to_string(),
+                file: tried.display().to_string(),
                 line: 0,
                 column: 0,
-                message: format!("cannot read: {e}"),
+                message: format!(
+                    "cannot read the config file: {e}; the working directory is {cwd}. Name the file with --config PATH or MCP_GATEWAY_CONFIG=PATH (absolute, or relative to the working directory)"
+                ),
             }])
         })?;
         Config::parse(path, &src, env)

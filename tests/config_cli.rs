@@ -148,6 +148,33 @@ fn check_reports_every_error_in_one_run() {
     );
 }
 
+/// A config file that is not there (an mcp.json entry with a relative --config run from
+/// another folder): the message names the absolute path tried, the working directory,
+/// and both ways to name the file.
+#[test]
+fn a_missing_config_names_the_path_the_cwd_and_how_to_name_it() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config", "conf/nope.toml"])
+        .current_dir(cwd.path())
+        .env_remove("MCP_GATEWAY_CONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let cwd = std::fs::canonicalize(cwd.path()).unwrap();
+    let tried = cwd.join("conf/nope.toml").display().to_string();
+    for want in [
+        tried.as_str(),
+        &format!("working directory is {}", cwd.display()),
+        "--config",
+        "MCP_GATEWAY_CONFIG",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
+    assert!(out.stdout.is_empty());
+}
+
 #[test]
 fn check_accepts_a_valid_config() {
     let cfg = format!(
