@@ -915,7 +915,9 @@ fn expected(path: &[String]) -> Option<String> {
         (_, "token") => r#"a string like "${ALICE_TOKEN}""#.into(),
         (_, "token_sha256") => "a string of 64 hex digits (a SHA-256 digest)".into(),
         (_, "cwd" | "ca_file") => r#"a path string like "./certs""#.into(),
-        (_, "prefix" | "service_name" | "audience" | "client_claim") => format!(r#"a string like {key} = "name""#),
+        (_, "prefix") => r#"a string like prefix = "calc" (or "" for none)"#.into(),
+        (_, "service_name" | "audience") => format!(r#"a string like {key} = "mcp-gateway""#),
+        (_, "client_claim") => r#"a string like client_claim = "sub""#.into(),
         _ => return None,
     })
 }
@@ -1913,6 +1915,44 @@ mod tests {
         assert!(e.to_string().contains("tokn"), "{e}");
         let e = Config::parse(Path::new("g.toml"), "[auth.oauth]\nissuer = \"x\"\n", &none).unwrap_err();
         assert!(e.to_string().contains("audience"), "{e}");
+    }
+
+    #[test]
+    fn every_table_is_checked_on_its_own_and_each_bad_key_once() {
+        let src = "servers.i = { command = 5, enabled = \"no\" }\n\n[servers.j]\ncomand = \"x\"\n\
+                   tools = { allow = \"echo\", nope = [] }\n\n[auth.oauth]\nissuer = 5\naudience = \"a\"\n\
+                   jwks_url = \"https://x\"\n\n[gatway]\n";
+        let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
+        let got: Vec<_> = e.0.iter().map(|e| (e.line, e.column, e.message.as_str())).collect();
+        let starts = |m: &str, s: &str| m.starts_with(s);
+        let want: &[(usize, usize, &str)] = &[
+            (1, 25, "servers.i.command: expected a string like \"npx\""),
+            (1, 38, "servers.i.enabled: expected a boolean"),
+            (4, 1, "servers.j: unknown key \"comand\"; expected one of command, url,"),
+            (5, 19, "servers.j.tools.allow: expected a list of globs like"),
+            (
+                5,
+                27,
+                "servers.j.tools: unknown key \"nope\"; expected one of allow, deny",
+            ),
+            (8, 10, "auth.oauth.issuer: expected a URL string like"),
+            (12, 2, "the top level: unknown key \"gatway\""),
+            // Its command was reported as the wrong type: no "needs `command`" for i.
+            (3, 10, "servers.j: needs `command` (a stdio server) or `url`"),
+        ];
+        assert_eq!(got.len(), want.len(), "{e}");
+        for ((l, c, m), (wl, wc, wm)) in got.iter().zip(want) {
+            assert!(
+                (l, c) == (wl, wc) && starts(m, wm),
+                "{l}:{c}: {m}\nwanted {wl}:{wc}: {wm}\nall:\n{e}"
+            );
+        }
+        // A missing required key is named.
+        let e = Config::parse(Path::new("g.toml"), "[auth.oauth]\nissuer = \"i\"\n", &env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "g.toml:1:1: auth.oauth: missing required key \"audience\" (a string like audience = \"mcp-gateway\")"
+        );
     }
 
     #[test]
