@@ -216,6 +216,22 @@ impl Catalog {
         }
     }
 
+    /// How many tools, prompts and resources of each of `servers` servers (by index, in
+    /// gateway.toml order) clients see: after its `tools` filter, without the items lost
+    /// to another server (a resource URI listed first elsewhere, a name with no free form).
+    pub fn visible(&self, servers: usize) -> Vec<[usize; 3]> {
+        let mut out = vec![[0; 3]; servers];
+        let owners = (self.tools.values().map(|r| (0, r.server)))
+            .chain(self.prompts.values().map(|r| (1, r.server)))
+            .chain(self.resources.values().map(|&s| (2, s)));
+        for (kind, server) in owners {
+            if let Some(c) = out.get_mut(server) {
+                c[kind] += 1;
+            }
+        }
+        out
+    }
+
     /// The server that owns a resource URI: listed URIs first, then templates in order.
     pub fn resource_owner(&self, uri: &str) -> Option<usize> {
         if let Some(&s) = self.resources.get(uri) {
@@ -453,6 +469,50 @@ mod tests {
             })
         );
         assert_eq!(mixed.hint("tools/call"), None);
+    }
+
+    #[test]
+    fn visible_counts_follow_the_filter_and_leave_out_what_another_server_owns() {
+        let item = |k: &str, v: &str| {
+            let mut m = Map::new();
+            m.insert(k.into(), Value::String(v.into()));
+            m
+        };
+        let lists = |tools: &[&str], uri: &str| Lists {
+            tools: tools.iter().map(|t| item("name", t)).collect(),
+            prompts: vec![item("name", "greet")],
+            resources: vec![item("uri", uri)],
+            ..Lists::default()
+        };
+        let (a, b) = (
+            lists(&["echo", "add", "big"], "x://shared"),
+            lists(&["echo"], "x://shared"),
+        );
+        let only = crate::config::Filter {
+            allow: vec!["echo".into(), "add".into()],
+            deny: vec![],
+        };
+        let all = crate::config::Filter::default();
+        let cat = Catalog::build(
+            "__",
+            &[
+                Source {
+                    server: "a",
+                    prefix: "",
+                    lists: &a,
+                    filter: &only,
+                },
+                Source {
+                    server: "b",
+                    prefix: "",
+                    lists: &b,
+                    filter: &all,
+                },
+            ],
+        );
+        // b's echo and greet collide and are renamed (still seen); its resource is a's.
+        assert_eq!(cat.visible(2), [[2, 1, 1], [1, 1, 0]]);
+        assert_eq!(cat.visible(1), [[2, 1, 1]]);
     }
 
     use super::*;

@@ -45,20 +45,14 @@ impl fmt::Display for Secret {
 
 // ---------------------------------------------------------------- raw (serde) form
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+/// The whole file, assembled table by table by [`read_tables`].
+#[derive(Default)]
 struct RawConfig {
-    #[serde(default)]
     gateway: RawGateway,
-    #[serde(default)]
     servers: IndexMap<Spanned<String>, RawServer>,
-    #[serde(default)]
     rate_limits: RawGlobalLimits,
-    #[serde(default)]
     telemetry: RawTelemetry,
-    #[serde(default)]
     clients: IndexMap<Spanned<String>, RawClient>,
-    #[serde(default)]
     auth: RawAuth,
 }
 
@@ -131,16 +125,16 @@ struct RawGateway {
     allowed_hosts: Vec<String>,
     max_body: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
-    max_sessions: Option<usize>,
+    max_sessions: Option<Spanned<usize>>,
     max_sessions_per_client: Option<Spanned<usize>>,
     page_size: Option<usize>,
-    max_in_flight: Option<usize>,
+    max_in_flight: Option<Spanned<usize>>,
     session_idle: Option<Spanned<String>>,
     input_timeout: Option<Spanned<String>>,
     header_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
-    worker_threads: Option<usize>,
+    worker_threads: Option<Spanned<usize>>,
 }
 
 #[derive(Deserialize)]
@@ -171,6 +165,10 @@ struct RawServer {
     stall_timeout: Option<Spanned<String>>,
     max_sessions: Option<usize>,
     protocol: Option<Spanned<String>>,
+    /// `command` or `url` was there but of the wrong type (already reported): whether it
+    /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
+    #[serde(skip)]
+    kind_unknown: bool,
 }
 
 fn yes() -> bool {
@@ -593,6 +591,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigError {
     pub file: String,
+    /// 1-based; 0 for a problem with the file as a whole.
     pub line: usize,
     pub column: usize,
     pub message: String,
@@ -600,6 +599,10 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            // About the file as a whole (it cannot be read).
+            return write!(f, "{}: {}", self.file, self.message);
+        }
         write!(f, "{}:{}:{}: {}", self.file, self.line, self.column, self.message)
     }
 }
@@ -642,17 +645,340 @@ impl Ctx<'_> {
     }
 }
 
+// ---------------------------------------------------------------- reading, table by table
+
+/// The keys allowed at the top of the file.
+const TOP_KEYS: &[&str] = &["gateway", "servers", "rate_limits", "telemetry", "clients", "auth"];
+
+/// Parses the file into a spanned TOML document, then deserializes each table on its own
+/// (`[gateway]`, each `[servers.NAME]`, each `[clients.NAME]`, `[rate_limits]`,
+/// `[telemetry]`, `[auth]`), so every table's problems are reported in one run. Within a
+/// table serde stops at its first problem; [`table`] then drops the offending key and
+/// tries again, so a table's unknown keys and wrong types all come out too (a missing
+/// required key is the exception: serde names one at a time). `None`: the file is not
+/// TOML at all (one located error).
+fn read_tables(cx: &mut Ctx, src: &str) -> Option<RawConfig> {
+    let doc = match toml_edit::ImDocument::parse(src) {
+        Ok(d) => d,
+        Err(e) => {
+            let offset = e.span().map_or(0, |s| s.start);
+            let message = e.message().trim().replace('\n', "; ");
+            cx.at(offset, format!("not valid TOML: {message}"));
+            return None;
+        }
+    };
+    let root = doc.as_table();
+    let mut raw = RawConfig::default();
+    for (key, item) in root.iter() {
+        match key {
+            "gateway" => raw.gateway = table(cx, &[key], item).map(|t| t.0).unwrap_or_default(),
+            "rate_limits" => raw.rate_limits = table(cx, &[key], item).map(|t| t.0).unwrap_or_default(),
+            "telemetry" => raw.telemetry = table(cx, &[key], item).map(|t| t.0).unwrap_or_default(),
+            "auth" => raw.auth = table(cx, &[key], item).map(|t| t.0).unwrap_or_default(),
+            "servers" => {
+                raw.servers = named(cx, key, item, |s: &mut RawServer, removed| {
+                    s.kind_unknown = removed.iter().any(|k| k == "command" || k == "url");
+                })
+            }
+            "clients" => raw.clients = named(cx, key, item, |_: &mut RawClient, _| {}),
+            other => {
+                let at = key_span(root, other).map_or(0, |s| s.start);
+                cx.at(at, unknown_key(&[], other, TOP_KEYS));
+            }
+        }
+    }
+    Some(raw)
+}
+
+/// `[servers.NAME]` or `[clients.NAME]`: each entry deserialized on its own.
+fn named<T: serde::de::DeserializeOwned>(
+    cx: &mut Ctx,
+    section: &str,
+    item: &toml_edit::Item,
+    fix: impl Fn(&mut T, &[String]),
+) -> IndexMap<Spanned<String>, T> {
+    let mut out = IndexMap::new();
+    let Some(t) = item.as_table_like() else {
+        cx.at(
+            start(item),
+            format!(
+                "{section}: expected tables like [{section}.NAME], found {}",
+                item.type_name()
+            ),
+        );
+        return out;
+    };
+    for (name, v) in t.iter() {
+        let span = key_span(t, name).or_else(|| v.span()).unwrap_or(0..0);
+        if let Some((mut raw, removed)) = table::<T>(cx, &[section, name], v) {
+            fix(&mut raw, &removed);
+            out.insert(Spanned::new(span, name.to_owned()), raw);
+        }
+    }
+    out
+}
+
+/// Deserializes one table at `path`, reporting each of its problems; on a problem, the
+/// key it is about is removed and the rest tried again. Also returns the removed keys
+/// directly in the table (their values were wrong; the defaults stand in).
+fn table<T: serde::de::DeserializeOwned>(
+    cx: &mut Ctx,
+    path: &[&str],
+    item: &toml_edit::Item,
+) -> Option<(T, Vec<String>)> {
+    let mut item = item.clone();
+    let mut removed: Vec<Vec<String>> = Vec::new();
+    // Each round removes a key, so this ends; the bound only guards against a surprise.
+    for _ in 0..256 {
+        let e = match deserialize::<T>(item.clone()) {
+            Ok(v) => return Some((v, removed.into_iter().map(|mut p| p.swap_remove(0)).collect())),
+            Err(e) => e,
+        };
+        let offset = e.span().map(|s| s.start);
+        let within = offset.and_then(|o| locate(&item, o)).unwrap_or_default();
+        let message = e.message();
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|m| m.strip_suffix('`'));
+        // A required key whose value was wrong (and so removed) was already reported.
+        let reported = missing.is_some_and(|f| {
+            removed.iter().any(|r| {
+                r.split_last()
+                    .is_some_and(|(last, parent)| last == f && parent == within)
+            })
+        });
+        if !reported {
+            let full: Vec<String> = path.iter().map(|p| (*p).to_owned()).chain(within.clone()).collect();
+            cx.at(offset.unwrap_or_else(|| start(&item)), explain(&full, message));
+        }
+        if within.is_empty() || !remove(&mut item, &within) {
+            return None;
+        }
+        removed.push(within);
+    }
+    None
+}
+
+fn deserialize<T: serde::de::DeserializeOwned>(item: toml_edit::Item) -> Result<T, toml_edit::de::Error> {
+    use serde::de::IntoDeserializer;
+    match item {
+        toml_edit::Item::Table(t) => toml_edit::de::from_document(toml_edit::DocumentMut::from(t)),
+        toml_edit::Item::Value(v) => T::deserialize(v.into_deserializer()),
+        toml_edit::Item::ArrayOfTables(a) => {
+            T::deserialize(toml_edit::Value::Array(a.into_array()).into_deserializer())
+        }
+        toml_edit::Item::None => toml_edit::de::from_document(toml_edit::DocumentMut::new()),
+    }
+}
+
+/// The path of keys, below `item`, of the deepest key whose name or value holds `offset`.
+fn locate(item: &toml_edit::Item, offset: usize) -> Option<Vec<String>> {
+    let t = item.as_table_like()?;
+    let holds =
+        |r: Option<std::ops::Range<usize>>| r.is_some_and(|r| r.start <= offset && offset < r.end.max(r.start + 1));
+    for (k, v) in t.iter() {
+        if let Some(mut deeper) = locate(v, offset) {
+            deeper.insert(0, k.to_owned());
+            return Some(deeper);
+        }
+        if holds(key_span(t, k)) || holds(v.span()) {
+            return Some(vec![k.to_owned()]);
+        }
+    }
+    None
+}
+
+fn remove(item: &mut toml_edit::Item, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut at = item;
+    for p in parents {
+        match at.as_table_like_mut().and_then(|t| t.get_mut(p)) {
+            Some(next) => at = next,
+            None => return false,
+        }
+    }
+    at.as_table_like_mut().and_then(|t| t.remove(last)).is_some()
+}
+
+fn key_span(t: &dyn toml_edit::TableLike, key: &str) -> Option<std::ops::Range<usize>> {
+    t.get_key_value(key).and_then(|(k, _)| k.span())
+}
+
+/// Where an item starts: its own span, else (an implicit table, an array of tables) its
+/// first part's.
+fn start(item: &toml_edit::Item) -> usize {
+    if let Some(s) = item.span() {
+        return s.start;
+    }
+    match item {
+        toml_edit::Item::ArrayOfTables(a) => a.iter().find_map(|t| t.span()).map_or(0, |s| s.start),
+        _ => item
+            .as_table_like()
+            .and_then(|t| t.iter().find_map(|(k, v)| key_span(t, k).or_else(|| v.span())))
+            .map_or(0, |s| s.start),
+    }
+}
+
+/// serde's message about the key at `path`, said in gateway.toml's terms: which key,
+/// what it should be, with an example.
+fn explain(path: &[String], message: &str) -> String {
+    let at = path.join(".");
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let (key, rest) = rest.split_once('`').unwrap_or((rest, ""));
+        let allowed: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
+        return unknown_key(&path[..path.len().saturating_sub(1)], key, &allowed);
+    }
+    if let Some(field) = message
+        .strip_prefix("missing field `")
+        .and_then(|m| m.strip_suffix('`'))
+    {
+        let mut key = path.to_vec();
+        key.push(field.to_owned());
+        let example = expected(&key).map_or(String::new(), |e| format!(" ({e})"));
+        return format!("{at}: missing required key {field:?}{example}");
+    }
+    let rest = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "));
+    if let Some(rest) = rest {
+        let (found, serde_wants) = rest.split_once(", expected ").unwrap_or((rest, ""));
+        let found = found.replace('`', "");
+        return match expected(path) {
+            // An item of a list is wrong, not the list.
+            Some(want) if want.starts_with("a list") && serde_wants == "a string" => {
+                format!("{at}: expected {want}; one item is {found}")
+            }
+            Some(want) => format!("{at}: expected {want}, found {found}"),
+            None => format!("{at}: expected {}, found {found}", plain(serde_wants)),
+        };
+    }
+    format!("{at}: {}", message.trim())
+}
+
+/// serde's name for a type, in words.
+fn plain(serde_wants: &str) -> String {
+    match serde_wants {
+        "usize" | "u32" | "u64" => "a whole number like 10".into(),
+        "a boolean" => "true or false".into(),
+        "a sequence" => "a list like [\"a\", \"b\"]".into(),
+        "a map" => "a table".into(),
+        s if s.starts_with("struct ") => "a table".into(),
+        s => s.into(),
+    }
+}
+
+/// What the key at `path` takes, with an example; `None` for keys not known here.
+fn expected(path: &[String]) -> Option<String> {
+    let n = path.len();
+    let key = path.last()?.as_str();
+    let parent = if n >= 2 { path[n - 2].as_str() } else { "" };
+    const RATE: &str = r#"a rate string like "10/s" (or "5/m", "100/h burst 10")"#;
+    Some(match (parent, key) {
+        ("per_tool", _) => RATE.into(),
+        ("env" | "headers", _) if n >= 4 => format!(r#"a string (in quotes, e.g. {key} = "1")"#),
+        (
+            _,
+            "request_timeout" | "shutdown_grace" | "session_idle" | "input_timeout" | "header_timeout" | "body_timeout"
+            | "timeout" | "idle_timeout" | "stall_timeout",
+        ) => r#"a duration string like "60s" (or "500ms", "2m", "1h")"#.into(),
+        (_, "max_body" | "max_line") => r#"a size string like "16MiB" (or "512KiB", "1GiB", "1048576")"#.into(),
+        (_, "per_client" | "per_ip" | "per_server" | "rate_limit") => RATE.into(),
+        (_, "enabled" | "record_payloads") => format!("a boolean: {key} = true or {key} = false"),
+        (_, "max_sessions" | "max_sessions_per_client" | "page_size" | "max_in_flight" | "worker_threads") => {
+            format!("a whole number like {key} = 100")
+        }
+        (_, "allowed_origins") => r#"a list of strings like ["https://app.example.com"]"#.into(),
+        (_, "allowed_hosts") => r#"a list of strings like ["gateway.internal:8080"]"#.into(),
+        (_, "args") => r#"a list of strings like ["-y", "@modelcontextprotocol/server-everything"]"#.into(),
+        (_, "allow" | "deny") => r#"a list of globs like ["search_*", "get_?"]"#.into(),
+        (_, "env" | "headers" | "per_tool") => format!(r#"a table of strings like {key} = {{ NAME = "value" }}"#),
+        ("servers", _) if n == 2 => r#"a table like [servers.NAME] with command = "..." or url = "...""#.into(),
+        ("clients", _) if n == 2 => r#"a table like [clients.NAME] with token = "${TOKEN}""#.into(),
+        (_, "tools") => r#"a table like tools = { allow = ["*"], deny = ["delete_*"] }"#.into(),
+        (_, "rate_limits") => r#"a table like rate_limits = { per_server = "10/s" }"#.into(),
+        (_, "gateway" | "telemetry" | "auth" | "oauth") => format!("a table like [{}]", path.join(".")),
+        (_, "listen") => r#"an address string like "127.0.0.1:8080""#.into(),
+        (_, "path") => r#"a string like "/mcp""#.into(),
+        (_, "separator") => r#"a string like "__""#.into(),
+        (_, "command") => r#"a string like "npx" (its arguments go in args = [...])"#.into(),
+        (_, "url" | "jwks_url" | "resource" | "otlp_endpoint" | "issuer") => {
+            r#"a URL string like "https://example.com/mcp""#.into()
+        }
+        (_, "transport") => r#"one of "auto", "streamable-http", "sse""#.into(),
+        (_, "restart") => r#"one of "on-failure", "always", "never""#.into(),
+        (_, "isolation") => r#"one of "shared", "session""#.into(),
+        (_, "protocol") => r#"one of "auto", "2026-07-28", "handshake""#.into(),
+        (_, "otlp_protocol") => r#"one of "http/protobuf", "grpc""#.into(),
+        (_, "log_format") => r#"one of "text", "json""#.into(),
+        (_, "token") => r#"a string like "${ALICE_TOKEN}""#.into(),
+        (_, "token_sha256") => "a string of 64 hex digits (a SHA-256 digest)".into(),
+        (_, "cwd" | "ca_file") => r#"a path string like "./certs""#.into(),
+        (_, "prefix") => r#"a string like prefix = "calc" (or "" for none)"#.into(),
+        (_, "service_name" | "audience") => format!(r#"a string like {key} = "mcp-gateway""#),
+        (_, "client_claim") => r#"a string like client_claim = "sub""#.into(),
+        _ => return None,
+    })
+}
+
+/// `TABLE: unknown key "KEY"; expected one of …`, with the closest allowed key if one
+/// is close.
+fn unknown_key(table: &[String], key: &str, allowed: &[&str]) -> String {
+    let at = if table.is_empty() {
+        "the top level".to_owned()
+    } else {
+        table.join(".")
+    };
+    let mut m = if allowed.is_empty() {
+        format!("{at}: unknown key {key:?}; no keys are allowed there")
+    } else {
+        format!("{at}: unknown key {key:?}; expected one of {}", allowed.join(", "))
+    };
+    let closest = allowed
+        .iter()
+        .map(|a| (edit_distance(key, a), *a))
+        .min()
+        .filter(|(d, a)| *d <= 2.max(a.len() / 4) && *d < a.len());
+    if let Some((_, a)) = closest {
+        m.push_str(&format!(" (did you mean {a:?}?)"));
+    }
+    m
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            prev = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 impl Config {
     /// Reads and validates a config file. `env` looks up the gateway's environment.
     pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
         let src = std::fs::read_to_string(path).map_err(|e| {
+            // A relative path resolves against the working directory, which is often not
+            // the one meant (an mcp.json stdio entry runs wherever its client runs): say both.
+            let tried = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+            let cwd = std::env::current_dir().map_or_else(|e| format!("unknown: {e}"), |d| d.display().to_string());
             ConfigErrors(vec![ConfigError {
-                file: path.display().to_string(),
+                file: tried.display().to_string(),
                 line: 0,
                 column: 0,
-                message: format!("cannot read: {e}"),
+                message: format!(
+                    "cannot read the config file: {e}; the working directory is {cwd}. Name the file with --config PATH or MCP_GATEWAY_CONFIG=PATH (absolute, or relative to the working directory)"
+                ),
             }])
         })?;
         Config::parse(path, &src, env)
@@ -665,13 +991,8 @@ impl Config {
             src,
             errors: Vec::new(),
         };
-        let raw: RawConfig = match toml::from_str(src) {
-            Ok(r) => r,
-            Err(e) => {
-                let offset = e.span().map_or(0, |s| s.start);
-                cx.at(offset, e.message().trim().to_string());
-                return Err(ConfigErrors(cx.errors));
-            }
+        let Some(raw) = read_tables(&mut cx, src) else {
+            return Err(ConfigErrors(cx.errors));
         };
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let base = if base.as_os_str().is_empty() {
@@ -744,12 +1065,12 @@ impl Config {
             }),
         };
         for (key, v) in [
-            ("max_sessions", g.max_sessions),
-            ("max_in_flight", g.max_in_flight),
-            ("worker_threads", g.worker_threads),
+            ("max_sessions", &g.max_sessions),
+            ("max_in_flight", &g.max_in_flight),
+            ("worker_threads", &g.worker_threads),
         ] {
-            if v == Some(0) {
-                cx.at(0, format!("gateway.{key} must be at least 1"));
+            if let Some(n) = v.as_ref().filter(|n| *n.get_ref() == 0) {
+                cx.at(n.span().start, format!("gateway.{key} must be at least 1"));
             }
         }
         if let Some(n) = g.max_sessions_per_client.as_ref().filter(|n| *n.get_ref() == 0) {
@@ -913,6 +1234,7 @@ impl Config {
                     );
                     continue;
                 }
+                (None, None) if s.kind_unknown => continue,
                 (None, None) => {
                     cx.at(
                         at,
@@ -985,7 +1307,7 @@ impl Config {
         if !cx.errors.is_empty() {
             return Err(ConfigErrors(cx.errors));
         }
-        let max_sessions = g.max_sessions.unwrap_or(10_000);
+        let max_sessions = g.max_sessions.map_or(10_000, Spanned::into_inner);
         Ok(Config {
             file: path.to_path_buf(),
             gateway: Gateway {
@@ -1002,13 +1324,13 @@ impl Config {
                     .max_sessions_per_client
                     .map_or((max_sessions / 10).max(1), Spanned::into_inner),
                 page_size: g.page_size.unwrap_or(0),
-                max_in_flight: g.max_in_flight.unwrap_or(1_000),
+                max_in_flight: g.max_in_flight.map_or(1_000, Spanned::into_inner),
                 session_idle,
                 input_timeout,
                 header_timeout,
                 body_timeout,
                 max_line,
-                worker_threads: g.worker_threads,
+                worker_threads: g.worker_threads.map(Spanned::into_inner),
             },
             servers,
             rate_limits,
@@ -1593,6 +1915,44 @@ mod tests {
         assert!(e.to_string().contains("tokn"), "{e}");
         let e = Config::parse(Path::new("g.toml"), "[auth.oauth]\nissuer = \"x\"\n", &none).unwrap_err();
         assert!(e.to_string().contains("audience"), "{e}");
+    }
+
+    #[test]
+    fn every_table_is_checked_on_its_own_and_each_bad_key_once() {
+        let src = "servers.i = { command = 5, enabled = \"no\" }\n\n[servers.j]\ncomand = \"x\"\n\
+                   tools = { allow = \"echo\", nope = [] }\n\n[auth.oauth]\nissuer = 5\naudience = \"a\"\n\
+                   jwks_url = \"https://x\"\n\n[gatway]\n";
+        let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
+        let got: Vec<_> = e.0.iter().map(|e| (e.line, e.column, e.message.as_str())).collect();
+        let starts = |m: &str, s: &str| m.starts_with(s);
+        let want: &[(usize, usize, &str)] = &[
+            (1, 25, "servers.i.command: expected a string like \"npx\""),
+            (1, 38, "servers.i.enabled: expected a boolean"),
+            (4, 1, "servers.j: unknown key \"comand\"; expected one of command, url,"),
+            (5, 19, "servers.j.tools.allow: expected a list of globs like"),
+            (
+                5,
+                27,
+                "servers.j.tools: unknown key \"nope\"; expected one of allow, deny",
+            ),
+            (8, 10, "auth.oauth.issuer: expected a URL string like"),
+            (12, 2, "the top level: unknown key \"gatway\""),
+            // Its command was reported as the wrong type: no "needs `command`" for i.
+            (3, 10, "servers.j: needs `command` (a stdio server) or `url`"),
+        ];
+        assert_eq!(got.len(), want.len(), "{e}");
+        for ((l, c, m), (wl, wc, wm)) in got.iter().zip(want) {
+            assert!(
+                (l, c) == (wl, wc) && starts(m, wm),
+                "{l}:{c}: {m}\nwanted {wl}:{wc}: {wm}\nall:\n{e}"
+            );
+        }
+        // A missing required key is named.
+        let e = Config::parse(Path::new("g.toml"), "[auth.oauth]\nissuer = \"i\"\n", &env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "g.toml:1:1: auth.oauth: missing required key \"audience\" (a string like audience = \"mcp-gateway\")"
+        );
     }
 
     #[test]

@@ -68,6 +68,113 @@ fn check_reports_located_errors_and_exits_64() {
     );
 }
 
+/// Every problem in the file comes out in one run, one line each, in whichever table it
+/// is: an unknown key, a value of the wrong type and a semantic error, each located,
+/// with the key's full path, what was expected and an example.
+#[test]
+fn check_reports_every_error_in_one_run() {
+    let cfg = "[gateway]\nrequest_timeout = 60\n\n[servers.a]\ncomand = \"x\"\ncommand = \"x\"\n\n\
+               [servers.b]\ncommand = \"x\"\nrestart = \"sometimes\"\nargs = [\"ok\", 1]\n\n\
+               [telemetry]\nrecord_payloads = \"yes\"\n";
+    let expected: &[(usize, usize, &[&str])] = &[
+        (
+            2,
+            19,
+            &[
+                "gateway.request_timeout: expected a duration string like \"60s\"",
+                "found integer 60",
+            ],
+        ),
+        (
+            5,
+            1,
+            &[
+                "servers.a: unknown key \"comand\"; expected one of command, url, ",
+                "did you mean \"command\"?",
+            ],
+        ),
+        (
+            10,
+            11,
+            &["servers.b.restart: \"sometimes\" is not one of on-failure, always, never"],
+        ),
+        (
+            11,
+            15,
+            &[
+                "servers.b.args: expected a list of strings like [",
+                "one item is integer 1",
+            ],
+        ),
+        (
+            14,
+            19,
+            &[
+                "telemetry.record_payloads: expected a boolean",
+                "= true",
+                "found string \"yes\"",
+            ],
+        ),
+    ];
+    assert_invalid(cfg, expected);
+    let (run, _dir) = check(cfg, &[], &[]);
+    let errors = run.stderr.lines().filter(|l| l.contains("gateway.toml:")).count();
+    assert_eq!(errors, expected.len(), "one line per problem:\n{}", run.stderr);
+
+    // Several unknown keys and wrong types in one table all come out too.
+    assert_invalid(
+        "[gateway]\nlisten_on = 1\nmax_body = 16\npage_size = \"10\"\nmax_line = \"1MiB\"\n",
+        &[
+            (2, 1, &["gateway: unknown key \"listen_on\"", "listen, path"]),
+            (
+                3,
+                12,
+                &[
+                    "gateway.max_body: expected a size string like \"16MiB\"",
+                    "found integer 16",
+                ],
+            ),
+            (
+                4,
+                13,
+                &["gateway.page_size: expected a whole number like page_size = 100"],
+            ),
+        ],
+    );
+    // A file that is not TOML is one located error.
+    assert_invalid(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[servers.a]\ncommand = npx\n",
+        &[(5, 11, &["not valid TOML"])],
+    );
+}
+
+/// A config file that is not there (an mcp.json entry with a relative --config run from
+/// another folder): the message names the absolute path tried, the working directory,
+/// and both ways to name the file.
+#[test]
+fn a_missing_config_names_the_path_the_cwd_and_how_to_name_it() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config", "conf/nope.toml"])
+        .current_dir(cwd.path())
+        .env_remove("MCP_GATEWAY_CONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let cwd = std::fs::canonicalize(cwd.path()).unwrap();
+    let tried = cwd.join("conf/nope.toml").display().to_string();
+    for want in [
+        tried.as_str(),
+        &format!("working directory is {}", cwd.display()),
+        "--config",
+        "MCP_GATEWAY_CONFIG",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
+    assert!(out.stdout.is_empty());
+}
+
 #[test]
 fn check_accepts_a_valid_config() {
     let cfg = format!(

@@ -285,3 +285,53 @@ async fn every_kind_of_call_reaches_every_server() {
     let r = s.request(json!(7), "ping", json!({})).await;
     assert_eq!(r, json!({"jsonrpc": "2.0", "id": 7, "result": {}}));
 }
+
+/// `/status` counts what clients see of each server (its `tools` filter applied, a
+/// resource another server lists first left out), with the server's own totals beside
+/// them; the status page shows "seen of total" where they differ.
+#[tokio::test]
+async fn status_counts_what_clients_see_beside_each_servers_totals() {
+    let (f, o, d) = (unique("filtered"), unique("open"), unique("dupres"));
+    let cfg = [
+        server("calc", &f, &[], "tools = { allow = [\"echo\", \"add\"] }"),
+        server("open", &o, &[], ""),
+        // Lists the same resource URI as `open` (its --name wins): `open` owns it.
+        server("dup", &d, &["--name", &o], ""),
+    ]
+    .concat();
+    let gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    let tools = s.tool_names().await;
+    let seen = |p: &str| tools.iter().filter(|t| t.starts_with(p)).count();
+    let total = seen("open__");
+    assert!(total > 2, "{tools:?}");
+    assert_eq!(seen("calc__"), 2, "{tools:?}");
+
+    let st = gw.server_status("calc").await;
+    let counts = |st: &Value| {
+        [
+            "tools",
+            "toolsTotal",
+            "prompts",
+            "promptsTotal",
+            "resources",
+            "resourcesTotal",
+        ]
+        .map(|k| st[k].as_u64())
+    };
+    let n = |v: usize| Some(v as u64);
+    assert_eq!(counts(&st), [n(2), n(total), n(1), n(1), n(1), n(1)], "{st}");
+    let st = gw.server_status("open").await;
+    assert_eq!(counts(&st), [n(total), n(total), n(1), n(1), n(1), n(1)], "{st}");
+    let st = gw.server_status("dup").await;
+    assert_eq!(counts(&st), [n(total), n(total), n(1), n(1), n(0), n(1)], "{st}");
+
+    let page = reqwest::get(format!("{}/", gw.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(&format!("<td>2 of {total}</td>")), "{page}");
+    assert!(page.contains("<td>0 of 1</td>"), "{page}");
+}

@@ -202,14 +202,14 @@ async fn invalid_edits_are_logged_with_line_and_column_and_ignored() {
 
     // A syntax error: an unclosed table header, after a's table and a blank line.
     rewrite(&gw, &format!("{one}\n[servers.b\ncommand = \"python3\"\n"));
-    let at = format!("gateway.toml:{}:11: invalid table header", a_lines + 2);
+    let at = format!("gateway.toml:{}:11: not valid TOML: invalid table header", a_lines + 2);
     assert!(gw.wait_log(&at, WAIT).await, "no {at:?} in the log:\n{}", gw.logs());
 
     // An unknown key, in an otherwise valid new server b.
     let b_table = server("b", &b, &[], "");
     rewrite(&gw, &format!("{one}{}\nbogus = 1\n", b_table.trim_end()));
     let at = format!(
-        "gateway.toml:{}:1: unknown field `bogus`",
+        "gateway.toml:{}:1: servers.b: unknown key \"bogus\"; expected one of command, url",
         a_lines + b_table.trim_end().lines().count() + 1
     );
     assert!(gw.wait_log(&at, WAIT).await, "no {at:?} in the log:\n{}", gw.logs());

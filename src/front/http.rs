@@ -1352,12 +1352,15 @@ async fn readyz(State(http): State<Http>) -> Response {
 
 /// Per-server state as JSON. Never includes env values, headers or expanded URLs.
 fn status_json(http: &Http) -> Value {
-    let servers: Vec<Value> = http
-        .gw
-        .topology()
+    let topo = http.gw.topology();
+    // What clients see (the catalog, after filters and collisions); the server's own
+    // totals go beside it as `toolsTotal` and so on.
+    let visible = topo.catalog.visible(topo.servers.len());
+    let servers: Vec<Value> = topo
         .servers
         .iter()
-        .map(|s| {
+        .zip(visible)
+        .map(|(s, [tools, prompts, resources])| {
             let st = s.state();
             let state = match &st.status {
                 Status::Disabled => "disabled",
@@ -1381,9 +1384,12 @@ fn status_json(http: &Http) -> Value {
                 "pid": st.conn.as_ref().and_then(|c| c.pid()),
                 "protocolVersion": st.info.as_ref().map(|i| i.protocol_version.clone()),
                 "uptimeSeconds": st.since.filter(|_| st.status == Status::Ready).map(|t| t.elapsed().as_secs()),
-                "tools": st.lists.tools.len(),
-                "prompts": st.lists.prompts.len(),
-                "resources": st.lists.resources.len(),
+                "tools": tools,
+                "toolsTotal": st.lists.tools.len(),
+                "prompts": prompts,
+                "promptsTotal": st.lists.prompts.len(),
+                "resources": resources,
+                "resourcesTotal": st.lists.resources.len(),
                 "restarts": s.restarts.load(Ordering::Relaxed),
                 "isolation": match s.cfg.isolation {
                     crate::config::Isolation::Shared => "shared",
@@ -1415,6 +1421,11 @@ async fn status_page(State(http): State<Http>) -> Response {
             Value::String(v) => html_escape(v),
             other => html_escape(&other.to_string()),
         };
+        // "2 of 9" when the server lists more than clients see.
+        let count = |k: &str| match (cell(k), cell(&format!("{k}Total"))) {
+            (seen, total) if seen == total => seen,
+            (seen, total) => format!("{seen} of {total}"),
+        };
         rows.push_str(&format!(
             "<tr class=\"{state}\"><td>{name}</td><td>{state}</td><td>{transport}</td><td>{pid}</td><td>{up}</td><td>{tools}</td><td>{prompts}</td><td>{resources}</td><td>{restarts}</td><td>{err}</td></tr>\n",
             name = cell("name"),
@@ -1422,9 +1433,9 @@ async fn status_page(State(http): State<Http>) -> Response {
             transport = cell("transport"),
             pid = cell("pid"),
             up = cell("uptimeSeconds"),
-            tools = cell("tools"),
-            prompts = cell("prompts"),
-            resources = cell("resources"),
+            tools = count("tools"),
+            prompts = count("prompts"),
+            resources = count("resources"),
             restarts = cell("restarts"),
             err = cell("lastError"),
         ));
