@@ -10,7 +10,10 @@ fn markdown_files() -> Vec<PathBuf> {
     let mut files = vec![root.join("README.md")];
     let mut dirs = vec![root.join("docs")];
     while let Some(dir) = dirs.pop() {
-        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+        for e in std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+        {
             let p = e.path();
             if p.is_dir() {
                 dirs.push(p);
@@ -64,7 +67,10 @@ fn every_toml_block_in_the_docs_is_a_valid_config() {
     for file in markdown_files() {
         let text = std::fs::read_to_string(&file).unwrap();
         for (line, block) in toml_blocks(&text) {
-            let shown = format!("{}:{line}", file.strip_prefix(common::repo()).unwrap_or(&file).display());
+            let shown = format!(
+                "{}:{line}",
+                file.strip_prefix(common::repo()).unwrap_or(&file).display()
+            );
             // Relative paths in examples (cwd, ca_file) resolve against the config's folder.
             let path = dir.path().join("gateway.toml");
             if let Err(e) = mcp_gateway::config::Config::parse(Path::new(&path), &block, &placeholder) {
