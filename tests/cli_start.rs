@@ -40,7 +40,10 @@ fn a_port_in_use_is_reported_before_any_server_starts() {
     let out = cmd.stdin(Stdio::null()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
     // Not one child was spawned: the mock logs its start on stderr, the gateway its handshake.
     assert!(!stderr.contains("started (quirks"), "{stderr}");
     assert!(!stderr.contains("initialized"), "{stderr}");

@@ -223,3 +223,93 @@ async fn unknown_tool_and_method() {
     let r = s.request(json!(4), "prompts/get", json!({"name": "m__nope"})).await;
     assert!(error_of(&r)["message"].as_str().unwrap().contains("m__nope"), "{r}");
 }
+
+/// Accept, parsed as a list of media ranges with q-values (q=0 refuses): a POST must
+/// admit application/json or text/event-stream (`*/*` and `application/*` do; a missing
+/// Accept is fine), else 406 saying what to send; a GET must admit text/event-stream
+/// (`*/*` and `text/*` do), else 406.
+#[tokio::test]
+async fn accept_must_admit_what_the_answer_is() {
+    let gw = gateway();
+    let s = gw.session().await;
+    let ping = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
+    let post = |accept: Option<&str>| {
+        let mut req = s.http.post(&s.url).header("mcp-session-id", &s.id).json(&ping);
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        req.send()
+    };
+    for refused in [
+        "text/html",
+        "application/json;q=0, text/event-stream;q=0",
+        "image/*, text/plain",
+        "*/*;q=0",
+    ] {
+        let r = post(Some(refused)).await.unwrap();
+        assert_eq!(r.status(), 406, "Accept: {refused}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(code(&v), -32600, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("Accept: application/json, text/event-stream"), "{msg}");
+    }
+    for admitted in [
+        None,
+        Some("*/*"),
+        Some("application/*"),
+        Some("Application/JSON; charset=utf-8"),
+        Some("text/event-stream"),
+        Some("text/event-stream;q=0, */*;q=0.1"),
+    ] {
+        let r = post(admitted).await.unwrap();
+        assert_eq!(r.status(), 200, "Accept: {admitted:?}");
+    }
+    // A POST with no Accept header at all (raw: reqwest would add one) is served.
+    let (host, path) = gw.url.trim_start_matches("http://").split_once('/').unwrap();
+    let body = ping.to_string();
+    let mut c = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        c,
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nMcp-Session-Id: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        s.id,
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let get = |accept: Option<&'static str>| {
+        let mut req = s.http.get(&s.url).header("mcp-session-id", &s.id);
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        req.send()
+    };
+    // (reqwest sends `Accept: */*` when none is set, so `None` is not a missing Accept.)
+    for refused in [
+        Some("application/json"),
+        Some("text/event-stream;q=0"),
+        Some("text/*;q=0, application/*"),
+    ] {
+        let r = get(refused).await.unwrap();
+        assert_eq!(r.status(), 406, "GET Accept: {refused:?}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("text/event-stream"),
+            "{v}"
+        );
+    }
+    for admitted in ["text/*", "*/*", "text/event-stream; q=0.5"] {
+        // One GET stream per session: each in a session of its own.
+        let other = gw.session().await;
+        let r = other
+            .http
+            .get(&other.url)
+            .header("mcp-session-id", &other.id)
+            .header("accept", admitted)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "GET Accept: {admitted}");
+    }
+}
