@@ -313,3 +313,89 @@ async fn accept_must_admit_what_the_answer_is() {
         assert_eq!(r.status(), 200, "GET Accept: {admitted}");
     }
 }
+
+/// JSON-RPC batches in a 2025-03-26 session (the one revision that has them): the answer
+/// is an array of the requests' responses, each by its id; a batch of notifications only
+/// is 202; an empty batch is -32600, `initialize` in a batch is refused with an error, and
+/// an element that is no message gets an error with a null id. Later sessions keep
+/// refusing batches (400, -32600), saying why.
+#[tokio::test]
+async fn batches_in_a_2025_03_26_session() {
+    let gw = gateway();
+    let http = reqwest::Client::new();
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"batch","version":"1"}}});
+    let r = http
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["result"]["protocolVersion"], "2025-03-26");
+    let post = |body: Value| {
+        http.post(&gw.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", "2025-03-26")
+            .json(&body)
+            .send()
+    };
+    let by_id = |answers: &Value, id: Value| -> Value {
+        answers
+            .as_array()
+            .unwrap_or_else(|| panic!("not an array: {answers}"))
+            .iter()
+            .find(|a| a["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no answer with id {id} in {answers}"))
+    };
+    let r = post(json!([
+        {"jsonrpc":"2.0","method":"notifications/initialized"},
+        {"jsonrpc":"2.0","id":1,"method":"ping"},
+        {"jsonrpc":"2.0","id":"b","method":"tools/call","params":{"name":"m__echo","arguments":{"text":"in a batch"}}},
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let answers: Value = r.json().await.unwrap();
+    assert_eq!(answers.as_array().map(Vec::len), Some(2), "{answers}");
+    assert_eq!(by_id(&answers, json!(1))["result"], json!({}));
+    assert_eq!(text(&by_id(&answers, json!("b"))), "in a batch");
+
+    let r = post(json!([{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":99}}]))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+
+    let r = post(json!([])).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(code(&v), -32600, "{v}");
+
+    let r = post(json!([
+        {"jsonrpc":"2.0","id":9,"method":"initialize","params":init["params"]},
+        {"jsonrpc":"2.0","id":10,"method":"ping"},
+        42,
+    ]))
+    .await
+    .unwrap();
+    let answers: Value = r.json().await.unwrap();
+    let refused = by_id(&answers, json!(9));
+    assert_eq!(code(&refused), -32600, "{refused}");
+    assert!(
+        refused["error"]["message"].as_str().unwrap().contains("initialize"),
+        "{refused}"
+    );
+    assert_eq!(by_id(&answers, json!(10))["result"], json!({}));
+    assert_eq!(code(&by_id(&answers, Value::Null)), -32600, "{answers}");
+
+    // A 2025-11-25 session: still refused, with the reason.
+    let s = gw.session().await;
+    let (st, v) = post_raw(&gw, Some(&s.id), r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#).await;
+    assert_eq!((st, code(&v)), (400, -32600), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("2025-03-26 only"), "{msg}");
+}

@@ -398,7 +398,11 @@ async fn python_sdk_call_in_flight_at_sigterm_gets_its_answer() {
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while in_flight().await != Some(true) {
-        assert!(Instant::now() < deadline, "the call never reached the gateway\n{}", gw.logs());
+        assert!(
+            Instant::now() < deadline,
+            "the call never reached the gateway\n{}",
+            gw.logs()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     unsafe {

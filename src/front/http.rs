@@ -700,13 +700,31 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
         Ok(w) => w,
         Err(resp) => return resp,
     };
+    let is_array = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+    let mut version = None;
+    if is_array && headers.contains_key(&SESSION_HEADER) {
+        // A batch: JSON-RPC batching is part of 2025-03-26 only.
+        let (_, session) = match session(&http, &headers, who.as_ref()) {
+            Ok(s) => s,
+            Err(r) => return r.into_response(),
+        };
+        if let Err(r) = check_version(&headers) {
+            return r.into_response();
+        }
+        if session.protocol_version == BATCH_VERSION {
+            return batch(&http, &headers, &session, &body).await;
+        }
+        version = Some(session.protocol_version.clone());
+    }
     let msg = match Kind::parse(&body) {
         Ok(m) => m,
         Err(e) => {
-            let msg = if body.first() == Some(&b'[') {
-                "batches are not supported: send one JSON-RPC message per POST".to_owned()
-            } else {
-                e.to_string()
+            let msg = match version {
+                Some(v) if is_array => format!(
+                    "batches are not supported in protocol version {v} (JSON-RPC batching is in {BATCH_VERSION} only; 2025-06-18 removed it): send one JSON-RPC message per POST"
+                ),
+                None if is_array => "batches are not supported: send one JSON-RPC message per POST".to_owned(),
+                _ => e.to_string(),
             };
             return rpc_error(StatusCode::BAD_REQUEST, e.code(), &msg);
         }
@@ -766,6 +784,86 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
             request(http, client, id, method, params, parent, None, Some((&session, sse_ok))).await
         }
     }
+}
+
+/// The one protocol version with JSON-RPC batches.
+const BATCH_VERSION: &str = "2025-03-26";
+
+/// A JSON-RPC batch of a 2025-03-26 session: its requests run at once and are answered
+/// together as one JSON array, each response under its request's id (an element that is
+/// not a message gets an error with a null id); a batch of notifications and responses
+/// only is 202. `initialize` is refused in a batch (2025-03-26 forbids it there). The
+/// requests' progress and log messages are not sent (there is no stream to send them on),
+/// and servers' questions about them are refused.
+async fn batch(http: &Http, headers: &HeaderMap, session: &Arc<Session>, body: &[u8]) -> Response {
+    let items: Vec<&serde_json::value::RawValue> = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return rpc_error(StatusCode::BAD_REQUEST, code::PARSE_ERROR, &e.to_string()),
+    };
+    if items.is_empty() {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "an empty batch: send at least one JSON-RPC message",
+        );
+    }
+    let client = &session.client;
+    let error = |id: &Id, code: i64, msg: &str| {
+        Some(message::response(
+            id,
+            &Outcome::Error(message::error_object(code, msg, None)),
+        ))
+    };
+    let mut calls = Vec::new();
+    for item in items {
+        let answer = match Kind::parse(item.get().as_bytes()) {
+            Err(e) => error(&Value::Null, e.code(), &e.to_string()),
+            Ok(Kind::Request { id, method, .. }) if method == "initialize" => error(
+                &id,
+                code::INVALID_REQUEST,
+                "initialize must not be part of a batch: send it alone",
+            ),
+            Ok(Kind::Request { id, method, params }) => {
+                let (gw, client) = (http.gw.clone(), client.clone());
+                let parent = crate::telemetry::from_headers(headers);
+                calls.push(futures::future::Either::Left(async move {
+                    let out = gw.request(&client, &id, &method, params, None, parent).await;
+                    let out = out.unwrap_or_else(|| {
+                        Outcome::Error(message::error_object(
+                            REQUEST_CANCELLED,
+                            "request cancelled by the client",
+                            None,
+                        ))
+                    });
+                    Some(message::response(&id, &out))
+                }));
+                continue;
+            }
+            Ok(Kind::Notification { method, params }) => {
+                http.gw.notification(client, &method, params.as_deref());
+                None
+            }
+            Ok(Kind::Response { id, outcome }) => {
+                client.answer(id.as_ref(), outcome);
+                None
+            }
+        };
+        calls.push(futures::future::Either::Right(futures::future::ready(answer)));
+    }
+    let answers: Vec<Vec<u8>> = futures::future::join_all(calls).await.into_iter().flatten().collect();
+    if answers.is_empty() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    let mut out = Vec::with_capacity(answers.iter().map(|a| a.len() + 1).sum::<usize>() + 1);
+    out.push(b'[');
+    for (i, a) in answers.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(a);
+    }
+    out.push(b']');
+    json_response(out)
 }
 
 /// A 2026-07-28 (stateless) request: validated and decorated by [`modern`], run as an
