@@ -350,10 +350,12 @@ async fn python_sdk_modern_client_drives_input_required_and_listen() {
 }
 
 /// Drain (issue #14): SIGTERM while the official Python SDK client (legacy mode, with its
-/// GET stream open) has a call in flight. The session's GET stream stays open until that
-/// call is answered, so the client gets its result and exits without an exception (when
-/// the gateway ended every GET stream at once, the SDK's attempt to reopen it was refused,
-/// its task group failed and the answer was lost).
+/// GET stream open) has a call in flight: the client gets its result and exits without an
+/// exception; the session's GET stream stays open until the call is answered. (With mcp
+/// 2.3.0 this also passed when every GET stream ended at once: the SDK retries its GET
+/// quietly. What does lose the answer, before and after, is a client with no tool cache:
+/// call_tool then lists the tools after the answer, on a new connection, which a draining
+/// gateway refuses; the script lists them first, as clients do.)
 #[tokio::test]
 async fn python_sdk_call_in_flight_at_sigterm_gets_its_answer() {
     require_deps();
