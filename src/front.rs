@@ -3,4 +3,5 @@
 pub mod http;
 pub mod listen;
 pub mod modern;
+pub mod replay;
 pub mod stdio;

@@ -117,7 +117,8 @@ pub async fn serve(
             info!("shutting down");
             let deadline = tokio::time::Instant::now() + grace;
             let _ = stop_tx.send(true);
-            // GET streams never finish by themselves; end them now, not after the grace.
+            // GET streams never finish by themselves: each ends once its session has no
+            // call in flight (at once for most), not after the grace.
             http.close_streams();
             if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
                 info!("grace period over; closing open streams");

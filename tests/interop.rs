@@ -348,3 +348,86 @@ async fn python_sdk_modern_client_drives_input_required_and_listen() {
     assert_eq!(out["honored"], json!({"toolsListChanged": true}), "{out}");
     assert_eq!(out["event"], "ToolsListChanged", "{out}");
 }
+
+/// Drain (issue #14): SIGTERM while the official Python SDK client (legacy mode, with its
+/// GET stream open) has a call in flight: the client gets its result and exits without an
+/// exception; the session's GET stream stays open until the call is answered. (With mcp
+/// 2.3.0 this also passed when every GET stream ended at once: the SDK retries its GET
+/// quietly. What does lose the answer, before and after, is a client with no tool cache:
+/// call_tool then lists the tools after the answer, on a new connection, which a draining
+/// gateway refuses; the script lists them first, as clients do.)
+#[tokio::test]
+async fn python_sdk_call_in_flight_at_sigterm_gets_its_answer() {
+    require_deps();
+    use tokio::io::AsyncBufReadExt;
+    let mut gw = Gateway::start(&format!("[servers.calc]\n{}", mock("calc", &[])));
+    let mut child = tokio::process::Command::new(venv_python())
+        .args([
+            "tests/interop/py_drain.py",
+            gw.url.as_str(),
+            "calc__slow",
+            r#"{"seconds": 1.5}"#,
+        ])
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn py_drain.py");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(CLIENT_TIMEOUT, lines.next_line()).await;
+    assert!(
+        matches!(&first, Ok(Ok(Some(l))) if l == "calling"),
+        "{first:?}\n{}",
+        gw.logs()
+    );
+    // The call has reached the gateway (and its GET stream is open) before SIGTERM.
+    let base = gw.base.clone();
+    let in_flight = || {
+        let base = base.clone();
+        async move {
+            let m = reqwest::get(format!("{base}/metrics")).await.ok()?.text().await.ok()?;
+            let status: Value = reqwest::get(format!("{base}/status")).await.ok()?.json().await.ok()?;
+            let calls = m
+                .lines()
+                .find_map(|l| l.strip_prefix("mcp_gateway_requests_in_flight "))?
+                .trim()
+                .parse::<f64>()
+                .ok()?;
+            Some(calls >= 1.0 && status["sessions"] == 1)
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight().await != Some(true) {
+        assert!(
+            Instant::now() < deadline,
+            "the call never reached the gateway\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    unsafe {
+        libc::kill(gw.child.id() as i32, libc::SIGTERM);
+    }
+    let out = tokio::time::timeout(CLIENT_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the client ends")
+        .unwrap();
+    let mut stdout = String::new();
+    while let Ok(Some(l)) = lines.next_line().await {
+        stdout.push_str(&l);
+        stdout.push('\n');
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "client failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}\ngateway:\n{}",
+        out.status,
+        gw.logs()
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(v["isError"], false, "{v}");
+    assert_eq!(v["result"][0]["text"], "done", "{v}");
+    assert!(gw.child.wait().unwrap().success(), "{}", gw.logs());
+}

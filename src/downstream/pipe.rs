@@ -429,12 +429,18 @@ impl Actor {
                     ),
                 };
                 let Some(write) = write.clone() else { return };
+                let unwritten = self.unwritten.clone();
                 tokio::spawn(
                     async move {
                         let outcome = super::answer_server_request(caller, method, params, &why).await;
                         let mut out = message::response(&id, &outcome);
                         out.push(b'\n');
-                        let _ = write.send(out).await;
+                        // Counted like the outbox's lines: the writer subtracts what it writes.
+                        let len = out.len();
+                        unwritten.fetch_add(len, Ordering::Relaxed);
+                        if write.send(out).await.is_err() {
+                            unwritten.fetch_sub(len, Ordering::Relaxed);
+                        }
                     }
                     .in_current_span(),
                 );

@@ -12,6 +12,7 @@
 //! token (401 with `WWW-Authenticate` otherwise) and a session belongs to the identity
 //! that opened it (404 for anyone else). The RFC 9728 metadata is served with OAuth.
 
+use super::replay::{self, Replay, Resumed};
 use super::{listen, modern};
 use crate::auth::{self, Identity};
 use crate::downstream::{Sink, SINK_QUEUE};
@@ -55,7 +56,26 @@ pub struct Session {
     last_seen: AtomicU64,
     /// A GET stream is open; server-initiated messages go to exactly one stream.
     get_open: AtomicBool,
+    /// The open GET stream's connection: its number, and how to end it (a GET resuming
+    /// the stream takes it over from a connection the gateway has not seen die yet).
+    get_conn: std::sync::Mutex<Option<(u64, CancellationToken)>>,
+    /// Its SSE streams' events, for `Last-Event-ID`; made by its first SSE stream.
+    replay: std::sync::OnceLock<Arc<Replay>>,
+    /// Its protocol version (2025-11-25 or later) has priming events and `retry`.
+    priming: bool,
 }
+
+impl Session {
+    fn replay(&self) -> Arc<Replay> {
+        self.replay.get_or_init(Default::default).clone()
+    }
+}
+
+/// The first protocol version whose SSE streams start with a priming event.
+const PRIMING_SINCE: &str = "2025-11-25";
+/// A call of a 2025-11-25 session not answered within this long is answered on SSE (it
+/// starts with the priming event), so a dropped connection can be resumed.
+const SSE_AFTER: Duration = Duration::from_millis(100);
 
 /// What every handler shares: one `Arc`, since axum clones the state for every request
 /// (cloning the fields one by one took a lock, in the `CancellationToken`).
@@ -75,8 +95,9 @@ pub struct Shared {
     /// safe here and cheaper than SipHash for the lookup every request makes.
     sessions: Arc<DashMap<String, Arc<Session>, foldhash::fast::RandomState>>,
     started: Instant,
-    /// Cancelled when shutdown begins: GET streams end then, since they never finish
-    /// on their own and would hold the graceful shutdown for its whole grace period.
+    /// Cancelled when shutdown begins: GET streams end then (each once its session's
+    /// calls are answered), since they never finish on their own and would hold the
+    /// graceful shutdown for its whole grace period.
     closing: CancellationToken,
     /// Stateless calls waiting for their client's answers (multi round-trip requests).
     parked: Arc<crate::mrtr::Parked>,
@@ -111,7 +132,8 @@ impl Http {
         }))
     }
 
-    /// Ends every open GET stream; called when shutdown begins.
+    /// Ends every open GET stream once its session has no call in flight (its client may
+    /// need the stream until its answers are in); called when shutdown begins.
     pub fn close_streams(&self) {
         self.closing.cancel();
     }
@@ -499,6 +521,68 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), Reject> {
     ))
 }
 
+/// What the Accept headers admit of `json` (`application/json`) and `sse`
+/// (`text/event-stream`); `None` without an Accept header (or only empty ones). For each,
+/// the most specific matching range decides (`type/subtype`, then `type/*`, then `*/*`;
+/// the highest q among equals), and `q=0` refuses.
+fn accepted(headers: &HeaderMap) -> Option<Accepted> {
+    const MEDIA: [(&str, &str); 2] = [("application", "json"), ("text", "event-stream")];
+    let mut best = [(0u8, false); 2];
+    let mut any = false;
+    for v in headers.get_all(header::ACCEPT) {
+        let v = String::from_utf8_lossy(v.as_bytes());
+        for range in v.split(',') {
+            let mut parts = range.split(';');
+            let Some((rt, rs)) = parts.next().and_then(|r| r.trim().split_once('/')) else {
+                continue;
+            };
+            any = true;
+            let (rt, rs) = (rt.trim(), rs.trim());
+            let q = parts
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+                .map_or(1.0, |(_, q)| q.trim().parse::<f32>().unwrap_or(0.0));
+            for (i, (t, sub)) in MEDIA.iter().enumerate() {
+                let rank = match (rt.eq_ignore_ascii_case(t), rs.eq_ignore_ascii_case(sub)) {
+                    (true, true) => 3,
+                    (true, false) if rs == "*" => 2,
+                    _ if rt == "*" && rs == "*" => 1,
+                    _ => continue,
+                };
+                let (r, ok) = &mut best[i];
+                if rank > *r {
+                    (*r, *ok) = (rank, q > 0.0);
+                } else if rank == *r {
+                    *ok |= q > 0.0;
+                }
+            }
+        }
+    }
+    any.then_some(Accepted {
+        json: best[0].1,
+        sse: best[1].1,
+    })
+}
+
+/// See [`accepted`].
+#[derive(Clone, Copy)]
+struct Accepted {
+    json: bool,
+    sse: bool,
+}
+
+/// A POST must admit JSON or SSE (either answer may come); a missing Accept is fine.
+fn check_accept(accept: Option<Accepted>) -> Result<(), Reject> {
+    match accept {
+        Some(a) if !a.json && !a.sse => Err(Reject::new(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "the answer is application/json or text/event-stream: send Accept: application/json, text/event-stream",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The public URL of the MCP endpoint, for OAuth metadata and challenges.
 fn resource_url(http: &Http, headers: &HeaderMap) -> String {
     let config = http.gw.config();
@@ -599,7 +683,11 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
     if let Err(r) = per_ip(&http, &extensions) {
         return r;
     }
-    if let Err(r) = check_origin_host(&http.gw, &headers).and_then(|()| check_content_type(&headers)) {
+    let accept = accepted(&headers);
+    if let Err(r) = check_origin_host(&http.gw, &headers)
+        .and_then(|()| check_content_type(&headers))
+        .and_then(|()| check_accept(accept))
+    {
         return r.into_response();
     }
     let limits = &http.gw.config().gateway;
@@ -647,13 +735,31 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
         Ok(w) => w,
         Err(resp) => return resp,
     };
+    let is_array = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+    let mut version = None;
+    if is_array && headers.contains_key(&SESSION_HEADER) {
+        // A batch: JSON-RPC batching is part of 2025-03-26 only.
+        let (_, session) = match session(&http, &headers, who.as_ref()) {
+            Ok(s) => s,
+            Err(r) => return r.into_response(),
+        };
+        if let Err(r) = check_version(&headers) {
+            return r.into_response();
+        }
+        if session.protocol_version == BATCH_VERSION {
+            return batch(&http, &headers, &session, &body).await;
+        }
+        version = Some(session.protocol_version.clone());
+    }
     let msg = match Kind::parse(&body) {
         Ok(m) => m,
         Err(e) => {
-            let msg = if body.first() == Some(&b'[') {
-                "batches are not supported: send one JSON-RPC message per POST".to_owned()
-            } else {
-                e.to_string()
+            let msg = match version {
+                Some(v) if is_array => format!(
+                    "batches are not supported in protocol version {v} (JSON-RPC batching is in {BATCH_VERSION} only; 2025-06-18 removed it): send one JSON-RPC message per POST"
+                ),
+                None if is_array => "batches are not supported: send one JSON-RPC message per POST".to_owned(),
+                _ => e.to_string(),
             };
             return rpc_error(StatusCode::BAD_REQUEST, e.code(), &msg);
         }
@@ -708,9 +814,91 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
         }
         Kind::Request { id, method, params } => {
             let parent = crate::telemetry::from_headers(&headers);
-            request(http, session.client.clone(), id, method, params, parent, None).await
+            let sse_ok = accept.is_none_or(|a| a.sse);
+            let client = session.client.clone();
+            request(http, client, id, method, params, parent, None, Some((&session, sse_ok))).await
         }
     }
+}
+
+/// The one protocol version with JSON-RPC batches.
+const BATCH_VERSION: &str = "2025-03-26";
+
+/// A JSON-RPC batch of a 2025-03-26 session: its requests run at once and are answered
+/// together as one JSON array, each response under its request's id (an element that is
+/// not a message gets an error with a null id); a batch of notifications and responses
+/// only is 202. `initialize` is refused in a batch (2025-03-26 forbids it there). The
+/// requests' progress and log messages are not sent (there is no stream to send them on),
+/// and servers' questions about them are refused.
+async fn batch(http: &Http, headers: &HeaderMap, session: &Arc<Session>, body: &[u8]) -> Response {
+    let items: Vec<&serde_json::value::RawValue> = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return rpc_error(StatusCode::BAD_REQUEST, code::PARSE_ERROR, &e.to_string()),
+    };
+    if items.is_empty() {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "an empty batch: send at least one JSON-RPC message",
+        );
+    }
+    let client = &session.client;
+    let error = |id: &Id, code: i64, msg: &str| {
+        Some(message::response(
+            id,
+            &Outcome::Error(message::error_object(code, msg, None)),
+        ))
+    };
+    let mut calls = Vec::new();
+    for item in items {
+        let answer = match Kind::parse(item.get().as_bytes()) {
+            Err(e) => error(&Value::Null, e.code(), &e.to_string()),
+            Ok(Kind::Request { id, method, .. }) if method == "initialize" => error(
+                &id,
+                code::INVALID_REQUEST,
+                "initialize must not be part of a batch: send it alone",
+            ),
+            Ok(Kind::Request { id, method, params }) => {
+                let (gw, client) = (http.gw.clone(), client.clone());
+                let parent = crate::telemetry::from_headers(headers);
+                calls.push(futures::future::Either::Left(async move {
+                    let out = gw.request(&client, &id, &method, params, None, parent).await;
+                    let out = out.unwrap_or_else(|| {
+                        Outcome::Error(message::error_object(
+                            REQUEST_CANCELLED,
+                            "request cancelled by the client",
+                            None,
+                        ))
+                    });
+                    Some(message::response(&id, &out))
+                }));
+                continue;
+            }
+            Ok(Kind::Notification { method, params }) => {
+                http.gw.notification(client, &method, params.as_deref());
+                None
+            }
+            Ok(Kind::Response { id, outcome }) => {
+                client.answer(id.as_ref(), outcome);
+                None
+            }
+        };
+        calls.push(futures::future::Either::Right(futures::future::ready(answer)));
+    }
+    let answers: Vec<Vec<u8>> = futures::future::join_all(calls).await.into_iter().flatten().collect();
+    if answers.is_empty() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    let mut out = Vec::with_capacity(answers.iter().map(|a| a.len() + 1).sum::<usize>() + 1);
+    out.push(b'[');
+    for (i, a) in answers.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(a);
+    }
+    out.push(b']');
+    json_response(out)
 }
 
 /// A 2026-07-28 (stateless) request: validated and decorated by [`modern`], run as an
@@ -806,6 +994,7 @@ async fn serve_stateless(
         prepared.params,
         parent,
         Some(finish),
+        None,
     )
     .await
 }
@@ -892,11 +1081,7 @@ fn listen(
     private: bool,
 ) -> Response {
     static LISTENS: AtomicU64 = AtomicU64::new(1);
-    let sse = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
-    if !sse {
+    if !accepted(headers).is_some_and(|a| a.sse) {
         return Reject::new(
             StatusCode::NOT_ACCEPTABLE,
             code::INVALID_REQUEST,
@@ -1023,6 +1208,9 @@ fn initialize(
         protocol_version: version.clone(),
         last_seen: AtomicU64::new(http.now_ms()),
         get_open: AtomicBool::new(false),
+        get_conn: std::sync::Mutex::new(None),
+        replay: std::sync::OnceLock::new(),
+        priming: version.as_str() >= PRIMING_SINCE,
     };
     http.sessions.insert(sid.clone(), Arc::new(session));
     match &client_name {
@@ -1037,6 +1225,9 @@ fn initialize(
 }
 
 /// Runs one request; answers with JSON if nothing else has to be sent first, else SSE.
+/// With `session`, an SSE answer is resumable (see [`session_sse`]); `sse_ok`: its Accept
+/// admits `text/event-stream`, so a slow call of a 2025-11-25 session may switch to SSE.
+#[allow(clippy::too_many_arguments)]
 async fn request(
     http: Http,
     client: Arc<Client>,
@@ -1045,6 +1236,7 @@ async fn request(
     params: Option<Box<serde_json::value::RawValue>>,
     parent: Option<opentelemetry::Context>,
     finish: Option<Finish>,
+    session: Option<(&Arc<Session>, bool)>,
 ) -> Response {
     let (sink, mut related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let gw = http.gw.clone();
@@ -1068,16 +1260,26 @@ async fn request(
     })));
     // The request runs right here, without a task of its own, until the first thing to
     // send is known: the answer (the usual case: plain JSON), or a related message (then
-    // it moves to a task, and the answer follows on an SSE stream).
+    // it moves to a task, and the answer follows on an SSE stream). A 2025-11-25 session's
+    // call still running after SSE_AFTER moves too: its stream starts with the priming
+    // event, so the client can resume it. Other sessions never arm the timer.
     enum First {
         Answer(message::Answer),
         Related(bytes::Bytes),
+        Slow,
     }
+    let slow = session.is_some_and(|(s, sse_ok)| sse_ok && s.priming);
     let first = {
         let Some(fut) = task.0.as_mut() else {
             return task_failed();
         };
         let mut open = true;
+        let wait = async {
+            if slow {
+                tokio::time::sleep(SSE_AFTER).await
+            }
+        };
+        tokio::pin!(wait);
         loop {
             tokio::select! {
                 biased;
@@ -1086,6 +1288,7 @@ async fn request(
                     None => open = false,
                 },
                 out = &mut *fut => break First::Answer(out),
+                () = &mut wait, if slow => break First::Slow,
             }
         }
     };
@@ -1103,20 +1306,73 @@ async fn request(
                     let rest = std::iter::from_fn(move || related.try_recv().ok());
                     let answer = answer.into_vec().into();
                     let rest = futures::stream::iter(rest.chain(std::iter::once(answer)));
-                    sse_answer(m, rest)
+                    match session {
+                        Some((s, _)) => session_sse(s, Some(m), rest),
+                        None => sse_answer(m, rest),
+                    }
                 }
             }
         }
-        First::Related(m) => {
+        First::Related(_) | First::Slow => {
             let (done_tx, done) = oneshot::channel::<Vec<u8>>();
             if let Some(fut) = task.0.take() {
                 tokio::spawn(async move {
                     let _ = done_tx.send(fut.await.into_vec());
                 });
             }
-            sse_answer(m, outgoing(related, done).map(|(_, m)| m))
+            let m = match first {
+                First::Related(m) => Some(m),
+                _ => None,
+            };
+            let rest = outgoing(related, done).map(|(_, m)| m);
+            match (session, m) {
+                (Some((s, _)), m) => session_sse(s, m, rest),
+                (None, Some(m)) => sse_answer(m, rest),
+                (None, None) => task_failed(),
+            }
         }
     }
+}
+
+/// A session's SSE answer, resumable: the priming event first (2025-11-25 and later),
+/// then `first` and `rest` as events with ids, kept for replay (see [`replay`]). A task
+/// sends them, so a client that drops the connection does not stop the call: it runs on
+/// until answered (or its server's timeout, or the session's end), its events kept, and
+/// a GET with `Last-Event-ID` picks the stream up where the client lost it.
+fn session_sse(
+    session: &Arc<Session>,
+    first: Option<bytes::Bytes>,
+    rest: impl futures::Stream<Item = bytes::Bytes> + Send + 'static,
+) -> Response {
+    let replay = session.replay();
+    let (stream, live) = replay.open_post();
+    let priming = session.priming.then(|| replay.priming(stream));
+    tokio::spawn(async move {
+        if let Some(m) = first {
+            replay.record(stream, &m);
+        }
+        let mut rest = std::pin::pin!(rest);
+        while let Some(m) = rest.next().await {
+            replay.record(stream, &m);
+        }
+        replay.finish(stream);
+    });
+    sse_response(Body::from_stream(live_body(priming, Vec::new(), Some(live))))
+}
+
+/// An SSE body: the priming event, `frames`, then whatever arrives on `live`.
+fn live_body(
+    priming: Option<bytes::Bytes>,
+    frames: Vec<bytes::Bytes>,
+    live: Option<mpsc::Receiver<bytes::Bytes>>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
+    let head = futures::stream::iter(priming.into_iter().chain(frames));
+    let tail = futures::stream::unfold(live, |live| async move {
+        let mut rx = live?;
+        let m = rx.recv().await?;
+        Some((m, Some(rx)))
+    });
+    head.chain(tail).map(Ok::<_, std::io::Error>)
 }
 
 /// A request still running, with the answer it will make. Dropped unfinished (the client
@@ -1258,21 +1514,18 @@ async fn admit_bodyless(
     Ok((headers, who))
 }
 
-/// GET: the session's stream of server-initiated messages (list_changed).
+/// GET: the session's stream of server-initiated messages (list_changed), or with
+/// `Last-Event-ID` the rest of the stream that id belongs to (see [`replay`]).
 async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Response {
     let (headers, who) = match admit_bodyless(&http, req).await {
         Ok(a) => a,
         Err(resp) => return resp,
     };
-    let accepts = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("text/event-stream") || a.contains("*/*"));
-    if !accepts {
+    if !accepted(&headers).is_some_and(|a| a.sse) {
         return rpc_error(
             StatusCode::NOT_ACCEPTABLE,
             code::INVALID_REQUEST,
-            "GET needs Accept: text/event-stream",
+            "GET answers with a stream: send Accept: text/event-stream",
         );
     }
     let (sid, session) = match session(&http, &headers, who.as_ref()) {
@@ -1282,37 +1535,106 @@ async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Re
     if let Err(r) = check_version(&headers) {
         return r.into_response();
     }
-    if session.get_open.swap(true, Ordering::AcqRel) {
-        return rpc_error(
-            StatusCode::CONFLICT,
-            code::INVALID_REQUEST,
-            "this session already has an open GET stream",
-        );
-    }
-    struct Open(Arc<Session>);
-    impl Drop for Open {
-        fn drop(&mut self) {
-            self.0.get_open.store(false, Ordering::Release);
+    let mut resumed = None;
+    if let Some(last) = headers.get(header::HeaderName::from_static("last-event-id")) {
+        let last = String::from_utf8_lossy(last.as_bytes());
+        let refused = |why: String| rpc_error(StatusCode::GONE, code::INVALID_REQUEST, &why);
+        let Ok((stream, after)) = replay::parse_id(&last) else {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                &format!("Last-Event-ID {last:?} is not an event id of this gateway (STREAM-SEQ)"),
+            );
+        };
+        let kept = session.replay.get().map(|r| r.resume(stream, after));
+        match kept {
+            Some(Ok(Resumed::Post { frames, live })) => {
+                let priming = session.priming.then(|| session.replay().priming(stream));
+                return sse_response(Body::from_stream(live_body(priming, frames, live)));
+            }
+            Some(Ok(Resumed::Get { stream, frames })) => resumed = Some((stream, frames)),
+            _ => {
+                return refused(format!(
+                    "cannot resume after event {last}: its stream is unknown or its events are no longer kept \
+                     (a session keeps its last {} events, for at most {} s); start over",
+                    replay::REPLAY_EVENTS,
+                    replay::REPLAY_AGE.as_secs()
+                ))
+            }
         }
     }
-    let open = Open(session);
+    static CONNS: AtomicU64 = AtomicU64::new(1);
+    let conn = CONNS.fetch_add(1, Ordering::Relaxed);
+    let ended = CancellationToken::new();
+    {
+        let mut current = session.get_conn.lock().unwrap_or_else(|e| e.into_inner());
+        match current.take() {
+            Some((_, old)) if resumed.is_some() => old.cancel(),
+            Some(old) => {
+                *current = Some(old);
+                return rpc_error(
+                    StatusCode::CONFLICT,
+                    code::INVALID_REQUEST,
+                    "this session already has an open GET stream",
+                );
+            }
+            None => {}
+        }
+        *current = Some((conn, ended.clone()));
+        session.get_open.store(true, Ordering::Release);
+    }
+    let replay = session.replay();
+    let (stream, frames) = match resumed {
+        Some((stream, frames)) => {
+            replay.reopen(stream);
+            (stream, frames)
+        }
+        None => (replay.open_get(), Vec::new()),
+    };
+    /// The GET connection `.3` of stream `.2`; when it ends, the stream has no
+    /// connection (unless a resuming GET took it over meanwhile).
+    struct Open(Arc<Session>, Arc<Replay>, u64, u64);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            let mut current = self.0.get_conn.lock().unwrap_or_else(|e| e.into_inner());
+            if current.as_ref().is_some_and(|(c, _)| *c == self.3) {
+                *current = None;
+                self.0.get_open.store(false, Ordering::Release);
+                self.1.finish(self.2);
+            }
+        }
+    }
+    let priming = session.priming.then(|| replay.priming(stream));
+    let open = Open(session, replay, stream, conn);
     let rx = http.gw.subscribe();
     let own = open.0.client.subscribe_own();
     let closing = http.closing.clone();
     let ender = http.clone();
-    let stream = futures::stream::unfold((rx, own, open), move |(mut rx, mut own, open)| {
+    let live = futures::stream::unfold((rx, own, open), move |(mut rx, mut own, open)| {
         let closing = closing.clone();
         let ender = ender.clone();
         let sid = sid.clone();
+        let ended = ended.clone();
         async move {
+            // At shutdown the stream stays open until the session's calls in flight are
+            // answered (or shutdown_grace ends): a client may need it until then (the
+            // Python SDK's fails its session when its GET stream cannot be reopened).
+            let drained = async {
+                closing.cancelled().await;
+                open.0.client.idle().await;
+            };
             let next = tokio::select! {
-                _ = closing.cancelled() => return None,
+                () = drained => return None,
+                () = ended.cancelled() => return None,
                 next = tokio::time::timeout(KEEPALIVE, rx.recv()) => next,
                 // This session's own messages (resources it subscribed to).
                 next = own.recv() => Ok(next),
             };
             match next {
-                Ok(Ok(m)) => Some((Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))), (rx, own, open))),
+                Ok(Ok(m)) => {
+                    let frame = open.1.record(open.2, &m);
+                    Some((frame, (rx, own, open)))
+                }
                 Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
                     // Its queue is full: this client cannot keep up. End its session (it
                     // will initialize again) rather than let it fall behind silently.
@@ -1321,11 +1643,12 @@ async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Re
                     None
                 }
                 Ok(Err(_)) => None,
-                Err(_) => Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), (rx, own, open))),
+                Err(_) => Some((bytes::Bytes::from_static(b": keep-alive\n\n"), (rx, own, open))),
             }
         }
     });
-    sse_response(Body::from_stream(stream))
+    let head = futures::stream::iter(priming.into_iter().chain(frames));
+    sse_response(Body::from_stream(head.chain(live).map(Ok::<_, std::io::Error>)))
 }
 
 async fn delete(State(http): State<Http>, req: axum::extract::Request) -> Response {

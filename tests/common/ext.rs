@@ -78,9 +78,16 @@ pub struct Messages {
     pub status: u16,
     pub content_type: String,
     buf: Vec<u8>,
-    ready: VecDeque<Value>,
+    /// Parsed events not yet returned: their id, and their message (none: priming).
+    ready: VecDeque<(Option<String>, Option<Value>)>,
     /// Every SSE data payload or JSON body seen, in order.
     pub seen: Vec<Value>,
+    /// The last SSE event id read (priming events included), for `Last-Event-ID`.
+    pub last_id: Option<String>,
+    /// Every SSE event id read, in order, priming events included.
+    pub ids: Vec<String>,
+    /// A `retry` field was read.
+    pub retry: Option<u64>,
 }
 
 impl Messages {
@@ -98,6 +105,9 @@ impl Messages {
             buf: Vec::new(),
             ready: VecDeque::new(),
             seen: Vec::new(),
+            last_id: None,
+            ids: Vec::new(),
+            retry: None,
         }
     }
 
@@ -109,7 +119,12 @@ impl Messages {
     pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(v) = self.ready.pop_front() {
+            if let Some((id, v)) = self.ready.pop_front() {
+                if let Some(id) = id {
+                    self.last_id = Some(id.clone());
+                    self.ids.push(id);
+                }
+                let Some(v) = v else { continue };
                 self.seen.push(v.clone());
                 return Some(v);
             }
@@ -123,7 +138,7 @@ impl Messages {
                         let body = std::mem::take(&mut self.buf);
                         let v = serde_json::from_slice(&body)
                             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&body)));
-                        self.ready.push_back(v);
+                        self.ready.push_back((None, Some(v)));
                     }
                     continue;
                 }
@@ -137,9 +152,20 @@ impl Messages {
                         .lines()
                         .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
                         .collect();
-                    if !data.is_empty() {
-                        let v = serde_json::from_str(&data.join("\n")).expect("SSE data is JSON");
-                        self.ready.push_back(v);
+                    let mut id = None;
+                    for l in block.lines() {
+                        if let Some(i) = l.strip_prefix("id:") {
+                            id = Some(i.trim().to_string());
+                        }
+                        if let Some(r) = l.strip_prefix("retry:") {
+                            self.retry = r.trim().parse().ok();
+                        }
+                    }
+                    // A priming event (an id and empty data) carries no message.
+                    let v = (!data.join("").trim().is_empty())
+                        .then(|| serde_json::from_str(&data.join("\n")).expect("SSE data is JSON"));
+                    if id.is_some() || v.is_some() {
+                        self.ready.push_back((id, v));
                     }
                 }
             }

@@ -1,0 +1,290 @@
+//! Resumable SSE for handshake-era sessions (Streamable HTTP "Resumability and
+//! Redelivery"). Every SSE stream of a session gets a number; every event on it the id
+//! `STREAM-SEQ` (unique in the session, and naming its stream). The events are kept, a
+//! bounded number for a bounded time per session, so a GET with `Last-Event-ID` replays
+//! what came after that id on that stream, then follows the stream live.
+//!
+//! A session has a [`Replay`] only once it has sent an SSE stream: a call answered as
+//! plain JSON has no id and keeps nothing.
+
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Events kept per session for replay: the newest this many…
+pub const REPLAY_EVENTS: usize = 1000;
+/// …that are at most this old…
+pub const REPLAY_AGE: Duration = Duration::from_secs(300);
+/// …and at most this many bytes together (a few large answers do not pin memory).
+pub const REPLAY_BYTES: usize = 16 << 20;
+/// The `retry` field of priming events: how long a client waits before it reconnects.
+pub const RETRY_MS: u64 = 1000;
+
+/// The events of one session's SSE streams, for replay.
+#[derive(Default)]
+pub struct Replay {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_stream: u64,
+    streams: HashMap<u64, Stream>,
+    kept: VecDeque<Kept>,
+    bytes: usize,
+}
+
+struct Stream {
+    /// The seq of the last event sent on it (0: none yet; the priming event's id).
+    last: u64,
+    /// Every event with a seq up to this one is no longer kept.
+    gone: u64,
+    /// How many of its events are kept.
+    kept: usize,
+    /// The connection it is sent on now (a POST answer, or a GET resuming it).
+    live: Option<mpsc::Sender<Bytes>>,
+    /// A POST stream: its answer was sent. A GET stream: no connection carries it.
+    done: bool,
+    /// The session's GET stream (server-initiated messages), not a POST answer.
+    get: bool,
+}
+
+struct Kept {
+    stream: u64,
+    seq: u64,
+    at: Instant,
+    frame: Bytes,
+}
+
+/// Why a `Last-Event-ID` cannot be resumed.
+#[derive(Debug, PartialEq)]
+pub enum Refused {
+    /// Not an id of the form this gateway sends.
+    Malformed,
+    /// Its stream is unknown, or the events after it are no longer kept.
+    Gone,
+}
+
+/// What a GET with `Last-Event-ID` continues.
+pub enum Resumed {
+    /// A POST answer: the events after the id, then the rest live on `live` (none: the
+    /// stream already ended with its answer).
+    Post {
+        frames: Vec<Bytes>,
+        live: Option<mpsc::Receiver<Bytes>>,
+    },
+    /// The session's GET stream, numbered `stream`: the events after the id; the caller
+    /// carries on sending on it.
+    Get { stream: u64, frames: Vec<Bytes> },
+}
+
+/// Capacity of a live connection's queue; a reader that falls this far behind loses its
+/// connection (not its events: it resumes from its last id).
+const LIVE_QUEUE: usize = 256;
+
+/// `STREAM-SEQ` taken apart.
+pub fn parse_id(id: &str) -> Result<(u64, u64), Refused> {
+    let (s, n) = id.trim().split_once('-').ok_or(Refused::Malformed)?;
+    Ok((
+        s.parse().map_err(|_| Refused::Malformed)?,
+        n.parse().map_err(|_| Refused::Malformed)?,
+    ))
+}
+
+/// One JSON-RPC message as an SSE `message` event with an id.
+pub fn frame(stream: u64, seq: u64, json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + 48);
+    out.extend_from_slice(format!("id: {stream}-{seq}\nevent: message\n").as_bytes());
+    for line in json.split(|&b| b == b'\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    out
+}
+
+impl Replay {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new POST answer stream; its events go to the returned receiver while that lives.
+    pub fn open_post(&self) -> (u64, mpsc::Receiver<Bytes>) {
+        let (tx, rx) = mpsc::channel(LIVE_QUEUE);
+        (self.open(false, Some(tx)), rx)
+    }
+
+    /// A new GET stream, sent by its caller (see [`Replay::record`]).
+    pub fn open_get(&self) -> u64 {
+        self.open(true, None)
+    }
+
+    fn open(&self, get: bool, live: Option<mpsc::Sender<Bytes>>) -> u64 {
+        let mut inner = self.lock();
+        inner.next_stream += 1;
+        let n = inner.next_stream;
+        inner.streams.insert(
+            n,
+            Stream {
+                last: 0,
+                gone: 0,
+                kept: 0,
+                live,
+                done: false,
+                get,
+            },
+        );
+        n
+    }
+
+    /// The priming event of `stream` for a connection starting now: its id (the last
+    /// event sent, so a resume from it misses nothing), `retry` and empty data.
+    pub fn priming(&self, stream: u64) -> Bytes {
+        let last = self.lock().streams.get(&stream).map_or(0, |s| s.last);
+        Bytes::from(format!("id: {stream}-{last}\nretry: {RETRY_MS}\ndata: \n\n"))
+    }
+
+    /// Frames `json` as the next event of `stream`, keeps it, and sends it on the stream's
+    /// live connection, if any. Returns the frame.
+    pub fn record(&self, stream: u64, json: &[u8]) -> Bytes {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let Some(s) = inner.streams.get_mut(&stream) else {
+            return Bytes::new();
+        };
+        s.last += 1;
+        s.kept += 1;
+        let seq = s.last;
+        let frame = Bytes::from(frame(stream, seq, json));
+        if let Some(tx) = &s.live {
+            if tx.try_send(frame.clone()).is_err() {
+                // Gone, or too far behind: it resumes from its last id.
+                s.live = None;
+            }
+        }
+        inner.bytes += frame.len();
+        inner.kept.push_back(Kept {
+            stream,
+            seq,
+            at: now,
+            frame: frame.clone(),
+        });
+        inner.evict(now);
+        frame
+    }
+
+    /// `stream` is over for now: a POST stream's answer was sent (its connection ends
+    /// once it has read it), or a GET stream's connection closed.
+    pub fn finish(&self, stream: u64) {
+        let mut inner = self.lock();
+        if let Some(s) = inner.streams.get_mut(&stream) {
+            s.done = true;
+            s.live = None;
+            if s.kept == 0 {
+                inner.streams.remove(&stream);
+            }
+        }
+    }
+
+    /// Resumes after event `after` of `stream`. A POST stream's later events go to the
+    /// new connection from now on (an earlier connection still reading it ends).
+    pub fn resume(&self, stream: u64, after: u64) -> Result<Resumed, Refused> {
+        let mut inner = self.lock();
+        inner.evict(Instant::now());
+        let s = inner.streams.get(&stream).ok_or(Refused::Gone)?;
+        if after < s.gone || after > s.last {
+            return Err(Refused::Gone);
+        }
+        let (get, done) = (s.get, s.done);
+        let frames = inner
+            .kept
+            .iter()
+            .filter(|k| k.stream == stream && k.seq > after)
+            .map(|k| k.frame.clone())
+            .collect();
+        if get {
+            return Ok(Resumed::Get { stream, frames });
+        }
+        let live = (!done).then(|| {
+            let (tx, rx) = mpsc::channel(LIVE_QUEUE);
+            if let Some(s) = inner.streams.get_mut(&stream) {
+                s.live = Some(tx);
+            }
+            rx
+        });
+        Ok(Resumed::Post { frames, live })
+    }
+
+    /// A resumed GET stream has a connection again.
+    pub fn reopen(&self, stream: u64) {
+        if let Some(s) = self.lock().streams.get_mut(&stream) {
+            s.done = false;
+        }
+    }
+}
+
+impl Inner {
+    /// Drops the oldest events past the bounds, and streams that ended with nothing kept.
+    fn evict(&mut self, now: Instant) {
+        while let Some(k) = self.kept.front() {
+            let old = now.duration_since(k.at) > REPLAY_AGE;
+            if !old && self.kept.len() <= REPLAY_EVENTS && self.bytes <= REPLAY_BYTES {
+                break;
+            }
+            let Some(k) = self.kept.pop_front() else { break };
+            self.bytes -= k.frame.len();
+            if let Some(s) = self.streams.get_mut(&k.stream) {
+                s.gone = k.seq;
+                s.kept -= 1;
+                if s.kept == 0 && s.done {
+                    self.streams.remove(&k.stream);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_their_stream_and_replay_resumes_after_one() {
+        let r = Replay::default();
+        let (a, _rx) = r.open_post();
+        let b = r.open_get();
+        r.record(a, b"{\"n\":1}");
+        r.record(b, b"{\"g\":1}");
+        r.record(a, b"{\"n\":2}");
+        let Ok(Resumed::Post { frames, live }) = r.resume(a, 1) else {
+            panic!("not resumed")
+        };
+        assert_eq!(frames.len(), 1);
+        assert!(frames[0].starts_with(format!("id: {a}-2\n").as_bytes()));
+        assert!(live.is_some());
+        assert_eq!(parse_id(&format!("{b}-1")), Ok((b, 1)));
+        assert_eq!(parse_id("x"), Err(Refused::Malformed));
+        assert!(matches!(r.resume(99, 0), Err(Refused::Gone)));
+        assert!(matches!(r.resume(a, 7), Err(Refused::Gone)));
+    }
+
+    #[test]
+    fn the_count_bound_evicts_the_oldest() {
+        let r = Replay::default();
+        let (a, _rx) = r.open_post();
+        for _ in 0..REPLAY_EVENTS + 5 {
+            r.record(a, b"{}");
+        }
+        assert!(matches!(r.resume(a, 1), Err(Refused::Gone)));
+        assert!(matches!(r.resume(a, 5), Ok(Resumed::Post { .. })));
+        r.finish(a);
+        let Ok(Resumed::Post { frames, live }) = r.resume(a, REPLAY_EVENTS as u64) else {
+            panic!("not resumed")
+        };
+        assert_eq!(frames.len(), 5);
+        assert!(live.is_none(), "an answered stream has nothing live");
+    }
+}
