@@ -551,10 +551,7 @@ impl Gateway {
     pub fn notification(&self, client: &Client, method: &str, params: Option<&RawValue>) {
         match method {
             "notifications/cancelled" => {
-                let Some(id) = message::params_object(params)
-                    .ok()
-                    .and_then(|mut p| p.remove("requestId"))
-                else {
+                let Some(id) = message::cancelled_request_id(params) else {
                     return;
                 };
                 if let Some(t) = client.inflight().get(&id_key(&id)) {
@@ -857,7 +854,7 @@ impl Gateway {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
-        let progress = params.meta().and_then(|meta| meta.remove("progressToken"));
+        let progress = params.take_progress();
         let sink = if progress.is_some() || sink.is_some() {
             sink
         } else {
