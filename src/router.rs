@@ -650,6 +650,24 @@ impl Gateway {
                 let Some(name) = name.as_deref() else {
                     return err(code::INVALID_PARAMS, format!("{method} needs params.name"));
                 };
+                if name.len() > message::MAX_NAME_LEN {
+                    return err(
+                        code::INVALID_PARAMS,
+                        format!(
+                            "{method}: params.name is {} bytes, longer than the {} allowed",
+                            name.len(),
+                            message::MAX_NAME_LEN
+                        ),
+                    );
+                }
+                // The schema says an object when present (the TS SDK refuses anything
+                // else, null included); a server must never see another shape.
+                if let Some(kind) = p.get_raw("arguments").and_then(not_an_object) {
+                    return err(
+                        code::INVALID_PARAMS,
+                        format!("{method}: params.arguments must be an object when present, not {kind}"),
+                    );
+                }
                 let Some(route) = table.get(name).filter(|_| visible(name)) else {
                     // A name under the prefix of a server that is down is that server's
                     // problem, not an unknown name: say so (unless the name is hidden).
@@ -960,6 +978,18 @@ impl Gateway {
             }
         }
     }
+}
+
+/// What kind of JSON value `raw` (a value's text, no leading whitespace) is, unless an object.
+fn not_an_object(raw: &str) -> Option<&'static str> {
+    Some(match raw.as_bytes().first()? {
+        b'{' => return None,
+        b'[' => "an array",
+        b'"' => "a string",
+        b'n' => "null",
+        b't' | b'f' => "a boolean",
+        _ => "a number",
+    })
 }
 
 /// The span of one call to server `s`, a child of the current (request) span.
