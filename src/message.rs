@@ -998,6 +998,23 @@ fn progress_token_in(meta: &str) -> Option<Id> {
     m.token.map(|t| Id::from_json(t.get()))
 }
 
+/// `_meta.progressToken` of params, as the client wrote it, for code that then opens the
+/// params into a map (where a number would take serde_json's formatting). Params that do
+/// not spell the key out (no `progressToken` in the text, so none, or a key written with
+/// escapes) give `None`.
+pub fn progress_token_of(params: Option<&RawValue>) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct P<'a> {
+        #[serde(borrow, default, rename = "_meta")]
+        meta: Option<&'a RawValue>,
+    }
+    let text = params?.get();
+    // Most params carry no token: no parse for them.
+    memchr::memmem::find(text.as_bytes(), b"progressToken")?;
+    let p: P = serde_json::from_str(text).ok()?;
+    progress_token_in(p.meta?.get())
+}
+
 /// The `requestId` of `notifications/cancelled` params, as the peer wrote it.
 pub fn cancelled_request_id(params: Option<&RawValue>) -> Option<Id> {
     #[derive(Deserialize)]
@@ -1553,5 +1570,10 @@ mod hostile {
         assert_eq!(cancelled_request_id(Some(&raw)).unwrap().get(), "-0");
         assert!(cancelled_request_id(Some(&RawValue::from_string("{}".into()).unwrap())).is_none());
         assert!(cancelled_request_id(None).is_none());
+        let params = RawValue::from_string(r#"{"uri":"a://b","_meta":{"k":[1],"progressToken":1.50}}"#.into()).unwrap();
+        assert_eq!(progress_token_of(Some(&params)).unwrap().get(), "1.50");
+        let params = RawValue::from_string(r#"{"uri":"progressToken","_meta":{}}"#.into()).unwrap();
+        assert!(progress_token_of(Some(&params)).is_none());
+        assert!(progress_token_of(None).is_none());
     }
 }

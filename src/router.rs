@@ -602,6 +602,9 @@ impl Gateway {
             _ => None,
         };
         let page_size = topo.config.gateway.page_size;
+        if !matches!(method, "tools/call" | "prompts/get") {
+            info.progress = message::progress_token_of(params.as_deref());
+        }
         let list = |result: &RawValue| -> Outcome {
             match message::params_object(params.as_deref()) {
                 Ok(p) => page(result, method, p.get("cursor").filter(|c| !c.is_null()), page_size),
@@ -872,7 +875,7 @@ impl Gateway {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
-        let progress = params.take_progress();
+        let progress = params.take_progress().map(|t| info.progress.take().unwrap_or(t));
         let sink = if progress.is_some() || sink.is_some() {
             sink
         } else {
@@ -1138,6 +1141,9 @@ pub struct CallInfo {
     /// The public tool name, for tools/call.
     pub tool: Option<String>,
     pub rate_limited: bool,
+    /// The client's progress token as it wrote it, read before its params were opened
+    /// into a map (not for tools/call and prompts/get, whose params stay raw).
+    pub progress: Option<Id>,
 }
 
 #[cfg(test)]
