@@ -906,6 +906,11 @@ impl Members {
         self.set(key, MemberValue::Written(text));
     }
 
+    /// Sets a member to a value.
+    pub fn insert_value(&mut self, key: &str, value: &Value) {
+        self.set(key, MemberValue::Written(value.to_string()));
+    }
+
     /// Sets a member to an id's (or token's) own JSON text.
     pub fn insert_id(&mut self, key: &str, id: &Id) {
         self.set(key, MemberValue::Written(id.get().to_owned()));
@@ -969,6 +974,24 @@ impl Members {
         out
     }
 
+    /// An empty object, to fill.
+    pub fn new() -> Members {
+        Members {
+            text: empty_object(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// The object as one raw JSON value.
+    pub fn into_raw(self) -> Box<RawValue> {
+        let mut out = Vec::with_capacity(self.len_hint());
+        self.write_to(&mut out);
+        String::from_utf8(out)
+            .ok()
+            .and_then(|t| RawValue::from_string(t).ok())
+            .unwrap_or_else(empty_object)
+    }
+
     /// About how many bytes [`Members::write_to`] writes.
     pub fn len_hint(&self) -> usize {
         self.text.get().len() + 16
@@ -985,6 +1008,12 @@ fn has_repeats(m: &Members, entries: &[(MemberKey, MemberValue)]) -> bool {
     }
     let mut seen = std::collections::HashSet::with_capacity(entries.len());
     !entries.iter().all(|(k, _)| seen.insert(m.key_of(k)))
+}
+
+impl Default for Members {
+    fn default() -> Members {
+        Members::new()
+    }
 }
 
 /// `progressToken` of a `_meta` object's JSON text, as its own text.
@@ -1575,5 +1604,10 @@ mod hostile {
         let params = RawValue::from_string(r#"{"uri":"progressToken","_meta":{}}"#.into()).unwrap();
         assert!(progress_token_of(Some(&params)).is_none());
         assert!(progress_token_of(None).is_none());
+        let mut meta = Members::new();
+        meta.insert_id("sub", &Id::parse("1e2").unwrap());
+        let mut top = Members::default();
+        top.insert_members("_meta", &meta);
+        assert_eq!(top.into_raw().get(), r#"{"_meta":{"sub":1e2}}"#);
     }
 }

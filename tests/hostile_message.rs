@@ -369,3 +369,36 @@ fn arguments_and_bounds_are_checked_on_stdio() {
         "{line}"
     );
 }
+
+#[tokio::test]
+async fn a_listen_streams_subscription_id_keeps_its_text() {
+    let gw = Gateway::start(&config(&unique("listen"), ""));
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1e2,"method":"subscriptions/listen","params":{{"notifications":{{"toolsListChanged":true}},"_meta":{}}}}}"#,
+        modern_meta("hostile")
+    );
+    let mut r = reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut seen = String::new();
+    while !seen.contains("\n\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), r.chunk())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk.expect("the stream ended")));
+    }
+    assert!(seen.contains("notifications/subscriptions/acknowledged"), "{seen}");
+    assert!(
+        seen.contains(r#""io.modelcontextprotocol/subscriptionId":1e2"#),
+        "{seen}"
+    );
+}

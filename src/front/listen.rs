@@ -153,11 +153,13 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     if !honored.is_empty() {
         ack.insert("resourceSubscriptions".into(), json!(honored));
     }
-    let ack = json!({
-        "_meta": { META_SUBSCRIPTION_ID: l.id },
-        "notifications": ack,
-    });
-    let ack = message::notification("notifications/subscriptions/acknowledged", Some(&message::to_raw(&ack)));
+    // The subscription id as the client wrote it (a Value would reformat a number).
+    let mut meta = message::Members::new();
+    meta.insert_id(META_SUBSCRIPTION_ID, &l.id);
+    let mut params = message::Members::new();
+    params.insert_members("_meta", &meta);
+    params.insert_value("notifications", &Value::Object(ack));
+    let ack = message::notification_with_members("notifications/subscriptions/acknowledged", &params);
     if out.send(frame(&ack)).await.is_err() {
         return;
     }
@@ -173,8 +175,12 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             _ = l.cancel.cancelled() => return,
             _ = out.closed() => return,
             _ = l.closing.cancelled() => {
-                let result = message::to_raw(&json!({ "_meta": { META_SUBSCRIPTION_ID: l.id } }));
-                let done = (l.finish)(Outcome::Result(result.into()));
+                // The subscription id as the client wrote it (a Value would reformat a number).
+                let mut meta = message::Members::new();
+                meta.insert_id(META_SUBSCRIPTION_ID, &l.id);
+                let mut result = message::Members::new();
+                result.insert_members("_meta", &meta);
+                let done = (l.finish)(Outcome::Result(result.into_raw().into()));
                 let _ = out.send(frame(&message::response(&l.id, &done))).await;
                 return;
             }
