@@ -323,13 +323,25 @@ pub enum ParseError {
     Json(String),
     #[error("invalid request: {0}")]
     Shape(String),
+    /// A request over one of the input limits whose id could be read: an invalid request
+    /// (-32600) that can be answered under its own id.
+    #[error("invalid request: {why}")]
+    Refused { id: Id, why: String },
 }
 
 impl ParseError {
     pub fn code(&self) -> i64 {
         match self {
             ParseError::Json(_) => code::PARSE_ERROR,
-            ParseError::Shape(_) => code::INVALID_REQUEST,
+            ParseError::Shape(_) | ParseError::Refused { .. } => code::INVALID_REQUEST,
+        }
+    }
+
+    /// The id of the request refused, when it could be read.
+    pub fn id(&self) -> Option<&Id> {
+        match self {
+            ParseError::Refused { id, .. } => Some(id),
+            _ => None,
         }
     }
 }
@@ -434,12 +446,6 @@ impl Kind {
             if wire.result.is_some() || wire.error.is_some() {
                 return Err(ParseError::Shape("a request cannot carry a result or error".into()));
             }
-            if method.len() > MAX_METHOD_LEN {
-                return Err(ParseError::Shape(format!(
-                    "\"method\" is {} bytes, longer than the {MAX_METHOD_LEN} allowed",
-                    method.len()
-                )));
-            }
             if let Some(p) = wire.params {
                 if !matches!(p.get().as_bytes().first(), Some(b'{') | Some(b'[')) {
                     return Err(ParseError::Shape("\"params\" must be an object".into()));
@@ -452,8 +458,19 @@ impl Kind {
                 }
                 Some(_) => return Err(ParseError::Shape("\"id\" must be a string or a number".into())),
             };
+            // Over a limit, a request with a readable id is refused under it.
+            let refuse = |why: String| match &id {
+                Some(id) => ParseError::Refused { id: id.clone(), why },
+                None => ParseError::Shape(why),
+            };
+            if method.len() > MAX_METHOD_LEN {
+                return Err(refuse(format!(
+                    "\"method\" is {} bytes, longer than the {MAX_METHOD_LEN} allowed",
+                    method.len()
+                )));
+            }
             if nested_deeper_than(bytes, MAX_DEPTH) {
-                return Err(ParseError::Shape(format!(
+                return Err(refuse(format!(
                     "the message nests arrays and objects more than {MAX_DEPTH} levels deep"
                 )));
             }
@@ -1023,6 +1040,9 @@ fn progress_token_in(meta: &str) -> Option<Id> {
         #[serde(borrow, default, rename = "progressToken", deserialize_with = "present")]
         token: Option<&'a RawValue>,
     }
+    // A `_meta` without the key spelled out gives none here (the opened map still finds
+    // one written with escapes).
+    memchr::memmem::find(meta.as_bytes(), b"progressToken")?;
     let m: Meta = serde_json::from_str(meta).ok()?;
     m.token.map(|t| Id::from_json(t.get()))
 }
@@ -1485,6 +1505,7 @@ mod hostile {
             let e = Kind::parse(line.as_bytes()).unwrap_err();
             assert_eq!(e.code(), code::INVALID_REQUEST);
             assert!(e.to_string().contains("\"method\" is 257 bytes"), "{e}");
+            assert_eq!(e.id().is_some(), line.contains("\"id\":1"));
         }
     }
 
@@ -1503,6 +1524,7 @@ mod hostile {
         assert!(Kind::parse(nested(MAX_DEPTH).as_bytes()).is_ok());
         let e = Kind::parse(nested(MAX_DEPTH + 1).as_bytes()).unwrap_err();
         assert_eq!(e.code(), code::INVALID_REQUEST);
+        assert_eq!(e.id().map(Id::get), Some("1"), "refused under its id");
         assert!(e.to_string().contains("64 levels"), "{e}");
         // Far deeper: refused, not a stack overflow.
         let deep = format!(

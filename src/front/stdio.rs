@@ -122,7 +122,9 @@ pub async fn serve<R, W>(
             Ok(m) => m,
             Err(e) => {
                 let err = Outcome::Error(message::error_object(e.code(), &e.to_string(), None));
-                let _ = out_tx.send(Bytes::from(message::response(&Id::NULL, &err))).await;
+                // Under the request's id when it could be read (a request over a limit).
+                let id = e.id().cloned().unwrap_or(Id::NULL);
+                let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
                 continue;
             }
         };
