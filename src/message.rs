@@ -45,7 +45,8 @@ pub const MAX_NAME_LEN: usize = 256;
 /// (-32600), refused before any of it is forwarded: deep JSON overflows the stack of
 /// many parsers (Python's `json`, serde_json without its recursion limit), and serde_json
 /// itself refuses to build a `Value` past 128 levels. Checked once per message by a
-/// byte scan (SIMD `memchr2` inside strings, so a large argument string costs little);
+/// byte scan ([`nested_deeper_than`]: strings are skipped with SIMD `memchr`, so a large
+/// argument string costs little);
 /// responses are not scanned (results pass through untouched, however deep).
 pub const MAX_DEPTH: usize = 64;
 
@@ -177,11 +178,6 @@ impl Id {
             }
         }
         std::borrow::Cow::Borrowed(t)
-    }
-
-    /// The id as a parsed value (numbers in serde_json's formatting).
-    pub fn to_value(&self) -> Value {
-        serde_json::from_str(self.get()).unwrap_or(Value::Null)
     }
 }
 
