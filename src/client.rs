@@ -130,7 +130,7 @@ impl crate::downstream::Peer for Client {
                 };
             }
             let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let id = Value::String(format!("mcp-gateway-{n}"));
+            let id = Id::string(&format!("mcp-gateway-{n}"));
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.asked
                 .lock()

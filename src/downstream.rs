@@ -259,6 +259,11 @@ pub trait OpenParams {
     fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>>;
     /// `name`, if it is a string.
     fn name(&self) -> Option<std::borrow::Cow<'_, str>>;
+    /// Removes `_meta.progressToken` and returns it (as the client wrote it where the
+    /// params are still raw: [`message::Members`]).
+    fn take_progress(&mut self) -> Option<Id> {
+        self.meta()?.remove("progressToken").map(|v| Id::from_value(&v))
+    }
     /// The params to send, with the caller's progress token.
     fn into_params(self, progress: Option<Id>) -> Params;
     /// The whole params as a map, for code that edits more than `_meta` (for
@@ -305,6 +310,10 @@ impl OpenParams for message::Members {
 
     fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
         self.get_str("name")
+    }
+
+    fn take_progress(&mut self) -> Option<Id> {
+        message::Members::take_progress(self)
     }
 
     fn into_params(self, progress: Option<Id>) -> Params {
@@ -554,7 +563,7 @@ pub struct Pending {
 /// the caller's. Returns the bytes and the caller's token.
 pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option<Id>) {
     match params {
-        Params::Raw(p) => (message::request(&Value::from(id), method, p.as_deref()), None),
+        Params::Raw(p) => (message::request(&Id::from(id), method, p.as_deref()), None),
         Params::Object { mut params, progress } => {
             if progress.is_some() {
                 let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
@@ -578,29 +587,31 @@ pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option
 
 /// Reads a downstream's id back: ours are integers, some servers echo them as strings.
 pub fn wire_id(id: &Id) -> Option<u64> {
-    match id {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.parse().ok(),
-        _ => None,
+    if id.is_string() {
+        id.as_str()?.parse().ok()
+    } else {
+        id.as_u64()
     }
 }
 
 /// Rewrites a `notifications/progress` from the downstream for the caller: the token
-/// becomes the caller's own again.
+/// becomes the caller's own again, byte for byte; the rest goes on as the server wrote it.
 pub fn restore_progress(params: &RawValue, token: &Id) -> Option<Bytes> {
-    let mut p: Map<String, Value> = serde_json::from_str(params.get()).ok()?;
-    p.insert("progressToken".into(), token.clone());
-    let raw = message::to_raw(&Value::Object(p));
-    Some(Bytes::from(message::notification("notifications/progress", Some(&raw))))
+    let mut p = message::Members::parse(Some(params.to_owned())).ok()?;
+    p.insert_id("progressToken", token);
+    Some(Bytes::from(message::notification_with_members(
+        "notifications/progress",
+        &p,
+    )))
 }
 
 /// The progress token a downstream put in a `notifications/progress`, as our id.
 pub fn progress_token(params: Option<&RawValue>) -> Option<u64> {
     #[derive(serde::Deserialize)]
-    struct P {
-        #[serde(rename = "progressToken")]
-        token: Value,
+    struct P<'a> {
+        #[serde(borrow, rename = "progressToken")]
+        token: &'a RawValue,
     }
     let p: P = serde_json::from_str(params?.get()).ok()?;
-    wire_id(&p.token)
+    wire_id(&Id::from_raw(p.token))
 }

@@ -27,13 +27,213 @@ pub mod code {
     pub const RATE_LIMITED: i64 = -32029;
 }
 
-/// A request id exactly as the peer wrote it. `1` and `"1"` are different ids,
-/// and an id is returned to its sender with the same JSON type and digits.
-pub type Id = Value;
+/// The longest id accepted, in bytes of its JSON text (quotes and escapes included).
+/// A longer one makes the message an invalid request (-32600).
+pub const MAX_ID_LEN: usize = 256;
 
-/// A canonical key for an id, for hash maps: the JSON text, so `1` and `"1"` differ.
+/// The longest method name accepted, in bytes. A longer one makes the message an invalid
+/// request (-32600).
+pub const MAX_METHOD_LEN: usize = 256;
+
+/// The longest tool or prompt name accepted in `tools/call` and `prompts/get`, in bytes
+/// (decoded). Public names are at most [`crate::catalog::MAX_NAME`]; a longer one is
+/// refused with -32602 without being echoed back.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// The deepest nesting of arrays and objects accepted in a request or notification, the
+/// message's own object counting as one level. A deeper one is an invalid request
+/// (-32600), refused before any of it is forwarded: deep JSON overflows the stack of
+/// many parsers (Python's `json`, serde_json without its recursion limit), and serde_json
+/// itself refuses to build a `Value` past 128 levels. Checked once per message by a
+/// byte scan ([`nested_deeper_than`]: strings are skipped with SIMD `memchr`, so a large
+/// argument string costs little);
+/// responses are not scanned (results pass through untouched, however deep).
+pub const MAX_DEPTH: usize = 64;
+
+/// An id of up to this many bytes of JSON text is kept inline: every integer id, and
+/// most string ones, without an allocation.
+const INLINE_ID: usize = 22;
+
+/// A request id (or progress token) exactly as the peer wrote it: its own JSON text, kept
+/// byte for byte end to end (`1e2` stays `1e2`, `-0` stays `-0`, `1.50` stays `1.50`, a
+/// number beyond 64 bits keeps its digits). `1` and `"1"` are different ids.
+///
+/// Not `serde_json::Value`: without serde_json's `arbitrary_precision` feature a `Value`
+/// rewrites numbers (`1e2` → `100.0`), and that feature is not an option (it changes
+/// number buffering crate-wide, breaking `untagged` and `flatten`). The text is always
+/// one valid JSON value without surrounding whitespace.
+#[derive(Clone)]
+pub struct Id(IdText);
+
+#[derive(Clone)]
+enum IdText {
+    Inline(u8, [u8; INLINE_ID]),
+    Shared(std::sync::Arc<str>),
+}
+
+impl Id {
+    /// `null`, the id of an answer to a message whose id could not be read.
+    pub const NULL: Id = Id::inline_const(b"null");
+
+    const fn inline_const(text: &[u8]) -> Id {
+        let mut buf = [0u8; INLINE_ID];
+        let mut i = 0;
+        while i < text.len() {
+            buf[i] = text[i];
+            i += 1;
+        }
+        Id(IdText::Inline(text.len() as u8, buf))
+    }
+
+    /// From JSON text already known to be one valid JSON value without surrounding
+    /// whitespace (a parsed `RawValue`, or text the gateway wrote).
+    fn from_json(text: &str) -> Id {
+        if text.len() <= INLINE_ID {
+            let mut buf = [0u8; INLINE_ID];
+            buf[..text.len()].copy_from_slice(text.as_bytes());
+            Id(IdText::Inline(text.len() as u8, buf))
+        } else {
+            Id(IdText::Shared(text.into()))
+        }
+    }
+
+    /// An id from a raw JSON value (its text, without surrounding whitespace).
+    pub fn from_raw(raw: &RawValue) -> Id {
+        Id::from_json(raw.get().trim_matches([' ', '\t', '\n', '\r']))
+    }
+
+    /// An id from its JSON text, when that is one JSON value.
+    pub fn parse(text: &str) -> Option<Id> {
+        let raw: &RawValue = serde_json::from_str(text).ok()?;
+        Some(Id::from_json(raw.get()))
+    }
+
+    /// A string id.
+    pub fn string(s: &str) -> Id {
+        let mut out = Vec::with_capacity(s.len() + 2);
+        write_str(&mut out, s);
+        Id::from_json(std::str::from_utf8(&out).unwrap_or("\"\""))
+    }
+
+    /// An id from a parsed value (for a token that was only ever seen as one: its
+    /// number formatting is serde_json's, no longer the peer's).
+    pub fn from_value(v: &Value) -> Id {
+        Id::from_json(&v.to_string())
+    }
+
+    /// The JSON text, as the peer wrote it.
+    pub fn get(&self) -> &str {
+        match &self.0 {
+            // Made from a &str cut at its end: always UTF-8.
+            IdText::Inline(len, buf) => std::str::from_utf8(&buf[..usize::from(*len)]).unwrap_or("null"),
+            IdText::Shared(s) => s,
+        }
+    }
+
+    pub fn is_string(&self) -> bool {
+        self.get().starts_with('"')
+    }
+
+    pub fn is_number(&self) -> bool {
+        matches!(self.get().as_bytes().first(), Some(b'-' | b'0'..=b'9'))
+    }
+
+    pub fn is_null(&self) -> bool {
+        self.get() == "null"
+    }
+
+    /// A string id, decoded.
+    pub fn as_str(&self) -> Option<std::borrow::Cow<'_, str>> {
+        let inner = self.get().strip_prefix('"')?.strip_suffix('"')?;
+        if !inner.contains('\\') {
+            return Some(std::borrow::Cow::Borrowed(inner));
+        }
+        serde_json::from_str::<String>(self.get())
+            .ok()
+            .map(std::borrow::Cow::Owned)
+    }
+
+    /// A number id written as a plain non-negative integer that fits 64 bits.
+    pub fn as_u64(&self) -> Option<u64> {
+        let t = self.get();
+        if t.bytes().all(|b| b.is_ascii_digit()) && !t.is_empty() {
+            t.parse().ok()
+        } else {
+            None
+        }
+    }
+
+    /// The key for hash maps of ids: the JSON text, with a string's escapes written
+    /// canonically (`"\u0031"` and `"1"` are the same id; `1` and `"1"` are not; numbers
+    /// are their text, so `1` and `1.0` differ, as ids echoed back byte for byte must).
+    pub fn key(&self) -> std::borrow::Cow<'_, str> {
+        let t = self.get();
+        if self.is_string() && t.contains('\\') {
+            if let Some(s) = self.as_str() {
+                let mut out = Vec::with_capacity(t.len());
+                write_str(&mut out, &s);
+                if let Ok(k) = String::from_utf8(out) {
+                    return std::borrow::Cow::Owned(k);
+                }
+            }
+        }
+        std::borrow::Cow::Borrowed(t)
+    }
+}
+
+impl From<u64> for Id {
+    fn from(n: u64) -> Id {
+        let mut buf = [0u8; INLINE_ID];
+        let mut digits = [0u8; 20];
+        let (mut n, mut len) = (n, 0);
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for (b, d) in buf.iter_mut().zip(digits[..len].iter().rev()) {
+            *b = *d;
+        }
+        Id(IdText::Inline(len as u8, buf))
+    }
+}
+
+impl PartialEq for Id {
+    fn eq(&self, other: &Id) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Id {}
+
+impl std::fmt::Display for Id {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl std::fmt::Debug for Id {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl serde::Serialize for Id {
+    /// As its own text (into a `Value`, serde_json parses it).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match serde_json::from_str::<&RawValue>(self.get()) {
+            Ok(raw) => raw.serialize(s),
+            Err(_) => s.serialize_unit(),
+        }
+    }
+}
+
+/// The key for hash maps of ids: see [`Id::key`].
 pub fn id_key(id: &Id) -> String {
-    id.to_string()
+    id.key().into_owned()
 }
 
 /// What a parsed message is.
@@ -48,7 +248,7 @@ pub enum Kind {
         method: String,
         params: Option<Box<RawValue>>,
     },
-    /// A response. `id` is `None` when the peer sent none, `Some(Null)` for `"id": null`.
+    /// A response. `id` is `None` when the peer sent none, `Some(Id::NULL)` for `"id": null`.
     Response { id: Option<Id>, outcome: Outcome },
 }
 
@@ -119,13 +319,25 @@ pub enum ParseError {
     Json(String),
     #[error("invalid request: {0}")]
     Shape(String),
+    /// A request over one of the input limits whose id could be read: an invalid request
+    /// (-32600) that can be answered under its own id.
+    #[error("invalid request: {why}")]
+    Refused { id: Id, why: String },
 }
 
 impl ParseError {
     pub fn code(&self) -> i64 {
         match self {
             ParseError::Json(_) => code::PARSE_ERROR,
-            ParseError::Shape(_) => code::INVALID_REQUEST,
+            ParseError::Shape(_) | ParseError::Refused { .. } => code::INVALID_REQUEST,
+        }
+    }
+
+    /// The id of the request refused, when it could be read.
+    pub fn id(&self) -> Option<&Id> {
+        match self {
+            ParseError::Refused { id, .. } => Some(id),
+            _ => None,
         }
     }
 }
@@ -134,8 +346,8 @@ impl ParseError {
 struct Wire<'a> {
     #[serde(borrow, default)]
     jsonrpc: Option<&'a RawValue>,
-    #[serde(default, deserialize_with = "present")]
-    id: Option<Value>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
     #[serde(default)]
     method: Option<String>,
     #[serde(borrow, default)]
@@ -146,9 +358,50 @@ struct Wire<'a> {
     error: Option<&'a RawValue>,
 }
 
-/// Distinguishes `"id": null` (Some(Null)) from an absent id (None).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+/// Distinguishes `"id": null` (Some(null)) from an absent id (None).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+/// Whether `json` (valid JSON text) nests arrays and objects more than `max` levels deep.
+/// One pass, no allocation: brackets are counted outside strings, and each string is
+/// skipped with SIMD `memchr` to its closing quote (a quote is escaped when an odd run of
+/// backslashes precedes it), so a large string costs about a memory read.
+pub fn nested_deeper_than(json: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while let Some(&b) = json.get(i) {
+        match b {
+            b'"' => {
+                // To the closing quote: the next quote not escaped.
+                let start = i + 1;
+                let mut from = start;
+                loop {
+                    let Some(q) = json.get(from..).and_then(|rest| memchr::memchr(b'"', rest)) else {
+                        return false;
+                    };
+                    let q = from + q;
+                    let backslashes = json[start..q].iter().rev().take_while(|&&c| c == b'\\').count();
+                    from = q + 1;
+                    if backslashes % 2 == 0 {
+                        break;
+                    }
+                }
+                i = from;
+                continue;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    false
 }
 
 impl Kind {
@@ -194,17 +447,39 @@ impl Kind {
                     return Err(ParseError::Shape("\"params\" must be an object".into()));
                 }
             }
-            return Ok(match wire.id {
+            let id = match wire.id {
+                None => None,
+                Some(id) if matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9')) => {
+                    Some(checked_id(id)?)
+                }
+                Some(_) => return Err(ParseError::Shape("\"id\" must be a string or a number".into())),
+            };
+            // Over a limit, a request with a readable id is refused under it.
+            let refuse = |why: String| match &id {
+                Some(id) => ParseError::Refused { id: id.clone(), why },
+                None => ParseError::Shape(why),
+            };
+            if method.len() > MAX_METHOD_LEN {
+                return Err(refuse(format!(
+                    "\"method\" is {} bytes, longer than the {MAX_METHOD_LEN} allowed",
+                    method.len()
+                )));
+            }
+            if nested_deeper_than(bytes, MAX_DEPTH) {
+                return Err(refuse(format!(
+                    "the message nests arrays and objects more than {MAX_DEPTH} levels deep"
+                )));
+            }
+            return Ok(match id {
                 None => Kind::Notification {
                     method,
                     params: owned(wire.params),
                 },
-                Some(id @ (Value::String(_) | Value::Number(_))) => Kind::Request {
+                Some(id) => Kind::Request {
                     id,
                     method,
                     params: owned(wire.params),
                 },
-                Some(_) => return Err(ParseError::Shape("\"id\" must be a string or a number".into())),
             });
         }
         let outcome = match (wire.result, wire.error) {
@@ -219,7 +494,8 @@ impl Kind {
                 ))
             }
         };
-        Ok(Kind::Response { id: wire.id, outcome })
+        let id = wire.id.map(checked_id).transpose()?;
+        Ok(Kind::Response { id, outcome })
     }
 
     pub fn method(&self) -> Option<&str> {
@@ -228,6 +504,18 @@ impl Kind {
             Kind::Response { .. } => None,
         }
     }
+}
+
+/// An id as the peer wrote it, if it is not longer than [`MAX_ID_LEN`].
+fn checked_id(id: &RawValue) -> Result<Id, ParseError> {
+    let text = id.get();
+    if text.len() > MAX_ID_LEN {
+        return Err(ParseError::Shape(format!(
+            "\"id\" is {} bytes of JSON, longer than the {MAX_ID_LEN} allowed",
+            text.len()
+        )));
+    }
+    Ok(Id::from_json(text))
 }
 
 /// Makes `message` exactly one line for a newline-delimited stream (a stdio child's
@@ -273,7 +561,7 @@ fn call(id: Option<&Id>, method: &str, params: Option<&RawValue>) -> Vec<u8> {
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
     if let Some(id) = id {
         out.extend_from_slice(b"\"id\":");
-        write_value(&mut out, id);
+        out.extend_from_slice(id.get().as_bytes());
         out.push(b',');
     }
     out.extend_from_slice(b"\"method\":");
@@ -334,7 +622,7 @@ pub fn response(id: &Id, outcome: &Outcome) -> Vec<u8> {
 fn response_head(id: &Id, key: &str, more: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(40 + more);
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-    write_value(&mut out, id);
+    out.extend_from_slice(id.get().as_bytes());
     out.extend_from_slice(b",\"");
     out.extend_from_slice(key.as_bytes());
     out.extend_from_slice(b"\":");
@@ -375,11 +663,6 @@ impl Answer {
             }
         }
     }
-}
-
-fn write_value(out: &mut Vec<u8>, v: &Value) {
-    // Writing a Value into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, v);
 }
 
 /// A JSON-RPC error object.
@@ -619,6 +902,33 @@ impl Members {
         }
     }
 
+    /// Removes `_meta.progressToken` and returns it as the client wrote it (its own
+    /// text, read from `_meta` before `_meta` is opened into a map).
+    pub fn take_progress(&mut self) -> Option<Id> {
+        let raw = self.get_raw("_meta").and_then(progress_token_in);
+        let value = self.meta()?.remove("progressToken")?;
+        Some(raw.unwrap_or_else(|| Id::from_value(&value)))
+    }
+
+    /// Sets a member to an object ([`Members`] written out).
+    pub fn insert_members(&mut self, key: &str, value: &Members) {
+        let mut out = Vec::with_capacity(value.len_hint());
+        value.write_to(&mut out);
+        // Members write JSON, and UTF-8 (their text came from str).
+        let text = String::from_utf8(out).unwrap_or_else(|_| "{}".to_owned());
+        self.set(key, MemberValue::Written(text));
+    }
+
+    /// Sets a member to a value.
+    pub fn insert_value(&mut self, key: &str, value: &Value) {
+        self.set(key, MemberValue::Written(value.to_string()));
+    }
+
+    /// Sets a member to an id's (or token's) own JSON text.
+    pub fn insert_id(&mut self, key: &str, id: &Id) {
+        self.set(key, MemberValue::Written(id.get().to_owned()));
+    }
+
     /// `_meta`, added empty at the end if absent; `None` if present but not an object.
     pub fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
         if !self.contains_key("_meta") {
@@ -677,6 +987,24 @@ impl Members {
         out
     }
 
+    /// An empty object, to fill.
+    pub fn new() -> Members {
+        Members {
+            text: empty_object(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// The object as one raw JSON value.
+    pub fn into_raw(self) -> Box<RawValue> {
+        let mut out = Vec::with_capacity(self.len_hint());
+        self.write_to(&mut out);
+        String::from_utf8(out)
+            .ok()
+            .and_then(|t| RawValue::from_string(t).ok())
+            .unwrap_or_else(empty_object)
+    }
+
     /// About how many bytes [`Members::write_to`] writes.
     pub fn len_hint(&self) -> usize {
         self.text.get().len() + 16
@@ -693,6 +1021,65 @@ fn has_repeats(m: &Members, entries: &[(MemberKey, MemberValue)]) -> bool {
     }
     let mut seen = std::collections::HashSet::with_capacity(entries.len());
     !entries.iter().all(|(k, _)| seen.insert(m.key_of(k)))
+}
+
+impl Default for Members {
+    fn default() -> Members {
+        Members::new()
+    }
+}
+
+/// `progressToken` of a `_meta` object's JSON text, as its own text.
+fn progress_token_in(meta: &str) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow, default, rename = "progressToken", deserialize_with = "present")]
+        token: Option<&'a RawValue>,
+    }
+    // A `_meta` without the key spelled out gives none here (the opened map still finds
+    // one written with escapes).
+    memchr::memmem::find(meta.as_bytes(), b"progressToken")?;
+    let m: Meta = serde_json::from_str(meta).ok()?;
+    m.token.map(|t| Id::from_json(t.get()))
+}
+
+/// `_meta.progressToken` of params, as the client wrote it, for code that then opens the
+/// params into a map (where a number would take serde_json's formatting). Params that do
+/// not spell the key out (no `progressToken` in the text, so none, or a key written with
+/// escapes) give `None`.
+pub fn progress_token_of(params: Option<&RawValue>) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct P<'a> {
+        #[serde(borrow, default, rename = "_meta")]
+        meta: Option<&'a RawValue>,
+    }
+    let text = params?.get();
+    // Most params carry no token: no parse for them.
+    memchr::memmem::find(text.as_bytes(), b"progressToken")?;
+    let p: P = serde_json::from_str(text).ok()?;
+    progress_token_in(p.meta?.get())
+}
+
+/// The `requestId` of `notifications/cancelled` params, as the peer wrote it.
+pub fn cancelled_request_id(params: Option<&RawValue>) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct Cancelled<'a> {
+        #[serde(borrow, default, rename = "requestId", deserialize_with = "present")]
+        id: Option<&'a RawValue>,
+    }
+    let c: Cancelled = serde_json::from_str(params?.get()).ok()?;
+    c.id.map(|t| Id::from_json(t.get()))
+}
+
+/// Writes a notification line with opened params ([`Members`]).
+pub fn notification_with_members(method: &str, params: &Members) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48 + method.len() + params.len_hint());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    write_str(&mut out, method);
+    out.extend_from_slice(b",\"params\":");
+    params.write_to(&mut out);
+    out.push(b'}');
+    out
 }
 
 /// Writes a request line with a numeric id and opened params ([`Members`]).
@@ -792,7 +1179,7 @@ mod tests {
         let Kind::Response { outcome, .. } = Kind::parse_shared(&line).unwrap() else {
             panic!("not a response")
         };
-        let Answer::Parts(head, body) = Answer::new(&Value::from("c"), outcome) else {
+        let Answer::Parts(head, body) = Answer::new(&Id::string("c"), outcome) else {
             panic!("a large result was framed whole")
         };
         let inside = line.as_ptr() as usize..line.as_ptr() as usize + line.len();
@@ -820,7 +1207,7 @@ mod tests {
         let big = format!("{{\"text\":\"{}\"}}", "x".repeat(LARGE_RESULT));
         let raw = RawValue::from_string(big.clone()).unwrap();
         let at = raw.get().as_ptr();
-        match Answer::new(&Value::from(7), Outcome::Result(raw.into())) {
+        match Answer::new(&Id::from(7), Outcome::Result(raw.into())) {
             Answer::Parts(head, body) => {
                 assert_eq!(head, br#"{"jsonrpc":"2.0","id":7,"result":"#);
                 assert_eq!(body.as_ptr(), at, "the result's bytes were copied");
@@ -830,7 +1217,7 @@ mod tests {
             }
             Answer::Whole(_) => panic!("a large result was framed whole"),
         }
-        let small = Answer::new(&Value::from("a"), Outcome::Result(empty_object().into())).into_vec();
+        let small = Answer::new(&Id::string("a"), Outcome::Result(empty_object().into())).into_vec();
         assert_eq!(small, br#"{"jsonrpc":"2.0","id":"a","result":{}}"#);
     }
 
@@ -878,9 +1265,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match Kind::parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":1,"message":"m"}}"#).unwrap() {
-            Kind::Response {
-                id: Some(Value::Null), ..
-            } => {}
+            Kind::Response { id: Some(id), .. } if id.is_null() => {}
             other => panic!("{other:?}"),
         }
     }
@@ -892,7 +1277,7 @@ mod tests {
         )
         .unwrap();
         for (id, method) in [(0u64, "tools/call"), (u64::MAX, "we\"ird/méthod")] {
-            let want = request(&Value::from(id), method, Some(&to_raw(&Value::Object(params.clone()))));
+            let want = request(&Id::from(id), method, Some(&to_raw(&Value::Object(params.clone()))));
             assert_eq!(request_with_object(id, method, &params), want);
         }
         assert_eq!(
@@ -1006,6 +1391,241 @@ mod tests {
         let Kind::Response { outcome, .. } = Kind::parse(line).unwrap() else {
             panic!()
         };
-        assert_eq!(response(&Value::from(3), &outcome), line.to_vec());
+        assert_eq!(response(&Id::from(3), &outcome), line.to_vec());
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    use super::*;
+
+    fn request_id(line: &str) -> Result<Id, ParseError> {
+        match Kind::parse(line.as_bytes())? {
+            Kind::Request { id, .. } => Ok(id),
+            other => panic!("not a request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids_come_back_byte_for_byte() {
+        for text in [
+            "1e2",
+            "-0",
+            "1.50",
+            "-9223372036854775809",
+            "18446744073709551616",
+            "123456789012345678901234567890.000",
+            "0",
+            r#""a\u0062""#,
+            r#""mcp-gateway-a-long-string-id-of-more-than-22-bytes""#,
+            r#""""#,
+        ] {
+            let id = request_id(&format!(r#"{{"jsonrpc":"2.0","id": {text} ,"method":"x"}}"#)).unwrap();
+            assert_eq!(id.get(), text);
+            assert_eq!(
+                String::from_utf8(response(&id, &Outcome::Result(empty_object().into()))).unwrap(),
+                format!(r#"{{"jsonrpc":"2.0","id":{text},"result":{{}}}}"#)
+            );
+            let Answer::Whole(line) = Answer::new(&id, Outcome::Error(error_object(1, "m", None))) else {
+                panic!("a small answer in parts")
+            };
+            assert!(line.starts_with(format!(r#"{{"jsonrpc":"2.0","id":{text},"#).as_bytes()));
+            assert_eq!(
+                request(&id, "m", None),
+                format!(r#"{{"jsonrpc":"2.0","id":{text},"method":"m"}}"#).as_bytes()
+            );
+            // A response from the client keeps it too.
+            let Kind::Response { id: Some(back), .. } =
+                Kind::parse(format!(r#"{{"jsonrpc":"2.0","id":{text},"result":{{}}}}"#).as_bytes()).unwrap()
+            else {
+                panic!("not a response")
+            };
+            assert_eq!(back.get(), text);
+            assert_eq!(id_key(&back), id_key(&id));
+        }
+        // 1 and "1" stay different ids; a string's escapes do not make a different one.
+        let (one, s_one) = (
+            request_id(r#"{"jsonrpc":"2.0","id":1,"method":"x"}"#).unwrap(),
+            Id::string("1"),
+        );
+        assert_ne!(id_key(&one), id_key(&s_one));
+        assert_ne!(one, s_one);
+        assert!(one.is_number() && !one.is_string() && s_one.is_string());
+        assert_eq!(id_key(&Id::parse(r#""\u0031""#).unwrap()), id_key(&s_one));
+        assert_eq!(Id::parse(r#""\u0031""#).unwrap().get(), r#""\u0031""#);
+        assert_eq!(Id::parse(r#""a\"b""#).unwrap().as_str().as_deref(), Some("a\"b"));
+        assert_eq!(Id::from(u64::MAX).get(), "18446744073709551615");
+        assert_eq!(Id::from(0).get(), "0");
+        assert_eq!(Id::from(42).as_u64(), Some(42));
+        assert_eq!(Id::parse("1e2").unwrap().as_u64(), None);
+        assert_eq!(Id::parse("-1").unwrap().as_u64(), None);
+        assert!(Id::NULL.is_null() && Id::NULL.get() == "null");
+        assert_eq!(Id::from_raw(&RawValue::from_string(" 7 ".into()).unwrap()).get(), "7");
+        // Into a Value (json!), as what it says.
+        assert_eq!(
+            serde_json::json!({ "requestId": s_one }),
+            serde_json::json!({"requestId": "1"})
+        );
+        assert_eq!(serde_json::to_string(&Id::parse("1.50").unwrap()).unwrap(), "1.50");
+    }
+
+    #[test]
+    fn ids_of_the_wrong_type_or_too_long_are_refused() {
+        for bad in ["null", "true", "{}", "[1]"] {
+            let e = request_id(&format!(r#"{{"jsonrpc":"2.0","id":{bad},"method":"x"}}"#)).unwrap_err();
+            assert_eq!(e.code(), code::INVALID_REQUEST, "{bad}");
+        }
+        let long = format!("\"{}\"", "i".repeat(MAX_ID_LEN - 2));
+        assert_eq!(
+            request_id(&format!(r#"{{"jsonrpc":"2.0","id":{long},"method":"x"}}"#))
+                .unwrap()
+                .get(),
+            long
+        );
+        let longer = format!("\"{}\"", "i".repeat(MAX_ID_LEN - 1));
+        let e = request_id(&format!(r#"{{"jsonrpc":"2.0","id":{longer},"method":"x"}}"#)).unwrap_err();
+        assert_eq!(e.code(), code::INVALID_REQUEST);
+        assert!(e.to_string().contains("\"id\" is 257 bytes"), "{e}");
+        let digits = "9".repeat(MAX_ID_LEN + 1);
+        assert!(Kind::parse(format!(r#"{{"jsonrpc":"2.0","id":{digits},"result":{{}}}}"#).as_bytes()).is_err());
+    }
+
+    #[test]
+    fn method_names_are_bounded() {
+        let ok = "m".repeat(MAX_METHOD_LEN);
+        assert!(Kind::parse(format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{ok}"}}"#).as_bytes()).is_ok());
+        for line in [
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{ok}m"}}"#),
+            format!(r#"{{"jsonrpc":"2.0","method":"{ok}m"}}"#),
+        ] {
+            let e = Kind::parse(line.as_bytes()).unwrap_err();
+            assert_eq!(e.code(), code::INVALID_REQUEST);
+            assert!(e.to_string().contains("\"method\" is 257 bytes"), "{e}");
+            assert_eq!(e.id().is_some(), line.contains("\"id\":1"));
+        }
+    }
+
+    fn nested(levels: usize) -> String {
+        // The envelope and params are two levels; arrays inside params the others.
+        let arrays = levels - 2;
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"a":{}{}}}}}"#,
+            "[".repeat(arrays),
+            "]".repeat(arrays)
+        )
+    }
+
+    #[test]
+    fn nesting_is_bounded_once_per_message() {
+        assert!(Kind::parse(nested(MAX_DEPTH).as_bytes()).is_ok());
+        let e = Kind::parse(nested(MAX_DEPTH + 1).as_bytes()).unwrap_err();
+        assert_eq!(e.code(), code::INVALID_REQUEST);
+        assert_eq!(e.id().map(Id::get), Some("1"), "refused under its id");
+        assert!(e.to_string().contains("64 levels"), "{e}");
+        // Far deeper: refused, not a stack overflow.
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","method":"x","params":{{"a":{}{}}}}}"#,
+            "[".repeat(1_000_000),
+            "]".repeat(1_000_000)
+        );
+        assert_eq!(Kind::parse(deep.as_bytes()).unwrap_err().code(), code::INVALID_REQUEST);
+        // Brackets in strings do not count, escaped quotes do not end them.
+        let strings = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"s":"{}\"{}\\","t":"\\\"[["}}}}"#,
+            "[{".repeat(1000),
+            "{".repeat(1000)
+        );
+        assert!(Kind::parse(strings.as_bytes()).is_ok());
+        assert!(!nested_deeper_than(br#"{"a":"[[[[","b":[[]]}"#, 3));
+        assert!(nested_deeper_than(br#"{"a":"\\","b":[[[]]]}"#, 3));
+        assert!(!nested_deeper_than(br#""unterminated \"#, 0));
+        // A response is not scanned: a deep result goes through as the server wrote it.
+        let result = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"a":{}{}}}}}"#,
+            "[".repeat(100),
+            "]".repeat(100)
+        );
+        assert!(Kind::parse(result.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_20_mb_argument_string_passes_and_the_scan_costs_little() {
+        // Plain text, and (the scan's worst case) an escaped quote every 5 bytes.
+        for text in ["xxx[{".repeat(4 * 1024 * 1024), "x\\\"[{".repeat(4 * 1024 * 1024)] {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"e","arguments":{{"text":"{text}"}}}}}}"#
+            );
+            assert!(line.len() > 20_000_000);
+            let t = std::time::Instant::now();
+            assert!(!nested_deeper_than(line.as_bytes(), MAX_DEPTH));
+            let scan = t.elapsed();
+            let t = std::time::Instant::now();
+            let Kind::Request { params: Some(p), .. } = Kind::parse(line.as_bytes()).unwrap() else {
+                panic!("not a request with params")
+            };
+            let parse = t.elapsed();
+            assert_eq!(
+                p.get().len(),
+                line.len() - r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":}"#.len()
+            );
+            eprintln!("20 MB request: depth scan {scan:?}, whole parse (scan included) {parse:?}");
+        }
+    }
+
+    #[test]
+    fn frame_line_makes_pretty_and_crlf_json_one_line() {
+        let pretty = serde_json::to_vec_pretty(&serde_json::json!({
+            "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "e", "arguments": {"text": "a\nb\r\nc", "n": [1, 2]}}
+        }))
+        .unwrap();
+        assert!(pretty.contains(&b'\n'));
+        let crlf = String::from_utf8(pretty.clone()).unwrap().replace('\n', "\r\n") + "\r\n";
+        for input in [pretty, crlf.into_bytes()] {
+            let want: Value = serde_json::from_slice(&input).unwrap();
+            let mut line = input;
+            frame_line(&mut line);
+            assert_eq!(memchr::memchr_iter(b'\n', &line).collect::<Vec<_>>(), [line.len() - 1]);
+            assert!(!line.contains(&b'\r'));
+            let got: Map<String, Value> = serde_json::from_slice(&line).unwrap();
+            // The same message, the escaped line breaks in the string included.
+            assert_eq!(Value::Object(got), want);
+        }
+        let mut one = br#"{"a":1}"#.to_vec();
+        frame_line(&mut one);
+        assert_eq!(one, b"{\"a\":1}\n");
+    }
+
+    #[test]
+    fn progress_tokens_and_cancelled_ids_keep_their_text() {
+        let mut m = Members::parse(Some(
+            RawValue::from_string(r#"{"name":"n","_meta":{"progressToken":1e2,"k":1}}"#.to_owned()).unwrap(),
+        ))
+        .unwrap();
+        assert_eq!(m.take_progress().map(|t| t.get().to_owned()).as_deref(), Some("1e2"));
+        assert_eq!(m.take_progress(), None);
+        let mut out = Vec::new();
+        m.write_to(&mut out);
+        assert_eq!(out, br#"{"name":"n","_meta":{"k":1}}"#);
+        // A token written with escapes in its key is still found (from the opened map).
+        let mut m = Members::parse(Some(
+            RawValue::from_string(r#"{"_meta":{"progress\u0054oken":"t"}}"#.to_owned()).unwrap(),
+        ))
+        .unwrap();
+        assert_eq!(m.take_progress().map(|t| t.get().to_owned()).as_deref(), Some(r#""t""#));
+        let raw = RawValue::from_string(r#"{"requestId": -0 ,"reason":"r"}"#.to_owned()).unwrap();
+        assert_eq!(cancelled_request_id(Some(&raw)).unwrap().get(), "-0");
+        assert!(cancelled_request_id(Some(&RawValue::from_string("{}".into()).unwrap())).is_none());
+        assert!(cancelled_request_id(None).is_none());
+        let params = RawValue::from_string(r#"{"uri":"a://b","_meta":{"k":[1],"progressToken":1.50}}"#.into()).unwrap();
+        assert_eq!(progress_token_of(Some(&params)).unwrap().get(), "1.50");
+        let params = RawValue::from_string(r#"{"uri":"progressToken","_meta":{}}"#.into()).unwrap();
+        assert!(progress_token_of(Some(&params)).is_none());
+        assert!(progress_token_of(None).is_none());
+        let mut meta = Members::new();
+        meta.insert_id("sub", &Id::parse("1e2").unwrap());
+        let mut top = Members::default();
+        top.insert_members("_meta", &meta);
+        assert_eq!(top.into_raw().get(), r#"{"_meta":{"sub":1e2}}"#);
     }
 }

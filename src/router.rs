@@ -565,10 +565,7 @@ impl Gateway {
     pub fn notification(&self, client: &Client, method: &str, params: Option<&RawValue>) {
         match method {
             "notifications/cancelled" => {
-                let Some(id) = message::params_object(params)
-                    .ok()
-                    .and_then(|mut p| p.remove("requestId"))
-                else {
+                let Some(id) = message::cancelled_request_id(params) else {
                     return;
                 };
                 if let Some(t) = client.inflight().get(&id_key(&id)) {
@@ -619,6 +616,9 @@ impl Gateway {
             _ => None,
         };
         let page_size = topo.config.gateway.page_size;
+        if !matches!(method, "tools/call" | "prompts/get") {
+            info.progress = message::progress_token_of(params.as_deref());
+        }
         let list = |result: &RawValue| -> Outcome {
             match message::params_object(params.as_deref()) {
                 Ok(p) => page(result, method, p.get("cursor").filter(|c| !c.is_null()), page_size),
@@ -667,6 +667,24 @@ impl Gateway {
                 let Some(name) = name.as_deref() else {
                     return err(code::INVALID_PARAMS, format!("{method} needs params.name"));
                 };
+                if name.len() > message::MAX_NAME_LEN {
+                    return err(
+                        code::INVALID_PARAMS,
+                        format!(
+                            "{method}: params.name is {} bytes, longer than the {} allowed",
+                            name.len(),
+                            message::MAX_NAME_LEN
+                        ),
+                    );
+                }
+                // The schema says an object when present (the TS SDK refuses anything
+                // else, null included); a server must never see another shape.
+                if let Some(kind) = p.get_raw("arguments").and_then(not_an_object) {
+                    return err(
+                        code::INVALID_PARAMS,
+                        format!("{method}: params.arguments must be an object when present, not {kind}"),
+                    );
+                }
                 let Some(route) = table.get(name).filter(|_| visible(name)) else {
                     // A name under the prefix of a server that is down is that server's
                     // problem, not an unknown name: say so (unless the name is hidden).
@@ -871,7 +889,7 @@ impl Gateway {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
-        let progress = params.meta().and_then(|meta| meta.remove("progressToken"));
+        let progress = params.take_progress().map(|t| info.progress.take().unwrap_or(t));
         let sink = if progress.is_some() || sink.is_some() {
             sink
         } else {
@@ -977,6 +995,18 @@ impl Gateway {
             }
         }
     }
+}
+
+/// What kind of JSON value `raw` (a value's text, no leading whitespace) is, unless an object.
+fn not_an_object(raw: &str) -> Option<&'static str> {
+    Some(match raw.as_bytes().first()? {
+        b'{' => return None,
+        b'[' => "an array",
+        b'"' => "a string",
+        b'n' => "null",
+        b't' | b'f' => "a boolean",
+        _ => "a number",
+    })
 }
 
 /// The span of one call to server `s`, a child of the current (request) span.
@@ -1133,6 +1163,9 @@ pub struct CallInfo {
     /// The public tool name, for tools/call.
     pub tool: Option<String>,
     pub rate_limited: bool,
+    /// The client's progress token as it wrote it, read before its params were opened
+    /// into a map (not for tools/call and prompts/get, whose params stay raw).
+    pub progress: Option<Id>,
 }
 
 #[cfg(test)]

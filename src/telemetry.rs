@@ -526,9 +526,9 @@ fn span_name(method: &str, target: Option<&str>) -> String {
 }
 
 fn record_id(span: &Span, id: &Id) {
-    match id {
-        Value::String(s) => span.record("jsonrpc.request.id", s.as_str()),
-        other => span.record("jsonrpc.request.id", other.to_string().as_str()),
+    match id.as_str() {
+        Some(s) => span.record("jsonrpc.request.id", &*s),
+        None => span.record("jsonrpc.request.id", id.get()),
     };
 }
 

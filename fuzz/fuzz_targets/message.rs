@@ -1,33 +1,94 @@
 //! Fuzzes what the gateway does with bytes a peer controls: JSON-RPC parsing, the
 //! rewrites on the way to a downstream and back (ids, progress tokens), the SSE parser,
-//! and URI template matching. Every message the gateway writes must parse again.
+//! and URI template matching. Every message the gateway writes must parse again, and
+//! every line written to a stdio child is one line holding one JSON object.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use mcp_gateway::catalog::Template;
 use mcp_gateway::downstream::{encode_request, progress_token, restore_progress, Params};
-use mcp_gateway::message::{self, Kind, Outcome};
-use serde_json::Value;
+use mcp_gateway::message::{self, Id, Kind, Members, Outcome};
+use serde_json::value::RawValue;
+use std::collections::HashMap;
+
+/// What a stdio child gets: `line` framed as the child writer frames it. It must be
+/// exactly one line (one `\n`, at the end) holding one JSON object whose id is `minted`.
+fn check_child_line(mut line: Vec<u8>, minted: u64, how: &str) {
+    message::frame_line(&mut line);
+    let breaks: Vec<usize> = line
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'\n')
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(breaks, [line.len() - 1], "{how}: not exactly one line");
+    assert!(!line.contains(&b'\r'), "{how}: a CR in a child's line");
+    // One JSON object, its members' values raw: a `Map<String, Value>` would refuse valid
+    // JSON the gateway rightly forwards as it came (a number beyond f64, like `1e400`).
+    let object: HashMap<String, &RawValue> =
+        serde_json::from_slice(&line).unwrap_or_else(|e| panic!("{how}: not one JSON object: {e}"));
+    assert_eq!(
+        object.get("id").map(|id| id.get()),
+        Some(minted.to_string().as_str()),
+        "{how}: not the minted id"
+    );
+    match Kind::parse(&line) {
+        Ok(Kind::Request { id, .. }) => assert_eq!(id.as_u64(), Some(minted), "{how}"),
+        other => panic!("{how}: does not parse as our request: {other:?}"),
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(kind) = Kind::parse(data) {
         match kind {
             Kind::Request { id, method, params } => {
                 let answer = message::response(&id, &Outcome::Result(message::empty_object().into()));
-                assert!(Kind::parse(&answer).is_ok(), "our response must parse");
+                match Kind::parse(&answer) {
+                    Ok(Kind::Response { id: Some(back), .. }) => {
+                        assert_eq!(back.get(), id.get(), "the id must come back byte for byte")
+                    }
+                    other => panic!("our response must parse: {other:?}"),
+                }
+                // tools/call and prompts/get: opened one level, the progress token taken.
+                if let Ok(mut m) = Members::parse(params.clone()) {
+                    let _ = m.get_str("name");
+                    m.insert_str("name", "renamed");
+                    let progress = m.take_progress();
+                    check_child_line(message::request_with_members(5, &method, &m), 5, "request_with_members");
+                    let (line, token) = encode_request(
+                        6,
+                        &method,
+                        Params::Members {
+                            params: m,
+                            progress: progress.clone(),
+                        },
+                    );
+                    assert_eq!(token.map(|t| t.get().to_owned()), progress.map(|t| t.get().to_owned()));
+                    check_child_line(line, 6, "Params::Members");
+                }
                 if let Ok(p) = message::params_object(params.as_deref()) {
-                    let (line, token) = encode_request(7, &method, Params::Object { params: p, progress: Some(id.clone()) });
-                    assert_eq!(token, Some(id));
+                    let (line, token) = encode_request(
+                        7,
+                        &method,
+                        Params::Object {
+                            params: p,
+                            progress: Some(id.clone()),
+                        },
+                    );
+                    assert_eq!(token.map(|t| t.get().to_owned()), Some(id.get().to_owned()));
+                    check_child_line(line.clone(), 7, "Params::Object");
                     let again = Kind::parse(&line).expect("our request must parse");
                     assert_eq!(again.method(), Some(method.as_str()));
                 }
                 let (line, _) = encode_request(8, &method, Params::Raw(params));
                 assert!(Kind::parse(&line).is_ok(), "a raw passthrough request must parse");
+                check_child_line(line, 8, "Params::Raw");
             }
             Kind::Notification { method, params } => {
                 let _ = progress_token(params.as_deref());
+                let _ = message::cancelled_request_id(params.as_deref());
                 if let Some(p) = &params {
-                    if let Some(out) = restore_progress(p, &Value::from("token")) {
+                    if let Some(out) = restore_progress(p, &Id::string("token")) {
                         assert!(Kind::parse(&out).is_ok(), "a restored progress notification must parse");
                     }
                 }
@@ -35,7 +96,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(Kind::parse(&line).is_ok(), "our notification must parse");
             }
             Kind::Response { id, outcome } => {
-                let line = message::response(&id.unwrap_or(Value::Null), &outcome);
+                let line = message::response(&id.unwrap_or(Id::NULL), &outcome);
                 assert!(Kind::parse(&line).is_ok(), "a forwarded response must parse");
             }
         }

@@ -10,7 +10,7 @@
 
 use super::{encode_request, restore_progress, wire_id, Command, Connection, DsError, Incoming, Params, Sink};
 use crate::config::{HttpSpec, Secret};
-use crate::message::{self, Kind, Outcome};
+use crate::message::{self, Id, Kind, Outcome};
 use crate::sse;
 use crate::telemetry::TraceHeaders;
 
@@ -196,7 +196,7 @@ impl Shared {
         };
         info!("server forgot the session; initializing again");
         *self.session.write().unwrap_or_else(|e| e.into_inner()) = None;
-        let body = message::request(&Value::from(0), "initialize", Some(&params));
+        let body = message::request(&Id::from(0), "initialize", Some(&params));
         let resp = self.post(body, false).await?;
         self.keep_session(&resp);
         let outcome = self.read_answer(resp, 0, None, None).await?;
@@ -222,7 +222,7 @@ impl Shared {
         resp: reqwest::Response,
         id: u64,
         sink: Option<&Sink>,
-        progress: Option<&Value>,
+        progress: Option<&Id>,
     ) -> Result<Outcome, DsError> {
         let is_sse = resp
             .headers()
@@ -282,13 +282,7 @@ impl Shared {
     }
 
     /// Handles one message from a stream; returns the outcome if it answers `id`.
-    async fn stream_message(
-        &self,
-        data: &str,
-        id: u64,
-        sink: Option<&Sink>,
-        progress: Option<&Value>,
-    ) -> Option<Outcome> {
+    async fn stream_message(&self, data: &str, id: u64, sink: Option<&Sink>, progress: Option<&Id>) -> Option<Outcome> {
         if data.trim().is_empty() {
             return None;
         }
@@ -318,7 +312,7 @@ impl Shared {
         method: String,
         params: Option<Box<RawValue>>,
         sink: Option<&Sink>,
-        progress: Option<&Value>,
+        progress: Option<&Id>,
     ) {
         match method.as_str() {
             "notifications/progress" => {
@@ -568,7 +562,7 @@ async fn call(
     method: &str,
     body: Vec<u8>,
     sink: Option<&Sink>,
-    progress: Option<&Value>,
+    progress: Option<&Id>,
     trace: Option<&TraceHeaders>,
     extra: &[(String, String)],
 ) -> Result<Outcome, DsError> {

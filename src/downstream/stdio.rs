@@ -410,7 +410,10 @@ fn too_long_answer(prefix: &[u8], server: &str, bytes: usize, max: usize) -> Opt
         "server '{server}' sent a message of {bytes} bytes, over the gateway's limit of {max} (gateway.max_line)"
     );
     let error = crate::message::error_object(crate::message::code::INTERNAL_ERROR, &message, None);
-    Some(crate::message::response(&id, &crate::message::Outcome::Error(error)))
+    Some(crate::message::response(
+        &crate::message::Id::from_value(&id),
+        &crate::message::Outcome::Error(error),
+    ))
 }
 
 fn memchr(buf: &[u8]) -> Option<usize> {

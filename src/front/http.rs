@@ -245,7 +245,7 @@ fn rpc_error(status: StatusCode, code: i64, msg: &str) -> Response {
         message: msg.to_owned(),
         data: None,
     }
-    .answer(&Value::Null)
+    .answer(&Id::NULL)
 }
 
 /// A request refused before it reaches the router: an HTTP status plus a JSON-RPC error.
@@ -278,7 +278,7 @@ impl Reject {
 
 impl IntoResponse for Reject {
     fn into_response(self) -> Response {
-        self.answer(&Value::Null)
+        self.answer(&Id::NULL)
     }
 }
 
@@ -604,7 +604,7 @@ async fn identify(http: &Http, headers: &HeaderMap, body: &[u8]) -> Result<Optio
             debug!(reason = %denied, "request refused: not authenticated");
             let id = match Kind::parse(body) {
                 Ok(Kind::Request { id, .. }) => id,
-                _ => Value::Null,
+                _ => Id::NULL,
             };
             let mut resp = Reject::new(StatusCode::UNAUTHORIZED, code::INVALID_REQUEST, denied.to_string()).answer(&id);
             let challenge = authn.challenge(&denied, &resource_url(http, headers));
@@ -792,7 +792,7 @@ async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response
     }
     let id = match &msg {
         Kind::Request { id, .. } => id.clone(),
-        _ => Value::Null,
+        _ => Id::NULL,
     };
     let (sid, session) = match session(&http, &headers, who.as_ref()) {
         Ok(s) => s,
@@ -852,7 +852,7 @@ async fn batch(http: &Http, headers: &HeaderMap, session: &Arc<Session>, body: &
     let mut calls = Vec::new();
     for item in items {
         let answer = match Kind::parse(item.get().as_bytes()) {
-            Err(e) => error(&Value::Null, e.code(), &e.to_string()),
+            Err(e) => error(&Id::NULL, e.code(), &e.to_string()),
             Ok(Kind::Request { id, method, .. }) if method == "initialize" => error(
                 &id,
                 code::INVALID_REQUEST,

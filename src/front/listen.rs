@@ -22,6 +22,7 @@ use crate::client::Client;
 use crate::message::{self, Id, Outcome};
 use crate::router::Gateway;
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,7 +121,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     let mut honored = Vec::new();
     for (i, uri) in l.filter.uris.iter().enumerate() {
         let params = message::to_raw(&json!({ "uri": uri }));
-        let id = json!(format!("listen-subscribe-{i}"));
+        let id = Id::string(&format!("listen-subscribe-{i}"));
         let sub =
             l.gw.request(&l.client, &id, "resources/subscribe", Some(params), None, None);
         let res = tokio::select! {
@@ -152,11 +153,13 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     if !honored.is_empty() {
         ack.insert("resourceSubscriptions".into(), json!(honored));
     }
-    let ack = json!({
-        "_meta": { META_SUBSCRIPTION_ID: l.id },
-        "notifications": ack,
-    });
-    let ack = message::notification("notifications/subscriptions/acknowledged", Some(&message::to_raw(&ack)));
+    // The subscription id as the client wrote it (a Value would reformat a number).
+    let mut meta = message::Members::new();
+    meta.insert_id(META_SUBSCRIPTION_ID, &l.id);
+    let mut params = message::Members::new();
+    params.insert_members("_meta", &meta);
+    params.insert_value("notifications", &Value::Object(ack));
+    let ack = message::notification_with_members("notifications/subscriptions/acknowledged", &params);
     if out.send(frame(&ack)).await.is_err() {
         return;
     }
@@ -172,8 +175,12 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             _ = l.cancel.cancelled() => return,
             _ = out.closed() => return,
             _ = l.closing.cancelled() => {
-                let result = message::to_raw(&json!({ "_meta": { META_SUBSCRIPTION_ID: l.id } }));
-                let done = (l.finish)(Outcome::Result(result.into()));
+                // The subscription id as the client wrote it (a Value would reformat a number).
+                let mut meta = message::Members::new();
+                meta.insert_id(META_SUBSCRIPTION_ID, &l.id);
+                let mut result = message::Members::new();
+                result.insert_members("_meta", &meta);
+                let done = (l.finish)(Outcome::Result(result.into_raw().into()));
                 let _ = out.send(frame(&message::response(&l.id, &done))).await;
                 return;
             }
@@ -214,7 +221,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
 /// The notification with the subscription id in `params._meta`, if the filter wants it
 /// (and, for a resource, the client may still see it).
 fn tag(m: &[u8], filter: &Filter, honored: &[String], id: &Id, visible: &dyn Fn(&str) -> bool) -> Option<Vec<u8>> {
-    let mut v: Value = serde_json::from_slice(m).ok()?;
+    let v: Value = serde_json::from_slice(m).ok()?;
     let wanted = match v.get("method").and_then(Value::as_str)? {
         "notifications/tools/list_changed" => filter.tools,
         "notifications/prompts/list_changed" => filter.prompts,
@@ -229,13 +236,16 @@ fn tag(m: &[u8], filter: &Filter, honored: &[String], id: &Id, visible: &dyn Fn(
     if !wanted {
         return None;
     }
-    let obj = v.as_object_mut()?;
-    let params = obj.entry("params").or_insert_with(|| json!({}));
-    let Value::Object(params) = params else { return None };
-    let meta = params.entry("_meta").or_insert_with(|| json!({}));
-    let Value::Object(meta) = meta else { return None };
-    meta.insert(META_SUBSCRIPTION_ID.into(), id.clone());
-    serde_json::to_vec(&v).ok()
+    // Written from the raw message, so the id goes in as the client wrote it.
+    let message::Kind::Notification { method, params } = message::Kind::parse(m).ok()? else {
+        return None;
+    };
+    let mut params = message::Members::parse(params).ok()?;
+    let meta = params.get_raw("_meta").unwrap_or("{}");
+    let mut meta = message::Members::parse(Some(RawValue::from_string(meta.to_owned()).ok()?)).ok()?;
+    meta.insert_id(META_SUBSCRIPTION_ID, id);
+    params.insert_members("_meta", &meta);
+    Some(message::notification_with_members(&method, &params))
 }
 
 #[cfg(test)]
@@ -259,18 +269,18 @@ mod tests {
         let honored = vec!["a://1".to_owned()];
         let all = |_: &str| true;
         let tools = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
-        let t: Value = serde_json::from_slice(&tag(tools, &f, &honored, &json!(7), &all).unwrap()).unwrap();
+        let t: Value = serde_json::from_slice(&tag(tools, &f, &honored, &Id::from(7), &all).unwrap()).unwrap();
         assert_eq!(t["params"]["_meta"][META_SUBSCRIPTION_ID], json!(7));
         let prompts = br#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#;
-        assert!(tag(prompts, &f, &honored, &json!(7), &all).is_none());
+        assert!(tag(prompts, &f, &honored, &Id::from(7), &all).is_none());
         let upd = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"a://1"}}"#;
-        let u: Value = serde_json::from_slice(&tag(upd, &f, &honored, &json!("s"), &all).unwrap()).unwrap();
+        let u: Value = serde_json::from_slice(&tag(upd, &f, &honored, &Id::string("s"), &all).unwrap()).unwrap();
         assert_eq!(u["params"]["_meta"][META_SUBSCRIPTION_ID], json!("s"));
         assert_eq!(u["params"]["uri"], "a://1");
         let other = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"b://2"}}"#;
-        assert!(tag(other, &f, &honored, &json!(7), &all).is_none());
+        assert!(tag(other, &f, &honored, &Id::from(7), &all).is_none());
         assert!(
-            tag(upd, &f, &honored, &json!(7), &|_: &str| false).is_none(),
+            tag(upd, &f, &honored, &Id::from(7), &|_: &str| false).is_none(),
             "hidden since"
         );
     }

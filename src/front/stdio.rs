@@ -106,7 +106,7 @@ pub async fn serve<R, W>(
                     &format!("message of {n} bytes is over the {max_line} byte limit (gateway.max_line)"),
                     None,
                 ));
-                let _ = out_tx.send(Bytes::from(message::response(&Value::Null, &err))).await;
+                let _ = out_tx.send(Bytes::from(message::response(&Id::NULL, &err))).await;
                 continue;
             }
             Ok(Next::Line(line)) => line,
@@ -122,7 +122,9 @@ pub async fn serve<R, W>(
             Ok(m) => m,
             Err(e) => {
                 let err = Outcome::Error(message::error_object(e.code(), &e.to_string(), None));
-                let _ = out_tx.send(Bytes::from(message::response(&Value::Null, &err))).await;
+                // Under the request's id when it could be read (a request over a limit).
+                let id = e.id().cloned().unwrap_or(Id::NULL);
+                let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
                 continue;
             }
         };
@@ -190,9 +192,8 @@ pub async fn serve<R, W>(
             Kind::Notification { method, params } => {
                 // A 2026-07-28 request is cancelled through its own client (or stream).
                 let modern = (method == "notifications/cancelled")
-                    .then(|| message::params_object(params.as_deref()).ok())
+                    .then(|| message::cancelled_request_id(params.as_deref()))
                     .flatten()
-                    .and_then(|mut p| p.remove("requestId"))
                     .and_then(|rid| {
                         let table = modern_inflight.lock().unwrap_or_else(|e| e.into_inner());
                         match table.get(&id_key(&rid))? {
@@ -490,7 +491,7 @@ mod tests {
         let (ltx, lrx) = mpsc::channel::<message::Answer>(2);
         tx.send(Bytes::from_static(b"{\"progress\":1}")).await.unwrap();
         let big = message::to_raw(&serde_json::json!({ "text": "b".repeat(message::LARGE_RESULT) }));
-        let answer = message::Answer::new(&Value::from(9), Outcome::Result(big.into()));
+        let answer = message::Answer::new(&Id::from(9), Outcome::Result(big.into()));
         assert!(matches!(answer, message::Answer::Parts(..)));
         ltx.send(answer).await.unwrap();
         drop((tx, ltx));
