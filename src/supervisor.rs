@@ -117,10 +117,13 @@ impl State {
     }
 }
 
+/// What comes between why a server failed and its last stderr lines.
+const STDERR_TAIL: &str = "; its last stderr: ";
+
 /// `why`, followed by the child's last stderr lines when it wrote any.
 async fn with_stderr(why: String, conn: &Connection) -> String {
     match conn.stderr_tail().await {
-        Some(tail) => format!("{why}; its last stderr: {tail}"),
+        Some(tail) => format!("{why}{STDERR_TAIL}{tail}"),
         None => why,
     }
 }
@@ -767,7 +770,9 @@ impl Server {
     }
 
     fn fail(&self, why: String) {
-        warn!(server = %self.name, error = %why, "server unavailable");
+        // The stderr lines were logged as they came; the log line need not repeat them.
+        let logged = why.split_once(STDERR_TAIL).map_or(why.as_str(), |(w, _)| w);
+        warn!(server = %self.name, error = %logged, "server unavailable");
         self.update(|s| {
             s.status = Status::Down(why.clone());
             s.last_error = Some(why);

@@ -82,8 +82,8 @@ async fn a_malformed_deep_and_huge_bodies_get_their_codes() {
     let (status, v) = post_raw(&s, "\u{0}\u{1}garbage").await;
     assert_eq!((status, v["error"]["code"].as_i64()), (400, Some(-32700)), "{v}");
 
-    // 200 levels of params (deeper than serde_json's recursion limit, 128): the gateway
-    // keeps params raw, so a ping is answered, and tool arguments reach the child whole.
+    // Past the nesting bound (64 levels; serde_json's own recursion limit is 128) a
+    // request is refused at parse, without a stack overflow; within it, a ping is answered.
     let nest = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
     for depth in [200, 30_000] {
         let deep = format!(
@@ -91,11 +91,25 @@ async fn a_malformed_deep_and_huge_bodies_get_their_codes() {
             nest(depth)
         );
         let (status, v) = post_raw(&s, deep).await;
-        assert_eq!((status, &v["result"]), (200, &json!({})), "depth {depth}: {v}");
+        assert_eq!(
+            (status, &v["error"]["code"]),
+            (400, &json!(-32600)),
+            "depth {depth}: {v}"
+        );
+        assert!(
+            v["error"]["message"].as_str().unwrap_or_default().contains("64 levels"),
+            "{v}"
+        );
     }
+    let shallow = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"ping","params":{{"a":{}}}}}"#,
+        nest(60)
+    );
+    let (status, v) = post_raw(&s, shallow).await;
+    assert_eq!((status, &v["result"]), (200, &json!({})), "depth 60: {v}");
     let deep = format!(
         r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"m__echo","arguments":{{"text":"deep","x":{}}}}}}}"#,
-        nest(200)
+        nest(58)
     );
     let (status, v) = post_raw(&s, deep).await;
     assert_eq!(

@@ -84,7 +84,7 @@ pub fn run_pipe(
         watch,
         owed_since: None,
         degraded: conn.degraded.clone(),
-        next_id: conn.next_id.clone(),
+        next_id: Arc::downgrade(&conn.next_id),
     };
     tokio::spawn(actor.run(rx, pipe.write, pipe.lines, pipe.exit).instrument(span));
     conn
@@ -113,8 +113,10 @@ struct Actor {
     owed_since: Option<Instant>,
     /// Shared with the handles: shown in `/status`, read by `/readyz`.
     degraded: Arc<AtomicBool>,
-    /// The handles' id counter, for the owner's own pings.
-    next_id: Arc<std::sync::atomic::AtomicU64>,
+    /// The handles' id counter, for the owner's own pings. Weak: the number of strong
+    /// references is the number of handles ([`Connection::handles`]), which tells an idle
+    /// session's process from a busy one.
+    next_id: std::sync::Weak<std::sync::atomic::AtomicU64>,
 }
 
 /// How the child ended, as a sentence.
@@ -281,7 +283,10 @@ impl Actor {
                 owed = self.pending.len() - self.listens,
                 "server is not answering: degraded"
             );
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            // No handle left: nobody waits for an answer, and no id is to be had.
+            let Some(id) = self.next_id.upgrade().map(|n| n.fetch_add(1, Ordering::Relaxed)) else {
+                return None;
+            };
             let (reply, _) = oneshot::channel();
             self.pending.insert(
                 id,
