@@ -284,9 +284,7 @@ impl Actor {
                 "server is not answering: degraded"
             );
             // No handle left: nobody waits for an answer, and no id is to be had.
-            let Some(id) = self.next_id.upgrade().map(|n| n.fetch_add(1, Ordering::Relaxed)) else {
-                return None;
-            };
+            let id = self.next_id.upgrade().map(|n| n.fetch_add(1, Ordering::Relaxed))?;
             let (reply, _) = oneshot::channel();
             self.pending.insert(
                 id,
