@@ -22,14 +22,7 @@ fn config(name: &str, extra_gateway: &str) -> String {
 
 /// POSTs `body` as it is; returns the status and the whole answer as text (JSON, or SSE).
 async fn post_raw(s: &Session, body: String) -> (u16, String) {
-    let r = s
-        .post()
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
+    s.post_text(body).await
 }
 
 fn call_body(id: &str, tool: &str, arguments: &str) -> String {

@@ -37,15 +37,7 @@ async fn works(s: &Session, what: &str) {
 
 /// A POST of `body` (raw bytes) on session `s`: status and body as JSON (Null if none).
 async fn post_raw(s: &Session, body: impl Into<reqwest::Body>) -> (u16, Value) {
-    let r = s
-        .post()
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
+    let (status, text) = s.post_text(body).await;
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 

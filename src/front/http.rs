@@ -1480,15 +1480,7 @@ fn outgoing(
 
 /// One JSON-RPC message framed as an SSE `message` event.
 fn event(json: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(json.len() + 24);
-    out.extend_from_slice(b"event: message\n");
-    for line in json.split(|&b| b == b'\n') {
-        out.extend_from_slice(b"data: ");
-        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
-        out.push(b'\n');
-    }
-    out.push(b'\n');
-    out
+    super::replay::message_event(None, json)
 }
 
 fn sse_response(body: Body) -> Response {

@@ -95,8 +95,16 @@ pub fn parse_id(id: &str) -> Result<(u64, u64), Refused> {
 
 /// One JSON-RPC message as an SSE `message` event with an id.
 pub fn frame(stream: u64, seq: u64, json: &[u8]) -> Vec<u8> {
+    message_event(Some((stream, seq)), json)
+}
+
+/// One JSON-RPC message as an SSE `message` event, with the id `STREAM-SEQ` if given.
+pub fn message_event(id: Option<(u64, u64)>, json: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(json.len() + 48);
-    out.extend_from_slice(format!("id: {stream}-{seq}\nevent: message\n").as_bytes());
+    if let Some((stream, seq)) = id {
+        out.extend_from_slice(format!("id: {stream}-{seq}\n").as_bytes());
+    }
+    out.extend_from_slice(b"event: message\n");
     for line in json.split(|&b| b == b'\n') {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));

@@ -197,6 +197,19 @@ impl Session {
             .header("mcp-protocol-version", "2025-11-25")
     }
 
+    /// POSTs `body` as it is (`Content-Type: application/json`): the status and the
+    /// answer's text (JSON, or SSE events).
+    pub async fn post_text(&self, body: impl Into<reqwest::Body>) -> (u16, String) {
+        let r = self
+            .post()
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("post");
+        (r.status().as_u16(), r.text().await.expect("body"))
+    }
+
     pub async fn notify(&self, method: &str, params: Value) {
         let r = self
             .post()
