@@ -409,3 +409,44 @@ impl Drop for StdioGateway {
         let _ = self.child.wait();
     }
 }
+
+/// Reads one HTTP/1.1 response from a raw connection with a Content-Length body: status code, head and body.
+pub async fn read_response(s: &mut tokio::net::TcpStream) -> (u16, String, String) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::io::AsyncReadExt::read(s, &mut chunk)
+            .await
+            .expect("read response");
+        assert!(
+            n > 0,
+            "connection closed mid-response: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head}"));
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no content-length in {head}"));
+    while buf.len() < head_end + len {
+        let n = tokio::io::AsyncReadExt::read(s, &mut chunk).await.expect("read body");
+        assert!(n > 0, "connection closed mid-body");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string();
+    (status, head, body)
+}
