@@ -33,12 +33,28 @@ const VERSION: &str = "mcp-protocol-version";
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How many times a broken response stream is resumed before the call fails.
 const MAX_RESUMES: usize = 5;
+/// Idle keep-alive connections kept per server (HTTP/1.1: one per request in flight, so
+/// this many concurrent calls reuse their connections; more open extra ones, closed
+/// when they go idle beyond this). HTTP/2 (TLS servers offering `h2`) multiplexes every
+/// call over one connection.
+pub const POOL_MAX_IDLE: usize = 64;
+/// An idle connection is closed after this long.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// After a call's answer arrived on its SSE stream, the rest of the stream is read (in
+/// the background: the answer is already on its way) for up to this long, so that the
+/// connection goes back to the pool instead of being closed.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+/// … and up to this many bytes.
+const DRAIN_BYTES: usize = 1 << 20;
 
-/// Builds the HTTP client for one server: pooled keep-alive connections, rustls with
-/// the system roots plus an optional private CA.
+/// Builds the HTTP client for one server: pooled keep-alive connections
+/// ([`POOL_MAX_IDLE`], [`POOL_IDLE_TIMEOUT`]), `TCP_NODELAY`, rustls with the system
+/// roots plus an optional private CA; ALPN offers `h2` and `http/1.1`, so a TLS server
+/// that offers HTTP/2 gets it.
 pub fn client(spec: &HttpSpec) -> Result<reqwest::Client, String> {
     let mut b = reqwest::Client::builder()
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(POOL_MAX_IDLE)
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10))
         .use_rustls_tls();
@@ -177,7 +193,8 @@ impl Shared {
     /// Sends a message that expects no answer (a notification or a response).
     async fn send(&self, body: Vec<u8>) {
         match self.post(body, true).await {
-            Ok(r) if r.status().is_success() => {}
+            // Read the (normally empty) body, so the connection goes back to the pool.
+            Ok(r) if r.status().is_success() => finish(r.bytes_stream()),
             Ok(r) => debug!(status = %r.status(), "notification not accepted"),
             Err(e) => debug!(error = %e, "notification not sent"),
         }
@@ -273,6 +290,7 @@ impl Shared {
                         retry = Duration::from_millis(r);
                     }
                     if let Some(outcome) = self.stream_message(&ev.data, id, sink, progress).await {
+                        finish(body);
                         return Ok(outcome);
                     }
                 }
@@ -416,6 +434,42 @@ impl Shared {
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
+}
+
+/// Ends a response body the caller is done with, so that its connection is reused: an
+/// HTTP/1.1 connection whose body is dropped unread is closed, and the next call pays
+/// for a new one. Usually the end is already there (the server closed the stream right
+/// after the answer) and this is synchronous; otherwise the rest is read in the
+/// background, bounded by [`DRAIN_TIME`] and [`DRAIN_BYTES`], and then dropped.
+fn finish<S, E>(mut body: S)
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin + Send + 'static,
+{
+    use futures::FutureExt;
+    let mut read = 0usize;
+    loop {
+        match body.next().now_or_never() {
+            Some(Some(Ok(chunk))) => {
+                read += chunk.len();
+                if read > DRAIN_BYTES {
+                    return;
+                }
+            }
+            Some(None) | Some(Some(Err(_))) => return,
+            None => break,
+        }
+    }
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(DRAIN_TIME, async {
+            while let Some(Ok(chunk)) = body.next().await {
+                read += chunk.len();
+                if read > DRAIN_BYTES {
+                    return;
+                }
+            }
+        })
+        .await;
+    });
 }
 
 /// A reqwest error as a sentence, without the URL (which may carry a credential).
