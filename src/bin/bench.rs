@@ -169,6 +169,10 @@ struct Args {
     /// like a single-threaded Node or Python server; 0: one per CPU).
     #[arg(long, default_value_t = 1)]
     remote_threads: usize,
+    /// remote-json, remote-sse: the fixture answers each tools/call this many ms late
+    /// (a timer, no CPU), so that the server, not this machine's CPU, bounds c=64.
+    #[arg(long, default_value_t = 0)]
+    remote_delay_ms: u64,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -1815,7 +1819,9 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("remote-fixture")
         .arg("--threads")
-        .arg(args.remote_threads.to_string());
+        .arg(args.remote_threads.to_string())
+        .arg("--delay-ms")
+        .arg(args.remote_delay_ms.to_string());
     if sse {
         cmd.arg("--sse");
     }

@@ -9,7 +9,7 @@
 //! own notifications and reconnects with backoff. Shutdown sends DELETE.
 
 use super::{encode_request, restore_progress, wire_id, Command, Connection, DsError, Incoming, Params, Sink};
-use crate::config::{HttpSpec, Secret};
+use crate::config::HttpSpec;
 use crate::message::{self, Kind, Outcome};
 use crate::sse;
 use crate::telemetry::TraceHeaders;
@@ -86,7 +86,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     let shared = Arc::new(Shared {
         server: server.clone(),
         http: client(spec)?,
-        url: spec.url.clone(),
+        url: reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("{} is not a URL: {e}", spec.url_display))?,
         url_display: spec.url_display.clone(),
         headers: headers(spec)?,
         session: RwLock::new(None),
@@ -108,7 +108,9 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
 struct Shared {
     server: Arc<str>,
     http: reqwest::Client,
-    url: Secret,
+    /// Parsed once (reqwest would parse a string again for every request); it may carry
+    /// a credential, so it is never shown.
+    url: reqwest::Url,
     url_display: String,
     headers: HeaderMap,
     session: RwLock<Option<String>>,
@@ -140,10 +142,10 @@ impl Shared {
 
     /// A request with the session's headers.
     fn request(&self, method: reqwest::Method, with_session: bool) -> reqwest::RequestBuilder {
-        let mut r = self
-            .http
-            .request(method, self.url.expose())
-            .headers(self.headers.clone());
+        let mut r = self.http.request(method, self.url.clone());
+        if !self.headers.is_empty() {
+            r = r.headers(self.headers.clone());
+        }
         if with_session {
             if let Some(s) = self.session() {
                 r = r.header(SESSION, s);

@@ -8,6 +8,8 @@
 //! (no server stream) 405; DELETE 200. Every answer is JSON (`Content-Length`) or, with
 //! `--sse`, one `event: message` on a chunked `text/event-stream` body that ends right
 //! after it (or `--sse-linger-ms` later: a server that keeps the stream open a while).
+//! `--delay-ms` answers each `tools/call` that much later (a timer: a server whose work
+//! or distance takes time without using this machine's CPU).
 //!
 //! With `--tls-cert`/`--tls-key` (DER) it speaks TLS and offers `h2` and `http/1.1` by
 //! ALPN, serving HTTP/2 when the client picks it. `GET /stats` answers
@@ -57,7 +59,11 @@ pub struct RemoteArgs {
     /// TLS: its private key, PKCS#8 DER.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Runtime threads (1: current-thread).
+    /// Answer each `tools/call` this long after it arrives (a timer, no CPU): a server
+    /// whose own work, or its distance, takes time.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+    /// Runtime threads (1: current-thread; 0: one per CPU).
     #[arg(long, default_value_t = 1)]
     threads: usize,
 }
@@ -72,6 +78,7 @@ struct Stats {
 struct State {
     sse: bool,
     linger: Duration,
+    delay: Duration,
     tools: String,
     stats: Stats,
 }
@@ -79,13 +86,13 @@ struct State {
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 pub fn run(args: RemoteArgs) -> Result<()> {
-    let rt = if args.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()?
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.threads)
+    let rt = match args.threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
             .enable_all()
-            .build()?
+            .build()?,
     };
     rt.block_on(serve(args))
 }
@@ -101,6 +108,7 @@ async fn serve(args: RemoteArgs) -> Result<()> {
     let state = Arc::new(State {
         sse: args.sse,
         linger: Duration::from_millis(args.sse_linger_ms),
+        delay: Duration::from_millis(args.delay_ms),
         tools: fixture::tools_result(0),
         stats: Stats::default(),
     });
@@ -208,6 +216,9 @@ async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Resul
     let init = method == "initialize";
     if !init && method != "server/discover" && !has_session {
         return Ok(full(StatusCode::BAD_REQUEST, None, "missing Mcp-Session-Id"));
+    }
+    if method == "tools/call" && !state.delay.is_zero() {
+        tokio::time::sleep(state.delay).await;
     }
     let params = msg.params.map_or("{}", RawValue::get);
     let (key, result) = fixture::respond(method, params, &state.tools, 0, "remote-fixture");
