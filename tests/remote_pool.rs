@@ -147,6 +147,23 @@ async fn sse_streams_that_linger_still_reuse_connections() {
     );
 }
 
+/// A server that keeps every stream open for 2 s after the answer: the streams read in
+/// the background are bounded (64 per server), so the gateway does not pile up a
+/// connection per call; past the bound a stream's connection is closed.
+#[tokio::test]
+async fn lingering_streams_are_bounded() {
+    let fx = Fixture::start(&["--sse", "--sse-linger-ms", "2000"]);
+    let gw = gateway_for(&fx.url, "").await;
+    let s = gw.session().await;
+    calls(&s, 150).await;
+    let st = fx.stats(&fresh()).await;
+    let open = st["open"].as_u64().unwrap();
+    eprintln!("after 150 calls: {st}");
+    // 64 draining, the one the next call would use, the stats request's own, and slack.
+    assert!(open <= 70, "{open} connections open after 150 calls: {st}");
+    assert!(st["connections"].as_u64().unwrap() >= 100, "{st}");
+}
+
 /// The answer is forwarded when its event arrives, not when the stream ends.
 #[tokio::test]
 async fn sse_answer_is_forwarded_before_the_stream_ends() {

@@ -179,6 +179,10 @@ struct Args {
     /// (a timer, no CPU), so that the server, not this machine's CPU, bounds c=64.
     #[arg(long, default_value_t = 0)]
     remote_delay_ms: u64,
+    /// remote-json, remote-sse: `gateway.worker_threads` for the gateway (default: its own
+    /// default, half the CPUs).
+    #[arg(long)]
+    remote_gateway_threads: Option<usize>,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -1834,7 +1838,10 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
     let (mut fix, faddr, fpath, _stderr) = spawn_listening(cmd, "remote fixture listening on ").await?;
     let url = format!("http://{faddr}{fpath}");
     let servers = format!("\n[servers.{SERVER}]\nurl = {}\ntimeout = \"60s\"\n", toml_str(&url));
-    let gw = start_gateway_toml(args, &format!("remote-{}", kind.to_lowercase()), &servers, "").await?;
+    let extra = args
+        .remote_gateway_threads
+        .map_or_else(String::new, |n| format!("worker_threads = {n}\n"));
+    let gw = start_gateway_toml(args, &format!("remote-{}", kind.to_lowercase()), &servers, &extra).await?;
     let direct = checked_session(faddr, &fpath, "echo", args).await?;
     let through = checked_session(gw.addr, &gw.path, &format!("{SERVER}__echo"), args).await?;
     let dprocs = Procs {

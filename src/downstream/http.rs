@@ -46,6 +46,9 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const DRAIN_TIME: Duration = Duration::from_secs(2);
 /// … and up to this many bytes.
 const DRAIN_BYTES: usize = 1 << 20;
+/// At most this many such streams per server at a time (each holds a connection): past
+/// it, an unfinished stream is dropped and its connection closed, as before.
+const MAX_DRAINS: usize = POOL_MAX_IDLE;
 
 /// Builds the HTTP client for one server: pooled keep-alive connections
 /// ([`POOL_MAX_IDLE`], [`POOL_IDLE_TIMEOUT`]), `TCP_NODELAY`, rustls with the system
@@ -97,6 +100,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         stop: CancellationToken::new(),
         listening: std::sync::atomic::AtomicBool::new(false),
         modern: std::sync::atomic::AtomicBool::new(false),
+        drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -126,6 +130,8 @@ struct Shared {
     /// The server answered `server/discover` naming 2026-07-28: no session, and every
     /// request carries the request metadata headers.
     modern: std::sync::atomic::AtomicBool,
+    /// Bodies being read to their end in the background ([`MAX_DRAINS`] at most).
+    drains: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -166,6 +172,47 @@ impl Shared {
         self.modern.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Ends a response body the caller is done with, so that its connection is reused:
+    /// an HTTP/1.1 connection whose body is dropped unread is closed, and the next call
+    /// pays for a new one. Usually the end is already there (the server closed the stream
+    /// right after the answer) and this is synchronous; otherwise the rest is read in the
+    /// background, bounded by [`DRAIN_TIME`], [`DRAIN_BYTES`] and [`MAX_DRAINS`], and
+    /// then dropped.
+    fn finish<S, E>(&self, mut body: S)
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin + Send + 'static,
+    {
+        use futures::FutureExt;
+        let mut read = 0usize;
+        loop {
+            match body.next().now_or_never() {
+                Some(Some(Ok(chunk))) => {
+                    read += chunk.len();
+                    if read > DRAIN_BYTES {
+                        return;
+                    }
+                }
+                Some(None) | Some(Some(Err(_))) => return,
+                None => break,
+            }
+        }
+        let Ok(permit) = self.drains.clone().try_acquire_owned() else {
+            return; // Enough connections are lingering already: close this one.
+        };
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while let Some(Ok(chunk)) = body.next().await {
+                    read += chunk.len();
+                    if read > DRAIN_BYTES {
+                        return;
+                    }
+                }
+            })
+            .await;
+        });
+    }
+
     /// POSTs one JSON-RPC message with the call's W3C trace context as headers.
     async fn post_traced(
         &self,
@@ -196,7 +243,7 @@ impl Shared {
     async fn send(&self, body: Vec<u8>) {
         match self.post(body, true).await {
             // Read the (normally empty) body, so the connection goes back to the pool.
-            Ok(r) if r.status().is_success() => finish(r.bytes_stream()),
+            Ok(r) if r.status().is_success() => self.finish(r.bytes_stream()),
             Ok(r) => debug!(status = %r.status(), "notification not accepted"),
             Err(e) => debug!(error = %e, "notification not sent"),
         }
@@ -292,7 +339,7 @@ impl Shared {
                         retry = Duration::from_millis(r);
                     }
                     if let Some(outcome) = self.stream_message(&ev.data, id, sink, progress).await {
-                        finish(body);
+                        self.finish(body);
                         return Ok(outcome);
                     }
                 }
@@ -436,42 +483,6 @@ impl Shared {
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
-}
-
-/// Ends a response body the caller is done with, so that its connection is reused: an
-/// HTTP/1.1 connection whose body is dropped unread is closed, and the next call pays
-/// for a new one. Usually the end is already there (the server closed the stream right
-/// after the answer) and this is synchronous; otherwise the rest is read in the
-/// background, bounded by [`DRAIN_TIME`] and [`DRAIN_BYTES`], and then dropped.
-fn finish<S, E>(mut body: S)
-where
-    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin + Send + 'static,
-{
-    use futures::FutureExt;
-    let mut read = 0usize;
-    loop {
-        match body.next().now_or_never() {
-            Some(Some(Ok(chunk))) => {
-                read += chunk.len();
-                if read > DRAIN_BYTES {
-                    return;
-                }
-            }
-            Some(None) | Some(Some(Err(_))) => return,
-            None => break,
-        }
-    }
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(DRAIN_TIME, async {
-            while let Some(Ok(chunk)) = body.next().await {
-                read += chunk.len();
-                if read > DRAIN_BYTES {
-                    return;
-                }
-            }
-        })
-        .await;
-    });
 }
 
 /// A reqwest error as a sentence, without the URL (which may carry a credential).

@@ -13,7 +13,7 @@
 //!
 //! With `--tls-cert`/`--tls-key` (DER) it speaks TLS and offers `h2` and `http/1.1` by
 //! ALPN, serving HTTP/2 when the client picks it. `GET /stats` answers
-//! `{"connections", "http1", "http2"}`: connections accepted, and POSTs to the MCP path
+//! `{"connections", "open", "http1", "http2"}`: connections accepted, open now, and POSTs to the MCP path
 //! by HTTP version. It says `remote fixture listening on http(s)://ADDR/mcp` on stderr and
 //! runs until stdin closes (`--threads` workers; 1, the default, is a current-thread
 //! runtime, like a single-threaded Node or Python server).
@@ -71,6 +71,8 @@ pub struct RemoteArgs {
 #[derive(Default)]
 struct Stats {
     connections: AtomicU64,
+    /// Connections open now.
+    open: AtomicU64,
     http1: AtomicU64,
     http2: AtomicU64,
 }
@@ -125,9 +127,11 @@ async fn serve(args: RemoteArgs) -> Result<()> {
         };
         let _ = stream.set_nodelay(true);
         state.stats.connections.fetch_add(1, Ordering::Relaxed);
+        state.stats.open.fetch_add(1, Ordering::Relaxed);
         let state = state.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let _open = Open(state.clone());
             let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
             match tls {
                 None => {
@@ -152,6 +156,15 @@ async fn serve(args: RemoteArgs) -> Result<()> {
                 }
             }
         });
+    }
+}
+
+/// Counts a connection out of `open` when its task ends.
+struct Open(Arc<State>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.stats.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -184,6 +197,7 @@ async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Resul
         let s = &state.stats;
         let body = serde_json::json!({
             "connections": s.connections.load(Ordering::Relaxed),
+            "open": s.open.load(Ordering::Relaxed),
             "http1": s.http1.load(Ordering::Relaxed),
             "http2": s.http2.load(Ordering::Relaxed),
         })
