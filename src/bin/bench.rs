@@ -18,6 +18,12 @@
 //!   initialize: time from spawning the gateway to the first complete `tools/list`. The
 //!   servers are this binary's own minimal stdio server (the hidden `fixture` subcommand,
 //!   see `bench/fixture.rs`), or with `--startup-fixture python` the Python mock.
+//! - `remote-json`, `remote-sse`: a remote (Streamable HTTP) server, this binary's own
+//!   (the hidden `remote-fixture` subcommand, see `bench/remote.rs`), answering in JSON
+//!   or SSE: the bench's client straight to it over HTTP with a session (`json-direct`,
+//!   `sse-direct`) against the same calls through the gateway configured with
+//!   `url = …` to it (`json-gateway`, `sse-gateway`), alternating per concurrency level;
+//!   targets: added p50 at c=1 ≤ 100 µs, throughput at c=64 ≥ 0.9× direct.
 //!
 //! Each (mode, concurrency) case: warm up, then run for `--duration` (or `--calls`),
 //! with `concurrency` workers each keeping one request in flight. Latencies are kept
@@ -39,6 +45,8 @@ macro_rules! outln {
 mod fixture;
 #[path = "bench/rawhttp.rs"]
 mod rawhttp;
+#[path = "bench/remote.rs"]
+mod remote;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -163,6 +171,18 @@ struct Args {
     /// the gateway gets), N > 1 a multi-thread runtime with N workers, 0 one worker per CPU.
     #[arg(long, default_value_t = 1)]
     bench_threads: usize,
+    /// remote-json, remote-sse: the remote fixture's runtime threads (1: current-thread,
+    /// like a single-threaded Node or Python server; 0: one per CPU).
+    #[arg(long, default_value_t = 1)]
+    remote_threads: usize,
+    /// remote-json, remote-sse: the fixture answers each tools/call this many ms late
+    /// (a timer, no CPU), so that the server, not this machine's CPU, bounds c=64.
+    #[arg(long, default_value_t = 0)]
+    remote_delay_ms: u64,
+    /// remote-json, remote-sse: `gateway.worker_threads` for the gateway (default: its own
+    /// default, half the CPUs).
+    #[arg(long)]
+    remote_gateway_threads: Option<usize>,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -187,6 +207,8 @@ enum Mode {
     Soak,
     List,
     Startup,
+    RemoteJson,
+    RemoteSse,
 }
 
 impl Mode {
@@ -200,6 +222,8 @@ impl Mode {
             Mode::Soak => "soak",
             Mode::List => "list",
             Mode::Startup => "startup",
+            Mode::RemoteJson => "remote-json",
+            Mode::RemoteSse => "remote-sse",
         }
     }
 }
@@ -803,7 +827,7 @@ impl Span {
 }
 
 async fn run_case(
-    mode: Mode,
+    mode: &'static str,
     concurrency: usize,
     workers: Vec<Worker>,
     sh: Arc<Shared>,
@@ -814,7 +838,7 @@ async fn run_case(
 }
 
 async fn run_case_span(
-    mode: Mode,
+    mode: &'static str,
     concurrency: usize,
     workers: Vec<Worker>,
     sh: Arc<Shared>,
@@ -879,7 +903,7 @@ async fn run_case_span(
     };
     let rss = procs.gateway.and_then(rss_kib);
     CaseResult {
-        mode: mode.name(),
+        mode,
         concurrency,
         calls,
         errors,
@@ -916,7 +940,7 @@ async fn bench_direct(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
     };
     for &c in &args.concurrency {
         let workers = (0..c).map(|_| Worker::Direct { client: client.clone() }).collect();
-        let r = run_case(Mode::Direct, c, workers, sh.clone(), args, &procs).await;
+        let r = run_case(Mode::Direct.name(), c, workers, sh.clone(), args, &procs).await;
         progress(&r);
         out.push(r);
     }
@@ -989,7 +1013,7 @@ async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> R
                 check_id: true,
             });
         }
-        let r = run_case(Mode::Gateway, c, workers, sh.clone(), args, &procs).await;
+        let r = run_case(Mode::Gateway.name(), c, workers, sh.clone(), args, &procs).await;
         progress(&r);
         out.push(r);
     }
@@ -1180,7 +1204,7 @@ async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
                 check_id: false, // fixed answer bytes
             });
         }
-        let r = run_case(Mode::Baseline, c, workers, sh.clone(), args, &procs).await;
+        let r = run_case(Mode::Baseline.name(), c, workers, sh.clone(), args, &procs).await;
         progress(&r);
         out.push(r);
     }
@@ -1197,7 +1221,7 @@ async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
 
 fn progress(r: &CaseResult) {
     eprintln!(
-        "  {:<8} c={:<4} {:>9.0} calls/s  p50 {:>8.1} us  p99 {:>8.1} us  errors {}",
+        "  {:<12} c={:<4} {:>9.0} calls/s  p50 {:>8.1} us  p99 {:>8.1} us  errors {}",
         r.mode, r.concurrency, r.calls_per_sec, r.p50_us, r.p99_us, r.errors
     );
 }
@@ -1325,21 +1349,28 @@ struct Gw {
 
 /// `extra`: more `[gateway]` lines (e.g. `max_sessions = 20000\n`).
 async fn start_gateway(args: &Args, tag: &str, servers: &[Spec], extra: &str) -> Result<Gw> {
-    let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let mut config = String::from(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\n",
-    );
-    config.push_str(extra);
+    let mut tables = String::new();
     for s in servers {
         let fargs: Vec<String> = s.args.iter().map(|a| toml_str(a)).collect();
-        config.push_str(&format!(
+        tables.push_str(&format!(
             "\n[servers.{}]\ncommand = {}\nargs = [{}]\n",
             s.name,
             toml_str(&s.command.to_string_lossy()),
             fargs.join(", ")
         ));
     }
+    start_gateway_toml(args, tag, &tables, extra).await
+}
+
+/// A gateway with these `[servers.*]` tables (TOML text) and `extra` `[gateway]` lines.
+async fn start_gateway_toml(args: &Args, tag: &str, servers: &str, extra: &str) -> Result<Gw> {
+    let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut config = String::from(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\n",
+    );
+    config.push_str(extra);
+    config.push_str(servers);
     let config_path = dir.join("gateway.toml");
     std::fs::write(&config_path, config)?;
     let Spawned {
@@ -1618,7 +1649,7 @@ async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<Ta
         }
         got
     };
-    let run = run_case_span(Mode::Soak, c, workers, sh.clone(), span, &procs);
+    let run = run_case_span(Mode::Soak.name(), c, workers, sh.clone(), span, &procs);
     let (r, got) = tokio::join!(run, async {
         tokio::time::timeout(Duration::from_secs(3600), sampler)
             .await
@@ -1785,6 +1816,113 @@ async fn bench_startup(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> 
     Ok(())
 }
 
+/// remote-json / remote-sse: the bench's client straight to the remote fixture
+/// (`remote-fixture`, JSON or SSE answers) over HTTP with a session, against the same
+/// calls through the gateway configured with `url = …` to that same fixture. The two
+/// alternate per concurrency level, on one fixture process.
+async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let (kind, dname, gname) = if sse {
+        ("SSE", "sse-direct", "sse-gateway")
+    } else {
+        ("JSON", "json-direct", "json-gateway")
+    };
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("remote-fixture")
+        .arg("--threads")
+        .arg(args.remote_threads.to_string())
+        .arg("--delay-ms")
+        .arg(args.remote_delay_ms.to_string());
+    if sse {
+        cmd.arg("--sse");
+    }
+    let (mut fix, faddr, fpath, _stderr) = spawn_listening(cmd, "remote fixture listening on ").await?;
+    let url = format!("http://{faddr}{fpath}");
+    let servers = format!("\n[servers.{SERVER}]\nurl = {}\ntimeout = \"60s\"\n", toml_str(&url));
+    let extra = args
+        .remote_gateway_threads
+        .map_or_else(String::new, |n| format!("worker_threads = {n}\n"));
+    let gw = start_gateway_toml(args, &format!("remote-{}", kind.to_lowercase()), &servers, &extra).await?;
+    let direct = checked_session(faddr, &fpath, "echo", args).await?;
+    let through = checked_session(gw.addr, &gw.path, &format!("{SERVER}__echo"), args).await?;
+    let dprocs = Procs {
+        gateway: None,
+        fixture: fix.id(),
+    };
+    let gprocs = Procs {
+        gateway: Some(gw.pid),
+        fixture: fix.id(),
+    };
+    for &c in &args.concurrency {
+        for (name, (target, sh), procs) in [(dname, &direct, &dprocs), (gname, &through, &gprocs)] {
+            let mut workers = Vec::with_capacity(c);
+            for _ in 0..c {
+                workers.push(Worker::Http {
+                    conn: HttpConn::open(args.client, target).await?,
+                    target: target.clone(),
+                    check_id: true,
+                });
+            }
+            let before = fixture_connections(faddr).await?;
+            let r = run_case(name, c, workers, sh.clone(), args, procs).await;
+            let after = fixture_connections(faddr).await?;
+            progress(&r);
+            if name == gname {
+                // The stats request itself is one connection.
+                eprintln!(
+                    "    connections the gateway opened to the fixture during the case: {}",
+                    after.saturating_sub(before + 1)
+                );
+            }
+            out.push(r);
+        }
+    }
+    if let (Some(d), Some(g)) = (find(out, dname, 1), find(out, gname, 1)) {
+        let added = g.p50_us - d.p50_us;
+        target_row(
+            targets,
+            &format!("remote {kind} server, tools/call c=1: added p50 (gateway − direct)"),
+            "≤ 100 us",
+            format!("{added:.1} us ({:.1} − {:.1})", g.p50_us, d.p50_us),
+            added <= 100.0,
+        );
+    }
+    if let (Some(d), Some(g)) = (find(out, dname, 64), find(out, gname, 64)) {
+        let ratio = if d.calls_per_sec > 0.0 {
+            g.calls_per_sec / d.calls_per_sec
+        } else {
+            0.0
+        };
+        target_row(
+            targets,
+            &format!("remote {kind} server, tools/call c=64, one session: gateway / direct throughput"),
+            "≥ 0.9×",
+            format!("{ratio:.2}× ({:.0} / {:.0} calls/s)", g.calls_per_sec, d.calls_per_sec),
+            ratio >= 0.9,
+        );
+    }
+    gw.stop().await;
+    drop(fix.stdin.take());
+    if tokio::time::timeout(Duration::from_secs(5), fix.wait()).await.is_err() {
+        let _ = fix.start_kill();
+        let _ = fix.wait().await;
+    }
+    Ok(())
+}
+
+/// Connections the remote fixture has accepted so far (`GET /stats`, itself one more).
+async fn fixture_connections(addr: SocketAddr) -> Result<u64> {
+    let mut s = connect(addr).await?;
+    let req = Request::get("/stats")
+        .header(HOST, HeaderValue::from_str(&addr.to_string())?)
+        .body(Full::new(Bytes::new()))?;
+    let resp = s.send_request(req).await?;
+    let body = resp.into_body().collect().await?.to_bytes();
+    serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["connections"].as_u64())
+        .context("bad /stats from the remote fixture")
+}
+
 /// The throughput and latency targets, from the direct and gateway cases of this run.
 fn call_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
     if let (Some(d), Some(g)) = (find(rs, "direct", 64), find(rs, "gateway", 64)) {
@@ -1841,13 +1979,23 @@ fn find<'a>(rs: &'a [CaseResult], mode: &str, c: usize) -> Option<&'a CaseResult
     rs.iter().find(|r| r.mode == mode && r.concurrency == c)
 }
 
+/// (direct, through the gateway) case names compared in the report.
+const PAIRS: &[(&str, &str)] = &[
+    ("direct", "gateway"),
+    ("json-direct", "json-gateway"),
+    ("sse-direct", "sse-gateway"),
+];
+
 fn comparisons(rs: &[CaseResult], concurrency: &[usize]) -> Vec<Value> {
-    concurrency
+    PAIRS
         .iter()
-        .filter_map(|&c| {
-            let d = find(rs, "direct", c)?;
-            let g = find(rs, "gateway", c)?;
+        .flat_map(|p| concurrency.iter().map(move |&c| (p, c)))
+        .filter_map(|(&(dn, gn), c)| {
+            let d = find(rs, dn, c)?;
+            let g = find(rs, gn, c)?;
             Some(json!({
+                "direct": dn,
+                "gateway": gn,
                 "concurrency": c,
                 "added_p50_us": g.p50_us - d.p50_us,
                 "added_p99_us": g.p99_us - d.p99_us,
@@ -1875,7 +2023,7 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
     );
     outln!();
     outln!(
-        "{:<9} {:>5} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>14} {:>14} {:>14}",
+        "{:<12} {:>5} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>14} {:>14} {:>14}",
         "mode",
         "conc",
         "calls",
@@ -1891,7 +2039,7 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
     );
     for r in rs {
         outln!(
-            "{:<9} {:>5} {:>9} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>14} {:>14} {:>14}",
+            "{:<12} {:>5} {:>9} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>14} {:>14} {:>14}",
             r.mode,
             r.concurrency,
             r.calls,
@@ -1927,7 +2075,9 @@ fn print_table(args: &Args, rs: &[CaseResult], gw: Option<&GatewayInfo>) {
     }
     for c in cmp {
         outln!(
-            "gateway vs direct at c={}: p50 {:+.1} us, p99 {:+.1} us, throughput x{:.2}",
+            "{} vs {} at c={}: p50 {:+.1} us, p99 {:+.1} us, throughput x{:.2}",
+            c["gateway"].as_str().unwrap_or(""),
+            c["direct"].as_str().unwrap_or(""),
             c["concurrency"],
             c["added_p50_us"].as_f64().unwrap_or(0.0),
             c["added_p99_us"].as_f64().unwrap_or(0.0),
@@ -1970,6 +2120,11 @@ fn main() -> Result<()> {
     if std::env::args_os().nth(1).is_some_and(|a| a == "fixture") {
         let fargs = fixture::FixtureArgs::parse_from(std::env::args_os().skip(1));
         return fixture::run(fargs);
+    }
+    // Hidden: `mcp-gateway-bench remote-fixture …` is a Streamable HTTP MCP server.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "remote-fixture") {
+        let rargs = remote::RemoteArgs::parse_from(std::env::args_os().skip(1));
+        return remote::run(rargs);
     }
     let args = Args::parse();
     if args.serve_baseline {
@@ -2019,6 +2174,8 @@ async fn bench_main(mut args: Args) -> Result<()> {
             Mode::Soak => bench_soak(&args, &mut results, &mut targets).await,
             Mode::List => bench_list(&args, &mut targets).await,
             Mode::Startup => bench_startup(&args, &mut targets).await,
+            Mode::RemoteJson => bench_remote(&args, false, &mut results, &mut targets).await,
+            Mode::RemoteSse => bench_remote(&args, true, &mut results, &mut targets).await,
         };
         if let Err(e) = r {
             eprintln!("{} mode failed: {e:#}", mode.name());

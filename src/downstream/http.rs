@@ -9,7 +9,7 @@
 //! own notifications and reconnects with backoff. Shutdown sends DELETE.
 
 use super::{encode_request, restore_progress, wire_id, Command, Connection, DsError, Incoming, Params, Sink};
-use crate::config::{HttpSpec, Secret};
+use crate::config::HttpSpec;
 use crate::message::{self, Id, Kind, Outcome};
 use crate::sse;
 use crate::telemetry::TraceHeaders;
@@ -33,12 +33,31 @@ const VERSION: &str = "mcp-protocol-version";
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How many times a broken response stream is resumed before the call fails.
 const MAX_RESUMES: usize = 5;
+/// Idle keep-alive connections kept per server (HTTP/1.1: one per request in flight, so
+/// this many concurrent calls reuse their connections; more open extra ones, closed
+/// when they go idle beyond this). HTTP/2 (TLS servers offering `h2`) multiplexes every
+/// call over one connection.
+pub const POOL_MAX_IDLE: usize = 64;
+/// An idle connection is closed after this long.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// After a call's answer arrived on its SSE stream, the rest of the stream is read (in
+/// the background: the answer is already on its way) for up to this long, so that the
+/// connection goes back to the pool instead of being closed.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+/// … and up to this many bytes.
+const DRAIN_BYTES: usize = 1 << 20;
+/// At most this many such streams per server at a time (each holds a connection): past
+/// it, an unfinished stream is dropped and its connection closed, as before.
+const MAX_DRAINS: usize = POOL_MAX_IDLE;
 
-/// Builds the HTTP client for one server: pooled keep-alive connections, rustls with
-/// the system roots plus an optional private CA.
+/// Builds the HTTP client for one server: pooled keep-alive connections
+/// ([`POOL_MAX_IDLE`], [`POOL_IDLE_TIMEOUT`]), `TCP_NODELAY`, rustls with the system
+/// roots plus an optional private CA; ALPN offers `h2` and `http/1.1`, so a TLS server
+/// that offers HTTP/2 gets it.
 pub fn client(spec: &HttpSpec) -> Result<reqwest::Client, String> {
     let mut b = reqwest::Client::builder()
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(POOL_MAX_IDLE)
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10))
         .use_rustls_tls();
@@ -70,7 +89,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     let shared = Arc::new(Shared {
         server: server.clone(),
         http: client(spec)?,
-        url: spec.url.clone(),
+        url: reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("{} is not a URL: {e}", spec.url_display))?,
         url_display: spec.url_display.clone(),
         headers: headers(spec)?,
         session: RwLock::new(None),
@@ -81,6 +100,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         stop: CancellationToken::new(),
         listening: std::sync::atomic::AtomicBool::new(false),
         modern: std::sync::atomic::AtomicBool::new(false),
+        drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -92,7 +112,9 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
 struct Shared {
     server: Arc<str>,
     http: reqwest::Client,
-    url: Secret,
+    /// Parsed once (reqwest would parse a string again for every request); it may carry
+    /// a credential, so it is never shown.
+    url: reqwest::Url,
     url_display: String,
     headers: HeaderMap,
     session: RwLock<Option<String>>,
@@ -108,6 +130,8 @@ struct Shared {
     /// The server answered `server/discover` naming 2026-07-28: no session, and every
     /// request carries the request metadata headers.
     modern: std::sync::atomic::AtomicBool,
+    /// Bodies being read to their end in the background ([`MAX_DRAINS`] at most).
+    drains: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -124,10 +148,10 @@ impl Shared {
 
     /// A request with the session's headers.
     fn request(&self, method: reqwest::Method, with_session: bool) -> reqwest::RequestBuilder {
-        let mut r = self
-            .http
-            .request(method, self.url.expose())
-            .headers(self.headers.clone());
+        let mut r = self.http.request(method, self.url.clone());
+        if !self.headers.is_empty() {
+            r = r.headers(self.headers.clone());
+        }
         if with_session {
             if let Some(s) = self.session() {
                 r = r.header(SESSION, s);
@@ -146,6 +170,47 @@ impl Shared {
 
     fn is_modern(&self) -> bool {
         self.modern.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Ends a response body the caller is done with, so that its connection is reused:
+    /// an HTTP/1.1 connection whose body is dropped unread is closed, and the next call
+    /// pays for a new one. Usually the end is already there (the server closed the stream
+    /// right after the answer) and this is synchronous; otherwise the rest is read in the
+    /// background, bounded by [`DRAIN_TIME`], [`DRAIN_BYTES`] and [`MAX_DRAINS`], and
+    /// then dropped.
+    fn finish<S, E>(&self, mut body: S)
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin + Send + 'static,
+    {
+        use futures::FutureExt;
+        let mut read = 0usize;
+        loop {
+            match body.next().now_or_never() {
+                Some(Some(Ok(chunk))) => {
+                    read += chunk.len();
+                    if read > DRAIN_BYTES {
+                        return;
+                    }
+                }
+                Some(None) | Some(Some(Err(_))) => return,
+                None => break,
+            }
+        }
+        let Ok(permit) = self.drains.clone().try_acquire_owned() else {
+            return; // Enough connections are lingering already: close this one.
+        };
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while let Some(Ok(chunk)) = body.next().await {
+                    read += chunk.len();
+                    if read > DRAIN_BYTES {
+                        return;
+                    }
+                }
+            })
+            .await;
+        });
     }
 
     /// POSTs one JSON-RPC message with the call's W3C trace context as headers.
@@ -177,7 +242,8 @@ impl Shared {
     /// Sends a message that expects no answer (a notification or a response).
     async fn send(&self, body: Vec<u8>) {
         match self.post(body, true).await {
-            Ok(r) if r.status().is_success() => {}
+            // Read the (normally empty) body, so the connection goes back to the pool.
+            Ok(r) if r.status().is_success() => self.finish(r.bytes_stream()),
             Ok(r) => debug!(status = %r.status(), "notification not accepted"),
             Err(e) => debug!(error = %e, "notification not sent"),
         }
@@ -273,6 +339,7 @@ impl Shared {
                         retry = Duration::from_millis(r);
                     }
                     if let Some(outcome) = self.stream_message(&ev.data, id, sink, progress).await {
+                        self.finish(body);
                         return Ok(outcome);
                     }
                 }

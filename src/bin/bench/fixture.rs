@@ -36,13 +36,13 @@ pub struct FixtureArgs {
 }
 
 #[derive(Deserialize)]
-struct Msg<'a> {
+pub struct Msg<'a> {
     #[serde(borrow, default)]
-    id: Option<&'a RawValue>,
+    pub id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    method: Option<Cow<'a, str>>,
+    pub method: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    params: Option<&'a RawValue>,
+    pub params: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -59,7 +59,7 @@ struct InitParams<'a> {
     protocol_version: Option<Cow<'a, str>>,
 }
 
-fn tools_result(extra: usize) -> String {
+pub fn tools_result(extra: usize) -> String {
     let schema = json!({
         "type": "object",
         "properties": { "text": { "type": "string" } },
@@ -78,6 +78,54 @@ fn tools_result(extra: usize) -> String {
         })
     }));
     json!({ "tools": tools }).to_string()
+}
+
+/// The answer to one request: `("result" | "error", its JSON)`. `tools` is
+/// [`tools_result`] of `extra_tools`; `name` goes in serverInfo.
+pub fn respond(method: &str, params: &str, tools: &str, extra_tools: usize, name: &str) -> (&'static str, String) {
+    match method {
+        "initialize" => {
+            let p: InitParams = serde_json::from_str(params).unwrap_or_default();
+            let version = p
+                .protocol_version
+                .as_deref()
+                .filter(|v| VERSIONS.contains(v))
+                .unwrap_or(LATEST);
+            let body = json!({
+                "protocolVersion": version,
+                "capabilities": { "tools": {} },
+                "serverInfo": { "name": name, "version": "1.0.0" },
+            });
+            ("result", body.to_string())
+        }
+        "ping" => ("result", "{}".to_owned()),
+        "tools/list" => ("result", tools.to_owned()),
+        "tools/call" => {
+            let p: CallParams = serde_json::from_str(params).unwrap_or_default();
+            let known = p.name.as_deref().is_some_and(|n| {
+                n == "echo"
+                    || n.strip_prefix("tool_")
+                        .is_some_and(|i| i.parse::<usize>().is_ok_and(|i| i < extra_tools))
+            });
+            if known {
+                let text = p
+                    .arguments
+                    .as_ref()
+                    .and_then(|a| a.get("text"))
+                    .map_or_else(String::new, |t| t.as_str().map_or_else(|| t.to_string(), str::to_owned));
+                let body = json!({ "content": [{ "type": "text", "text": text }] });
+                ("result", body.to_string())
+            } else {
+                let name = p.name.as_deref().unwrap_or("");
+                let body = json!({ "code": -32602, "message": format!("Unknown tool: {name}") });
+                ("error", body.to_string())
+            }
+        }
+        other => {
+            let body = json!({ "code": -32601, "message": format!("Method not found: {other}") });
+            ("error", body.to_string())
+        }
+    }
 }
 
 /// Runs the server until stdin closes.
@@ -99,53 +147,11 @@ pub fn run(args: FixtureArgs) -> anyhow::Result<()> {
             continue; // a notification or a response
         };
         let params = msg.params.map_or("{}", RawValue::get);
-        let (key, body) = match method {
-            "initialize" => {
-                if args.init_delay_ms > 0 {
-                    out.flush()?;
-                    std::thread::sleep(Duration::from_millis(args.init_delay_ms));
-                }
-                let p: InitParams = serde_json::from_str(params).unwrap_or_default();
-                let version = p
-                    .protocol_version
-                    .as_deref()
-                    .filter(|v| VERSIONS.contains(v))
-                    .unwrap_or(LATEST);
-                let body = json!({
-                    "protocolVersion": version,
-                    "capabilities": { "tools": {} },
-                    "serverInfo": { "name": args.name, "version": "1.0.0" },
-                });
-                ("result", body.to_string())
-            }
-            "ping" => ("result", "{}".to_owned()),
-            "tools/list" => ("result", tools.clone()),
-            "tools/call" => {
-                let p: CallParams = serde_json::from_str(params).unwrap_or_default();
-                let known = p.name.as_deref().is_some_and(|n| {
-                    n == "echo"
-                        || n.strip_prefix("tool_")
-                            .is_some_and(|i| i.parse::<usize>().is_ok_and(|i| i < args.tools))
-                });
-                if known {
-                    let text = p
-                        .arguments
-                        .as_ref()
-                        .and_then(|a| a.get("text"))
-                        .map_or_else(String::new, |t| t.as_str().map_or_else(|| t.to_string(), str::to_owned));
-                    let body = json!({ "content": [{ "type": "text", "text": text }] });
-                    ("result", body.to_string())
-                } else {
-                    let name = p.name.as_deref().unwrap_or("");
-                    let body = json!({ "code": -32602, "message": format!("Unknown tool: {name}") });
-                    ("error", body.to_string())
-                }
-            }
-            other => {
-                let body = json!({ "code": -32601, "message": format!("Method not found: {other}") });
-                ("error", body.to_string())
-            }
-        };
+        if method == "initialize" && args.init_delay_ms > 0 {
+            out.flush()?;
+            std::thread::sleep(Duration::from_millis(args.init_delay_ms));
+        }
+        let (key, body) = respond(method, params, &tools, args.tools, &args.name);
         writeln!(out, "{{\"jsonrpc\":\"2.0\",\"id\":{},\"{key}\":{body}}}", id.get())?;
         // Answer at once unless more input is already waiting (then batch the writes).
         if input.buffer().is_empty() {
