@@ -338,3 +338,57 @@ async fn raw_newlines_in_arguments_cannot_smuggle_messages_into_a_child() {
     // The child never ran the smuggled call: nothing but the echo reached its tools.
     assert!(!gw.logs().contains("hunter2"), "the secret reached the log");
 }
+
+/// A child that asks its client far more questions than the client answers: past the
+/// bound, each gets an error at once from the gateway, rather than a task waiting each.
+#[tokio::test]
+async fn a_server_asking_faster_than_clients_answer_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("asker.py");
+    std::fs::write(
+        &script,
+        r#"import json, sys
+N = 300
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+answered = refused = 0
+call = None
+for line in sys.stdin:
+    m = json.loads(line)
+    method = m.get("method")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": m["params"]["protocolVersion"],
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "asker", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"tools": [{"name": "ask", "inputSchema": {"type": "object"}}]}})
+    elif method == "tools/call":
+        call = m["id"]
+        for i in range(N):
+            send({"jsonrpc": "2.0", "id": "q%d" % i, "method": "roots/list"})
+    elif method is None and "id" in m:
+        answered += 1
+        if "already answering" in json.dumps(m.get("error", {})):
+            refused += 1
+        if refused == N - 64:
+            send({"jsonrpc": "2.0", "id": call, "result": {"content": [{"type": "text", "text": str(refused)}]}})
+"#,
+    )
+    .unwrap();
+    let cfg = format!(
+        "[servers.a]\ncommand = \"python3\"\nargs = [{:?}]\ntimeout = \"10s\"\n",
+        script.display().to_string()
+    );
+    let gw = Gateway::start(&cfg);
+    // The client can be asked for roots, and never answers.
+    let s = Session::open_with(&gw.url, json!({"roots": {}})).await;
+    let msgs = tokio::time::timeout(
+        T,
+        s.request_all(json!(1), "tools/call", json!({"name": "a__ask", "arguments": {}})),
+    )
+    .await
+    .expect("the call was not answered");
+    let last = msgs.last().unwrap();
+    assert_eq!(text(last), "236", "{last:.300}");
+    let asked = msgs.iter().filter(|m| m["method"] == "roots/list").count();
+    assert!(asked <= 64, "{asked} questions reached the client");
+}

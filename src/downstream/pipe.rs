@@ -26,6 +26,10 @@ pub const OUTBOX_BYTES: usize = 16 << 20;
 /// How many messages may wait in the outbox, whatever their size.
 pub const OUTBOX_MESSAGES: usize = 4096;
 
+/// How many of a server's own requests (sampling, elicitation, roots, ping) may wait for
+/// their answers at once; past it, the server gets an error at once.
+pub const MAX_QUESTIONS: usize = 64;
+
 /// When a server that owes answers counts as stuck: see the module doc.
 #[derive(Debug, Clone, Copy)]
 pub struct Watch {
@@ -84,6 +88,7 @@ pub fn run_pipe(
         watch,
         owed_since: None,
         degraded: conn.degraded.clone(),
+        questions: Arc::new(tokio::sync::Semaphore::new(MAX_QUESTIONS)),
         next_id: Arc::downgrade(&conn.next_id),
     };
     tokio::spawn(actor.run(rx, pipe.write, pipe.lines, pipe.exit).instrument(span));
@@ -113,6 +118,8 @@ struct Actor {
     owed_since: Option<Instant>,
     /// Shared with the handles: shown in `/status`, read by `/readyz`.
     degraded: Arc<AtomicBool>,
+    /// Permits for the server's own requests being answered ([`MAX_QUESTIONS`]).
+    questions: Arc<tokio::sync::Semaphore>,
     /// The handles' id counter, for the owner's own pings. Weak: the number of strong
     /// references is the number of handles ([`Connection::handles`]), which tells an idle
     /// session's process from a busy one.
@@ -432,9 +439,25 @@ impl Actor {
                     ),
                 };
                 let Some(write) = write.clone() else { return };
+                // Each question waits for its client: a server that asks faster than
+                // clients answer gets an error at once past the bound, not a task each.
+                let Ok(permit) = self.questions.clone().try_acquire_owned() else {
+                    let error = message::error_object(
+                        message::code::INTERNAL_ERROR,
+                        &format!(
+                            "mcp-gateway is already answering {MAX_QUESTIONS} requests of this server; ask again once they are answered"
+                        ),
+                        None,
+                    );
+                    let mut out = message::response(&id, &crate::message::Outcome::Error(error));
+                    out.push(b'\n');
+                    self.queue(None, out);
+                    return;
+                };
                 let unwritten = self.unwritten.clone();
                 tokio::spawn(
                     async move {
+                        let _permit = permit;
                         let outcome = super::answer_server_request(caller, method, params, &why).await;
                         let mut out = message::response(&id, &outcome);
                         out.push(b'\n');
