@@ -1065,13 +1065,7 @@ async fn serve_baseline(text: &str) -> Result<()> {
     );
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     eprintln!("baseline listening on http://{}/mcp", listener.local_addr()?);
-    // Stop when the parent closes our stdin.
-    tokio::spawn(async {
-        let mut buf = [0u8; 64];
-        let mut stdin = tokio::io::stdin();
-        while matches!(tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await, Ok(n) if n > 0) {}
-        std::process::exit(0);
-    });
+    exit_when_stdin_closes();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -2210,6 +2204,16 @@ async fn bench_main(mut args: Args) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// A fixture server started by the bench stops when the bench closes its stdin.
+fn exit_when_stdin_closes() {
+    tokio::spawn(async {
+        let mut buf = [0u8; 64];
+        let mut stdin = tokio::io::stdin();
+        while matches!(tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await, Ok(n) if n > 0) {}
+        std::process::exit(0);
+    });
 }
 
 #[cfg(test)]

@@ -114,13 +114,7 @@ async fn serve(args: RemoteArgs) -> Result<()> {
         tools: fixture::tools_result(0),
         stats: Stats::default(),
     });
-    // Stop when the parent closes our stdin.
-    tokio::spawn(async {
-        let mut buf = [0u8; 64];
-        let mut stdin = tokio::io::stdin();
-        while matches!(tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await, Ok(n) if n > 0) {}
-        std::process::exit(0);
-    });
+    super::exit_when_stdin_closes();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
