@@ -963,6 +963,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// How long a call parked on a question waits for the client's retry (`gateway.input_timeout`).
+pub const DEFAULT_INPUT_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Config {
     /// Reads and validates a config file. `env` looks up the gateway's environment.
@@ -1041,7 +1043,12 @@ impl Config {
             "session_idle",
             Duration::from_secs(30 * 60),
         );
-        let input_timeout = duration(&mut cx, g.input_timeout.as_ref(), "input_timeout", crate::mrtr::TTL);
+        let input_timeout = duration(
+            &mut cx,
+            g.input_timeout.as_ref(),
+            "input_timeout",
+            DEFAULT_INPUT_TIMEOUT,
+        );
         let header_timeout = duration(
             &mut cx,
             g.header_timeout.as_ref(),

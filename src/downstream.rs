@@ -216,11 +216,14 @@ impl DsError {
 
     /// The JSON-RPC error object a client receives.
     pub fn to_error_object(&self) -> Box<RawValue> {
-        message::error_object(
-            self.code(),
-            &self.to_string(),
-            Some(serde_json::json!({ "server": self.server() })),
-        )
+        crate::error::Error::from(self).object()
+    }
+}
+
+impl From<&DsError> for crate::error::Error {
+    /// Always the named server's fault.
+    fn from(e: &DsError) -> crate::error::Error {
+        crate::error::Error::server(&Arc::from(e.server()), e.code(), e.to_string())
     }
 }
 

@@ -12,20 +12,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 
-/// JSON-RPC error codes used by the gateway.
-pub mod code {
-    pub const PARSE_ERROR: i64 = -32700;
-    pub const INVALID_REQUEST: i64 = -32600;
-    pub const METHOD_NOT_FOUND: i64 = -32601;
-    pub const INVALID_PARAMS: i64 = -32602;
-    pub const INTERNAL_ERROR: i64 = -32603;
-    /// Used by the official SDKs for a request that timed out.
-    pub const REQUEST_TIMEOUT: i64 = -32001;
-    /// Resource not found (handshake-era revisions).
-    pub const RESOURCE_NOT_FOUND: i64 = -32002;
-    /// A rate limit was hit; `data.retryAfterMs` says when to try again.
-    pub const RATE_LIMITED: i64 = -32029;
-}
+/// JSON-RPC error codes: defined once, in [`crate::error::code`].
+pub use crate::error::code;
 
 /// The longest id accepted, in bytes of its JSON text (quotes and escapes included).
 /// A longer one makes the message an invalid request (-32600).
@@ -257,6 +245,12 @@ pub enum Kind {
 pub enum Outcome {
     Result(Raw),
     Error(Box<RawValue>),
+}
+
+impl From<crate::error::Error> for Outcome {
+    fn from(e: crate::error::Error) -> Outcome {
+        Outcome::Error(e.object())
+    }
 }
 
 /// A result's JSON text as the server wrote it: valid JSON, and UTF-8. A large one shares

@@ -16,7 +16,7 @@
 //! process) covers those and the method, name/uri and principal (auth identity, or IP) it
 //! was issued for, so a state is refused when tampered with, expired, presented for
 //! another request or by another principal, or used twice (each round's state is taken
-//! once). A parked call expires after [`TTL`] and is then cancelled downstream (its task
+//! once). A parked call expires after `gateway.input_timeout` ([`crate::config::DEFAULT_INPUT_TIMEOUT`]) and is then cancelled downstream (its task
 //! is aborted). Parked calls live in one gateway process: a retry reaching another
 //! instance is refused. A `requestState` without the `mcp-gateway.` mark is not the
 //! gateway's: it is a 2026-07-28 server's own, and the retry goes to that server untouched.
@@ -39,8 +39,6 @@ use tracing::debug;
 /// passes through to it untouched (a 2026-07-28 server's multi round-trip request).
 pub const STATE_PREFIX: &str = "mcp-gateway.";
 
-/// How long a parked call waits for the client's retry.
-pub const TTL: Duration = Duration::from_secs(300);
 /// Calls parked at once at most; past it a call that asks is failed instead (a bound on
 /// what clients that never retry can hold).
 pub const MAX_PARKED: usize = 10_000;
@@ -410,7 +408,7 @@ impl Round {
                     Step::Related(m) => return Some(((false, m), Some((call, previous)))),
                     Step::Done(out) => {
                         let out = out.unwrap_or_else(|| {
-                            Outcome::Error(message::error_object(-32800, "request cancelled", None))
+                            Outcome::Error(message::error_object(crate::error::code::REQUEST_CANCELLED, "request cancelled", None))
                         });
                         crate::front::modern::finish(
                             &round.method,

@@ -38,7 +38,7 @@ use tracing::{debug, info};
 /// Comment lines sent on idle SSE streams so dead peers are noticed.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// JSON-RPC code for a request the client cancelled (as in LSP).
-const REQUEST_CANCELLED: i64 = -32800;
+use crate::error::code::REQUEST_CANCELLED;
 
 // Parsed once: looking a header up by `&str` parses and validates the name every time.
 static SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
@@ -1022,7 +1022,13 @@ fn stateless_json(answer: bytes::Bytes) -> Response {
         Ok(Kind::Response {
             outcome: Outcome::Error(e),
             ..
-        }) if matches!(message::error_summary(&e).0, -32022..=-32020) => StatusCode::BAD_REQUEST,
+        }) if matches!(
+            message::error_summary(&e).0,
+            crate::error::code::UNSUPPORTED_VERSION..=crate::error::code::HEADER_MISMATCH
+        ) =>
+        {
+            StatusCode::BAD_REQUEST
+        }
         _ => StatusCode::OK,
     };
     (status, json_response(answer)).into_response()

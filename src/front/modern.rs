@@ -33,8 +33,7 @@ use serde_json::{json, Map, Value};
 
 /// The one stateless revision served.
 pub const VERSION: &str = "2026-07-28";
-pub const HEADER_MISMATCH: i64 = -32020;
-pub const UNSUPPORTED_VERSION: i64 = -32022;
+pub use crate::error::code::{HEADER_MISMATCH, UNSUPPORTED_VERSION};
 
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";

@@ -1,0 +1,190 @@
+//! The one error type of the gateway's own answers, and every JSON-RPC code it uses.
+//!
+//! An [`Error`] is made where something goes wrong and rendered by the front that
+//! answers: a JSON-RPC error object on every front ([`Error::object`]), and over HTTP a
+//! status as well ([`Error::status`]). It records whose fault it is ([`Source`]), as
+//! pingora-error's `ErrorSource` does: the client's (a bad request), a downstream
+//! server's (named), or the gateway's own. A server's own JSON-RPC error is not one of
+//! these: it reaches the client byte for byte as the server wrote it.
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+/// JSON-RPC error codes: each has its one definition here.
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// Used by the official SDKs for a request that timed out.
+    pub const REQUEST_TIMEOUT: i64 = -32001;
+    /// Resource not found (handshake-era revisions).
+    pub const RESOURCE_NOT_FOUND: i64 = -32002;
+    /// 2026-07-28: an `Mcp-*` header disagrees with the body.
+    pub const HEADER_MISMATCH: i64 = -32020;
+    /// 2026-07-28: the protocol version asked for is not one the gateway speaks.
+    pub const UNSUPPORTED_VERSION: i64 = -32022;
+    /// A rate limit was hit; `data.retryAfterMs` says when to try again.
+    pub const RATE_LIMITED: i64 = -32029;
+    /// The request was cancelled (LSP's code, which the SDKs use).
+    pub const REQUEST_CANCELLED: i64 = -32800;
+}
+
+/// Whose fault an error is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The client sent something wrong: fix the request.
+    Client,
+    /// The named downstream server failed, timed out or is unavailable.
+    Server(Arc<str>),
+    /// The gateway itself could not do what it should (a bug, or a resource exhausted).
+    Gateway,
+}
+
+impl Source {
+    /// A short label for metrics and spans: `client`, `server` or `gateway`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Source::Client => "client",
+            Source::Server(_) => "server",
+            Source::Gateway => "gateway",
+        }
+    }
+}
+
+/// An error the gateway answers with itself.
+#[derive(Clone, Debug)]
+pub struct Error {
+    pub code: i64,
+    pub message: String,
+    /// `error.data`: for a server's error `{"server": name}` at least.
+    pub data: Option<Value>,
+    pub source: Source,
+    /// Over HTTP, the status to answer with instead of the one [`Error::status`] derives
+    /// from the code (406, 413, 415, a session's 404 …).
+    pub http_status: Option<u16>,
+}
+
+impl Error {
+    /// A client's error with `code`.
+    pub fn client(code: i64, message: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: message.into(),
+            data: None,
+            source: Source::Client,
+            http_status: None,
+        }
+    }
+
+    pub fn parse(message: impl Into<String>) -> Error {
+        Error::client(code::PARSE_ERROR, message)
+    }
+
+    pub fn invalid_request(message: impl Into<String>) -> Error {
+        Error::client(code::INVALID_REQUEST, message)
+    }
+
+    pub fn invalid_params(message: impl Into<String>) -> Error {
+        Error::client(code::INVALID_PARAMS, message)
+    }
+
+    /// -32601 naming the method.
+    pub fn method_not_found(method: &str) -> Error {
+        Error::client(code::METHOD_NOT_FOUND, format!("method not found: {method}"))
+    }
+
+    /// The named server's error; `data.server` names it.
+    pub fn server(server: &Arc<str>, code: i64, message: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: message.into(),
+            data: Some(Value::Object(Map::from_iter([(
+                "server".to_owned(),
+                Value::String(server.to_string()),
+            )]))),
+            source: Source::Server(server.clone()),
+            http_status: None,
+        }
+    }
+
+    /// The gateway's own failure (-32603).
+    pub fn gateway(message: impl Into<String>) -> Error {
+        Error {
+            code: code::INTERNAL_ERROR,
+            message: message.into(),
+            data: None,
+            source: Source::Gateway,
+            http_status: None,
+        }
+    }
+
+    pub fn with_data(mut self, data: Value) -> Error {
+        self.data = Some(data);
+        self
+    }
+
+    /// Over HTTP, answer with `status`.
+    pub fn with_status(mut self, status: u16) -> Error {
+        self.http_status = Some(status);
+        self
+    }
+
+    /// The JSON-RPC error object: `{"code", "message", "data"?}`.
+    pub fn object(&self) -> Box<RawValue> {
+        let mut m = Map::new();
+        m.insert("code".into(), self.code.into());
+        m.insert("message".into(), Value::String(self.message.clone()));
+        if let Some(d) = &self.data {
+            m.insert("data".into(), d.clone());
+        }
+        // A serde_json::Value always serializes, and its text is JSON.
+        RawValue::from_string(Value::Object(m).to_string())
+            .unwrap_or_else(|_| RawValue::from_string(format!("{{\"code\":{}}}", self.code)).unwrap_or_default())
+    }
+
+    /// The HTTP status an HTTP front answers with: the explicit one, else 400 for a
+    /// client's malformed message, 200 (a JSON-RPC error in the body) for the rest.
+    pub fn status(&self) -> u16 {
+        if let Some(s) = self.http_status {
+            return s;
+        }
+        match self.code {
+            code::PARSE_ERROR | code::INVALID_REQUEST => 400,
+            code::UNSUPPORTED_VERSION..=code::HEADER_MISMATCH => 400,
+            _ => 200,
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.code)
+    }
+}
+
+impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_and_sources() {
+        let e = Error::invalid_params("unknown tool: x").with_data(serde_json::json!({"tool": "x"}));
+        assert_eq!(
+            e.object().get(),
+            r#"{"code":-32602,"message":"unknown tool: x","data":{"tool":"x"}}"#
+        );
+        assert_eq!(e.source, Source::Client);
+        let s: Arc<str> = "calc".into();
+        let e = Error::server(&s, code::REQUEST_TIMEOUT, "server 'calc' timed out");
+        assert_eq!(e.source.label(), "server");
+        assert!(e.object().get().contains(r#""data":{"server":"calc"}"#));
+        assert_eq!(Error::parse("x").status(), 400);
+        assert_eq!(Error::invalid_params("x").status(), 200);
+        assert_eq!(Error::invalid_params("x").with_status(406).status(), 406);
+    }
+}
