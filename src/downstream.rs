@@ -11,9 +11,9 @@
 //! the handle by [`crate::supervisor`], so every transport shares them.
 
 pub mod http;
-pub mod modern;
 pub mod pipe;
 pub mod sse;
+pub mod stateless;
 pub mod stdio;
 
 use crate::message::{self, Id, Outcome};

@@ -805,7 +805,7 @@ impl Gateway {
                     // Refcounted: the downstream already is (or still must stay) subscribed.
                     return Outcome::Result(message::empty_object().into());
                 }
-                if topo.servers[server].modern() {
+                if topo.servers[server].stateless() {
                     // 2026-07-28 has no resources/subscribe: the URI joins the server's listen stream.
                     topo.servers[server].listen_uri(&key.1, method == "resources/subscribe");
                     return Outcome::Result(message::empty_object().into());
@@ -895,8 +895,8 @@ impl Gateway {
         } else {
             None
         };
-        let modern = s.state().info.as_ref().is_some_and(|i| i.modern);
-        if !modern {
+        let stateless = s.state().info.as_ref().is_some_and(|i| i.stateless);
+        if !stateless {
             // Handshake era: no envelope, no bridge; the params go on as opened (for
             // tools/call and prompts/get, Members: untouched values stay raw).
             return self.forward_plain(s, &conn, method, params, progress, sink).await;
@@ -907,7 +907,8 @@ impl Gateway {
         self.stamp(s, client, method, &mut params, &mut headers);
         // A handshake-era client cannot take an input_required result: the gateway asks
         // it itself and retries (the first bridge). Only these methods may return one.
-        let bridge = modern && !client.stateless && matches!(method, "tools/call" | "prompts/get" | "resources/read");
+        let bridge =
+            stateless && !client.stateless && matches!(method, "tools/call" | "prompts/get" | "resources/read");
         let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
         let ds = downstream_span(s, method, params.name().as_deref());
         ds.inject(&mut params);
@@ -926,7 +927,7 @@ impl Gateway {
         };
         match retry {
             Some((params, headers, progress, sink)) => {
-                crate::downstream::modern::bridge_input_required(
+                crate::downstream::stateless::bridge_input_required(
                     &conn, &s.name, method, out, params, headers, progress, sink, timeout,
                 )
                 .await
@@ -980,7 +981,7 @@ impl Gateway {
             .unwrap_or_else(|e| e.into_inner())
             .and_then(|r| crate::downstream::LOG_LEVELS.get(r).copied())
             .filter(|_| !client.silent);
-        crate::downstream::modern::stamp(params, caps, level);
+        crate::downstream::stateless::stamp(params, caps, level);
         if method == "tools/call" && matches!(s.cfg.transport, crate::config::Transport::Http(_)) {
             let name = params.get("name").and_then(Value::as_str);
             let state = s.state();
@@ -991,7 +992,7 @@ impl Gateway {
                 .find(|t| t.get("name").and_then(Value::as_str) == name)
                 .and_then(|t| t.get("inputSchema"));
             if let Some(schema) = schema {
-                crate::downstream::modern::param_headers(schema, params.get("arguments"), headers);
+                crate::downstream::stateless::param_headers(schema, params.get("arguments"), headers);
             }
         }
     }

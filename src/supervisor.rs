@@ -5,7 +5,7 @@
 
 use crate::catalog::{Hint, Lists};
 use crate::config;
-use crate::downstream::{self, modern, Connection, DsError, Incoming, Params};
+use crate::downstream::{self, stateless, Connection, DsError, Incoming, Params};
 use crate::message::{self, Outcome};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -89,7 +89,7 @@ pub struct InitInfo {
     pub server_info: Value,
     pub instructions: Option<String>,
     /// Speaks 2026-07-28: every request carries the `_meta` envelope, no session.
-    pub modern: bool,
+    pub stateless: bool,
 }
 
 impl InitInfo {
@@ -612,7 +612,7 @@ impl Server {
             let clean = match incoming {
                 Some(incoming) => {
                     // A 2026-07-28 server tells of changes only on a listen stream.
-                    let listener = self.modern().then(|| tokio::spawn(self.clone().listen()));
+                    let listener = self.stateless().then(|| tokio::spawn(self.clone().listen()));
                     let clean = self.watch(incoming, events.clone()).await;
                     if let Some(l) = listener {
                         l.abort();
@@ -669,8 +669,8 @@ impl Server {
     }
 
     /// Whether the server speaks 2026-07-28.
-    pub fn modern(&self) -> bool {
-        self.state().info.as_ref().is_some_and(|i| i.modern)
+    pub fn stateless(&self) -> bool {
+        self.state().info.as_ref().is_some_and(|i| i.stateless)
     }
 
     /// Adds (or removes) a resource URI to the server's listen stream, which is opened
@@ -739,7 +739,7 @@ impl Server {
             let mut p = Map::new();
             p.insert("notifications".into(), Value::Object(filter));
             let params = Params::Object {
-                params: modern::own_params(p),
+                params: stateless::own_params(p),
                 progress: None,
             };
             let began = Instant::now();
@@ -953,7 +953,7 @@ impl Server {
                 Some(info) => Ok(info),
                 None => Err(Handshake::Refused(format!(
                     "server/discover did not name {} (protocol = \"2026-07-28\" in gateway.toml)",
-                    modern::VERSION
+                    stateless::VERSION
                 ))),
             },
             config::Era::Auto if self.skip_probe.load(Ordering::Relaxed) => self.initialize(conn).await,
@@ -1020,7 +1020,7 @@ impl Server {
     /// `server/discover` at 2026-07-28. `Ok(None)`: the answer was not a discover result
     /// naming that version (a handshake-era server).
     async fn discover(&self, conn: &Connection, timeout: Duration) -> Result<Option<InitInfo>, Handshake> {
-        let params = modern::own_params(Map::new());
+        let params = stateless::own_params(Map::new());
         let out = conn
             .call(
                 "server/discover",
@@ -1033,12 +1033,12 @@ impl Server {
         let Outcome::Result(r) = out else {
             return Ok(None);
         };
-        Ok(modern::discovered(r.get()).map(|d| InitInfo {
-            protocol_version: modern::VERSION.to_owned(),
+        Ok(stateless::discovered(r.get()).map(|d| InitInfo {
+            protocol_version: stateless::VERSION.to_owned(),
             capabilities: d.capabilities,
             server_info: d.server_info,
             instructions: d.instructions,
-            modern: true,
+            stateless: true,
         }))
     }
 
@@ -1053,7 +1053,7 @@ impl Server {
             // Questions a server asks go to the client of the call that caused them; a
             // client that lacks the capability gets the question refused with a reason.
             "capabilities": { "sampling": {}, "elicitation": {}, "roots": { "listChanged": true } },
-            "clientInfo": modern::client_info(),
+            "clientInfo": stateless::client_info(),
         });
         conn.call(
             "initialize",
@@ -1089,7 +1089,7 @@ impl Server {
             },
             server_info: r.remove("serverInfo").unwrap_or(Value::Null),
             instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
-            modern: false,
+            stateless: false,
         };
         conn.notify("notifications/initialized", None).await;
         Ok(info)
@@ -1115,8 +1115,8 @@ impl Server {
 
     /// 2026-07-28: a tool whose x-mcp-header annotations break the rules is not offered.
     fn usable_tools(&self, info: &InitInfo, mut tools: Vec<Map<String, Value>>) -> Vec<Map<String, Value>> {
-        if info.modern {
-            tools.retain(|t| match modern::check_x_mcp_headers(t.get("inputSchema")) {
+        if info.stateless {
+            tools.retain(|t| match stateless::check_x_mcp_headers(t.get("inputSchema")) {
                 Ok(()) => true,
                 Err(why) => {
                     let tool = t.get("name").and_then(Value::as_str).unwrap_or("");
@@ -1143,7 +1143,7 @@ impl Server {
             // Nothing to change, nothing to cache against.
             return (
                 Vec::new(),
-                info.modern.then_some(Hint {
+                info.stateless.then_some(Hint {
                     ttl_ms: u64::MAX,
                     private: false,
                 }),
@@ -1153,13 +1153,13 @@ impl Server {
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let params = if info.modern {
+            let params = if info.stateless {
                 let mut p = Map::new();
                 if let Some(c) = &cursor {
                     p.insert("cursor".into(), Value::String(c.clone()));
                 }
                 Params::Object {
-                    params: modern::own_params(p),
+                    params: stateless::own_params(p),
                     progress: None,
                 }
             } else {
@@ -1185,7 +1185,7 @@ impl Server {
                     break;
                 }
             };
-            if info.modern {
+            if info.stateless {
                 let h = Hint::of(&page);
                 hint = Some(hint.map_or(h, |o| o.and(h)));
             }

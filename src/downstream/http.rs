@@ -99,7 +99,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         incoming,
         stop: CancellationToken::new(),
         listening: std::sync::atomic::AtomicBool::new(false),
-        modern: std::sync::atomic::AtomicBool::new(false),
+        stateless: std::sync::atomic::AtomicBool::new(false),
         drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
@@ -129,7 +129,7 @@ struct Shared {
     listening: std::sync::atomic::AtomicBool,
     /// The server answered `server/discover` naming 2026-07-28: no session, and every
     /// request carries the request metadata headers.
-    modern: std::sync::atomic::AtomicBool,
+    stateless: std::sync::atomic::AtomicBool,
     /// Bodies being read to their end in the background ([`MAX_DRAINS`] at most).
     drains: Arc<tokio::sync::Semaphore>,
 }
@@ -168,8 +168,8 @@ impl Shared {
         self.post_traced(body, with_session, None, &[]).await
     }
 
-    fn is_modern(&self) -> bool {
-        self.modern.load(std::sync::atomic::Ordering::Acquire)
+    fn is_stateless(&self) -> bool {
+        self.stateless.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Ends a response body the caller is done with, so that its connection is reused:
@@ -516,13 +516,13 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 headers,
             } => {
                 // 2026-07-28: the request metadata headers, mirrored from the body.
-                let modern = method == "server/discover" || shared.is_modern();
+                let modern = method == "server/discover" || shared.is_stateless();
                 let mut extra = Vec::new();
                 if modern {
-                    extra.push((VERSION.to_owned(), super::modern::VERSION.to_owned()));
+                    extra.push((VERSION.to_owned(), super::stateless::VERSION.to_owned()));
                     extra.push(("mcp-method".to_owned(), method.clone()));
                     if let Params::Object { params, .. } = &params {
-                        if let Some(n) = super::modern::name_header(&method, params) {
+                        if let Some(n) = super::stateless::name_header(&method, params) {
                             extra.push(("mcp-name".to_owned(), n));
                         }
                     }
@@ -593,7 +593,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
             Command::Cancel { id, reason } => {
                 if let Some(task) = inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
                     task.abort();
-                    if shared.is_modern() {
+                    if shared.is_stateless() {
                         // 2026-07-28: closing the response stream is the cancellation.
                         continue;
                     }
@@ -675,8 +675,8 @@ async fn call(
         let outcome = shared.read_answer(resp, id, sink, progress).await?;
         if method == "server/discover" {
             if let Outcome::Result(r) = &outcome {
-                if super::modern::discovered(r.get()).is_some() {
-                    shared.modern.store(true, std::sync::atomic::Ordering::Release);
+                if super::stateless::discovered(r.get()).is_some() {
+                    shared.stateless.store(true, std::sync::atomic::Ordering::Release);
                 }
             }
         }

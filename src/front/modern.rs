@@ -23,7 +23,7 @@
 //! Servers' questions during `tools/call`, `prompts/get` and `resources/read` become
 //! `input_required` results ([`input_required`], driven by [`crate::mrtr`] from the HTTP
 //! and stdio fronts). A 2026-07-28 server's own `input_required` result passes through
-//! untouched (see [`crate::downstream::modern`]), and so does a retry's `requestState`
+//! untouched (see [`crate::downstream::stateless`]), and so does a retry's `requestState`
 //! that the gateway did not mint.
 
 use crate::message::{self, code, Outcome};

@@ -26,7 +26,7 @@ impl Gateway {
         // From a 2026-07-28 server's listen stream: its subscription id is the gateway's own.
         let tagged = match p.get_mut("_meta") {
             Some(Value::Object(m)) => {
-                let had = m.remove(crate::downstream::modern::META_SUBSCRIPTION).is_some();
+                let had = m.remove(crate::downstream::stateless::META_SUBSCRIPTION).is_some();
                 if m.is_empty() {
                     p.remove("_meta");
                 }
@@ -74,7 +74,11 @@ impl Gateway {
         let level = crate::downstream::LOG_LEVELS[rank];
         let calls = topo.servers.iter().filter_map(|s| {
             // A 2026-07-28 server gets the level with each request instead.
-            let logs = s.state().info.as_ref().is_some_and(|i| i.has("logging") && !i.modern);
+            let logs = s
+                .state()
+                .info
+                .as_ref()
+                .is_some_and(|i| i.has("logging") && !i.stateless);
             let conn = s.connection().ok().filter(|_| logs)?;
             let params = message::to_raw(&json!({ "level": level }));
             Some(async move {
@@ -214,7 +218,7 @@ impl Gateway {
             let Some(s) = topo.servers.iter().find(|s| s.name == server) else {
                 continue;
             };
-            if s.modern() {
+            if s.stateless() {
                 s.listen_uri(&uri, false);
                 continue;
             }
@@ -239,7 +243,7 @@ impl Gateway {
         let Some(s) = topo.servers.iter().find(|s| s.name == server).cloned() else {
             return;
         };
-        if s.modern() {
+        if s.stateless() {
             // Its listen stream carries the URIs across restarts; log levels go per request.
             return;
         }
