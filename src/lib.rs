@@ -40,9 +40,9 @@ pub mod metrics;
 pub mod mrtr;
 pub mod reload;
 pub mod router;
+pub mod shared;
 pub mod sse;
 pub mod supervisor;
-pub mod tasks;
 pub mod telemetry;
 
 use anyhow::Context;

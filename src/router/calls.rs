@@ -1,0 +1,144 @@
+//! Calls by public name: `tools/call` and `prompts/get` (routed by the catalog's tables,
+//! never by splitting the name), and `completion/complete` (by the prompt or resource
+//! it completes for).
+
+use super::resources::resource_owner;
+use super::tasks::supports_tasks;
+use super::{Call, Gateway, Topology};
+use crate::downstream::DsError;
+use crate::error::Error;
+use crate::message::{self, Outcome};
+use crate::method::Method;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+impl Gateway {
+    /// tools/call and prompts/get.
+    pub(super) async fn call_named(&self, cx: &mut Call<'_>, method: Method, params: Option<Box<RawValue>>) -> Outcome {
+        let topo = cx.topo;
+        let tool = method == Method::ToolsCall;
+        let (table, what) = if tool {
+            (&topo.catalog.tools, "tool")
+        } else {
+            (&topo.catalog.prompts, "prompt")
+        };
+        // Opened one level only: `arguments` goes on as the client wrote it.
+        let mut p = match message::Members::parse(params) {
+            Ok(p) => p,
+            Err(e) => return Error::invalid_params(e).into(),
+        };
+        let name = p.get_str("name");
+        let Some(name) = name.as_deref() else {
+            return Error::invalid_params(format!("{method} needs params.name")).into();
+        };
+        if name.len() > message::MAX_NAME_LEN {
+            let max = message::MAX_NAME_LEN;
+            let e = format!(
+                "{method}: params.name is {} bytes, longer than the {max} allowed",
+                name.len()
+            );
+            return Error::invalid_params(e).into();
+        }
+        // The schema says an object when present (the TS SDK refuses anything else, null
+        // included); a server must never see another shape.
+        if let Some(kind) = p.get_raw("arguments").and_then(not_an_object) {
+            let e = format!("{method}: params.arguments must be an object when present, not {kind}");
+            return Error::invalid_params(e).into();
+        }
+        let Some(route) = table.get(name).filter(|_| cx.visible(name)) else {
+            // A name under the prefix of a server that is down is that server's problem,
+            // not an unknown name: say so (unless the name is hidden).
+            if let Some(e) = down_server_for(topo, name).filter(|_| cx.visible(name)) {
+                return Outcome::Error(e.to_error_object());
+            }
+            let e = Error::invalid_params(format!("unknown {what}: {name}")).with_data(json!({ what: name }));
+            return e.into();
+        };
+        if tool {
+            cx.info.tool = Some(name.to_owned());
+        }
+        // Known from here on, so a limited call counts under its server too.
+        let server = &topo.servers[route.server];
+        cx.info.server = Some(server.name.clone());
+        if let Err(l) = topo
+            .limits
+            .check_server(route.server, tool.then_some(route.name.as_str()))
+        {
+            return self.limited(method, &l, &mut cx.info);
+        }
+        p.insert_str("name", &route.name);
+        // A task-augmented call goes as one only to a server that declared it can.
+        let as_task = tool && p.contains_key("task");
+        if as_task && !supports_tasks(server, "call") {
+            p.remove("task");
+        }
+        match self.forward(cx, route.server, method, p).await {
+            Outcome::Result(r) if as_task => self
+                .created_task(&server.name, cx.client, r.get())
+                .await
+                .unwrap_or(Outcome::Result(r)),
+            other => other,
+        }
+    }
+
+    /// completion/complete: to the server of the prompt or resource it completes for.
+    pub(super) async fn complete(&self, cx: &mut Call<'_>, params: Option<Box<RawValue>>) -> Outcome {
+        let mut p = match message::params_object(params.as_deref()) {
+            Ok(p) => p,
+            Err(e) => return Error::invalid_params(e).into(),
+        };
+        let Some(Value::Object(r)) = p.get_mut("ref") else {
+            return Error::invalid_params("completion/complete needs params.ref").into();
+        };
+        let server = match r.get("type").and_then(Value::as_str) {
+            Some("ref/prompt") => {
+                let name = r.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let Some(route) = cx.topo.catalog.prompts.get(&name).filter(|_| cx.visible(&name)) else {
+                    return Error::invalid_params(format!("unknown prompt: {name}")).into();
+                };
+                r.insert("name".into(), Value::String(route.name.clone()));
+                route.server
+            }
+            Some("ref/resource") => {
+                let uri = r.get("uri").and_then(Value::as_str).unwrap_or_default().to_owned();
+                match resource_owner(cx.topo, &uri).filter(|_| cx.visible(&uri)) {
+                    Some(s) => s,
+                    None => return Error::invalid_params(format!("unknown resource: {uri}")).into(),
+                }
+            }
+            other => {
+                let e = format!("unknown ref type: {}", other.unwrap_or("(none)"));
+                return Error::invalid_params(e).into();
+            }
+        };
+        self.forward(cx, server, Method::CompletionComplete, p).await
+    }
+}
+
+/// What kind of JSON value `raw` (a value's text, no leading whitespace) is, unless an object.
+fn not_an_object(raw: &str) -> Option<&'static str> {
+    Some(match raw.as_bytes().first()? {
+        b'{' => return None,
+        b'[' => "an array",
+        b'"' => "a string",
+        b'n' => "null",
+        b't' | b'f' => "a boolean",
+        _ => "a number",
+    })
+}
+
+/// The error of a server that is not ready and whose prefix `name` carries.
+fn down_server_for(topo: &Topology, name: &str) -> Option<DsError> {
+    let sep = &topo.config.gateway.separator;
+    topo.servers.iter().find_map(|s| {
+        let prefix = s.settings().prefix.clone();
+        let prefixed = !prefix.is_empty()
+            && name
+                .strip_prefix(prefix.as_str())
+                .is_some_and(|rest| rest.starts_with(sep.as_str()));
+        if !prefixed {
+            return None;
+        }
+        s.connection().err()
+    })
+}

@@ -1,0 +1,183 @@
+//! Sending one call to its server: the server's rate limit, its connection (shared, or
+//! the session's own process), the trace context, and for a 2026-07-28 server the
+//! per-request envelope and the bridge that answers `input_required` for a handshake-era
+//! client.
+
+use super::{Call, Gateway};
+use crate::client::Client;
+use crate::config::Transport;
+use crate::downstream::{stateless, Connection, OpenParams, Params, Sink, LOG_LEVELS};
+use crate::message::{Id, Outcome};
+use crate::method::Method;
+use crate::supervisor::Server;
+use crate::telemetry::{self, DownstreamSpan};
+use serde_json::{Map, Value};
+use tracing::{warn, Instrument};
+
+impl Gateway {
+    /// Sends `method` with `params` to server number `server` of the call's topology.
+    pub(super) async fn forward(
+        &self,
+        cx: &mut Call<'_>,
+        server: usize,
+        method: Method,
+        mut params: impl OpenParams,
+    ) -> Outcome {
+        let topo = cx.topo;
+        let s = &topo.servers[server];
+        cx.info.server = Some(s.name.clone());
+        if !matches!(method, Method::ToolsCall | Method::PromptsGet) {
+            // Those two were checked with their names already.
+            if let Err(l) = topo.limits.check_server(server, None) {
+                return self.limited(method, &l, &mut cx.info);
+            }
+        }
+        let conn = match &cx.info.session {
+            // Boxed: starting a per-session process (probe, handshake, lists) is a large
+            // future, and inline it would make every request's future that large.
+            Some(session) => Box::pin(s.connection_for(session)).await,
+            None => s.connection(),
+        };
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => return Outcome::Error(e.to_error_object()),
+        };
+        let progress = params.take_progress().map(|t| cx.info.progress.take().unwrap_or(t));
+        let sink = cx.sink.take();
+        let stateless = s.state().info.as_ref().is_some_and(|i| i.stateless);
+        if !stateless {
+            // Handshake era: no envelope, no bridge; the params go on as opened (for
+            // tools/call and prompts/get, Members: untouched values stay raw).
+            return forward_plain(s, &conn, method, params, progress, sink).await;
+        }
+        // The 2026-07-28 envelope and the input_required retry work on the whole map.
+        let mut params = params.into_map();
+        let mut headers = Vec::new();
+        stamp(s, cx.client, method, &mut params, &mut headers);
+        // A handshake-era client cannot take an input_required result: the gateway asks
+        // it itself and retries (the first bridge).
+        let bridge = !cx.client.stateless && method.may_ask();
+        let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
+        let ds = downstream_span(s, method, params.name().as_deref());
+        ds.inject(&mut params);
+        let timeout = s.settings().timeout;
+        let res = conn
+            .call_with_headers(
+                method.as_str(),
+                Params::Object { params, progress },
+                sink,
+                timeout,
+                headers,
+            )
+            .instrument(ds.span.clone())
+            .await;
+        ds.finish(&res);
+        let out = match res {
+            Ok(out) => out,
+            Err(e) => {
+                warn!(server = %s.name, %method, error = %e, "downstream call failed");
+                return Outcome::Error(e.to_error_object());
+            }
+        };
+        match retry {
+            Some((params, headers, progress, sink)) => {
+                stateless::bridge_input_required(
+                    &conn,
+                    &s.name,
+                    method.as_str(),
+                    out,
+                    params,
+                    headers,
+                    progress,
+                    sink,
+                    timeout,
+                )
+                .await
+            }
+            None => out,
+        }
+    }
+}
+
+/// A call to a handshake-era server: trace context in, params out as they are.
+async fn forward_plain(
+    s: &Server,
+    conn: &Connection,
+    method: Method,
+    mut params: impl OpenParams,
+    progress: Option<Id>,
+    sink: Option<Sink>,
+) -> Outcome {
+    let ds = downstream_span(s, method, params.name().as_deref());
+    ds.inject(&mut params);
+    let res = conn
+        .call(
+            method.as_str(),
+            params.into_params(progress),
+            sink,
+            s.settings().timeout,
+        )
+        .instrument(ds.span.clone())
+        .await;
+    ds.finish(&res);
+    match res {
+        Ok(out) => out,
+        Err(e) => {
+            warn!(server = %s.name, %method, error = %e, "downstream call failed");
+            Outcome::Error(e.to_error_object())
+        }
+    }
+}
+
+/// The 2026-07-28 envelope for a call to a stateless server: the calling client's own
+/// capabilities and log level (a handshake-era client's from its `initialize` and
+/// `logging/setLevel`), and for a Streamable HTTP server the `Mcp-Param-*` headers the
+/// tool's schema asks for.
+fn stamp(
+    s: &Server,
+    client: &Client,
+    method: Method,
+    params: &mut Map<String, Value>,
+    headers: &mut Vec<(String, String)>,
+) {
+    let caps = client.capabilities.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let level = client
+        .log_level
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .and_then(|r| LOG_LEVELS.get(r).copied())
+        .filter(|_| !client.silent);
+    stateless::stamp(params, caps, level);
+    if method == Method::ToolsCall && matches!(s.cfg.transport, Transport::Http(_)) {
+        let name = params.get("name").and_then(Value::as_str);
+        let state = s.state();
+        let schema = state
+            .lists
+            .tools
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == name)
+            .and_then(|t| t.get("inputSchema"));
+        if let Some(schema) = schema {
+            stateless::param_headers(schema, params.get("arguments"), headers);
+        }
+    }
+}
+
+/// The span of one call to server `s`, a child of the current (request) span.
+fn downstream_span(s: &Server, method: Method, name: Option<&str>) -> DownstreamSpan {
+    let version = telemetry::exporting()
+        .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
+        .flatten();
+    let transport = match s.cfg.transport {
+        Transport::Stdio(_) => "pipe",
+        Transport::Http(_) => "tcp",
+    };
+    DownstreamSpan::new(
+        &tracing::Span::current(),
+        &s.name,
+        transport,
+        version.as_deref(),
+        method.as_str(),
+        name,
+    )
+}

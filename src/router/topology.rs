@@ -1,0 +1,241 @@
+//! What a reload or a catalog change replaces as one: the [`Topology`]; and the events
+//! servers report (lists changed, restarted, notifications for sessions).
+
+use super::Gateway;
+use crate::auth::Authenticator;
+use crate::catalog::{Catalog, Source};
+use crate::config::{Config, Isolation};
+use crate::limit::Limits;
+use crate::message;
+use crate::supervisor::{Event, ListKind, Server};
+use bytes::Bytes;
+use std::sync::Arc;
+use tracing::{debug, info, warn};
+
+/// Everything a reload may replace, swapped as one. Catalog routes index `servers`.
+pub struct Topology {
+    /// Some server runs a process per session (so calls carry their session).
+    pub isolated: bool,
+    pub config: Arc<Config>,
+    pub servers: Vec<Arc<Server>>,
+    pub catalog: Arc<Catalog>,
+    pub limits: Arc<Limits>,
+    /// `[clients.*]` and `[auth.oauth]`: tokens to identities, identities to policies.
+    pub auth: Arc<Authenticator>,
+}
+
+impl Topology {
+    /// The topology before any server has started: an empty catalog.
+    pub(super) fn first(config: Config) -> Topology {
+        let servers: Vec<Arc<Server>> = config
+            .servers
+            .iter()
+            .cloned()
+            .map(|s| Arc::new(Server::new(s)))
+            .collect();
+        Topology {
+            isolated: any_isolated(&servers),
+            limits: Arc::new(limits_for(&config)),
+            auth: Arc::new(Authenticator::new(&config.auth)),
+            config: Arc::new(config),
+            servers,
+            catalog: Arc::new(Catalog::default()),
+        }
+    }
+
+    /// The index of the server named `name`.
+    pub(super) fn server_index(&self, name: &str) -> Option<usize> {
+        self.servers.iter().position(|s| &*s.name == name)
+    }
+}
+
+impl Gateway {
+    /// Applies a new config: servers that are new or whose entry changed are started
+    /// (and the old ones of changed entries stopped); removed ones are stopped; unchanged
+    /// ones, and calls in flight to them, are untouched. Clients get list_changed when
+    /// the merged lists change. The listen address and path need a restart.
+    pub async fn reload(self: &Arc<Gateway>, config: Config) {
+        let _one = self.reloading.lock().await;
+        let old = self.topology();
+        if config.gateway.listen != old.config.gateway.listen || config.gateway.path != old.config.gateway.path {
+            warn!("gateway.listen and gateway.path changes take effect after a restart");
+        }
+        if config.gateway.worker_threads != old.config.gateway.worker_threads {
+            warn!("gateway.worker_threads changes take effect after a restart");
+        }
+        let mut servers = Vec::with_capacity(config.servers.len());
+        let mut added = Vec::new();
+        for cfg in &config.servers {
+            match old.servers.iter().find(|s| s.same_process(cfg)) {
+                Some(same) => {
+                    // Same process: keep it (and its calls in flight); new prefix, timeout
+                    // and tool filter apply from the swap on. Rate limits live in the topology.
+                    same.retune(cfg);
+                    servers.push(same.clone());
+                }
+                None => {
+                    let s = Arc::new(Server::new(cfg.clone()));
+                    added.push(s.clone());
+                    servers.push(s);
+                }
+            }
+        }
+        let gone: Vec<_> = old
+            .servers
+            .iter()
+            .filter(|s| !servers.iter().any(|n| Arc::ptr_eq(n, s)))
+            .cloned()
+            .collect();
+        info!(
+            kept = servers.len() - added.len(),
+            started = added.len(),
+            stopped = gone.len(),
+            "reloading gateway.toml"
+        );
+        self.start_servers(&added).await;
+        let limits = if same_limits(&old.config, &config) {
+            old.limits.clone()
+        } else {
+            Arc::new(limits_for(&config))
+        };
+        // Unchanged auth keeps its JWKS cache and the clients' rate budgets.
+        let auth = if old.config.auth == config.auth {
+            old.auth.clone()
+        } else {
+            info!("[clients] or [auth.oauth] changed");
+            Arc::new(Authenticator::new(&config.auth))
+        };
+        let (old_catalog, catalog) = {
+            // The catalog routes by position in `servers`: both change in one swap.
+            let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
+            let catalog = Arc::new(build_catalog(&config, &servers));
+            let old = topo.catalog.clone();
+            *topo = Arc::new(Topology {
+                isolated: any_isolated(&servers),
+                config: Arc::new(config),
+                servers,
+                catalog: catalog.clone(),
+                limits,
+                auth,
+            });
+            (old, catalog)
+        };
+        self.announce(&old_catalog, &catalog, true, None);
+        // A changed server's new process takes over its sessions' subscriptions and log level.
+        for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
+            self.restore(s.name.clone()).await;
+        }
+        futures::future::join_all(gone.iter().map(|s| s.stop())).await;
+        info!("reload done");
+    }
+
+    pub(super) async fn event(&self, ev: Event) {
+        match ev {
+            Event::ListsChanged { announced, .. } => self.rebuild(true, announced),
+            Event::Restarted { server } => self.restore(server).await,
+            Event::Notification { server, method, params } if method == "notifications/resources/updated" => {
+                self.resource_updated(&server, &method, params.as_deref()).await;
+            }
+            Event::Notification { server, method, params } if method == "notifications/tasks/status" => {
+                self.task_status(&server, &method, params.as_deref()).await;
+            }
+            Event::Notification { server, method, .. } => {
+                debug!(%server, %method, "dropping a server notification no client asked for");
+            }
+        }
+    }
+
+    /// Rebuilds the merged catalog; with `notify`, tells every session which lists changed.
+    pub fn rebuild_catalog(&self, notify: bool) {
+        self.rebuild(notify, None)
+    }
+
+    /// [`Gateway::rebuild_catalog`]; a server's own list_changed (`announced`) is passed on
+    /// even when the merged list looks the same (the server may have changed and changed
+    /// back: its clients should look again).
+    fn rebuild(&self, notify: bool, announced: Option<ListKind>) {
+        let (old, new) = {
+            // Built under the lock, so a concurrent reload or rebuild cannot be lost.
+            let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
+            let new = Arc::new(build_catalog(&topo.config, &topo.servers));
+            let old = topo.catalog.clone();
+            *topo = Arc::new(Topology {
+                isolated: topo.isolated,
+                config: topo.config.clone(),
+                servers: topo.servers.clone(),
+                catalog: new.clone(),
+                limits: topo.limits.clone(),
+                auth: topo.auth.clone(),
+            });
+            (old, new)
+        };
+        self.announce(&old, &new, notify, announced);
+    }
+
+    /// Logs a new catalog's notes and, with `notify`, tells every session which lists changed.
+    fn announce(&self, old: &Catalog, new: &Catalog, notify: bool, announced: Option<ListKind>) {
+        for note in &new.notes {
+            warn!("{note}");
+        }
+        if !notify {
+            return;
+        }
+        let changes = [
+            (ListKind::Tools, old.tools_result.get() != new.tools_result.get()),
+            (ListKind::Prompts, old.prompts_result.get() != new.prompts_result.get()),
+            (
+                ListKind::Resources,
+                old.resources_result.get() != new.resources_result.get()
+                    || old.templates_result.get() != new.templates_result.get(),
+            ),
+        ];
+        for (kind, changed) in changes {
+            if changed || announced == Some(kind) {
+                info!(notification = kind.notification(), "catalog changed; notifying clients");
+                let _ = self
+                    .broadcast
+                    .send(Bytes::from(message::notification(kind.notification(), None)));
+            }
+        }
+    }
+}
+
+fn limits_for(config: &Config) -> Limits {
+    let per_server: Vec<_> = config
+        .servers
+        .iter()
+        .map(|s| (s.name.clone(), s.rate_limits.clone()))
+        .collect();
+    Limits::new(&config.rate_limits, &per_server)
+}
+
+fn same_limits(a: &Config, b: &Config) -> bool {
+    a.rate_limits == b.rate_limits
+        && a.servers.len() == b.servers.len()
+        && a.servers
+            .iter()
+            .zip(&b.servers)
+            .all(|(x, y)| x.name == y.name && x.rate_limits == y.rate_limits)
+}
+
+fn any_isolated(servers: &[Arc<Server>]) -> bool {
+    servers.iter().any(|s| s.cfg.isolation == Isolation::Session)
+}
+
+/// The merged catalog of `servers` as they are now.
+fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
+    let states: Vec<_> = servers
+        .iter()
+        .map(|s| (s, s.settings(), s.state().lists.clone()))
+        .collect();
+    let sources: Vec<Source> = states
+        .iter()
+        .map(|(s, settings, lists)| Source {
+            server: &s.cfg.name,
+            prefix: &settings.prefix,
+            lists,
+            filter: &settings.tools,
+        })
+        .collect();
+    Catalog::build(&config.gateway.separator, &sources)
+}
