@@ -27,6 +27,7 @@
 //! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
 
 pub mod auth;
+pub mod background;
 pub mod catalog;
 pub mod client;
 pub mod config;
@@ -77,7 +78,7 @@ pub async fn serve(
     reload::spawn(&gw, gw.config().file.clone());
     // With OAuth, have the issuer's keys before the first token arrives.
     let auth = gw.topology().auth.clone();
-    tokio::spawn(async move { auth.prefetch().await });
+    crate::background::spawn(async move { auth.prefetch().await });
     // A stable line on stderr that scripts and tests wait for.
     eprintln!("mcp-gateway listening on http://{local}{path}");
     info!(%local, %path, "listening");
@@ -89,7 +90,7 @@ pub async fn serve(
         // one ends between session_idle and 1.5 × session_idle after its last use; the
         // rate limiters' tables are shrunk once a minute.
         let every = (gw.config().gateway.session_idle / 2).clamp(JANITOR_MIN, JANITOR_MAX);
-        tokio::spawn(async move {
+        crate::background::spawn(async move {
             let mut tick = tokio::time::interval(every);
             let mut shrunk = tokio::time::Instant::now();
             loop {
@@ -141,6 +142,8 @@ async fn stop_servers(gw: &Gateway, deadline: tokio::time::Instant) {
         let n = downstream::stdio::kill_all();
         tracing::warn!(children = n, "shutdown_grace is over: killed the servers still running");
     }
+    // What is left ends with the runtime: the event loop, idle pools, streams being drained.
+    tracing::debug!(tasks = background::running(), "servers stopped");
 }
 
 /// Serves MCP over this process's stdin/stdout until stdin ends or `shutdown` completes,

@@ -139,7 +139,7 @@ impl Gateway {
         let rx = self.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut events_rx) = rx {
             let gw = Arc::downgrade(self);
-            tokio::spawn(async move {
+            crate::background::spawn(async move {
                 while let Some(ev) = events_rx.recv().await {
                     let Some(gw) = gw.upgrade() else { return };
                     gw.event(ev).await;
@@ -155,7 +155,7 @@ impl Gateway {
             .filter(|s| s.cfg.enabled)
             .map(|s| {
                 let (started, first_done) = tokio::sync::oneshot::channel();
-                tokio::spawn(s.clone().run(self.events.clone(), started));
+                crate::background::spawn(s.clone().run(self.events.clone(), started));
                 first_done
             })
             .collect();
@@ -392,7 +392,9 @@ impl Gateway {
                 let topo = self.topology();
                 for s in topo.servers.iter().filter(|s| used.contains(&s.name)) {
                     if let Ok(conn) = s.connection() {
-                        tokio::spawn(async move { conn.notify(Method::RootsListChanged.as_str(), None).await });
+                        crate::background::spawn(
+                            async move { conn.notify(Method::RootsListChanged.as_str(), None).await },
+                        );
                     }
                 }
             }

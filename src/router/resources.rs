@@ -147,7 +147,7 @@ impl Gateway {
         let uris = self.shared.subscribed_uris(&server).await;
         let level = self.shared.downstream_log_level().await.map(|r| LOG_LEVELS[r]);
         let Ok(conn) = s.connection() else { return };
-        tokio::spawn(async move {
+        crate::background::spawn(async move {
             let timeout = s.settings().timeout;
             for uri in uris {
                 let params = message::to_raw(&json!({ "uri": uri }));
