@@ -4,7 +4,8 @@
 
 use crate::auth::Identity;
 use crate::downstream::Sink;
-use crate::message::{self, code, id_key, Id, Outcome};
+use crate::error::{code, Error};
+use crate::message::{self, id_key, Id, Outcome};
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -13,10 +14,6 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
-
-fn err(code: i64, msg: impl AsRef<str>) -> Outcome {
-    Outcome::Error(message::error_object(code, msg.as_ref(), None))
-}
 
 /// One client session as the router sees it: its in-flight requests, for cancellation.
 pub struct Client {
@@ -90,20 +87,17 @@ impl crate::downstream::Peer for Client {
                     .as_ref()
                     .is_some_and(|c| c.contains_key(cap));
                 if !declared {
-                    return err(
+                    return Outcome::from(Error::client(
                         code::METHOD_NOT_FOUND,
                         format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
-                    );
+                    ));
                 }
             }
             if self.stateless {
                 let Some(questions) = &self.questions else {
-                    return err(
-                        code::METHOD_NOT_FOUND,
-                        format!(
+                    return Outcome::from(Error::client(code::METHOD_NOT_FOUND, format!(
                             "the client speaks 2026-07-28 (stateless) and can only be asked {method} during tools/call, prompts/get or resources/read"
-                        ),
-                    );
+                        )));
                 };
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let q = crate::mrtr::Question {
@@ -112,21 +106,12 @@ impl crate::downstream::Peer for Client {
                     answer: tx,
                 };
                 if questions.send(q).await.is_err() {
-                    return err(
-                        code::INTERNAL_ERROR,
-                        format!("the call {method} was asked for has ended"),
-                    );
+                    return Outcome::from(Error::gateway(format!("the call {method} was asked for has ended")));
                 }
                 debug!(session = %self.id, %method, "a server's question goes to the client as input_required");
                 return tokio::select! {
-                    a = rx => a.unwrap_or_else(|_| err(
-                        code::INTERNAL_ERROR,
-                        format!("the client did not answer {method} (its call ended)"),
-                    )),
-                    _ = sink.call_over() => err(
-                        code::INTERNAL_ERROR,
-                        format!("the call {method} was asked for ended before the client answered"),
-                    ),
+                    a = rx => a.unwrap_or_else(|_| Outcome::from(Error::gateway(format!("the client did not answer {method} (its call ended)")))),
+                    _ = sink.call_over() => Outcome::from(Error::gateway(format!("the call {method} was asked for ended before the client answered"))),
                 };
             }
             let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -145,10 +130,9 @@ impl crate::downstream::Peer for Client {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&id_key(&id));
-                return err(
-                    code::INTERNAL_ERROR,
-                    format!("the client's stream closed before {method} could be sent"),
-                );
+                return Outcome::from(Error::gateway(format!(
+                    "the client's stream closed before {method} could be sent"
+                )));
             }
             // The question lives as long as the call it was asked for: once that call is
             // over (cancelled, timed out) nobody will read the answer.
@@ -169,23 +153,21 @@ impl crate::downstream::Peer for Client {
             };
             match answer {
                 Some(Ok(Ok(outcome))) => outcome,
-                Some(Ok(Err(_))) => err(
-                    code::INTERNAL_ERROR,
-                    format!("the client's session ended before it answered {method}"),
-                ),
+                Some(Ok(Err(_))) => Outcome::from(Error::gateway(format!(
+                    "the client's session ended before it answered {method}"
+                ))),
                 Some(Err(_)) => {
                     withdraw("timed out in mcp-gateway");
-                    err(
+                    Outcome::from(Error::client(
                         code::REQUEST_TIMEOUT,
                         format!("the client did not answer {method} in time"),
-                    )
+                    ))
                 }
                 None => {
                     withdraw("the call it was asked for has ended");
-                    err(
-                        code::INTERNAL_ERROR,
-                        format!("the call {method} was asked for ended before the client answered"),
-                    )
+                    Outcome::from(Error::gateway(format!(
+                        "the call {method} was asked for ended before the client answered"
+                    )))
                 }
             }
         })
