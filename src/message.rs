@@ -7,10 +7,10 @@
 //! and goes out from that buffer ([`Answer`]). Fields the gateway does not know pass
 //! through untouched. Pure: no I/O.
 //!
-//! The bottom of the crate: it uses nothing of the gateway's but [`crate::error`]. In
-//! parts, each re-exported here:
+//! The bottom of the crate: it uses nothing of the gateway's but [`crate::error`] and
+//! [`crate::method`]. In parts, each re-exported here:
 //! - `id`: [`Id`], an id (or progress token) as the peer wrote it;
-//! - `envelope`: [`Kind::parse`], the input limits;
+//! - `envelope`: [`Kind::parse`], the input limits, [`Request`] (a request typed);
 //! - `answer`: results and errors ([`Outcome`], [`Raw`]) and the response that carries
 //!   them ([`Answer`]);
 //! - `members`: params opened one level ([`Members`]);
@@ -30,7 +30,9 @@ mod peek;
 mod write;
 
 pub use answer::{response, Answer, Outcome, Raw, LARGE_RESULT};
-pub use envelope::{nested_deeper_than, Kind, ParseError, MAX_DEPTH, MAX_ID_LEN, MAX_METHOD_LEN, MAX_NAME_LEN};
+pub use envelope::{
+    nested_deeper_than, Kind, ParseError, Request, MAX_DEPTH, MAX_ID_LEN, MAX_METHOD_LEN, MAX_NAME_LEN,
+};
 pub use id::{id_key, Id};
 pub use members::Members;
 pub use peek::{cancelled_request_id, error_summary, is_tool_error, progress_token_of};

@@ -78,11 +78,10 @@ pub fn cancelled_request_id(params: Option<&RawValue>) -> Option<Id> {
 /// Most results carry no `isError` at all, so the bytes are searched first (SIMD
 /// `memchr` for `E` and `\\`, no parse): without the text `isError` and without any `\u` escape (the only
 /// other way to spell a key's letters) the key cannot be there. Otherwise the top-level
-/// object is parsed with every value but `isError` skipped unread (`IgnoredAny`, no
+/// object is read with every value but `isError` skipped unread ([`member`], no
 /// allocation), so an `isError` nested in content, or inside a string, does not count.
 /// Anything that is not an object, or whose `isError` is not a boolean, is not an error.
 pub fn is_tool_error(result: &str) -> bool {
-    use serde::de::{IgnoredAny, MapAccess, Visitor};
     let bytes = result.as_bytes();
     let named =
         memchr::memchr_iter(b'E', bytes).any(|i| bytes[..i].ends_with(b"is") && bytes[i..].starts_with(b"Error"));
@@ -90,27 +89,39 @@ pub fn is_tool_error(result: &str) -> bool {
     if !named && !escaped() {
         return false;
     }
-    struct Top;
-    impl<'de> Visitor<'de> for Top {
-        type Value = bool;
+    // A non-boolean isError makes the read fail: not an error.
+    member::<bool>(result, "isError").unwrap_or(false)
+}
+
+/// The member `key` at the top level of the JSON object `json`, read as a `T`. Every other
+/// value is skipped unread (`IgnoredAny`) and keys are borrowed (decoded only when they
+/// hold escapes), so nothing is allocated but what `T` holds. When the key repeats the
+/// last value counts. `None` when `json` is not an object, has no such key, or some value
+/// under it is not a `T`.
+pub(super) fn member<'de, T: Deserialize<'de>>(json: &'de str, key: &str) -> Option<T> {
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+    struct Top<'k, T>(&'k str, std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Top<'_, T> {
+        type Value = Option<T>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a tool result object")
+            f.write_str("an object")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-            let mut is_error = false;
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == "isError" {
-                    // A non-boolean isError makes the whole parse fail: not an error.
-                    is_error = map.next_value::<bool>()?;
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
+            let mut found = None;
+            while let Some(JsonStr(k)) = map.next_key::<JsonStr<'de>>()? {
+                if k == self.0 {
+                    found = Some(map.next_value::<T>()?);
                 } else {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
-            Ok(is_error)
+            Ok(found)
         }
     }
-    let mut de = serde_json::Deserializer::from_str(result);
-    serde::Deserializer::deserialize_map(&mut de, Top).unwrap_or(false)
+    let mut de = serde_json::Deserializer::from_str(json);
+    serde::Deserializer::deserialize_map(&mut de, Top(key, std::marker::PhantomData))
+        .ok()
+        .flatten()
 }
 
 /// The `code` and `message` of an error object, for logs and metrics.
