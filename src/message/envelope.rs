@@ -29,8 +29,8 @@ pub const MAX_NAME_LEN: usize = 256;
 /// many parsers (Python's `json`, serde_json without its recursion limit), and serde_json
 /// itself refuses to build a `Value` past 128 levels. Checked once per message by a
 /// byte scan ([`nested_deeper_than`]: strings are skipped with SIMD `memchr`, so a large
-/// argument string costs little);
-/// responses are not scanned (results pass through untouched, however deep).
+/// argument string costs little); responses are not scanned (results pass through
+/// untouched, however deep).
 pub const MAX_DEPTH: usize = 64;
 
 /// What a parsed message is.

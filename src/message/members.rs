@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 /// is opened into a map. Written back, members keep their order and their values every
 /// byte (number formatting, escapes, key order inside); the whitespace between top-level
 /// members is dropped, and a key spelled with escapes is written decoded. A repeated key
-/// keeps its first position and its last value, as a `serde_json::Map` did.
+/// keeps its first position and its last value, as a `serde_json::Map`
+/// (with `preserve_order`) does.
 pub struct Members {
     /// The client's params, which the spans below index.
     text: Box<RawValue>,
@@ -393,6 +394,16 @@ mod tests {
         assert_eq!(
             serde_json::from_slice::<Value>(&via_map).unwrap(),
             serde_json::from_slice::<Value>(&via_members).unwrap()
+        );
+        // A notification: the same bytes as with the params raw.
+        let raw = RawValue::from_string(text.to_owned()).unwrap();
+        assert_eq!(
+            notification_with_members("notifications/progress", &m),
+            notification("notifications/progress", Some(&raw))
+        );
+        assert_eq!(
+            request_with_members(u64::MAX, "m", &m),
+            request(&Id::from(u64::MAX), "m", Some(&raw))
         );
     }
 

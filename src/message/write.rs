@@ -5,7 +5,6 @@ use super::id::Id;
 use super::members::Members;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use std::fmt::Write as _;
 
 /// Makes `message` exactly one line for a newline-delimited stream (a stdio child's
 /// stdin, the stdio front's stdout): every raw LF or CR in it becomes a space, and one
@@ -46,15 +45,7 @@ pub fn notification(method: &str, params: Option<&RawValue>) -> Vec<u8> {
 }
 
 fn call(id: Option<&Id>, method: &str, params: Option<&RawValue>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + method.len() + params.map_or(0, |p| p.get().len()));
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
-    if let Some(id) = id {
-        out.extend_from_slice(b"\"id\":");
-        out.extend_from_slice(id.get().as_bytes());
-        out.push(b',');
-    }
-    out.extend_from_slice(b"\"method\":");
-    write_str(&mut out, method);
+    let mut out = call_head(id, method, params.map_or(0, |p| p.get().len()));
     if let Some(p) = params {
         out.extend_from_slice(b",\"params\":");
         out.extend_from_slice(p.get().as_bytes());
@@ -63,30 +54,31 @@ fn call(id: Option<&Id>, method: &str, params: Option<&RawValue>) -> Vec<u8> {
     out
 }
 
+/// `{"jsonrpc":"2.0","id":<id>,"method":<method>` (without the id for a notification),
+/// with room for `more` bytes after it.
+fn call_head(id: Option<&Id>, method: &str, more: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + method.len() + more);
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
+    if let Some(id) = id {
+        out.extend_from_slice(b"\"id\":");
+        out.extend_from_slice(id.get().as_bytes());
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"method\":");
+    write_str(&mut out, method);
+    out
+}
+
 /// Writes a request line with a numeric id and params given as an object map,
 /// serialized straight into the line (the same bytes as [`request`] with
 /// `to_raw(&Value::Object(params))`, without the intermediate string).
 pub fn request_with_object(id: u64, method: &str, params: &Map<String, Value>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(96 + method.len() + 16 * params.len());
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-    let _ = write!(VecWriter(&mut out), "{id}");
-    out.extend_from_slice(b",\"method\":");
-    write_str(&mut out, method);
+    let mut out = call_head(Some(&Id::from(id)), method, 32 + 16 * params.len());
     out.extend_from_slice(b",\"params\":");
     // Writing a map of Values into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut out, params);
     out.push(b'}');
     out
-}
-
-/// `fmt::Write` over a byte buffer, for integers.
-struct VecWriter<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for VecWriter<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
 }
 
 /// Writes a JSON string.
@@ -132,22 +124,16 @@ pub fn params_object(params: Option<&RawValue>) -> Result<Map<String, Value>, St
 
 /// Writes a notification line with opened params ([`Members`]).
 pub fn notification_with_members(method: &str, params: &Members) -> Vec<u8> {
-    let mut out = Vec::with_capacity(48 + method.len() + params.len_hint());
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
-    write_str(&mut out, method);
-    out.extend_from_slice(b",\"params\":");
-    params.write_to(&mut out);
-    out.push(b'}');
-    out
+    with_members(None, method, params)
 }
 
 /// Writes a request line with a numeric id and opened params ([`Members`]).
 pub fn request_with_members(id: u64, method: &str, params: &Members) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + method.len() + params.len_hint());
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-    let _ = write!(VecWriter(&mut out), "{id}");
-    out.extend_from_slice(b",\"method\":");
-    write_str(&mut out, method);
+    with_members(Some(&Id::from(id)), method, params)
+}
+
+fn with_members(id: Option<&Id>, method: &str, params: &Members) -> Vec<u8> {
+    let mut out = call_head(id, method, params.len_hint());
     out.extend_from_slice(b",\"params\":");
     params.write_to(&mut out);
     out.push(b'}');
