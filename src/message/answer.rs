@@ -24,6 +24,7 @@ impl From<crate::error::Error> for Outcome {
 pub struct Raw(bytes::Bytes);
 
 impl Raw {
+    #[inline]
     pub fn get(&self) -> &str {
         // SAFETY: a Raw is only made from a `Box<RawValue>` (a str) or from a sub-slice of
         // a `&str` view of its buffer (`slice_of`), so its bytes are always UTF-8.

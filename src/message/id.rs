@@ -42,6 +42,7 @@ impl Id {
 
     /// From JSON text already known to be one valid JSON value without surrounding
     /// whitespace (a parsed `RawValue`, or text the gateway wrote).
+    #[inline]
     pub(super) fn from_json(text: &str) -> Id {
         if text.len() <= INLINE_ID {
             let mut buf = [0u8; INLINE_ID];
@@ -77,6 +78,7 @@ impl Id {
     }
 
     /// The JSON text, as the peer wrote it.
+    #[inline]
     pub fn get(&self) -> &str {
         match &self.0 {
             // Made from a &str cut at its end: always UTF-8.

@@ -82,6 +82,7 @@ pub fn request_with_object(id: u64, method: &str, params: &Map<String, Value>) -
 }
 
 /// Writes a JSON string.
+#[inline]
 pub(super) fn write_str(out: &mut Vec<u8>, s: &str) {
     // Writing a str into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, s);
