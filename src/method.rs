@@ -42,8 +42,8 @@ pub enum Method {
 
 use Method::*;
 
-/// Every known method with its name, in one table: [`Method::parse`] and
-/// [`Method::as_str`] both read it, so a name is written once.
+/// Every known method with its name, in one table, in the order of the enum (so
+/// [`Method::as_str`] is an index; checked at compile time below).
 const NAMES: &[(Method, &str)] = &[
     (Initialize, "initialize"),
     (Ping, "ping"),
@@ -70,13 +70,23 @@ const NAMES: &[(Method, &str)] = &[
     (RootsListChanged, "notifications/roots/list_changed"),
 ];
 
+const _: () = {
+    let mut i = 0;
+    while i < NAMES.len() {
+        assert!(NAMES[i].0 as usize == i, "NAMES is not in the order of Method");
+        i += 1;
+    }
+    assert!(Other as usize == NAMES.len(), "Other is not the last Method");
+};
+
 /// The list methods, in the order of `catalog::Lists::hints`.
 pub const LISTS: [Method; 4] = [ToolsList, PromptsList, ResourcesList, ResourcesTemplatesList];
 
 impl Method {
     /// The method named `name`, or [`Method::Other`].
     pub fn parse(name: &str) -> Method {
-        // A match on the text compiles to a length switch and a few compares.
+        // A match on the text: each arm compares lengths, and bytes only when they are
+        // equal. The frequent names first.
         match name {
             "tools/call" => ToolsCall,
             "tools/list" => ToolsList,
@@ -106,8 +116,11 @@ impl Method {
     }
 
     /// The method's name on the wire; `other` for [`Method::Other`] (its metrics label).
-    pub fn as_str(self) -> &'static str {
-        NAMES.iter().find(|(m, _)| *m == self).map_or("other", |(_, n)| n)
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Other => "other",
+            m => NAMES[m as usize].1,
+        }
     }
 
     /// Every known method (not [`Method::Other`]).
@@ -115,8 +128,9 @@ impl Method {
         NAMES.iter().map(|(m, _)| *m)
     }
 
-    /// A request (as opposed to a notification the gateway acts on).
-    pub fn is_request(self) -> bool {
+    /// A request (as opposed to a notification the gateway acts on); [`Method::Other`] is
+    /// one.
+    pub const fn is_request(self) -> bool {
         !matches!(self, Initialized | Cancelled | Progress | RootsListChanged)
     }
 
@@ -162,6 +176,13 @@ impl Method {
             ResourcesRead | ResourcesSubscribe | ResourcesUnsubscribe => Some("uri"),
             _ => None,
         }
+    }
+}
+
+impl From<&str> for Method {
+    /// [`Method::parse`].
+    fn from(name: &str) -> Method {
+        Method::parse(name)
     }
 }
 

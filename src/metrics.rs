@@ -1,6 +1,7 @@
 //! Prometheus metrics, served as text at `GET /metrics`. A small registry of our own:
 //! counters and histograms keyed by their label values, atomics on the hot path.
 
+use crate::method::Method;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 use std::fmt::Write as _;
@@ -56,30 +57,33 @@ impl Histogram {
     }
 }
 
-/// Labels of a request: method, server ("" when the gateway answered), tool (public
-/// name, "" when not a tool call), outcome.
-type RequestKey = (String, String, String, Outcome);
+/// Labels of a request: method (its [`label`]), server ("" when the gateway answered),
+/// tool (public name, "" when not a tool call), outcome.
+type RequestKey = (Method, String, String, Outcome);
+
+/// Labels of a latency histogram: method, server.
+type LatencyKey = (Method, String);
 
 /// A label set, owned (a map key) or borrowed (a lookup): the hot path finds its
 /// counter without allocating the key's strings; they are built once, on first use.
 trait Labels {
-    fn labels(&self) -> (&str, &str, &str, Option<Outcome>);
+    fn labels(&self) -> (Method, &str, &str, Option<Outcome>);
 }
 
 impl Labels for RequestKey {
-    fn labels(&self) -> (&str, &str, &str, Option<Outcome>) {
-        (&self.0, &self.1, &self.2, Some(self.3))
+    fn labels(&self) -> (Method, &str, &str, Option<Outcome>) {
+        (self.0, &self.1, &self.2, Some(self.3))
     }
 }
 
-impl Labels for (String, String) {
-    fn labels(&self) -> (&str, &str, &str, Option<Outcome>) {
-        (&self.0, &self.1, "", None)
+impl Labels for LatencyKey {
+    fn labels(&self) -> (Method, &str, &str, Option<Outcome>) {
+        (self.0, &self.1, "", None)
     }
 }
 
-impl Labels for (&str, &str, &str, Option<Outcome>) {
-    fn labels(&self) -> (&str, &str, &str, Option<Outcome>) {
+impl Labels for (Method, &str, &str, Option<Outcome>) {
+    fn labels(&self) -> (Method, &str, &str, Option<Outcome>) {
         *self
     }
 }
@@ -90,14 +94,14 @@ impl<'a> std::borrow::Borrow<dyn Labels + 'a> for RequestKey {
     }
 }
 
-impl<'a> std::borrow::Borrow<dyn Labels + 'a> for (String, String) {
+impl<'a> std::borrow::Borrow<dyn Labels + 'a> for LatencyKey {
     fn borrow(&self) -> &(dyn Labels + 'a) {
         self
     }
 }
 
-// Hash and Eq of a borrowed key must agree with the owned key's: tuples of strings hash
-// their fields in order, and a trailing `Option<Outcome>` is hashed only when present.
+// Hash and Eq of a borrowed key must agree with the owned key's: tuples hash their fields
+// in order, and a trailing `Option<Outcome>` is hashed only when present.
 impl std::hash::Hash for dyn Labels + '_ {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
         let (m, s, t, o) = self.labels();
@@ -120,49 +124,28 @@ impl Eq for dyn Labels + '_ {}
 
 /// The gateway's metrics.
 ///
-/// The maps hash with foldhash (seeded per process): their keys are label values the
-/// gateway chose (methods are bounded by [`method_label`]), and SipHash was a tenth of
-/// the cost of recording a call.
+/// The maps hash with foldhash (seeded per process), not SipHash: recording is on every
+/// request's path, and the keys are label values the gateway chose (methods are bounded
+/// by [`label`]), not a peer's to flood.
 #[derive(Default)]
 pub struct Metrics {
     requests: DashMap<RequestKey, AtomicU64, RandomState>,
     /// Latency by (method, server).
-    latency: DashMap<(String, String), Histogram, RandomState>,
+    latency: DashMap<LatencyKey, Histogram, RandomState>,
     in_flight: AtomicI64,
     /// Rate-limited requests by the limit's description.
     rate_limited: DashMap<String, AtomicU64, RandomState>,
 }
 
-/// The methods a client may ask of the gateway. Any other is counted as `other`: a client
-/// inventing method names must not grow the metrics, and the gateway's memory, without end.
-const METHODS: &[&str] = &[
-    "ping",
-    "initialize",
-    "server/discover",
-    "tools/list",
-    "tools/call",
-    "prompts/list",
-    "prompts/get",
-    "resources/list",
-    "resources/templates/list",
-    "resources/read",
-    "resources/subscribe",
-    "resources/unsubscribe",
-    "subscriptions/listen",
-    "logging/setLevel",
-    "completion/complete",
-    "tasks/get",
-    "tasks/result",
-    "tasks/cancel",
-    "tasks/list",
-];
-
-/// `method` if the gateway knows it, else `other`.
-pub fn method_label(method: &str) -> &str {
-    if METHODS.contains(&method) {
+/// The method a request is counted under: its own if it is a request method the gateway
+/// knows, else [`Method::Other`] (a notification's name sent as a request included). A
+/// client inventing method names must not grow the metrics, and the gateway's memory,
+/// without end.
+fn label(method: Method) -> Method {
+    if method.is_request() {
         method
     } else {
-        "other"
+        Method::Other
     }
 }
 
@@ -188,14 +171,15 @@ impl Metrics {
         InFlight(self)
     }
 
-    pub fn record(&self, method: &str, server: &str, tool: &str, outcome: Outcome, took: Duration) {
-        let method = method_label(method);
+    /// Counts a request and its latency. `method` is a [`Method`] or its name.
+    pub fn record(&self, method: impl Into<Method>, server: &str, tool: &str, outcome: Outcome, took: Duration) {
+        let method = label(method.into());
         let key = (method, server, tool, Some(outcome));
         match self.requests.get(&key as &dyn Labels) {
             Some(n) => n.fetch_add(1, Ordering::Relaxed),
             None => self
                 .requests
-                .entry((method.to_owned(), server.to_owned(), tool.to_owned(), outcome))
+                .entry((method, server.to_owned(), tool.to_owned(), outcome))
                 .or_default()
                 .fetch_add(1, Ordering::Relaxed),
         };
@@ -204,7 +188,7 @@ impl Metrics {
             Some(h) => h.observe(took),
             None => self
                 .latency
-                .entry((method.to_owned(), server.to_owned()))
+                .entry((method, server.to_owned()))
                 .or_default()
                 .observe(took),
         }
@@ -227,7 +211,7 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "mcp_gateway_requests_total{{method=\"{}\",server=\"{}\",tool=\"{}\",outcome=\"{}\"}} {}",
-                esc(m),
+                m.as_str(),
                 esc(s),
                 esc(t),
                 o.as_str(),
@@ -238,7 +222,7 @@ impl Metrics {
         out.push_str("# TYPE mcp_gateway_request_duration_seconds histogram\n");
         for e in &self.latency {
             let (m, s) = e.key();
-            let labels = format!("method=\"{}\",server=\"{}\"", esc(m), esc(s));
+            let labels = format!("method=\"{}\",server=\"{}\"", m.as_str(), esc(s));
             let h = e.value();
             let mut cumulative = 0;
             for (i, b) in BUCKETS.iter().enumerate() {
@@ -355,7 +339,10 @@ mod tests {
         assert_eq!(m.requests.len(), 4);
         assert_eq!(m.latency.len(), 2);
         assert!(m.requests.iter().all(|e| e.value().load(Ordering::Relaxed) == 3));
-        let h = m.latency.get(&("tools/call", "a", "", None) as &dyn Labels).unwrap();
+        let h = m
+            .latency
+            .get(&(Method::ToolsCall, "a", "", None) as &dyn Labels)
+            .unwrap();
         assert_eq!(h.count.load(Ordering::Relaxed), 9);
     }
 
@@ -363,8 +350,22 @@ mod tests {
     fn invented_methods_share_one_label() {
         let m = Metrics::default();
         for i in 0..1000 {
-            m.record(&format!("made/up{i}"), "", "", Outcome::Error, Duration::from_micros(1));
+            m.record(
+                format!("made/up{i}").as_str(),
+                "",
+                "",
+                Outcome::Error,
+                Duration::from_micros(1),
+            );
         }
+        // A notification's name sent as a request is no request method: `other` too.
+        m.record(
+            "notifications/cancelled",
+            "",
+            "",
+            Outcome::Error,
+            Duration::from_micros(1),
+        );
         assert_eq!(m.requests.len(), 1);
         assert_eq!(m.latency.len(), 1);
         let text = m.render(&Snapshot {
@@ -372,8 +373,11 @@ mod tests {
             servers: vec![],
         });
         assert!(
-            text.contains("mcp_gateway_requests_total{method=\"other\",server=\"\",tool=\"\",outcome=\"error\"} 1000")
+            text.contains("mcp_gateway_requests_total{method=\"other\",server=\"\",tool=\"\",outcome=\"error\"} 1001")
         );
-        assert_eq!(method_label("tools/call"), "tools/call");
+        // A known method is its own label, given by name or as a Method.
+        m.record("tools/call", "", "", Outcome::Ok, Duration::from_micros(1));
+        m.record(Method::ToolsCall, "", "", Outcome::Ok, Duration::from_micros(1));
+        assert_eq!(m.requests.len(), 2);
     }
 }

@@ -1,7 +1,8 @@
 //! Fuzzes what the gateway does with bytes a peer controls: JSON-RPC parsing, the
-//! rewrites on the way to a downstream and back (ids, progress tokens), the SSE parser,
-//! and URI template matching. Every message the gateway writes must parse again, and
-//! every line written to a stdio child is one line holding one JSON object.
+//! typed view of a request, the rewrites on the way to a downstream and back (ids,
+//! progress tokens), the SSE parser, and URI template matching. Every message the
+//! gateway writes must parse again, and every line written to a stdio child is one line
+//! holding one JSON object.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -40,6 +41,11 @@ fn check_child_line(mut line: Vec<u8>, minted: u64, how: &str) {
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(kind) = Kind::parse(data) {
+        // The typed view: the method's name as sent, its target read from raw params.
+        if let Some(r) = kind.request() {
+            assert_eq!(Some(r.name), kind.method());
+            let _ = r.target();
+        }
         match kind {
             Kind::Request { id, method, params } => {
                 let answer = message::response(&id, &Outcome::Result(message::empty_object().into()));

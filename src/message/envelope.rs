@@ -1,0 +1,559 @@
+//! The envelope: one message parsed into a [`Kind`] (`id` and `method` read, the rest
+//! left raw), and the input limits checked on the way.
+
+use super::answer::{Outcome, Raw, LARGE_RESULT};
+use super::code;
+use super::id::Id;
+use super::peek::{member, JsonStr};
+use crate::method::Method;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+/// The longest id accepted, in bytes of its JSON text (quotes and escapes included).
+/// A longer one makes the message an invalid request (-32600).
+pub const MAX_ID_LEN: usize = 256;
+
+/// The longest method name accepted, in bytes. A longer one makes the message an invalid
+/// request (-32600).
+pub const MAX_METHOD_LEN: usize = 256;
+
+/// The longest tool or prompt name accepted in `tools/call` and `prompts/get`, in bytes
+/// (decoded). Public names are far shorter (the catalog makes them); a longer one is
+/// refused with -32602 without being echoed back.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// The deepest nesting of arrays and objects accepted in a request or notification, the
+/// message's own object counting as one level. A deeper one is an invalid request
+/// (-32600), refused before any of it is forwarded: deep JSON overflows the stack of
+/// many parsers (Python's `json`, serde_json without its recursion limit), and serde_json
+/// itself refuses to build a `Value` past 128 levels. Checked once per message by a
+/// byte scan ([`nested_deeper_than`]: strings are skipped with SIMD `memchr`, so a large
+/// argument string costs little); responses are not scanned (results pass through
+/// untouched, however deep).
+pub const MAX_DEPTH: usize = 64;
+
+/// What a parsed message is.
+#[derive(Debug)]
+pub enum Kind {
+    Request {
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
+    Notification {
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
+    /// A response. `id` is `None` when the peer sent none, `Some(Id::NULL)` for `"id": null`.
+    Response { id: Option<Id>, outcome: Outcome },
+}
+
+/// Why a message could not be read. The first maps to -32700, the second to -32600.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("parse error: {0}")]
+    Json(String),
+    #[error("invalid request: {0}")]
+    Shape(String),
+    /// A request over one of the input limits whose id could be read: an invalid request
+    /// (-32600) that can be answered under its own id.
+    #[error("invalid request: {why}")]
+    Refused { id: Id, why: String },
+}
+
+impl ParseError {
+    pub fn code(&self) -> i64 {
+        match self {
+            ParseError::Json(_) => code::PARSE_ERROR,
+            ParseError::Shape(_) | ParseError::Refused { .. } => code::INVALID_REQUEST,
+        }
+    }
+
+    /// The id of the request refused, when it could be read.
+    pub fn id(&self) -> Option<&Id> {
+        match self {
+            ParseError::Refused { id, .. } => Some(id),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+/// Distinguishes `"id": null` (Some(null)) from an absent id (None).
+pub(super) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+/// Whether `json` (valid JSON text) nests arrays and objects more than `max` levels deep.
+/// One pass, no allocation: brackets are counted outside strings, and each string is
+/// skipped with SIMD `memchr` to its closing quote (a quote is escaped when an odd run of
+/// backslashes precedes it), so a large string costs about a memory read.
+pub fn nested_deeper_than(json: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while let Some(&b) = json.get(i) {
+        match b {
+            b'"' => {
+                // To the closing quote: the next quote not escaped.
+                let start = i + 1;
+                let mut from = start;
+                loop {
+                    let Some(q) = json.get(from..).and_then(|rest| memchr::memchr(b'"', rest)) else {
+                        return false;
+                    };
+                    let q = from + q;
+                    let backslashes = json[start..q].iter().rev().take_while(|&&c| c == b'\\').count();
+                    from = q + 1;
+                    if backslashes % 2 == 0 {
+                        break;
+                    }
+                }
+                i = from;
+                continue;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
+impl Kind {
+    /// Parses one JSON-RPC message (not a batch).
+    pub fn parse(bytes: &[u8]) -> Result<Kind, ParseError> {
+        Kind::parse_with(bytes, None)
+    }
+
+    /// [`Kind::parse`] of a message in a shared buffer: a large result is a slice of it,
+    /// not a copy. (A small one is copied, so it does not keep the buffer alive.)
+    pub fn parse_shared(buf: &bytes::Bytes) -> Result<Kind, ParseError> {
+        Kind::parse_with(buf, Some(buf))
+    }
+
+    fn parse_with(bytes: &[u8], shared: Option<&bytes::Bytes>) -> Result<Kind, ParseError> {
+        // UTF-8 checked once over the whole message: parsing from a `&str` then borrows
+        // each string and raw value without checking its bytes again (from a `&[u8]`,
+        // serde_json re-validates every one of them).
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| ParseError::Json(format!("the message is not UTF-8: {e}")))?;
+        let wire: Wire = match serde_json::from_str(text) {
+            Ok(w) => w,
+            Err(e) => {
+                // Valid JSON of the wrong shape (an array, a number, a field of the wrong
+                // type) is an invalid request, not a parse error.
+                return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                    Ok(_) => ParseError::Shape(e.to_string()),
+                    Err(_) => ParseError::Json(e.to_string()),
+                });
+            }
+        };
+        match wire.jsonrpc.map(RawValue::get) {
+            Some("\"2.0\"") => {}
+            _ => return Err(ParseError::Shape("\"jsonrpc\" must be \"2.0\"".into())),
+        }
+        let owned = |r: Option<&RawValue>| r.map(RawValue::to_owned);
+        if let Some(method) = wire.method {
+            if wire.result.is_some() || wire.error.is_some() {
+                return Err(ParseError::Shape("a request cannot carry a result or error".into()));
+            }
+            if let Some(p) = wire.params {
+                if !matches!(p.get().as_bytes().first(), Some(b'{') | Some(b'[')) {
+                    return Err(ParseError::Shape("\"params\" must be an object".into()));
+                }
+            }
+            let id = match wire.id {
+                None => None,
+                Some(id) if matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9')) => {
+                    Some(checked_id(id)?)
+                }
+                Some(_) => return Err(ParseError::Shape("\"id\" must be a string or a number".into())),
+            };
+            // Over a limit, a request with a readable id is refused under it.
+            let refuse = |why: String| match &id {
+                Some(id) => ParseError::Refused { id: id.clone(), why },
+                None => ParseError::Shape(why),
+            };
+            if method.len() > MAX_METHOD_LEN {
+                return Err(refuse(format!(
+                    "\"method\" is {} bytes, longer than the {MAX_METHOD_LEN} allowed",
+                    method.len()
+                )));
+            }
+            if nested_deeper_than(bytes, MAX_DEPTH) {
+                return Err(refuse(format!(
+                    "the message nests arrays and objects more than {MAX_DEPTH} levels deep"
+                )));
+            }
+            return Ok(match id {
+                None => Kind::Notification {
+                    method,
+                    params: owned(wire.params),
+                },
+                Some(id) => Kind::Request {
+                    id,
+                    method,
+                    params: owned(wire.params),
+                },
+            });
+        }
+        let outcome = match (wire.result, wire.error) {
+            (Some(r), None) => Outcome::Result(match shared {
+                Some(buf) if r.get().len() >= LARGE_RESULT => Raw::slice_of(buf, text, r.get()),
+                _ => Raw::from(r),
+            }),
+            (None, Some(e)) => Outcome::Error(e.to_owned()),
+            _ => {
+                return Err(ParseError::Shape(
+                    "a message needs a \"method\", or exactly one of \"result\" and \"error\"".into(),
+                ))
+            }
+        };
+        let id = wire.id.map(checked_id).transpose()?;
+        Ok(Kind::Response { id, outcome })
+    }
+
+    /// The method's name as sent; `None` for a response.
+    pub fn method(&self) -> Option<&str> {
+        match self {
+            Kind::Request { method, .. } | Kind::Notification { method, .. } => Some(method),
+            Kind::Response { .. } => None,
+        }
+    }
+
+    /// A request or notification, typed ([`Request`]); `None` for a response.
+    pub fn request(&self) -> Option<Request<'_>> {
+        let (id, name, params) = match self {
+            Kind::Request { id, method, params } => (Some(id), method, params),
+            Kind::Notification { method, params } => (None, method, params),
+            Kind::Response { .. } => return None,
+        };
+        Some(Request {
+            id,
+            method: Method::parse(name),
+            name,
+            params: params.as_deref(),
+        })
+    }
+}
+
+/// A request or notification seen typed: its method parsed once into a [`Method`], its
+/// params left raw (open them with [`Members`](super::Members) or read a field with
+/// [`Request::target`]). A view of a [`Kind`]: nothing is copied or allocated.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// `None` for a notification.
+    pub id: Option<&'a Id>,
+    pub method: Method,
+    /// The method's name as sent: what -32601 names for [`Method::Other`].
+    pub name: &'a str,
+    pub params: Option<&'a RawValue>,
+}
+
+impl<'a> Request<'a> {
+    pub fn is_notification(&self) -> bool {
+        self.id.is_none()
+    }
+
+    /// What the request acts on: the string at its method's [`Method::target_field`]
+    /// (`params.name` of `tools/call` and `prompts/get`, `params.uri` of the resource
+    /// methods), decoded. Read from the top level of the params on each call, other
+    /// values skipped unread; borrowed from them unless it holds escapes. `None` when the
+    /// method names nothing, or the params hold no such string.
+    pub fn target(&self) -> Option<Cow<'a, str>> {
+        let field = self.method.target_field()?;
+        member::<JsonStr>(self.params?.get(), field).map(|s| s.0)
+    }
+}
+
+/// An id as the peer wrote it, if it is not longer than [`MAX_ID_LEN`].
+fn checked_id(id: &RawValue) -> Result<Id, ParseError> {
+    let text = id.get();
+    if text.len() > MAX_ID_LEN {
+        return Err(ParseError::Shape(format!(
+            "\"id\" is {} bytes of JSON, longer than the {MAX_ID_LEN} allowed",
+            text.len()
+        )));
+    }
+    Ok(Id::from_json(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::*;
+
+    #[test]
+    fn ids_keep_their_type() {
+        let Kind::Request { id, .. } = Kind::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x"}"#).unwrap() else {
+            panic!()
+        };
+        let Kind::Request { id: sid, .. } = Kind::parse(br#"{"jsonrpc":"2.0","id":"1","method":"x"}"#).unwrap() else {
+            panic!()
+        };
+        assert_ne!(id_key(&id), id_key(&sid));
+        assert_eq!(
+            String::from_utf8(response(&sid, &Outcome::Result(empty_object().into()))).unwrap(),
+            r#"{"jsonrpc":"2.0","id":"1","result":{}}"#
+        );
+    }
+
+    #[test]
+    fn requests_typed() {
+        let parse = |line: &str| Kind::parse(line.as_bytes()).unwrap();
+        let k = parse(
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"arguments":{"name":"no"},"name":"s__e\"x"}}"#,
+        );
+        let r = k.request().unwrap();
+        assert_eq!(
+            (r.id.map(Id::get), r.method, r.name),
+            (Some("7"), Method::ToolsCall, "tools/call")
+        );
+        assert!(!r.is_notification());
+        assert_eq!(r.target().as_deref(), Some("s__e\"x"));
+        let k = parse(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"file:///x"}}"#);
+        let r = k.request().unwrap();
+        assert_eq!(r.target(), Some(Cow::Borrowed("file:///x")));
+        // No target field, or none in the params, or not a string: no target.
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"name":"x"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":[1]}"#,
+        ] {
+            assert_eq!(parse(line).request().unwrap().target(), None, "{line}");
+        }
+        let k = parse(r#"{"jsonrpc":"2.0","method":"made/up","params":{}}"#);
+        let r = k.request().unwrap();
+        assert!(r.is_notification() && r.method == Method::Other && r.name == "made/up");
+        assert_eq!(r.params.map(RawValue::get), Some("{}"));
+        assert!(parse(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#).request().is_none());
+    }
+
+    #[test]
+    fn errors_classify() {
+        assert_eq!(Kind::parse(b"{nope").unwrap_err().code(), code::PARSE_ERROR);
+        assert_eq!(Kind::parse(b"[1,2]").unwrap_err().code(), code::INVALID_REQUEST);
+        assert_eq!(
+            Kind::parse(br#"{"id":1,"method":"x"}"#).unwrap_err().code(),
+            code::INVALID_REQUEST
+        );
+        assert_eq!(
+            Kind::parse(br#"{"jsonrpc":"2.0","id":{},"method":"x"}"#)
+                .unwrap_err()
+                .code(),
+            code::INVALID_REQUEST
+        );
+        assert_eq!(
+            Kind::parse(br#"{"jsonrpc":"2.0","method":5}"#).unwrap_err().code(),
+            code::INVALID_REQUEST
+        );
+    }
+
+    #[test]
+    fn responses_without_or_with_null_id() {
+        match Kind::parse(br#"{"jsonrpc":"2.0","result":{}}"#).unwrap() {
+            Kind::Response { id: None, .. } => {}
+            other => panic!("{other:?}"),
+        }
+        match Kind::parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":1,"message":"m"}}"#).unwrap() {
+            Kind::Response { id: Some(id), .. } if id.is_null() => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn request_id(line: &str) -> Result<Id, ParseError> {
+        match Kind::parse(line.as_bytes())? {
+            Kind::Request { id, .. } => Ok(id),
+            other => panic!("not a request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids_come_back_byte_for_byte() {
+        for text in [
+            "1e2",
+            "-0",
+            "1.50",
+            "-9223372036854775809",
+            "18446744073709551616",
+            "123456789012345678901234567890.000",
+            "0",
+            r#""a\u0062""#,
+            r#""mcp-gateway-a-long-string-id-of-more-than-22-bytes""#,
+            r#""""#,
+        ] {
+            let id = request_id(&format!(r#"{{"jsonrpc":"2.0","id": {text} ,"method":"x"}}"#)).unwrap();
+            assert_eq!(id.get(), text);
+            assert_eq!(
+                String::from_utf8(response(&id, &Outcome::Result(empty_object().into()))).unwrap(),
+                format!(r#"{{"jsonrpc":"2.0","id":{text},"result":{{}}}}"#)
+            );
+            let Answer::Whole(line) = Answer::new(&id, Outcome::Error(error_object(1, "m", None))) else {
+                panic!("a small answer in parts")
+            };
+            assert!(line.starts_with(format!(r#"{{"jsonrpc":"2.0","id":{text},"#).as_bytes()));
+            assert_eq!(
+                request(&id, "m", None),
+                format!(r#"{{"jsonrpc":"2.0","id":{text},"method":"m"}}"#).as_bytes()
+            );
+            // A response from the client keeps it too.
+            let Kind::Response { id: Some(back), .. } =
+                Kind::parse(format!(r#"{{"jsonrpc":"2.0","id":{text},"result":{{}}}}"#).as_bytes()).unwrap()
+            else {
+                panic!("not a response")
+            };
+            assert_eq!(back.get(), text);
+            assert_eq!(id_key(&back), id_key(&id));
+        }
+        // 1 and "1" stay different ids; a string's escapes do not make a different one.
+        let (one, s_one) = (
+            request_id(r#"{"jsonrpc":"2.0","id":1,"method":"x"}"#).unwrap(),
+            Id::string("1"),
+        );
+        assert_ne!(id_key(&one), id_key(&s_one));
+        assert_ne!(one, s_one);
+        assert!(one.is_number() && !one.is_string() && s_one.is_string());
+        assert_eq!(id_key(&Id::parse(r#""\u0031""#).unwrap()), id_key(&s_one));
+        assert_eq!(Id::parse(r#""\u0031""#).unwrap().get(), r#""\u0031""#);
+        assert_eq!(Id::parse(r#""a\"b""#).unwrap().as_str().as_deref(), Some("a\"b"));
+        assert_eq!(Id::from(u64::MAX).get(), "18446744073709551615");
+        assert_eq!(Id::from(0).get(), "0");
+        assert_eq!(Id::from(42).as_u64(), Some(42));
+        assert_eq!(Id::parse("1e2").unwrap().as_u64(), None);
+        assert_eq!(Id::parse("-1").unwrap().as_u64(), None);
+        assert!(Id::NULL.is_null() && Id::NULL.get() == "null");
+        assert_eq!(Id::from_raw(&RawValue::from_string(" 7 ".into()).unwrap()).get(), "7");
+        // Into a Value (json!), as what it says.
+        assert_eq!(
+            serde_json::json!({ "requestId": s_one }),
+            serde_json::json!({"requestId": "1"})
+        );
+        assert_eq!(serde_json::to_string(&Id::parse("1.50").unwrap()).unwrap(), "1.50");
+    }
+
+    #[test]
+    fn ids_of_the_wrong_type_or_too_long_are_refused() {
+        for bad in ["null", "true", "{}", "[1]"] {
+            let e = request_id(&format!(r#"{{"jsonrpc":"2.0","id":{bad},"method":"x"}}"#)).unwrap_err();
+            assert_eq!(e.code(), code::INVALID_REQUEST, "{bad}");
+        }
+        let long = format!("\"{}\"", "i".repeat(MAX_ID_LEN - 2));
+        assert_eq!(
+            request_id(&format!(r#"{{"jsonrpc":"2.0","id":{long},"method":"x"}}"#))
+                .unwrap()
+                .get(),
+            long
+        );
+        let longer = format!("\"{}\"", "i".repeat(MAX_ID_LEN - 1));
+        let e = request_id(&format!(r#"{{"jsonrpc":"2.0","id":{longer},"method":"x"}}"#)).unwrap_err();
+        assert_eq!(e.code(), code::INVALID_REQUEST);
+        assert!(e.to_string().contains("\"id\" is 257 bytes"), "{e}");
+        let digits = "9".repeat(MAX_ID_LEN + 1);
+        assert!(Kind::parse(format!(r#"{{"jsonrpc":"2.0","id":{digits},"result":{{}}}}"#).as_bytes()).is_err());
+    }
+
+    #[test]
+    fn method_names_are_bounded() {
+        let ok = "m".repeat(MAX_METHOD_LEN);
+        assert!(Kind::parse(format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{ok}"}}"#).as_bytes()).is_ok());
+        for line in [
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{ok}m"}}"#),
+            format!(r#"{{"jsonrpc":"2.0","method":"{ok}m"}}"#),
+        ] {
+            let e = Kind::parse(line.as_bytes()).unwrap_err();
+            assert_eq!(e.code(), code::INVALID_REQUEST);
+            assert!(e.to_string().contains("\"method\" is 257 bytes"), "{e}");
+            assert_eq!(e.id().is_some(), line.contains("\"id\":1"));
+        }
+    }
+
+    fn nested(levels: usize) -> String {
+        // The envelope and params are two levels; arrays inside params the others.
+        let arrays = levels - 2;
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"a":{}{}}}}}"#,
+            "[".repeat(arrays),
+            "]".repeat(arrays)
+        )
+    }
+
+    #[test]
+    fn nesting_is_bounded_once_per_message() {
+        assert!(Kind::parse(nested(MAX_DEPTH).as_bytes()).is_ok());
+        let e = Kind::parse(nested(MAX_DEPTH + 1).as_bytes()).unwrap_err();
+        assert_eq!(e.code(), code::INVALID_REQUEST);
+        assert_eq!(e.id().map(Id::get), Some("1"), "refused under its id");
+        assert!(e.to_string().contains("64 levels"), "{e}");
+        // Far deeper: refused, not a stack overflow.
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","method":"x","params":{{"a":{}{}}}}}"#,
+            "[".repeat(1_000_000),
+            "]".repeat(1_000_000)
+        );
+        assert_eq!(Kind::parse(deep.as_bytes()).unwrap_err().code(), code::INVALID_REQUEST);
+        // Brackets in strings do not count, escaped quotes do not end them.
+        let strings = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"s":"{}\"{}\\","t":"\\\"[["}}}}"#,
+            "[{".repeat(1000),
+            "{".repeat(1000)
+        );
+        assert!(Kind::parse(strings.as_bytes()).is_ok());
+        assert!(!nested_deeper_than(br#"{"a":"[[[[","b":[[]]}"#, 3));
+        assert!(nested_deeper_than(br#"{"a":"\\","b":[[[]]]}"#, 3));
+        assert!(!nested_deeper_than(br#""unterminated \"#, 0));
+        // A response is not scanned: a deep result goes through as the server wrote it.
+        let result = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"a":{}{}}}}}"#,
+            "[".repeat(100),
+            "]".repeat(100)
+        );
+        assert!(Kind::parse(result.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_20_mb_argument_string_passes_and_the_scan_costs_little() {
+        // Plain text, and (the scan's worst case) an escaped quote every 5 bytes.
+        for text in ["xxx[{".repeat(4 * 1024 * 1024), "x\\\"[{".repeat(4 * 1024 * 1024)] {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"e","arguments":{{"text":"{text}"}}}}}}"#
+            );
+            assert!(line.len() > 20_000_000);
+            let t = std::time::Instant::now();
+            assert!(!nested_deeper_than(line.as_bytes(), MAX_DEPTH));
+            let scan = t.elapsed();
+            let t = std::time::Instant::now();
+            let Kind::Request { params: Some(p), .. } = Kind::parse(line.as_bytes()).unwrap() else {
+                panic!("not a request with params")
+            };
+            let parse = t.elapsed();
+            assert_eq!(
+                p.get().len(),
+                line.len() - r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":}"#.len()
+            );
+            eprintln!("20 MB request: depth scan {scan:?}, whole parse (scan included) {parse:?}");
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! A field or two read out of raw JSON without opening the rest: progress tokens,
+//! cancelled ids, a tool result's `isError`, an error's code and message.
+
+use super::envelope::present;
+use super::id::Id;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// A JSON string, borrowed from the input when it has no escapes.
+pub(super) struct JsonStr<'a>(pub(super) std::borrow::Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for JsonStr<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = JsonStr<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(JsonStr(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(JsonStr(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(JsonStr(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// `progressToken` of a `_meta` object's JSON text, as its own text.
+pub(super) fn progress_token_in(meta: &str) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow, default, rename = "progressToken", deserialize_with = "present")]
+        token: Option<&'a RawValue>,
+    }
+    // A `_meta` without the key spelled out gives none here (the opened map still finds
+    // one written with escapes).
+    memchr::memmem::find(meta.as_bytes(), b"progressToken")?;
+    let m: Meta = serde_json::from_str(meta).ok()?;
+    m.token.map(|t| Id::from_json(t.get()))
+}
+
+/// `_meta.progressToken` of params, as the client wrote it, for code that then opens the
+/// params into a map (where a number would take serde_json's formatting). Params that do
+/// not spell the key out (no `progressToken` in the text, so none, or a key written with
+/// escapes) give `None`.
+pub fn progress_token_of(params: Option<&RawValue>) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct P<'a> {
+        #[serde(borrow, default, rename = "_meta")]
+        meta: Option<&'a RawValue>,
+    }
+    let text = params?.get();
+    // Most params carry no token: no parse for them.
+    memchr::memmem::find(text.as_bytes(), b"progressToken")?;
+    let p: P = serde_json::from_str(text).ok()?;
+    progress_token_in(p.meta?.get())
+}
+
+/// The `requestId` of `notifications/cancelled` params, as the peer wrote it.
+pub fn cancelled_request_id(params: Option<&RawValue>) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct Cancelled<'a> {
+        #[serde(borrow, default, rename = "requestId", deserialize_with = "present")]
+        id: Option<&'a RawValue>,
+    }
+    let c: Cancelled = serde_json::from_str(params?.get()).ok()?;
+    c.id.map(|t| Id::from_json(t.get()))
+}
+
+/// Whether a tool result says `"isError": true` at its top level (for metrics and traces).
+///
+/// Most results carry no `isError` at all, so the bytes are searched first (SIMD
+/// `memchr` for `E` and `\\`, no parse): without the text `isError` and without any `\u` escape (the only
+/// other way to spell a key's letters) the key cannot be there. Otherwise the top-level
+/// object is read with every value but `isError` skipped unread ([`member`], no
+/// allocation), so an `isError` nested in content, or inside a string, does not count.
+/// Anything that is not an object, or whose `isError` is not a boolean, is not an error.
+pub fn is_tool_error(result: &str) -> bool {
+    let bytes = result.as_bytes();
+    let named =
+        memchr::memchr_iter(b'E', bytes).any(|i| bytes[..i].ends_with(b"is") && bytes[i..].starts_with(b"Error"));
+    let escaped = || memchr::memchr_iter(b'\\', bytes).any(|i| bytes.get(i + 1) == Some(&b'u'));
+    if !named && !escaped() {
+        return false;
+    }
+    // A non-boolean isError makes the read fail: not an error.
+    member::<bool>(result, "isError").unwrap_or(false)
+}
+
+/// The member `key` at the top level of the JSON object `json`, read as a `T`. Every other
+/// value is skipped unread (`IgnoredAny`) and keys are borrowed (decoded only when they
+/// hold escapes), so nothing is allocated but what `T` holds. When the key repeats the
+/// last value counts. `None` when `json` is not an object, has no such key, or some value
+/// under it is not a `T`.
+pub(super) fn member<'de, T: Deserialize<'de>>(json: &'de str, key: &str) -> Option<T> {
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+    struct Top<'k, T>(&'k str, std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Top<'_, T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
+            let mut found = None;
+            while let Some(JsonStr(k)) = map.next_key::<JsonStr<'de>>()? {
+                if k == self.0 {
+                    found = Some(map.next_value::<T>()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(json);
+    serde::Deserializer::deserialize_map(&mut de, Top(key, std::marker::PhantomData))
+        .ok()
+        .flatten()
+}
+
+/// The `code` and `message` of an error object, for logs and metrics.
+pub fn error_summary(err: &RawValue) -> (i64, String) {
+    #[derive(Deserialize)]
+    struct E {
+        #[serde(default)]
+        code: i64,
+        #[serde(default)]
+        message: String,
+    }
+    match serde_json::from_str::<E>(err.get()) {
+        Ok(e) => (e.code, e.message),
+        Err(_) => (0, String::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_errors_are_top_level_booleans() {
+        let yes = |s: &str| is_tool_error(s);
+        assert!(yes(r#"{"content":[],"isError":true}"#));
+        assert!(yes(r#"{"isError":true,"content":[{"type":"text","text":"x"}]}"#));
+        assert!(yes(r#"{"content":[], "\u0069sError" : true}"#));
+        assert!(!yes(r#"{"content":[],"isError":false}"#));
+        assert!(!yes(r#"{"content":[]}"#));
+        assert!(!yes(r#"{"content":[{"type":"text","text":"\"isError\":true"}]}"#));
+        assert!(!yes(
+            r#"{"content":[{"isError":true}],"structuredContent":{"isError":true}}"#
+        ));
+        assert!(!yes(r#"{"content":[],"isError":"true"}"#));
+        assert!(!yes(r#"{"content":[],"isError":1}"#));
+        assert!(!yes(r#"[{"isError":true}]"#));
+        assert!(!yes(r#""isError""#));
+        assert!(!yes(r#"{"text":"caf\u00e9"}"#));
+    }
+}
