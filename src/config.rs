@@ -21,11 +21,16 @@ mod values;
 
 pub use clients::{Auth, ClientSpec, OAuth, TokenDigest, DEFAULT_CLIENT_CLAIM};
 pub use errors::{ConfigError, ConfigErrors};
-pub use gateway::*;
+pub use gateway::{
+    Gateway, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_INPUT_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_BODY,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_LINE, DEFAULT_MAX_SESSIONS, DEFAULT_PAGE_SIZE, DEFAULT_PATH,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SEPARATOR, DEFAULT_SESSION_IDLE, DEFAULT_SHUTDOWN_GRACE,
+    SESSIONS_PER_CLIENT_DIVISOR,
+};
 pub use rate_limits::{Per, Rate, RateLimits};
 pub use servers::{
-    Era, HttpMode, HttpSpec, Isolation, Restart, Server, StdioSpec, Transport, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_SERVER_MAX_SESSIONS, INHERITED_ENV, STALL_TIMEOUTS,
+    Era, HttpMode, HttpSpec, Isolation, Restart, Server, StdioSpec, Transport, DEFAULT_IDLE_TIMEOUT, DEFAULT_ISOLATION,
+    DEFAULT_PROTOCOL, DEFAULT_RESTART, DEFAULT_SERVER_MAX_SESSIONS, DEFAULT_TRANSPORT, INHERITED_ENV, STALL_TIMEOUTS,
 };
 pub use telemetry::{
     LogFormat, OtlpProtocol, Telemetry, DEFAULT_LOG_FORMAT, DEFAULT_OTLP_PROTOCOL, DEFAULT_SERVICE_NAME,

@@ -4,7 +4,7 @@
 use super::errors::Ctx;
 use super::gateway::Gateway;
 use super::rate_limits::{self, RateLimits, RawServerLimits};
-use super::values::{duration, name_char, Filter};
+use super::values::{duration, name_char, one_of, Filter};
 use super::{expand, Secret};
 use indexmap::IndexMap;
 use serde::Deserialize;
@@ -21,6 +21,14 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_SERVER_MAX_SESSIONS: usize = 100;
 /// `stall_timeout` unset: this many times the server's `timeout`.
 pub const STALL_TIMEOUTS: u32 = 2;
+/// `isolation` unset: one process for every client.
+pub const DEFAULT_ISOLATION: Isolation = Isolation::Shared;
+/// `restart` unset: after a crash, not after a clean exit.
+pub const DEFAULT_RESTART: Restart = Restart::OnFailure;
+/// `protocol` unset: probe for 2026-07-28, fall back to the handshake.
+pub const DEFAULT_PROTOCOL: Era = Era::Auto;
+/// `transport` unset (a remote server): Streamable HTTP, falling back to HTTP+SSE.
+pub const DEFAULT_TRANSPORT: HttpMode = HttpMode::Auto;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -237,18 +245,13 @@ pub(super) fn parse(
             gateway.request_timeout,
         );
         let rate_limits = rate_limits::parse_server(cx, &s.rate_limits, &name);
-        let isolation = match s.isolation.as_ref().map(|r| r.get_ref().as_str()) {
-            None | Some("shared") => Isolation::Shared,
-            Some("session") => Isolation::Session,
-            Some(other) => {
-                let at = s.isolation.as_ref().map_or(at, |r| r.span().start);
-                cx.at(
-                    at,
-                    format!("servers.{name}.isolation: {other:?} is not one of shared, session"),
-                );
-                Isolation::Shared
-            }
-        };
+        let isolation = one_of(
+            cx,
+            s.isolation.as_ref(),
+            &format!("servers.{name}.isolation"),
+            DEFAULT_ISOLATION,
+            &[("shared", Isolation::Shared), ("session", Isolation::Session)],
+        );
         let idle_timeout = duration(
             cx,
             s.idle_timeout.as_ref(),
@@ -261,32 +264,28 @@ pub(super) fn parse(
             &format!("servers.{name}.stall_timeout"),
             timeout.saturating_mul(STALL_TIMEOUTS),
         );
-        let protocol = match s.protocol.as_ref().map(|r| r.get_ref().as_str()) {
-            None | Some("auto") => Era::Auto,
-            Some("2026-07-28") => Era::Modern,
-            Some("handshake") => Era::Handshake,
-            Some(other) => {
-                let at = s.protocol.as_ref().map_or(at, |r| r.span().start);
-                cx.at(
-                    at,
-                    format!("servers.{name}.protocol: {other:?} is not one of auto, 2026-07-28, handshake"),
-                );
-                Era::Auto
-            }
-        };
-        let restart = match s.restart.as_ref().map(|r| r.get_ref().as_str()) {
-            None | Some("on-failure") => Restart::OnFailure,
-            Some("always") => Restart::Always,
-            Some("never") => Restart::Never,
-            Some(other) => {
-                let at = s.restart.as_ref().map_or(at, |r| r.span().start);
-                cx.at(
-                    at,
-                    format!("servers.{name}.restart: {other:?} is not one of on-failure, always, never"),
-                );
-                Restart::OnFailure
-            }
-        };
+        let protocol = one_of(
+            cx,
+            s.protocol.as_ref(),
+            &format!("servers.{name}.protocol"),
+            DEFAULT_PROTOCOL,
+            &[
+                ("auto", Era::Auto),
+                ("2026-07-28", Era::Modern),
+                ("handshake", Era::Handshake),
+            ],
+        );
+        let restart = one_of(
+            cx,
+            s.restart.as_ref(),
+            &format!("servers.{name}.restart"),
+            DEFAULT_RESTART,
+            &[
+                ("on-failure", Restart::OnFailure),
+                ("always", Restart::Always),
+                ("never", Restart::Never),
+            ],
+        );
         let server = |transport| Server {
             name: name.clone(),
             prefix: prefix.clone(),
@@ -414,19 +413,17 @@ fn http_spec(
             format!("servers.{name}.url must start with http:// or https://"),
         );
     }
-    let mode = match transport.as_ref().map(|t| t.get_ref().as_str()) {
-        None | Some("auto") => HttpMode::Auto,
-        Some("streamable-http") => HttpMode::Streamable,
-        Some("sse") => HttpMode::Sse,
-        Some(other) => {
-            let at = transport.as_ref().map_or(0, |t| t.span().start);
-            cx.at(
-                at,
-                format!("servers.{name}.transport: {other:?} is not one of auto, streamable-http, sse"),
-            );
-            HttpMode::Auto
-        }
-    };
+    let mode = one_of(
+        cx,
+        transport.as_ref(),
+        &format!("servers.{name}.transport"),
+        DEFAULT_TRANSPORT,
+        &[
+            ("auto", HttpMode::Auto),
+            ("streamable-http", HttpMode::Streamable),
+            ("sse", HttpMode::Sse),
+        ],
+    );
     let mut out_headers = Vec::new();
     for (key, value) in headers {
         if key.is_empty()

@@ -119,3 +119,24 @@ pub(super) fn size(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str, like: &
         0
     })
 }
+
+/// A key that takes one of a few words: `default` when unset; a word not in `words` is
+/// reported (and `default` stands in).
+pub(super) fn one_of<T: Copy>(
+    cx: &mut Ctx,
+    v: Option<&Spanned<String>>,
+    key: &str,
+    default: T,
+    words: &[(&str, T)],
+) -> T {
+    let Some(s) = v else { return default };
+    if let Some((_, t)) = words.iter().find(|(w, _)| w == s.get_ref()) {
+        return *t;
+    }
+    let names: Vec<&str> = words.iter().map(|(w, _)| *w).collect();
+    cx.at(
+        s.span().start,
+        format!("{key}: {:?} is not one of {}", s.get_ref(), names.join(", ")),
+    );
+    default
+}
