@@ -29,8 +29,9 @@ pub use gateway::{
 };
 pub use rate_limits::{Per, Rate, RateLimits};
 pub use servers::{
-    Era, HttpMode, HttpSpec, Isolation, Restart, Server, StdioSpec, Transport, DEFAULT_IDLE_TIMEOUT, DEFAULT_ISOLATION,
-    DEFAULT_PROTOCOL, DEFAULT_RESTART, DEFAULT_SERVER_MAX_SESSIONS, DEFAULT_TRANSPORT, INHERITED_ENV, STALL_TIMEOUTS,
+    Era, HttpMode, HttpSpec, Isolation, Restart, Server, StdioSpec, Transport, DEFAULT_ENABLED, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_ISOLATION, DEFAULT_PROTOCOL, DEFAULT_RESTART, DEFAULT_SERVER_MAX_SESSIONS, DEFAULT_TRANSPORT,
+    INHERITED_ENV, STALL_TIMEOUTS,
 };
 pub use telemetry::{
     LogFormat, OtlpProtocol, Telemetry, DEFAULT_LOG_FORMAT, DEFAULT_OTLP_PROTOCOL, DEFAULT_SERVICE_NAME,
@@ -52,7 +53,8 @@ impl Secret {
     pub fn new(s: impl Into<String>) -> Self {
         Secret(s.into())
     }
-    /// The real value, for the one place that must use it (a child's environment).
+    /// The real value, for the places that must use it: a child's environment, a remote
+    /// server's URL and headers.
     pub fn expose(&self) -> &str {
         &self.0
     }

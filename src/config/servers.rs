@@ -29,7 +29,10 @@ pub const DEFAULT_RESTART: Restart = Restart::OnFailure;
 pub const DEFAULT_PROTOCOL: Era = Era::Auto;
 /// `transport` unset (a remote server): Streamable HTTP, falling back to HTTP+SSE.
 pub const DEFAULT_TRANSPORT: HttpMode = HttpMode::Auto;
+/// `enabled` unset: the server runs.
+pub const DEFAULT_ENABLED: bool = true;
 
+/// One `[servers.NAME]` table as written.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawServer {
@@ -46,7 +49,7 @@ pub(super) struct RawServer {
     env: IndexMap<String, Spanned<String>>,
     prefix: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
-    #[serde(default = "yes")]
+    #[serde(default = "default_enabled")]
     enabled: bool,
     #[serde(default)]
     tools: RawFilter,
@@ -72,8 +75,8 @@ impl RawServer {
     }
 }
 
-fn yes() -> bool {
-    true
+fn default_enabled() -> bool {
+    DEFAULT_ENABLED
 }
 
 #[derive(Deserialize, Default)]
