@@ -54,7 +54,8 @@ struct ServerLimits {
     per_tool: HashMap<String, (DefaultDirectRateLimiter, Rate)>,
 }
 
-fn quota(r: &Rate) -> Quota {
+/// The governor quota of a configured rate (its burst defaults to its count).
+pub(crate) fn quota(r: &Rate) -> Quota {
     let one = NonZeroU32::MIN;
     let n = NonZeroU32::new(r.count).unwrap_or(one);
     let burst = NonZeroU32::new(r.burst).unwrap_or(n);
@@ -109,8 +110,8 @@ impl Limits {
             return Ok(());
         };
         let per_tool = tool.and_then(|t| s.per_tool.get(t));
-        // The limiters' own clock: building a new quanta clock runs CPUID, which a VM
-        // traps (tens of microseconds). No limit, no clock read at all.
+        // The limiters' own clock, read once, and only when a limit applies: building a
+        // new quanta clock per call would run CPUID each time.
         let Some(clock) = per_tool.or(s.per_server.as_ref()).map(|(l, _)| l.clock()) else {
             return Ok(());
         };

@@ -74,17 +74,9 @@ fn watch_file(path: &Path, tx: mpsc::Sender<()>) -> Option<notify::RecommendedWa
             let _ = tx.try_send(());
         }
     };
-    match notify::recommended_watcher(handler) {
-        Ok(mut w) => match w.watch(dir, RecursiveMode::NonRecursive) {
-            Ok(()) => Some(w),
-            Err(e) => {
-                warn!(error = %e, "cannot watch the config file; SIGHUP still reloads");
-                None
-            }
-        },
-        Err(e) => {
-            warn!(error = %e, "cannot watch the config file; SIGHUP still reloads");
-            None
-        }
-    }
+    let watcher =
+        notify::recommended_watcher(handler).and_then(|mut w| w.watch(dir, RecursiveMode::NonRecursive).map(|()| w));
+    watcher
+        .inspect_err(|e| warn!(error = %e, "cannot watch the config file; SIGHUP still reloads"))
+        .ok()
 }

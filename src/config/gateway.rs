@@ -1,0 +1,190 @@
+//! `[gateway]`: the public endpoint, its bounds and timeouts, and the defaults for every
+//! server.
+
+use super::errors::Ctx;
+use super::values::{duration, name_char, size};
+use serde::Deserialize;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+use toml::Spanned;
+
+/// `gateway.listen` unset: loopback only.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
+/// `gateway.path` unset: where the MCP endpoint is served.
+pub const DEFAULT_PATH: &str = "/mcp";
+/// `gateway.separator` unset: what goes between a server's prefix and its tool's name.
+pub const DEFAULT_SEPARATOR: &str = "__";
+/// `gateway.request_timeout` unset: the per-request timeout of every server that sets none.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// `gateway.session_idle` unset: how long an unused HTTP session lives.
+pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
+/// How long a call parked on a question waits for the client's retry (`gateway.input_timeout`).
+pub const DEFAULT_INPUT_TIMEOUT: Duration = Duration::from_secs(300);
+/// `gateway.header_timeout` unset: how long a client may take to send its headers.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// `gateway.body_timeout` unset: how long a client may take to send a request body.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// `gateway.shutdown_grace` unset: how long in-flight requests get after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// `gateway.max_body` unset: the largest request body accepted (16 MiB).
+pub const DEFAULT_MAX_BODY: usize = 16 << 20;
+/// `gateway.max_line` unset: the longest message line accepted (256 MiB).
+pub const DEFAULT_MAX_LINE: usize = 256 << 20;
+/// `gateway.max_sessions` unset: open HTTP sessions at most.
+pub const DEFAULT_MAX_SESSIONS: usize = 10_000;
+/// `gateway.max_sessions_per_client` unset: `max_sessions` divided by this, at least 1.
+pub const SESSIONS_PER_CLIENT_DIVISOR: usize = 10;
+/// `gateway.max_in_flight` unset: requests in flight per session at most.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1_000;
+/// `gateway.page_size` unset: 0, each merged list served as one page.
+pub const DEFAULT_PAGE_SIZE: usize = 0;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGateway {
+    listen: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    separator: Option<Spanned<String>>,
+    request_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
+    max_body: Option<Spanned<String>>,
+    shutdown_grace: Option<Spanned<String>>,
+    max_sessions: Option<Spanned<usize>>,
+    max_sessions_per_client: Option<Spanned<usize>>,
+    page_size: Option<usize>,
+    max_in_flight: Option<Spanned<usize>>,
+    session_idle: Option<Spanned<String>>,
+    input_timeout: Option<Spanned<String>>,
+    header_timeout: Option<Spanned<String>>,
+    body_timeout: Option<Spanned<String>>,
+    max_line: Option<Spanned<String>>,
+    worker_threads: Option<Spanned<usize>>,
+}
+
+/// `[gateway]`: the public endpoint and defaults.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    pub listen: SocketAddr,
+    /// The MCP endpoint path, e.g. `/mcp`.
+    pub path: String,
+    /// Put between a server's prefix and its tool or prompt name.
+    pub separator: String,
+    /// Default per-request timeout for every server.
+    pub request_timeout: Duration,
+    /// Browser origins allowed besides localhost ones (exact match, e.g. `https://app.example.com`).
+    pub allowed_origins: Vec<String>,
+    /// Host header values allowed besides localhost ones (e.g. `gateway.internal:8080`).
+    pub allowed_hosts: Vec<String>,
+    /// Largest accepted request body; more is answered with 413.
+    pub max_body: usize,
+    /// How long in-flight requests get to finish after SIGTERM or SIGINT.
+    pub shutdown_grace: Duration,
+    /// Items per page of a merged list; 0 serves each list as one page.
+    pub page_size: usize,
+    /// Open HTTP sessions at most; `initialize` past it is refused (503).
+    pub max_sessions: usize,
+    /// Open HTTP sessions of one identity at most (the authenticated client's name, else
+    /// the caller's IP address); `initialize` past it is refused (503). Default: a tenth
+    /// of `max_sessions`, at least 1.
+    pub max_sessions_per_client: usize,
+    /// Requests in flight per session at most; more are refused with an error.
+    pub max_in_flight: usize,
+    /// A session unused this long (and with no open GET stream) is ended.
+    pub session_idle: Duration,
+    /// How long a 2026-07-28 call whose server asked a question (`input_required`) waits
+    /// for the client's retry before it is cancelled; also its `requestState`'s lifetime.
+    pub input_timeout: Duration,
+    /// How long a client may take to send its request headers.
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request body.
+    pub body_timeout: Duration,
+    /// Longest message line a child may write (or a stdio client send); longer ones fail
+    /// the call they answer with an error naming the server.
+    pub max_line: usize,
+    /// Async runtime worker threads; `None`: half the CPUs, at least one (or
+    /// `TOKIO_WORKER_THREADS`). Read at start only.
+    pub worker_threads: Option<usize>,
+}
+
+/// `[gateway]`, each key checked and each problem reported; defaults stand in for what
+/// is unset (and for what is wrong, the file being refused anyway).
+pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
+    let listen = match &g.listen {
+        None => DEFAULT_LISTEN,
+        Some(s) => s.get_ref().parse::<SocketAddr>().unwrap_or_else(|_| {
+            cx.at(
+                s.span().start,
+                format!("listen: {:?} is not an address like \"127.0.0.1:8080\"", s.get_ref()),
+            );
+            DEFAULT_LISTEN
+        }),
+    };
+    let path = g
+        .path
+        .as_ref()
+        .map_or(DEFAULT_PATH.to_string(), |p| p.get_ref().clone());
+    if !path.starts_with('/') {
+        let at = g.path.as_ref().map_or(0, |p| p.span().start);
+        cx.at(at, format!("path: {path:?} must start with '/'"));
+    }
+    let separator = g
+        .separator
+        .as_ref()
+        .map_or(DEFAULT_SEPARATOR.to_string(), |s| s.get_ref().clone());
+    if separator.is_empty() || !separator.chars().all(name_char) {
+        let at = g.separator.as_ref().map_or(0, |s| s.span().start);
+        cx.at(
+            at,
+            format!("separator: {separator:?} may only use [A-Za-z0-9_.-] and must not be empty"),
+        );
+    }
+    let request_timeout = duration(
+        cx,
+        g.request_timeout.as_ref(),
+        "request_timeout",
+        DEFAULT_REQUEST_TIMEOUT,
+    );
+    let session_idle = duration(cx, g.session_idle.as_ref(), "session_idle", DEFAULT_SESSION_IDLE);
+    let input_timeout = duration(cx, g.input_timeout.as_ref(), "input_timeout", DEFAULT_INPUT_TIMEOUT);
+    let header_timeout = duration(cx, g.header_timeout.as_ref(), "header_timeout", DEFAULT_HEADER_TIMEOUT);
+    let body_timeout = duration(cx, g.body_timeout.as_ref(), "body_timeout", DEFAULT_BODY_TIMEOUT);
+    let max_line = size(cx, g.max_line.as_ref(), "max_line", "64MiB", DEFAULT_MAX_LINE);
+    for (key, v) in [
+        ("max_sessions", &g.max_sessions),
+        ("max_in_flight", &g.max_in_flight),
+        ("worker_threads", &g.worker_threads),
+        ("max_sessions_per_client", &g.max_sessions_per_client),
+    ] {
+        if let Some(n) = v.as_ref().filter(|n| *n.get_ref() == 0) {
+            cx.at(n.span().start, format!("gateway.{key} must be at least 1"));
+        }
+    }
+    let shutdown_grace = duration(cx, g.shutdown_grace.as_ref(), "shutdown_grace", DEFAULT_SHUTDOWN_GRACE);
+    let max_body = size(cx, g.max_body.as_ref(), "max_body", "16MiB", DEFAULT_MAX_BODY);
+    let max_sessions = g.max_sessions.map_or(DEFAULT_MAX_SESSIONS, Spanned::into_inner);
+    Gateway {
+        listen,
+        path,
+        separator,
+        request_timeout,
+        allowed_origins: g.allowed_origins,
+        allowed_hosts: g.allowed_hosts,
+        max_body,
+        shutdown_grace,
+        max_sessions,
+        max_sessions_per_client: g
+            .max_sessions_per_client
+            .map_or((max_sessions / SESSIONS_PER_CLIENT_DIVISOR).max(1), Spanned::into_inner),
+        page_size: g.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
+        max_in_flight: g.max_in_flight.map_or(DEFAULT_MAX_IN_FLIGHT, Spanned::into_inner),
+        session_idle,
+        input_timeout,
+        header_timeout,
+        body_timeout,
+        max_line,
+        worker_threads: g.worker_threads.map(Spanned::into_inner),
+    }
+}

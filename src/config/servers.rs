@@ -1,0 +1,472 @@
+//! `[servers.NAME]`: how to reach each server (a child on stdio, or a remote URL), its
+//! environment and credentials, tool filter, limits, restarts and isolation.
+
+use super::errors::Ctx;
+use super::gateway::Gateway;
+use super::rate_limits::{self, RateLimits, RawServerLimits};
+use super::values::{duration, name_char, one_of, Filter};
+use super::{expand, Secret};
+use indexmap::IndexMap;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use toml::Spanned;
+
+/// Environment variables a child inherits from the gateway; everything else it gets
+/// comes from its own `env` table, so one server's secrets never reach another.
+pub const INHERITED_ENV: &[&str] = &["PATH", "HOME", "USER", "LANG", "TERM", "TMPDIR", "SHELL"];
+/// `idle_timeout` unset: how long a session's own process may sit unused.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// `max_sessions` unset: a server's per-session processes at most.
+pub const DEFAULT_SERVER_MAX_SESSIONS: usize = 100;
+/// `stall_timeout` unset: this many times the server's `timeout`.
+pub const STALL_TIMEOUTS: u32 = 2;
+/// `isolation` unset: one process for every client.
+pub const DEFAULT_ISOLATION: Isolation = Isolation::Shared;
+/// `restart` unset: after a crash, not after a clean exit.
+pub const DEFAULT_RESTART: Restart = Restart::OnFailure;
+/// `protocol` unset: probe for 2026-07-28, fall back to the handshake.
+pub const DEFAULT_PROTOCOL: Era = Era::Auto;
+/// `transport` unset (a remote server): Streamable HTTP, falling back to HTTP+SSE.
+pub const DEFAULT_TRANSPORT: HttpMode = HttpMode::Auto;
+/// `enabled` unset: the server runs.
+pub const DEFAULT_ENABLED: bool = true;
+
+/// One `[servers.NAME]` table as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServer {
+    command: Option<Spanned<String>>,
+    url: Option<Spanned<String>>,
+    transport: Option<Spanned<String>>,
+    #[serde(default)]
+    headers: IndexMap<String, Spanned<String>>,
+    ca_file: Option<Spanned<String>>,
+    #[serde(default)]
+    args: Vec<String>,
+    cwd: Option<String>,
+    #[serde(default)]
+    env: IndexMap<String, Spanned<String>>,
+    prefix: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    #[serde(default = "default_enabled")]
+    enabled: bool,
+    #[serde(default)]
+    tools: RawFilter,
+    #[serde(default)]
+    rate_limits: RawServerLimits,
+    restart: Option<Spanned<String>>,
+    isolation: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    stall_timeout: Option<Spanned<String>>,
+    max_sessions: Option<usize>,
+    protocol: Option<Spanned<String>>,
+    /// `command` or `url` was there but of the wrong type (already reported): whether it
+    /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
+    #[serde(skip)]
+    kind_unknown: bool,
+}
+
+impl RawServer {
+    /// Notes the keys [`table`](super::tables::table) dropped for a wrong value: without
+    /// its `command` or `url`, what kind of server it is stays unknown.
+    pub(super) fn removed(&mut self, removed: &[String]) {
+        self.kind_unknown = removed.iter().any(|k| k == "command" || k == "url");
+    }
+}
+
+fn default_enabled() -> bool {
+    DEFAULT_ENABLED
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFilter {
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+}
+
+/// One `[servers.NAME]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Server {
+    pub name: String,
+    /// Put before the server's tool and prompt names; empty means unprefixed.
+    pub prefix: String,
+    pub timeout: Duration,
+    /// A server that owes answers and has said nothing for `timeout` is degraded (and
+    /// pinged); for this long, it is killed and started again. Default: twice `timeout`.
+    pub stall_timeout: Duration,
+    pub enabled: bool,
+    pub tools: Filter,
+    pub transport: Transport,
+    /// `per_server` and `per_tool`.
+    pub rate_limits: RateLimits,
+    pub restart: Restart,
+    /// `shared` (one process for every client) or `session` (one per client session).
+    pub isolation: Isolation,
+    /// With `isolation = "session"`: a session's process unused this long is stopped.
+    pub idle_timeout: Duration,
+    /// With `isolation = "session"`: processes at most; a session past it gets an error.
+    pub max_sessions: usize,
+    /// Which protocol era to speak to the server.
+    pub protocol: Era,
+}
+
+/// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
+/// and falls back to the `initialize` handshake by the spec's rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Era {
+    Auto,
+    /// 2026-07-28 only: no `initialize`.
+    Modern,
+    /// The `initialize` handshake (2025-11-25 and earlier) only: no probe.
+    Handshake,
+}
+
+/// Who shares a server's process.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Isolation {
+    /// One process (or remote session) for every client.
+    Shared,
+    /// One per client session: started on first use, stopped when the session ends or
+    /// after `idle_timeout`. Questions it asks always reach the right client.
+    Session,
+}
+
+/// When a server that went away is started again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Restart {
+    /// After a crash (non-zero exit, signal) or a lost connection; not after a clean exit.
+    OnFailure,
+    Always,
+    Never,
+}
+
+/// How to reach a server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transport {
+    Stdio(StdioSpec),
+    Http(HttpSpec),
+}
+
+impl Transport {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transport::Stdio(_) => "stdio",
+            Transport::Http(h) => match h.mode {
+                HttpMode::Auto => "http",
+                HttpMode::Streamable => "streamable-http",
+                HttpMode::Sse => "sse",
+            },
+        }
+    }
+}
+
+/// Which HTTP transport a remote server speaks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HttpMode {
+    /// Streamable HTTP, falling back to legacy HTTP+SSE as the spec describes.
+    Auto,
+    Streamable,
+    /// The 2024-11-05 HTTP+SSE transport.
+    Sse,
+}
+
+/// A remote server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpSpec {
+    /// The URL as written in gateway.toml (before `${VAR}` expansion): safe to show.
+    pub url_display: String,
+    /// The expanded URL; may carry a credential in its query.
+    pub url: Secret,
+    pub mode: HttpMode,
+    /// Extra request headers, expanded; they are secrets.
+    pub headers: Vec<(String, Secret)>,
+    /// A PEM file of extra CA certificates to trust.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// A child process speaking MCP on its stdin/stdout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StdioSpec {
+    pub command: String,
+    pub args: Vec<String>,
+    /// Absolute working directory.
+    pub cwd: PathBuf,
+    /// The child's own variables, expanded; they are secrets.
+    pub env: Vec<(String, Secret)>,
+    /// The inherited safe set ([`INHERITED_ENV`]) as read when the config loaded.
+    pub inherited: Vec<(String, String)>,
+    /// `gateway.max_line`: the longest stdout line accepted from the child.
+    pub max_line: usize,
+}
+
+/// Every `[servers.NAME]`, in file order; a server with a problem is reported and left
+/// out. `base` is the config file's folder; `gateway` gives the defaults servers share.
+pub(super) fn parse(
+    cx: &mut Ctx,
+    raw: IndexMap<Spanned<String>, RawServer>,
+    gateway: &Gateway,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<Server> {
+    let inherited: Vec<(String, String)> = INHERITED_ENV
+        .iter()
+        .filter_map(|k| env(k).map(|v| ((*k).to_string(), v)))
+        .collect();
+    let mut servers = Vec::new();
+    let mut prefixes: IndexMap<String, String> = IndexMap::new();
+    for (name, s) in raw {
+        let at = name.span().start;
+        let name = name.into_inner();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            cx.at(at, format!("server name {name:?} may only use [A-Za-z0-9-]"));
+        }
+        let prefix = s.prefix.as_ref().map_or(name.clone(), |p| p.get_ref().clone());
+        if !prefix.chars().all(name_char) {
+            let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
+            cx.at(
+                at,
+                format!("servers.{name}.prefix: {prefix:?} may only use [A-Za-z0-9_.-]"),
+            );
+        }
+        if !prefix.is_empty() && s.enabled {
+            if let Some(other) = prefixes.insert(prefix.clone(), name.clone()) {
+                let at = s.prefix.as_ref().map_or(at, |p| p.span().start);
+                cx.at(
+                    at,
+                    format!("servers.{name}.prefix: {prefix:?} is already the prefix of server {other:?}"),
+                );
+            }
+        }
+        let timeout = duration(
+            cx,
+            s.timeout.as_ref(),
+            &format!("servers.{name}.timeout"),
+            gateway.request_timeout,
+        );
+        let rate_limits = rate_limits::parse_server(cx, &s.rate_limits, &name);
+        let isolation = one_of(
+            cx,
+            s.isolation.as_ref(),
+            &format!("servers.{name}.isolation"),
+            DEFAULT_ISOLATION,
+            &[("shared", Isolation::Shared), ("session", Isolation::Session)],
+        );
+        let idle_timeout = duration(
+            cx,
+            s.idle_timeout.as_ref(),
+            &format!("servers.{name}.idle_timeout"),
+            DEFAULT_IDLE_TIMEOUT,
+        );
+        let stall_timeout = duration(
+            cx,
+            s.stall_timeout.as_ref(),
+            &format!("servers.{name}.stall_timeout"),
+            timeout.saturating_mul(STALL_TIMEOUTS),
+        );
+        let protocol = one_of(
+            cx,
+            s.protocol.as_ref(),
+            &format!("servers.{name}.protocol"),
+            DEFAULT_PROTOCOL,
+            &[
+                ("auto", Era::Auto),
+                ("2026-07-28", Era::Modern),
+                ("handshake", Era::Handshake),
+            ],
+        );
+        let restart = one_of(
+            cx,
+            s.restart.as_ref(),
+            &format!("servers.{name}.restart"),
+            DEFAULT_RESTART,
+            &[
+                ("on-failure", Restart::OnFailure),
+                ("always", Restart::Always),
+                ("never", Restart::Never),
+            ],
+        );
+        let server = |transport| Server {
+            name: name.clone(),
+            prefix: prefix.clone(),
+            timeout,
+            stall_timeout,
+            enabled: s.enabled,
+            tools: Filter {
+                allow: s.tools.allow.clone(),
+                deny: s.tools.deny.clone(),
+            },
+            transport,
+            rate_limits: rate_limits.clone(),
+            restart,
+            isolation,
+            idle_timeout,
+            max_sessions: s.max_sessions.unwrap_or(DEFAULT_SERVER_MAX_SESSIONS).max(1),
+            protocol,
+        };
+        let command = match (s.command, s.url) {
+            (Some(_), Some(url)) => {
+                cx.at(
+                    url.span().start,
+                    format!("servers.{name}: give either `command` (stdio) or `url` (HTTP), not both"),
+                );
+                continue;
+            }
+            (None, None) if s.kind_unknown => continue,
+            (None, None) => {
+                cx.at(
+                    at,
+                    format!("servers.{name}: needs `command` (a stdio server) or `url` (a remote server)"),
+                );
+                continue;
+            }
+            (None, Some(url)) => {
+                for (key, v) in [
+                    ("args", !s.args.is_empty()),
+                    ("env", !s.env.is_empty()),
+                    ("cwd", s.cwd.is_some()),
+                ] {
+                    if v {
+                        cx.at(
+                            at,
+                            format!("servers.{name}.{key} only applies to stdio servers (with `command`)"),
+                        );
+                    }
+                }
+                if let Some(t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
+                    servers.push(server(Transport::Http(t)));
+                }
+                continue;
+            }
+            (Some(command), None) => {
+                for (key, v) in [
+                    ("transport", s.transport.is_some()),
+                    ("headers", !s.headers.is_empty()),
+                    ("ca_file", s.ca_file.is_some()),
+                ] {
+                    if v {
+                        cx.at(
+                            at,
+                            format!("servers.{name}.{key} only applies to remote servers (with `url`)"),
+                        );
+                    }
+                }
+                command
+            }
+        };
+        if command.get_ref().trim().is_empty() {
+            cx.at(command.span().start, format!("servers.{name}.command is empty"));
+        }
+        let mut child_env = Vec::new();
+        for (key, value) in s.env {
+            let span = value.span();
+            match expand(value.get_ref(), env) {
+                Ok(v) => child_env.push((key, Secret(v))),
+                Err(var) => cx.at(
+                    span.start,
+                    format!("servers.{name}.env.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
+                ),
+            }
+        }
+        let cwd = match &s.cwd {
+            None => base.to_path_buf(),
+            Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
+            Some(c) => base.join(c),
+        };
+        servers.push(server(Transport::Stdio(StdioSpec {
+            command: command.into_inner(),
+            args: s.args,
+            cwd,
+            env: child_env,
+            inherited: inherited.clone(),
+            max_line: gateway.max_line,
+        })));
+    }
+    servers
+}
+
+#[allow(clippy::too_many_arguments)]
+fn http_spec(
+    cx: &mut Ctx,
+    name: &str,
+    url: Spanned<String>,
+    transport: Option<Spanned<String>>,
+    headers: IndexMap<String, Spanned<String>>,
+    ca_file: Option<Spanned<String>>,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<HttpSpec> {
+    let errors = cx.errors.len();
+    let expanded = match expand(url.get_ref(), env) {
+        Ok(u) => u,
+        Err(var) => {
+            cx.at(
+                url.span().start,
+                format!("servers.{name}.url: environment variable {var} is not set"),
+            );
+            String::new()
+        }
+    };
+    if !(expanded.is_empty() || expanded.starts_with("http://") || expanded.starts_with("https://")) {
+        cx.at(
+            url.span().start,
+            format!("servers.{name}.url must start with http:// or https://"),
+        );
+    }
+    let mode = one_of(
+        cx,
+        transport.as_ref(),
+        &format!("servers.{name}.transport"),
+        DEFAULT_TRANSPORT,
+        &[
+            ("auto", HttpMode::Auto),
+            ("streamable-http", HttpMode::Streamable),
+            ("sse", HttpMode::Sse),
+        ],
+    );
+    let mut out_headers = Vec::new();
+    for (key, value) in headers {
+        if key.is_empty()
+            || !key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
+        {
+            cx.at(
+                value.span().start,
+                format!("servers.{name}.headers: {key:?} is not a valid header name"),
+            );
+            continue;
+        }
+        match expand(value.get_ref(), env) {
+            Ok(v) if v.bytes().any(|b| b == b'\r' || b == b'\n') => {
+                cx.at(value.span().start, format!("servers.{name}.headers.{key}: the value contains a line break"));
+            }
+            Ok(v) => out_headers.push((key, Secret(v))),
+            Err(var) => cx.at(
+                value.span().start,
+                format!("servers.{name}.headers.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
+            ),
+        }
+    }
+    let ca_file = ca_file.map(|c| {
+        let p = Path::new(c.get_ref());
+        let p = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+        if !p.is_file() {
+            cx.at(
+                c.span().start,
+                format!("servers.{name}.ca_file: {} is not a readable file", p.display()),
+            );
+        }
+        p
+    });
+    (cx.errors.len() == errors).then(|| HttpSpec {
+        url_display: url.into_inner(),
+        url: Secret(expanded),
+        mode,
+        headers: out_headers,
+        ca_file,
+    })
+}

@@ -1,0 +1,218 @@
+use super::*;
+use std::time::Duration;
+
+fn env(k: &str) -> Option<String> {
+    match k {
+        "SET" => Some("value".into()),
+        "EMPTY" => Some(String::new()),
+        _ => None,
+    }
+}
+
+#[test]
+fn expands() {
+    assert_eq!(expand("a${SET}b", &env).unwrap(), "avalueb");
+    assert_eq!(expand("${NOPE:-fast}", &env).unwrap(), "fast");
+    assert_eq!(expand("${EMPTY:-d}", &env).unwrap(), "d");
+    assert_eq!(expand("$$x $y", &env).unwrap(), "$x $y");
+    assert_eq!(expand("${NOPE}", &env).unwrap_err(), "NOPE");
+}
+
+#[test]
+fn globs() {
+    assert!(glob("*", "anything"));
+    assert!(glob("delete_*", "delete_all"));
+    assert!(!glob("delete_*", "create"));
+    assert!(glob("a?c", "abc"));
+    let f = Filter {
+        allow: vec!["*".into()],
+        deny: vec!["delete_*".into()],
+    };
+    assert!(f.permits("create") && !f.permits("delete_x"));
+}
+
+#[test]
+fn max_sessions_per_client_defaults_to_a_tenth_and_is_located_when_zero() {
+    let at = |src: &str| Config::parse(Path::new("g.toml"), src, &env);
+    let per = |src: &str| at(src).map(|c| c.gateway.max_sessions_per_client).ok();
+    assert_eq!(per(""), Some(1_000));
+    assert_eq!(per("[gateway]\nmax_sessions = 25\n"), Some(2));
+    assert_eq!(per("[gateway]\nmax_sessions = 5\n"), Some(1));
+    assert_eq!(
+        per("[gateway]\nmax_sessions = 5\nmax_sessions_per_client = 5\n"),
+        Some(5)
+    );
+    let errors = at("[gateway]\nmax_sessions_per_client = 0\n")
+        .err()
+        .map(|e| e.to_string());
+    let errors = errors.unwrap_or_default();
+    assert!(
+        errors.contains("g.toml:2:27") && errors.contains("at least 1"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn durations_and_sizes() {
+    assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+    assert_eq!(parse_duration("5"), None);
+    assert_eq!(parse_size("16MiB"), Some(16 << 20));
+    assert_eq!(parse_size("x"), None);
+}
+
+#[test]
+fn telemetry_table_and_otel_env() {
+    let none = |_: &str| None;
+    let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();
+    assert_eq!(c.telemetry.otlp_endpoint, None);
+    assert_eq!(c.telemetry.service_name, "mcp-gateway");
+
+    let src =
+        "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"\nlog_format = \"json\"\nrecord_payloads = true\n";
+    let c = Config::parse(Path::new("g.toml"), src, &none).unwrap();
+    let t = &c.telemetry;
+    assert_eq!(t.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
+    assert_eq!((t.log_format, t.record_payloads), (LogFormat::Json, true));
+
+    let otel = |k: &str| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4317".to_owned()),
+        "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".to_owned()),
+        "OTEL_SERVICE_NAME" => Some("svc".to_owned()),
+        "OTEL_BSP_SCHEDULE_DELAY" => Some("100".to_owned()),
+        _ => None,
+    };
+    let t = Config::parse(Path::new("g.toml"), "", &otel).unwrap().telemetry;
+    assert_eq!(t.otlp_endpoint.as_deref(), Some("http://collector:4317"));
+    assert_eq!(t.otlp_protocol, OtlpProtocol::Grpc);
+    assert_eq!(t.service_name, "svc");
+    assert_eq!(t.batch_delay, Some(Duration::from_millis(100)));
+
+    let src = "[telemetry]\notlp_protocol = \"http/json\"\nlog_format = \"xml\"\nsampling = 1\n";
+    let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err();
+    assert_eq!((e.0[0].line, e.0[0].column), (4, 1), "{e}");
+    assert!(e.to_string().contains("sampling"), "{e}");
+    let src = "[telemetry]\notlp_protocol = \"http/json\"\nlog_format = \"xml\"\notlp_endpoint = \"localhost:4318\"\n";
+    let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err();
+    let lines: Vec<_> = e.0.iter().map(|e| (e.line, e.column)).collect();
+    assert_eq!(lines, [(2, 17), (4, 17), (3, 14)], "{e}");
+    assert!(e.to_string().contains("telemetry.otlp_protocol: \"http/json\""), "{e}");
+}
+
+#[test]
+fn clients_and_oauth() {
+    let none = |_: &str| None;
+    let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();
+    assert!(!c.auth.required());
+
+    let env = |k: &str| (k == "ALICE_TOKEN").then(|| "s3cret-alice".to_owned());
+    let digest = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"; // "secret"
+    let src = format!(
+        "[clients.alice]\ntoken = \"${{ALICE_TOKEN}}\"\nallow = [\"calc__*\"]\nrate_limit = \"5/s\"\n\n\
+         [clients.bob]\ntoken_sha256 = \"{}\"\ndeny = [\"calc__delete*\"]\n\n[clients.carol]\n\n\
+         [auth.oauth]\nissuer = \"https://issuer.example\"\naudience = \"mcp-gateway\"\n\
+         jwks_url = \"https://issuer.example/jwks.json\"\n",
+        digest.to_uppercase()
+    );
+    let c = Config::parse(Path::new("g.toml"), &src, &env).unwrap();
+    assert!(c.auth.required());
+    let names: Vec<_> = c.auth.clients.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["alice", "bob", "carol"]);
+    let alice = c.auth.client("alice").unwrap();
+    assert_eq!(alice.token, Some(TokenDigest::of("s3cret-alice")));
+    assert_eq!(alice.rate_limit, Rate::parse("5/s"));
+    assert!(alice.filter.permits("calc__add") && !alice.filter.permits("docs__x"));
+    assert_eq!(c.auth.client("bob").unwrap().token, Some(TokenDigest::of("secret")));
+    assert!(c.auth.client("carol").unwrap().token.is_none());
+    assert!(c.auth.client("carol").unwrap().unrestricted());
+    let o = c.auth.oauth.as_ref().unwrap();
+    assert_eq!((o.client_claim.as_str(), o.resource.as_deref()), ("sub", None));
+    // Neither the token nor its digest shows.
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("s3cret") && !shown.contains("2bb80d") && !shown.contains("2BB80D"));
+
+    let bad = "[clients.a]\ntoken = \"${NOPE}\"\n\n[clients.b]\ntoken_sha256 = \"abc\"\n\n\
+               [clients.c]\ntoken = \"x\"\ntoken_sha256 = \"y\"\n\n[clients.d]\ntoken = \"same\"\n\n\
+               [clients.e]\ntoken = \"same\"\nrate_limit = \"fast\"\n\n\
+               [auth.oauth]\nissuer = \"i\"\naudience = \"\"\njwks_url = \"ftp://x\"\n";
+    let e = Config::parse(Path::new("g.toml"), bad, &none).unwrap_err();
+    let text = e.to_string();
+    for want in [
+        "g.toml:2:9: clients.a.token: environment variable NOPE is not set",
+        "g.toml:5:16: clients.b.token_sha256 is not 64 hex digits",
+        "g.toml:9:16: clients.c: give either `token` or `token_sha256`, not both",
+        "g.toml:15:9: clients.e.token: client \"d\" has the same token",
+        "g.toml:16:14: clients.e.rate_limit: \"fast\" is not a rate",
+        "g.toml:20:12: auth.oauth.audience is empty",
+        "g.toml:21:12: auth.oauth.jwks_url must start with http:// or https://",
+    ] {
+        assert!(text.contains(want), "{want}\nnot in\n{text}");
+    }
+    assert!(!text.contains("same\""), "{text}");
+
+    let e = Config::parse(Path::new("g.toml"), "[clients.a]\ntokn = \"x\"\n", &none).unwrap_err();
+    assert!(e.to_string().contains("tokn"), "{e}");
+    let e = Config::parse(Path::new("g.toml"), "[auth.oauth]\nissuer = \"x\"\n", &none).unwrap_err();
+    assert!(e.to_string().contains("audience"), "{e}");
+}
+
+#[test]
+fn every_table_is_checked_on_its_own_and_each_bad_key_once() {
+    let src = "servers.i = { command = 5, enabled = \"no\" }\n\n[servers.j]\ncomand = \"x\"\n\
+               tools = { allow = \"echo\", nope = [] }\n\n[auth.oauth]\nissuer = 5\naudience = \"a\"\n\
+               jwks_url = \"https://x\"\n\n[gatway]\n";
+    let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
+    let got: Vec<_> = e.0.iter().map(|e| (e.line, e.column, e.message.as_str())).collect();
+    let starts = |m: &str, s: &str| m.starts_with(s);
+    let want: &[(usize, usize, &str)] = &[
+        (1, 25, "servers.i.command: expected a string like \"npx\""),
+        (1, 38, "servers.i.enabled: expected a boolean"),
+        (4, 1, "servers.j: unknown key \"comand\"; expected one of command, url,"),
+        (5, 19, "servers.j.tools.allow: expected a list of globs like"),
+        (
+            5,
+            27,
+            "servers.j.tools: unknown key \"nope\"; expected one of allow, deny",
+        ),
+        (8, 10, "auth.oauth.issuer: expected a URL string like"),
+        (12, 2, "the top level: unknown key \"gatway\""),
+        // Its command was reported as the wrong type: no "needs `command`" for i.
+        (3, 10, "servers.j: needs `command` (a stdio server) or `url`"),
+    ];
+    assert_eq!(got.len(), want.len(), "{e}");
+    for ((l, c, m), (wl, wc, wm)) in got.iter().zip(want) {
+        assert!(
+            (l, c) == (wl, wc) && starts(m, wm),
+            "{l}:{c}: {m}\nwanted {wl}:{wc}: {wm}\nall:\n{e}"
+        );
+    }
+    // A missing required key is named.
+    let e = Config::parse(Path::new("g.toml"), "[auth.oauth]\nissuer = \"i\"\n", &env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "g.toml:1:1: auth.oauth: missing required key \"audience\" (a string like audience = \"mcp-gateway\")"
+    );
+}
+
+#[test]
+fn errors_are_located_and_secret_free() {
+    let src = "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[servers.a]\ncommand = \"x\"\nenv = { K = \"${MISSING}\", S = \"${SET}\" }\n";
+    let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err();
+    assert_eq!(e.0.len(), 1);
+    assert_eq!((e.0[0].line, e.0[0].column), (6, 13));
+    assert!(e.0[0].message.contains("servers.a.env.K") && e.0[0].message.contains("MISSING"));
+    assert!(!e.to_string().contains("value"));
+
+    let e = Config::parse(Path::new("g.toml"), "[gateway]\nlisten = \"x\"\nbogus = 1\n", &env).unwrap_err();
+    assert_eq!(e.0[0].line, 3, "{e}");
+    assert!(e.to_string().contains("bogus"), "{e}");
+
+    let ok = Config::parse(
+        Path::new("g.toml"),
+        "[servers.b]\ncommand = \"x\"\nenv = { S = \"${SET}\" }\n",
+        &env,
+    )
+    .unwrap();
+    assert!(!format!("{ok:?}").contains("value"));
+    assert_eq!(ok.servers[0].prefix, "b");
+}
