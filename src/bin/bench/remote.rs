@@ -1,5 +1,5 @@
 //! `mcp-gateway-bench remote-fixture`: a fast Streamable HTTP MCP server in Rust, for the
-//! remote cases (`--mode remote-json,remote-sse`) and the pool tests (`tests/remote_pool.rs`).
+//! remote cases (`--mode remote-json,remote-sse`) and the pool tests (`tests/it/remote_pool.rs`).
 //!
 //! hyper, handshake era: `initialize` (a new `Mcp-Session-Id`), `ping`, `tools/list`
 //! and `tools/call echo` are answered as the stdio fixture answers them
