@@ -2,49 +2,33 @@
 //! connections to a Streamable HTTP server are reused, an SSE answer is forwarded as soon
 //! as its event arrives, and a TLS server that offers HTTP/2 gets HTTP/2.
 //!
-//! The server is the bench's Rust fixture (`mcp-gateway-bench remote-fixture`), which
-//! counts the connections it accepts and the HTTP version of each request (`GET /stats`).
+//! The server is the bench's Rust fixture (`mcp-gateway-bench remote-fixture`, here run in
+//! the test process on a thread and runtime of its own), which counts the connections it
+//! accepts and the HTTP version of each request (`GET /stats`).
 
 use crate::common::*;
+use clap::Parser;
+use mcp_gateway_bench::remote;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BENCH: &str = env!("CARGO_BIN_EXE_mcp-gateway-bench");
-
-/// The remote fixture on port 0. Ends when dropped (stdin closed, then killed).
+/// The remote fixture on port 0, with the switches of `mcp-gateway-bench remote-fixture`.
+/// Stops when dropped.
 struct Fixture {
-    child: Child,
-    _stdin: ChildStdin,
+    _running: remote::Running,
     url: String,
     base: String,
 }
 
 impl Fixture {
     fn start(args: &[&str]) -> Fixture {
-        let mut child = Command::new(BENCH)
-            .arg("remote-fixture")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn mcp-gateway-bench remote-fixture");
-        let stdin = child.stdin.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let Some(url) = line.trim().strip_prefix("remote fixture listening on ") else {
-            let _ = child.kill();
-            panic!("remote fixture did not start: {line:?}");
-        };
-        let url = url.to_owned();
+        let args = remote::RemoteArgs::try_parse_from(std::iter::once(&"remote-fixture").chain(args))
+            .unwrap_or_else(|e| panic!("remote fixture switches {args:?}: {e}"));
+        let running = remote::spawn(args).unwrap_or_else(|e| panic!("remote fixture did not start: {e:#}"));
+        let url = running.url.clone();
         let base = url.trim_end_matches("/mcp").to_owned();
         Fixture {
-            child,
-            _stdin: stdin,
+            _running: running,
             url,
             base,
         }
@@ -59,13 +43,6 @@ impl Fixture {
         let r = client.get(format!("{}/stats", self.base)).send().await.unwrap();
         assert!(r.status().is_success(), "{}", r.status());
         r.json().await.unwrap()
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! hyper, handshake era: `initialize` (a new `Mcp-Session-Id`), `ping`, `tools/list`
 //! and `tools/call echo` are answered as the stdio fixture answers them
-//! ([`super::fixture::respond`]); `server/discover` gets -32601 like any unknown method,
+//! ([`crate::fixture::respond`]); `server/discover` gets -32601 like any unknown method,
 //! so a gateway that probes falls back to `initialize`. Notifications get 202; GET
 //! (no server stream) 405; DELETE 200. Every answer is JSON (`Content-Length`) or, with
 //! `--sse`, one `event: message` on a chunked `text/event-stream` body that ends right
@@ -16,9 +16,10 @@
 //! `{"connections", "open", "http1", "http2"}`: connections accepted, open now, and POSTs to the MCP path
 //! by HTTP version. It says `remote fixture listening on http(s)://ADDR/mcp` on stderr and
 //! runs until stdin closes (`--threads` workers; 1, the default, is a current-thread
-//! runtime, like a single-threaded Node or Python server).
+//! runtime, like a single-threaded Node or Python server). [`spawn`] runs it in this
+//! process instead, on a thread of its own, until dropped.
 
-use super::fixture;
+use crate::fixture;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -87,26 +88,91 @@ struct State {
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
-pub fn run(args: RemoteArgs) -> Result<()> {
-    let rt = match args.threads {
+/// The runtime `--threads` asks for.
+fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(match threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
         0 => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
         n => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(n)
             .enable_all()
             .build()?,
-    };
-    rt.block_on(serve(args))
+    })
 }
 
-async fn serve(args: RemoteArgs) -> Result<()> {
+/// The `remote-fixture` subcommand: serves until stdin closes.
+pub fn run(args: RemoteArgs) -> Result<()> {
+    runtime(args.threads)?.block_on(async {
+        let bound = bind(&args).await?;
+        eprintln!("remote fixture listening on {}", bound.url);
+        crate::exit_when_stdin_closes();
+        serve(bound).await
+    })
+}
+
+/// The fixture running in this process (see [`spawn`]); it stops when dropped.
+pub struct Running {
+    /// `http(s)://ADDR/mcp`.
+    pub url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the fixture in this process, on a thread of its own with the runtime
+/// `--threads` asks for; returns once it is listening.
+pub fn spawn(args: RemoteArgs) -> Result<Running> {
+    let rt = runtime(args.threads)?;
+    let (ready, bound) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        rt.block_on(async move {
+            match bind(&args).await {
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                }
+                Ok(b) => {
+                    let _ = ready.send(Ok(b.url.clone()));
+                    tokio::select! {
+                        _ = serve(b) => {}
+                        _ = stopped => {}
+                    }
+                }
+            }
+        });
+    });
+    let url = bound.recv().context("the remote fixture's thread ended")??;
+    Ok(Running {
+        url,
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+/// A listening socket, its TLS, and the server's state.
+struct Bound {
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<State>,
+    url: String,
+}
+
+async fn bind(args: &RemoteArgs) -> Result<Bound> {
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some(acceptor(c, k)?),
         _ => None,
     };
     let listener = TcpListener::bind(args.listen).await?;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    eprintln!("remote fixture listening on {scheme}://{}/mcp", listener.local_addr()?);
+    let url = format!("{scheme}://{}/mcp", listener.local_addr()?);
     let state = Arc::new(State {
         sse: args.sse,
         linger: Duration::from_millis(args.sse_linger_ms),
@@ -114,7 +180,18 @@ async fn serve(args: RemoteArgs) -> Result<()> {
         tools: fixture::tools_result(0),
         stats: Stats::default(),
     });
-    super::exit_when_stdin_closes();
+    Ok(Bound {
+        listener,
+        tls,
+        state,
+        url,
+    })
+}
+
+async fn serve(bound: Bound) -> Result<()> {
+    let Bound {
+        listener, tls, state, ..
+    } = bound;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;

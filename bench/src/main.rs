@@ -17,9 +17,9 @@
 //! - `startup`: `--startup-servers` (20) servers that each take `--init-delay-ms` (200) to
 //!   initialize: time from spawning the gateway to the first complete `tools/list`. The
 //!   servers are this binary's own minimal stdio server (the hidden `fixture` subcommand,
-//!   see `bench/fixture.rs`), or with `--startup-fixture python` the Python mock.
+//!   see `fixture.rs`), or with `--startup-fixture python` the Python mock.
 //! - `remote-json`, `remote-sse`: a remote (Streamable HTTP) server, this binary's own
-//!   (the hidden `remote-fixture` subcommand, see `bench/remote.rs`), answering in JSON
+//!   (the hidden `remote-fixture` subcommand, see `remote.rs`), answering in JSON
 //!   or SSE: the bench's client straight to it over HTTP with a session (`json-direct`,
 //!   `sse-direct`) against the same calls through the gateway configured with
 //!   `url = …` to it (`json-gateway`, `sse-gateway`), alternating per concurrency level;
@@ -31,7 +31,7 @@
 //! Exits non-zero if any call fails.
 //!
 //! The HTTP cases' measured calls (gateway, baseline, soak) use `--client raw` (the default,
-//! `bench/rawhttp.rs`: one write and usually one read per call, every answer checked) or
+//! `rawhttp.rs`: one write and usually one read per call, every answer checked) or
 //! `--client hyper`; session set-up uses hyper.
 //! The bench runs on a current-thread runtime by default (`--bench-threads 1`): on a
 //! 2-core box its CPU per call is CPU the gateway and the fixture don't get.
@@ -41,12 +41,9 @@ macro_rules! outln {
     ($($t:tt)*) => {{ println!($($t)*); }}; // stdout-ok
 }
 
-#[path = "bench/fixture.rs"]
-mod fixture;
-#[path = "bench/rawhttp.rs"]
 mod rawhttp;
-#[path = "bench/remote.rs"]
-mod remote;
+
+use mcp_gateway_bench::{exit_when_stdin_closes, fixture, remote};
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -2204,16 +2201,6 @@ async fn bench_main(mut args: Args) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
-}
-
-/// A fixture server started by the bench stops when the bench closes its stdin.
-fn exit_when_stdin_closes() {
-    tokio::spawn(async {
-        let mut buf = [0u8; 64];
-        let mut stdin = tokio::io::stdin();
-        while matches!(tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await, Ok(n) if n > 0) {}
-        std::process::exit(0);
-    });
 }
 
 #[cfg(test)]
