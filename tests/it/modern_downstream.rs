@@ -82,30 +82,17 @@ async fn a_tool_with_an_invalid_x_mcp_header_is_not_offered() {
     );
 }
 
-/// The fixture over Streamable HTTP on a free port, and the gateway in front of it.
-async fn http_fixture() -> (std::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = std::process::Command::new(python())
-        .arg(repo().join("tests/fixtures/conformance_server.py"))
-        .args(["--http", &port.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("fixture");
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let up = until(WAIT, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).await;
-    assert!(up, "the HTTP fixture did not listen");
+/// The fixture over Streamable HTTP on port 0, and its URL.
+async fn http_fixture() -> (Proc, String) {
+    let fixture = path_str(&repo().join("tests/fixtures/conformance_server.py"));
+    let child = Proc::start(&python(), &[&fixture, "--http", "0"], &[]).await;
+    let url = format!("http://127.0.0.1:{}/mcp", child.port);
     (child, url)
 }
 
 #[tokio::test]
 async fn a_modern_http_server_gets_the_request_metadata_headers() {
-    let (mut fixture, url) = http_fixture().await;
+    let (fixture, url) = http_fixture().await;
     let gw = Gateway::start(&format!("[servers.remote]\nurl = {url:?}\nprefix = \"\"\n"));
     let st = gw.server_status("remote").await;
     assert_eq!(st["protocolVersion"], "2026-07-28", "{st}");
@@ -116,8 +103,7 @@ async fn a_modern_http_server_gets_the_request_metadata_headers() {
     assert_eq!(text(&plain), "region=eu-west-1", "{plain}");
     let encoded = s.call("test_x_mcp_header", json!({"region": "Zürich"})).await;
     assert_eq!(text(&encoded), "region=Zürich", "{encoded}");
-    let _ = fixture.kill();
-    let _ = fixture.wait();
+    drop(fixture);
 }
 
 #[tokio::test]

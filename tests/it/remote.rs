@@ -373,8 +373,9 @@ async fn forty_concurrent_calls_to_one_http_server() {
 
 #[tokio::test]
 async fn server_down_at_start_does_not_stop_the_gateway() {
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}/mcp");
+    // Reserved until the fixture takes it over: refused until then, and nobody else's.
+    let port = ReservedPort::new();
+    let url = format!("http://127.0.0.1:{}/mcp", port.port);
     let config = format!(
         "{}{}",
         server("calc", &unique("calc"), &[], ""),
@@ -414,7 +415,7 @@ async fn secrets_in_headers_and_url_never_show() {
     let header_secret = "hdr-secret-5b8e2f";
     let url_secret = "url-secret-a91c07";
     let mut remote = Remote::start(&[]);
-    let dead = free_port();
+    let dead = ReservedPort::new();
     let config = format!(
         "{}{}",
         remote_table(
@@ -424,7 +425,7 @@ async fn secrets_in_headers_and_url_never_show() {
         ),
         remote_table(
             "gone",
-            &format!("http://127.0.0.1:{dead}/mcp?key=${{URL_SECRET}}"),
+            &format!("http://127.0.0.1:{}/mcp?key=${{URL_SECRET}}", dead.port),
             "headers = { X-Api-Key = \"${HEADER_SECRET}\" }",
         ),
     );

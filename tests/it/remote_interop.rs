@@ -30,25 +30,18 @@ fn everything() -> String {
     path_str(&js)
 }
 
-/// Starts server-everything in `mode` (`streamableHttp` or `sse`) on a free port (it reads PORT).
+/// Starts server-everything in `mode` (`streamableHttp` or `sse`) on port 0 (it reads PORT).
 async fn start_everything(mode: &str) -> Proc {
     let js = everything();
-    let port = free_port();
-    Proc::start("node", &[&js, mode], &[("PORT", &port.to_string())], port).await
+    Proc::start("node", &[&js, mode], &[("PORT", "0")]).await
 }
 
 #[tokio::test]
 async fn python_sdk_server_over_streamable_http() {
     let py = venv_python();
-    let port = free_port();
-    let server = Proc::start(
-        &py,
-        &["tests/fixtures/py_sdk_server.py", "--http", &port.to_string()],
-        &[],
-        port,
-    )
-    .await;
-    let gw = Gateway::start(&remote_table("py", &format!("http://127.0.0.1:{port}/mcp"), ""));
+    let server = Proc::start(&py, &["tests/fixtures/py_sdk_server.py", "--http", "0"], &[]).await;
+    let url = format!("http://127.0.0.1:{}/mcp", server.port);
+    let gw = Gateway::start(&remote_table("py", &url, ""));
     let st = gw.server_status("py").await;
     assert_eq!(st["state"], "ready", "{st}\n{}\n{}", gw.logs(), server.output());
     assert_eq!(st["transport"], "http");
