@@ -111,7 +111,7 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// Starts the fixture on a port of its own choosing with extra switches.
+    /// Starts the fixture on a port the kernel picks, with extra switches.
     pub fn start(args: &[&str]) -> Remote {
         Self::start_on(ReservedPort::new(), args)
     }
