@@ -3,13 +3,10 @@
 //! Dockerfile on the repo's gateway.toml, beside Jaeger all-in-one receiving its OTLP
 //! traces; the gateway on 8080, the Jaeger UI on 16686).
 
+use crate::common::repo;
 use serde_norway::Value;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use std::path::Path;
 
 fn compose() -> Value {
     let text = std::fs::read_to_string(repo().join("docker-compose.yml")).expect("docker-compose.yml");
@@ -195,6 +192,18 @@ fn dockerfile_is_multi_stage_and_builds_the_gateway() {
         for src in &words[..words.len() - 1] {
             assert!(repo().join(src).exists(), "{line}: {src} is not in the repo");
         }
+    }
+    // Cargo loads every workspace member's manifest, even to build one binary.
+    let manifest: toml::Value = std::fs::read_to_string(repo().join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    for member in manifest["workspace"]["members"].as_array().expect("workspace members") {
+        let member = member.as_str().unwrap();
+        assert!(
+            text.contains(&format!("COPY {member} ./{member}")),
+            "the build stage lacks the workspace member {member}"
+        );
     }
     // The shipped config's servers run in the image: python3 and the fixtures are there.
     assert!(text.contains("python3"));
