@@ -3,6 +3,8 @@ FROM rust:1-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# The workspace's other member (the load tool): cargo loads every member's manifest.
+COPY bench ./bench
 RUN cargo build --release --locked --bin mcp-gateway \
     && strip target/release/mcp-gateway
 

@@ -1,0 +1,139 @@
+//! `mcp-gateway stdio`: the gateway as a stdio MCP server over real children.
+
+use crate::common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+
+fn assert_only_jsonrpc(gw: &StdioGateway) {
+    let lines = gw.stdout.lock().unwrap().clone();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l:.200}"));
+        assert_eq!(v["jsonrpc"], "2.0", "{l:.200}");
+    }
+}
+
+#[test]
+fn stdio_session_lists_calls_reports_progress_and_exits_on_eof() {
+    let (n1, n2) = (unique("stdio-a"), unique("stdio-b"));
+    let cfg = [server("a", &n1, &[], ""), server("b", &n2, &["--quirk", "noise"], "")].concat();
+    let mut gw = StdioGateway::start(&cfg, &[("MCP_GATEWAY_LOG", "debug")]);
+    let init = gw.initialize();
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    assert_eq!(init["result"]["serverInfo"]["name"], "mcp-gateway");
+
+    let (_, list) = gw.request(json!(1), "tools/list", json!({}));
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"a__echo") && names.contains(&"b__add"), "{names:?}");
+
+    let (_, r) = gw.request(
+        json!("call-1"),
+        "tools/call",
+        json!({"name": "a__echo", "arguments": {"text": "over stdio"}}),
+    );
+    assert_eq!(r["id"], "call-1");
+    assert_eq!(text(&r), "over stdio");
+    let (_, r) = gw.request(
+        json!(2),
+        "tools/call",
+        json!({"name": "b__add", "arguments": {"a": 20, "b": 22}}),
+    );
+    assert_eq!(text(&r), "42");
+
+    // A malformed line: -32700 with id null, and the session goes on.
+    gw.send_raw("{this is not json");
+    let m = gw.recv(T).expect("an answer to the malformed line");
+    assert_eq!(m["id"], Value::Null, "{m}");
+    assert_eq!(m["error"]["code"], -32700, "{m}");
+    gw.send_raw(r#"{"jsonrpc":"2.0","id":1}"#);
+    let m = gw.recv(T).unwrap();
+    assert_eq!(
+        (m["id"].clone(), m["error"]["code"].clone()),
+        (Value::Null, json!(-32600)),
+        "{m}"
+    );
+
+    // Progress with the client's tokens, string and integer.
+    for (id, token) in [(json!(3), json!("progress-test-1")), (json!(4), json!(77))] {
+        let (notes, r) = gw.request(
+            id,
+            "tools/call",
+            json!({"name": "a__slow", "arguments": {"seconds": 0.3, "steps": 3}, "_meta": {"progressToken": token}}),
+        );
+        assert_eq!(text(&r), "done");
+        let progress: Vec<&Value> = notes
+            .iter()
+            .filter(|n| n["method"] == "notifications/progress")
+            .collect();
+        assert_eq!(progress.len(), 3, "{notes:?}");
+        assert!(
+            progress.iter().all(|p| p["params"]["progressToken"] == token),
+            "{progress:?}"
+        );
+    }
+    let (_, r) = gw.request(json!(5), "ping", json!({}));
+    assert_eq!(r["result"], json!({}));
+
+    // stdout held only JSON-RPC; the logs (debug level, child stderr, noise) went to stderr.
+    assert_only_jsonrpc(&gw);
+    let logs = gw.logs();
+    assert!(
+        logs.contains("[mock] mock server"),
+        "child stderr not in the log:\n{logs}"
+    );
+    assert!(logs.contains("not JSON-RPC"), "{logs}");
+
+    assert_eq!(mock_pids(&n1).len(), 1);
+    assert_eq!(mock_pids(&n2).len(), 1);
+    gw.close_stdin();
+    let status = gw.wait_exit(Duration::from_secs(10)).expect("gateway exits on EOF");
+    assert!(status.success(), "{status:?}\n{}", gw.logs());
+    assert!(
+        mock_pids(&n1).is_empty() && mock_pids(&n2).is_empty(),
+        "children left behind"
+    );
+    assert_only_jsonrpc(&gw);
+}
+
+#[test]
+fn stdio_eof_with_a_call_in_flight_leaves_no_child() {
+    let n = unique("stdio-eof");
+    let mut gw = StdioGateway::start(&server("a", &n, &[], ""), &[]);
+    gw.initialize();
+    gw.send(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"a__slow","arguments":{"seconds":30,"steps":300},"_meta":{"progressToken":1}}}));
+    let m = gw.recv(T).unwrap();
+    assert_eq!(m["method"], "notifications/progress", "{m}");
+    gw.close_stdin();
+    gw.wait_exit(Duration::from_secs(10)).expect("gateway exits on EOF");
+    assert!(mock_pids(&n).is_empty(), "child left behind");
+    assert_only_jsonrpc(&gw);
+}
+
+#[test]
+fn twenty_megabyte_result_arrives_intact_over_stdio() {
+    let n = unique("stdio-big");
+    let mut gw = StdioGateway::start(&server("b", &n, &[], ""), &[]);
+    gw.initialize();
+    let (_, r) = gw.request(
+        json!(1),
+        "tools/call",
+        json!({"name": "b__big", "arguments": {"bytes": 20_000_000}}),
+    );
+    let t = r["result"]["content"][0]["text"].as_str().expect("text");
+    assert_eq!(t.len(), 20_000_000);
+    assert!(t.bytes().all(|b| b == b'x'));
+    let (_, r) = gw.request(
+        json!(2),
+        "tools/call",
+        json!({"name": "b__echo", "arguments": {"text": "after"}}),
+    );
+    assert_eq!(text(&r), "after");
+}

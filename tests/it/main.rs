@@ -1,0 +1,41 @@
+//! The integration tests, as one test binary: the harness (`common`) is compiled and
+//! linked once, and each module is one concern. Most run the real `mcp-gateway` binary on
+//! port 0 against real child processes. One module: `cargo test --test it MODULE::`.
+
+mod common;
+
+mod auth;
+mod cli_start;
+mod compose;
+mod config_cli;
+mod core_catalog;
+mod core_http;
+mod core_http_input;
+mod core_quirks;
+mod core_stdio;
+mod docs;
+mod hardening;
+mod hostile_http;
+mod hostile_message;
+mod hostile_ops;
+mod hostile_pipe;
+mod hostile_replay;
+mod interop;
+mod isolation;
+mod modern;
+mod modern_downstream;
+mod modern_listen;
+mod modern_mrtr;
+mod modern_stdio;
+mod operations;
+mod pagination;
+mod reload;
+mod remote;
+mod remote_interop;
+mod remote_pool;
+mod smoke;
+mod sse_resume;
+mod supervision;
+mod tasks;
+mod telemetry;
+mod two_way;

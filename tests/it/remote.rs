@@ -1,0 +1,515 @@
+//! Remote servers behind the gateway, over real HTTP on 127.0.0.1: the stdlib
+//! Streamable HTTP fixture (`tests/fixtures/http_server.py`) with its switches for
+//! credentials, forgotten sessions, cut streams and request recording.
+//! The SDK servers (Python SDK, server-everything) are in `remote_interop.rs`.
+
+use crate::common::*;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Calls `tool` with fresh id `id` and returns the response.
+async fn call(s: &Session, id: Value, tool: &str, args: Value) -> Value {
+    s.call_id(id, tool, args).await
+}
+
+/// Polls tools/list until it holds `name` (true) or `timeout` passes (false).
+async fn until_tool(s: &Session, name: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if s.tool_names().await.iter().any(|n| n == name) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls /status until server `name` is in `state`; returns its last status.
+async fn until_state(gw: &Gateway, name: &str, state: &str, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let st = gw.server_status(name).await;
+        if st["state"] == state || Instant::now() >= deadline {
+            return st;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn readyz(gw: &Gateway) -> u16 {
+    reqwest::get(format!("{}/readyz", gw.base))
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn streamable_http_fixture_lists_calls_and_sends_session_headers() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("web", &remote.url(), ""));
+    let s = gw.session().await;
+    let names = s.tool_names().await;
+    for t in ["web__echo", "web__slow", "web__cut", "web__notify_change"] {
+        assert!(names.contains(&t.to_string()), "{t} missing from {names:?}");
+    }
+    let r = call(&s, json!(7), "web__echo", json!({"text": "héllo \"remote\""})).await;
+    assert_eq!(r["id"], 7);
+    assert_eq!(text(&r), "héllo \"remote\"");
+
+    // An SSE answer with progress: the client's own token comes back on its stream.
+    let mut m = s
+        .start(
+            json!("p"),
+            "tools/call",
+            json!({"name": "web__slow", "arguments": {"seconds": 0.1}, "_meta": {"progressToken": "tok-1"}}),
+        )
+        .await;
+    let (notes, resp) = m.response(Duration::from_secs(20)).await;
+    assert_eq!(text(&resp), "slept 0.1");
+    assert_eq!(resp["id"], "p");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n["method"] == "notifications/progress" && n["params"]["progressToken"] == "tok-1"),
+        "no progress with the client's token: {notes:?}"
+    );
+
+    let st = gw.server_status("web").await;
+    assert_eq!(st["state"], "ready", "{st}");
+    assert_eq!(st["protocolVersion"], "2025-11-25", "{st}");
+
+    // Every request after initialize carries the session and the negotiated version.
+    let recs = remote.records();
+    let init = remote.posts_of("initialize");
+    assert_eq!(init.len(), 1, "{recs:?}");
+    assert!(init[0]["headers"].get("mcp-session-id").is_none(), "{:?}", init[0]);
+    // First the 2026-07-28 probe, sessionless, with its request metadata headers.
+    let probe = &recs[0];
+    assert_eq!(probe["rpc"], "server/discover", "{recs:?}");
+    assert_eq!(probe["headers"]["mcp-protocol-version"], "2026-07-28", "{probe}");
+    assert_eq!(probe["headers"]["mcp-method"], "server/discover", "{probe}");
+    assert!(probe["headers"].get("mcp-session-id").is_none(), "{probe}");
+    let sid: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["rpc"] != "initialize" && r["rpc"] != "server/discover")
+        .collect();
+    assert!(sid.len() >= 3, "{recs:?}");
+    for r in &sid {
+        assert!(r["headers"]["mcp-session-id"].is_string(), "no session id: {r}");
+        assert_eq!(r["headers"]["mcp-protocol-version"], "2025-11-25", "{r}");
+    }
+    let call_rec = &remote.posts_of("tools/call")[0];
+    assert!(
+        call_rec["headers"]["accept"]
+            .as_str()
+            .is_some_and(|a| a.contains("application/json") && a.contains("text/event-stream")),
+        "{call_rec}"
+    );
+    // The notification stream was opened with GET.
+    assert!(
+        until(Duration::from_secs(5), || remote
+            .records()
+            .iter()
+            .any(|r| r["http"] == "GET"))
+        .await,
+        "no GET stream: {:?}",
+        remote.records()
+    );
+
+    // A list_changed from the server reaches the client's GET stream and the new tool.
+    let mut g = s.get_stream().await;
+    let r = call(&s, json!(8), "web__notify_change", json!({})).await;
+    assert!(text(&r).starts_with("added added_1"), "{r}");
+    let note = g
+        .next(Duration::from_secs(10))
+        .await
+        .expect("list_changed on the GET stream");
+    assert_eq!(note["method"], "notifications/tools/list_changed", "{note}");
+    assert!(s.tool_names().await.contains(&"web__added_1".to_string()));
+
+    // Shutdown ends the session with DELETE.
+    let mut gw = gw;
+    gw.terminate();
+    let deletes: Vec<Value> = remote.records().into_iter().filter(|r| r["http"] == "DELETE").collect();
+    assert_eq!(deletes.len(), 1, "{:?}", remote.records());
+    assert!(deletes[0]["headers"]["mcp-session-id"].is_string());
+}
+
+#[tokio::test]
+async fn bearer_token_from_env_is_sent_and_client_credentials_are_not() {
+    let token = "tok-7f3a9c-right";
+    let remote = Remote::start(&["--require-token", token]);
+    let config = remote_table(
+        "auth",
+        &remote.url(),
+        "headers = { Authorization = \"Bearer ${TEST_TOKEN}\" }",
+    );
+    let gw = Gateway::start_with_env(&config, &[("TEST_TOKEN", token)]);
+    let s = gw.session().await;
+    let r = s
+        .post()
+        .header("authorization", "Bearer client-secret")
+        .header("cookie", "sid=client-cookie")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
+                      "params":{"name":"auth__echo","arguments":{"text":"authorized"}}}))
+        .send()
+        .await
+        .unwrap();
+    let r = read_messages(r).await.pop().unwrap();
+    assert_eq!(text(&r), "authorized");
+
+    let recs = remote.records();
+    assert!(recs.len() >= 4, "{recs:?}");
+    for r in &recs {
+        assert_eq!(r["headers"]["authorization"], format!("Bearer {token}"), "{r}");
+        let all = r.to_string();
+        assert!(
+            !all.contains("client-secret") && !all.contains("client-cookie"),
+            "a client credential reached the server: {r}"
+        );
+    }
+    assert!(!gw.logs().contains(token), "token in the gateway's log");
+}
+
+#[tokio::test]
+async fn wrong_token_is_a_clear_401_in_check_and_status() {
+    let remote = Remote::start(&["--require-token", "the-right-one"]);
+    let config = remote_table(
+        "auth",
+        &remote.url(),
+        "headers = { Authorization = \"Bearer ${TEST_TOKEN}\" }",
+    );
+    let env = [("TEST_TOKEN", "wrong-token-4d1e")];
+    let (run, _dir) = check(&config, &["--connect"], &env);
+    assert_eq!(run.code, Some(1), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("server auth:"))
+        .unwrap_or_else(|| panic!("no line for the server:\n{}", run.stdout));
+    assert!(line.contains("DOWN"), "{line}");
+    assert!(line.contains("HTTP 401"), "{line}");
+    assert!(line.contains("credentials"), "{line}");
+    assert!(!run.stdout.contains("wrong-token") && !run.stderr.contains("wrong-token"));
+
+    let gw = Gateway::start_with_env(&config, &env);
+    let st = gw.server_status("auth").await;
+    assert_eq!(st["state"], "down", "{st}");
+    let err = st["lastError"].as_str().unwrap();
+    assert!(err.contains("401") && err.contains("credentials"), "{err}");
+    assert_eq!(readyz(&gw).await, 503);
+    assert!(!gw.logs().contains("wrong-token"));
+    // The gateway keeps running and answers clients.
+    let s = gw.session().await;
+    assert!(s.tool_names().await.is_empty());
+}
+
+#[tokio::test]
+async fn forgotten_session_is_reinitialized_transparently() {
+    // The server/discover probe (refused: a handshake-era server), initialize,
+    // notifications/initialized, tools/list: the next POST finds no session.
+    let remote = Remote::start(&["--forget-sessions-after", "4"]);
+    let gw = Gateway::start(&remote_table("fg", &remote.url(), ""));
+    let s = gw.session().await;
+    for i in 0..5 {
+        let r = call(&s, json!(i), "fg__echo", json!({"text": format!("call {i}")})).await;
+        assert_eq!(text(&r), format!("call {i}"), "call {i}: {r}");
+    }
+    let inits = remote.posts_of("initialize");
+    assert_eq!(inits.len(), 2, "{:#?}", remote.records());
+    assert!(inits[1]["headers"].get("mcp-session-id").is_none());
+    // The calls after the re-initialize use the new session.
+    let sessions: std::collections::HashSet<String> = remote
+        .posts_of("tools/call")
+        .iter()
+        .map(|r| r["headers"]["mcp-session-id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(sessions.len(), 2, "{sessions:?}");
+    let initialized = remote.posts_of("notifications/initialized");
+    assert_eq!(initialized.len(), 2, "{:#?}", remote.records());
+    assert!(gw.logs().contains("forgot the session"));
+    assert_eq!(gw.server_status("fg").await["state"], "ready");
+}
+
+#[tokio::test]
+async fn server_killed_and_restarted_comes_back_with_list_changed() {
+    let mut remote = Remote::start(&[]);
+    let config = format!(
+        "{}{}",
+        remote_table("flaky", &remote.url(), ""),
+        server("calc", &unique("calc"), &[], "")
+    );
+    let gw = Gateway::start(&config);
+    let s = gw.session().await;
+    assert_eq!(
+        text(&call(&s, json!(1), "flaky__echo", json!({"text": "before"})).await),
+        "before"
+    );
+    let mut g = s.get_stream().await;
+
+    remote.kill();
+    // At once: the call reaches the dead server and the error names it.
+    let r = call(&s, json!(2), "flaky__echo", json!({"text": "while down"})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("'flaky'") || msg.contains("flaky__echo"), "{r}");
+    let st = until_state(&gw, "flaky", "down", Duration::from_secs(10)).await;
+    assert_eq!(st["state"], "down", "{st}");
+    assert!(st["lastError"].as_str().unwrap().contains("connection lost"), "{st}");
+    // Once it is known to be down, its tools leave the catalog and clients are told.
+    let note = g
+        .next(Duration::from_secs(10))
+        .await
+        .expect("list_changed when the server went down");
+    assert_eq!(note["method"], "notifications/tools/list_changed", "{note}");
+    let names = s.tool_names().await;
+    assert!(!names.iter().any(|n| n.starts_with("flaky__")), "{names:?}");
+    assert!(names.contains(&"calc__add".to_string()), "{names:?}");
+    // Its names are gone from the catalog, but a call to one names the server that is down.
+    let r = call(&s, json!(3), "flaky__echo", json!({"text": "still down"})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("server 'flaky' is not available"), "{r}");
+    // The other server is unaffected.
+    assert_eq!(
+        text(&call(&s, json!(4), "calc__add", json!({"a": 1, "b": 2})).await),
+        "3"
+    );
+    assert_eq!(readyz(&gw).await, 503);
+
+    remote.restart();
+    let st = until_state(&gw, "flaky", "ready", Duration::from_secs(15)).await;
+    assert_eq!(st["state"], "ready", "{st}\n{}", gw.logs());
+    assert!(until_tool(&s, "flaky__echo", Duration::from_secs(15)).await);
+    let note = g
+        .next(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("no list_changed after the server came back\n{}", gw.logs()));
+    assert_eq!(note["method"], "notifications/tools/list_changed", "{note}");
+    assert_eq!(
+        text(&call(&s, json!(5), "flaky__echo", json!({"text": "after"})).await),
+        "after"
+    );
+    assert_eq!(readyz(&gw).await, 200);
+}
+
+#[tokio::test]
+async fn cut_response_stream_is_resumed_with_last_event_id() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("cutter", &remote.url(), ""));
+    let s = gw.session().await;
+    let t = Instant::now();
+    let r = call(&s, json!(1), "cutter__cut", json!({})).await;
+    assert_eq!(text(&r), "resumed", "{r}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let resume: Vec<Value> = remote
+        .records()
+        .into_iter()
+        .filter(|r| r["http"] == "GET" && r["headers"]["last-event-id"].is_string())
+        .collect();
+    assert_eq!(resume.len(), 1, "{:?}", remote.records());
+    assert!(resume[0]["headers"]["mcp-session-id"].is_string());
+    // The session goes on.
+    assert_eq!(
+        text(&call(&s, json!(2), "cutter__echo", json!({"text": "next"})).await),
+        "next"
+    );
+}
+
+#[tokio::test]
+async fn cut_response_stream_without_resumption_fails_clearly() {
+    let remote = Remote::start(&["--no-resume"]);
+    let gw = Gateway::start(&remote_table("cutter", &remote.url(), ""));
+    let s = gw.session().await;
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(15), call(&s, json!(1), "cutter__cut", json!({})))
+        .await
+        .expect("the call hung instead of failing");
+    // Well before the server's 20 s timeout.
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let e = error_of(&r);
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("'cutter'"), "{r}");
+    assert!(msg.contains("405") || msg.contains("resum"), "{r}");
+    assert_eq!(e["data"]["server"], "cutter");
+    assert_eq!(
+        text(&call(&s, json!(2), "cutter__echo", json!({"text": "next"})).await),
+        "next"
+    );
+}
+
+#[tokio::test]
+async fn forty_concurrent_calls_to_one_http_server() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("many", &remote.url(), ""));
+    let s = Arc::new(gw.session().await);
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let (tool, args, want) = if i % 2 == 0 {
+                    ("many__echo", json!({"text": format!("n{i}")}), format!("n{i}"))
+                } else {
+                    ("many__slow", json!({"seconds": 0.5}), "slept 0.5".to_string())
+                };
+                let id = json!(format!("c{i}"));
+                let r = s.call_id(id.clone(), tool, args).await;
+                assert_eq!(r["id"], id, "{r}");
+                assert_eq!(text(&r), want, "{r}");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // 20 half-second calls in flight together, not one after another.
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    assert_eq!(remote.posts_of("tools/call").len(), 40);
+    assert_eq!(remote.posts_of("initialize").len(), 1);
+}
+
+#[tokio::test]
+async fn server_down_at_start_does_not_stop_the_gateway() {
+    // Reserved until the fixture takes it over: refused until then, and nobody else's.
+    let port = ReservedPort::new();
+    let url = format!("http://127.0.0.1:{}/mcp", port.port);
+    let config = format!(
+        "{}{}",
+        server("calc", &unique("calc"), &[], ""),
+        remote_table("late", &url, "")
+    );
+    let gw = Gateway::start(&config);
+    assert_eq!(readyz(&gw).await, 503);
+    let st = gw.server_status("late").await;
+    assert_eq!(st["state"], "down", "{st}");
+    assert!(st["lastError"].as_str().unwrap().contains("connect"), "{st}");
+    let s = gw.session().await;
+    assert_eq!(
+        text(&call(&s, json!(1), "calc__add", json!({"a": 2, "b": 3})).await),
+        "5"
+    );
+    assert!(!s.tool_names().await.iter().any(|n| n.starts_with("late__")));
+    let mut g = s.get_stream().await;
+
+    let _remote = Remote::start_on(port, &[]);
+    // Retries at 1 s, 2 s, 4 s… after start: well within 15 s.
+    assert!(
+        until_tool(&s, "late__echo", Duration::from_secs(15)).await,
+        "{}",
+        gw.logs()
+    );
+    let note = g.next(Duration::from_secs(5)).await.expect("list_changed");
+    assert_eq!(note["method"], "notifications/tools/list_changed");
+    assert_eq!(
+        text(&call(&s, json!(2), "late__echo", json!({"text": "hi"})).await),
+        "hi"
+    );
+    assert_eq!(readyz(&gw).await, 200);
+}
+
+#[tokio::test]
+async fn secrets_in_headers_and_url_never_show() {
+    let header_secret = "hdr-secret-5b8e2f";
+    let url_secret = "url-secret-a91c07";
+    let mut remote = Remote::start(&[]);
+    let dead = ReservedPort::new();
+    let config = format!(
+        "{}{}",
+        remote_table(
+            "sec",
+            &format!("{}?key=${{URL_SECRET}}", remote.url()),
+            "headers = { X-Api-Key = \"${HEADER_SECRET}\", Authorization = \"Bearer ${HEADER_SECRET}\" }",
+        ),
+        remote_table(
+            "gone",
+            &format!("http://127.0.0.1:{}/mcp?key=${{URL_SECRET}}", dead.port),
+            "headers = { X-Api-Key = \"${HEADER_SECRET}\" }",
+        ),
+    );
+    let env = [
+        ("HEADER_SECRET", header_secret),
+        ("URL_SECRET", url_secret),
+        ("MCP_GATEWAY_LOG", "debug"),
+    ];
+    let leaks = |what: &str, text: &str| {
+        assert!(
+            !text.contains(header_secret) && !text.contains(url_secret),
+            "a secret shows in {what}:\n{text}"
+        );
+    };
+
+    let (run, _dir) = check(&config, &["--connect"], &env);
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("sec__echo"), "{}", run.stdout);
+    assert!(run.stdout.contains("server gone: DOWN"), "{}", run.stdout);
+    leaks("check --connect stdout", &run.stdout);
+    leaks("check --connect stderr", &run.stderr);
+
+    let gw = Gateway::start_with_env(&config, &env);
+    let s = gw.session().await;
+    assert_eq!(
+        text(&call(&s, json!(1), "sec__echo", json!({"text": "ok"})).await),
+        "ok"
+    );
+    // The secrets did reach the server.
+    let rec = &remote.posts_of("tools/call")[0];
+    assert!(
+        rec["path"].as_str().unwrap().ends_with(&format!("?key={url_secret}")),
+        "{rec}"
+    );
+    assert_eq!(rec["headers"]["x-api-key"], header_secret);
+
+    let mut errors = Vec::new();
+    errors.push(call(&s, json!(2), "sec__cut_missing", json!({})).await);
+    remote.kill();
+    errors.push(call(&s, json!(3), "sec__echo", json!({"text": "down"})).await);
+    let st = until_state(&gw, "sec", "down", Duration::from_secs(10)).await;
+    assert_eq!(st["state"], "down", "{st}");
+    errors.push(call(&s, json!(4), "sec__echo", json!({"text": "down"})).await);
+    for e in &errors {
+        assert!(e.get("error").is_some(), "{e}");
+        leaks("an error to a client", &e.to_string());
+    }
+    let status = reqwest::get(format!("{}/status", gw.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(status.contains("\"gone\""), "{status}");
+    leaks("/status", &status);
+    let logs = gw.logs();
+    assert!(logs.contains("DEBUG"), "not a debug log:\n{logs}");
+    leaks("the gateway's debug log", &logs);
+}
+
+#[tokio::test]
+async fn a_forgotten_session_gets_its_resource_subscriptions_back() {
+    // probe, initialize, initialized, tools/list, resources/list, templates/list, and the
+    // client's subscribe: the POST after those finds no session.
+    let remote = Remote::start(&["--resources", "--forget-sessions-after", "7"]);
+    let gw = Gateway::start(&remote_table("rs", &remote.url(), ""));
+    let s = gw.session().await;
+    let sub = s
+        .request(json!(1), "resources/subscribe", json!({"uri": "fixture://watched"}))
+        .await;
+    assert_eq!(sub["result"], json!({}), "{sub}");
+    assert_eq!(remote.posts_of("resources/subscribe").len(), 1);
+    let r = call(&s, json!(2), "rs__echo", json!({"text": "after"})).await;
+    assert_eq!(text(&r), "after", "{r}");
+    assert_eq!(remote.posts_of("initialize").len(), 2, "{:#?}", remote.records());
+    // The new session is subscribed again, under its own session id.
+    let again = until(Duration::from_secs(10), || {
+        remote.posts_of("resources/subscribe").len() == 2
+    })
+    .await;
+    assert!(again, "{:#?}", remote.records());
+    let subs = remote.posts_of("resources/subscribe");
+    assert_ne!(
+        subs[0]["headers"]["mcp-session-id"], subs[1]["headers"]["mcp-session-id"],
+        "{subs:?}"
+    );
+}

@@ -1,0 +1,191 @@
+//! Remote servers at the speed of a direct connection (issue #20): the gateway's
+//! connections to a Streamable HTTP server are reused, an SSE answer is forwarded as soon
+//! as its event arrives, and a TLS server that offers HTTP/2 gets HTTP/2.
+//!
+//! The server is the bench's Rust fixture (`mcp-gateway-bench remote-fixture`, here run in
+//! the test process on a thread and runtime of its own), which counts the connections it
+//! accepts and the HTTP version of each request (`GET /stats`).
+
+use crate::common::*;
+use clap::Parser;
+use mcp_gateway_bench::remote;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// The remote fixture on port 0, with the switches of `mcp-gateway-bench remote-fixture`.
+/// Stops when dropped.
+struct Fixture {
+    _running: remote::Running,
+    url: String,
+    base: String,
+}
+
+impl Fixture {
+    fn start(args: &[&str]) -> Fixture {
+        let args = remote::RemoteArgs::try_parse_from(std::iter::once(&"remote-fixture").chain(args))
+            .unwrap_or_else(|e| panic!("remote fixture switches {args:?}: {e}"));
+        let running = remote::spawn(args).unwrap_or_else(|e| panic!("remote fixture did not start: {e:#}"));
+        let url = running.url.clone();
+        let base = url.trim_end_matches("/mcp").to_owned();
+        Fixture {
+            _running: running,
+            url,
+            base,
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.base.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// `{"connections", "http1", "http2"}`, on a new connection of its own (counted).
+    async fn stats(&self, client: &reqwest::Client) -> Value {
+        let r = client.get(format!("{}/stats", self.base)).send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        r.json().await.unwrap()
+    }
+}
+
+/// A client that opens a new connection for every request.
+fn fresh() -> reqwest::Client {
+    reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap()
+}
+
+/// A gateway with the fixture as server `fx`, ready.
+async fn gateway_for(url: &str, extra: &str) -> Gateway {
+    let gw = Gateway::start(&remote_table("fx", url, extra));
+    let st = gw.server_status("fx").await;
+    assert_eq!(st["state"], "ready", "{st}\n{}", gw.logs());
+    gw
+}
+
+/// `n` sequential echo calls on one session; every answer checked.
+async fn calls(s: &Session, n: usize) {
+    for i in 0..n {
+        let want = format!("call {i} ✓");
+        let r = s.call("fx__echo", json!({ "text": want })).await;
+        assert_eq!(text(&r), want, "{r}");
+    }
+}
+
+/// Connections the gateway opened during `n` sequential calls (the second stats request
+/// is one more connection of the fixture's count).
+async fn opened_during(fx: &Fixture, s: &Session, n: usize) -> u64 {
+    let c = fresh();
+    let before = fx.stats(&c).await["connections"].as_u64().unwrap();
+    calls(s, n).await;
+    let after = fx.stats(&c).await["connections"].as_u64().unwrap();
+    let opened = after - before - 1;
+    eprintln!("{n} sequential calls opened {opened} connections");
+    opened
+}
+
+#[tokio::test]
+async fn json_answers_reuse_the_connection() {
+    let fx = Fixture::start(&[]);
+    let gw = gateway_for(&fx.url, "").await;
+    let s = gw.session().await;
+    let opened = opened_during(&fx, &s, 200).await;
+    assert!(
+        opened <= 2,
+        "200 sequential calls opened {opened} connections\n{}",
+        gw.logs()
+    );
+}
+
+#[tokio::test]
+async fn sse_answers_reuse_the_connection() {
+    let fx = Fixture::start(&["--sse"]);
+    let gw = gateway_for(&fx.url, "").await;
+    let s = gw.session().await;
+    let opened = opened_during(&fx, &s, 200).await;
+    assert!(
+        opened <= 2,
+        "200 sequential calls opened {opened} connections\n{}",
+        gw.logs()
+    );
+}
+
+/// The server ends each SSE stream 5 ms after its answer event. The gateway answers at
+/// the event and reads the rest of the stream in the background, so the connection goes
+/// back to the pool; a gateway that dropped the unfinished body would close it and open
+/// a new one for every call (200 here).
+#[tokio::test]
+async fn sse_streams_that_linger_still_reuse_connections() {
+    let fx = Fixture::start(&["--sse", "--sse-linger-ms", "5"]);
+    let gw = gateway_for(&fx.url, "").await;
+    let s = gw.session().await;
+    let opened = opened_during(&fx, &s, 200).await;
+    assert!(
+        opened <= 40,
+        "200 sequential calls opened {opened} connections\n{}",
+        gw.logs()
+    );
+}
+
+/// A server that keeps every stream open for 2 s after the answer: the streams read in
+/// the background are bounded (64 per server), so the gateway does not pile up a
+/// connection per call; past the bound a stream's connection is closed.
+#[tokio::test]
+async fn lingering_streams_are_bounded() {
+    let fx = Fixture::start(&["--sse", "--sse-linger-ms", "2000"]);
+    let gw = gateway_for(&fx.url, "").await;
+    let s = gw.session().await;
+    calls(&s, 150).await;
+    let st = fx.stats(&fresh()).await;
+    let open = st["open"].as_u64().unwrap();
+    eprintln!("after 150 calls: {st}");
+    // 64 draining, the one the next call would use, the stats request's own, and slack.
+    assert!(open <= 70, "{open} connections open after 150 calls: {st}");
+    assert!(st["connections"].as_u64().unwrap() >= 100, "{st}");
+}
+
+/// The answer is forwarded when its event arrives, not when the stream ends.
+#[tokio::test]
+async fn sse_answer_is_forwarded_before_the_stream_ends() {
+    let fx = Fixture::start(&["--sse", "--sse-linger-ms", "2000"]);
+    let gw = gateway_for(&fx.url, "").await;
+    let s = gw.session().await;
+    for i in 0..5 {
+        let t0 = Instant::now();
+        let r = s.call("fx__echo", json!({ "text": format!("t{i}") })).await;
+        let took = t0.elapsed();
+        assert_eq!(text(&r), format!("t{i}"), "{r}");
+        assert!(
+            took < Duration::from_millis(1000),
+            "call {i} took {took:?}: it waited for the stream to end (2 s after the answer)"
+        );
+    }
+}
+
+/// Over TLS with ALPN, a server offering `h2` is spoken to in HTTP/2, on one connection.
+#[tokio::test]
+async fn tls_server_offering_h2_gets_http2() {
+    let tls = repo().join("tests/fixtures/tls");
+    let fx = Fixture::start(&[
+        "--sse",
+        "--tls-cert",
+        &path_str(&tls.join("server.der")),
+        "--tls-key",
+        &path_str(&tls.join("server.key.der")),
+    ]);
+    assert!(fx.url.starts_with("https://"), "{}", fx.url);
+    let url = format!("https://localhost:{}/mcp", fx.port());
+    let ca = path_str(&tls.join("ca.pem"));
+    let gw = gateway_for(&url, &format!("ca_file = {ca:?}")).await;
+    let s = gw.session().await;
+    calls(&s, 20).await;
+
+    let pem = std::fs::read(tls.join("ca.pem")).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let st = fx.stats(&client).await;
+    // The handshake (probe, initialize, initialized, lists) and the 20 calls.
+    assert!(st["http2"].as_u64().unwrap() >= 20, "{st}\n{}", gw.logs());
+    assert_eq!(st["http1"], 0, "requests arrived as HTTP/1.1: {st}");
+    // One multiplexed connection (plus this stats request's own).
+    assert!(st["connections"].as_u64().unwrap() <= 3, "{st}");
+}

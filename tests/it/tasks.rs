@@ -1,0 +1,106 @@
+//! Tasks (2025-11-25, experimental) through the gateway: namespaced ids, bound to the
+//! session that created them, merged tasks/list, status notifications to the owner only.
+use crate::common::*;
+use serde_json::{json, Value};
+
+fn config() -> String {
+    format!(
+        "[servers.calc]\n{}\n[servers.jobs]\ncommand = \"python3\"\nargs = [\"tests/fixtures/task_server.py\"]\ncwd = {:?}\n",
+        mock(&unique("calc"), &[]),
+        repo().display().to_string()
+    )
+}
+
+#[tokio::test]
+async fn tasks_are_namespaced_bound_and_listed_per_session() {
+    let gw = Gateway::start(&config());
+    let a = gw.session().await;
+    let b = gw.session().await;
+    assert!(
+        a.init["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object(),
+        "{}",
+        a.init
+    );
+
+    // A task-augmented call gets a CreateTaskResult whose id names its server.
+    let created = a
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"seconds": 0.3, "text": "hi"}, "task": {"ttl": 60000}}),
+        )
+        .await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    assert_eq!(id, "jobs/task-1");
+
+    // tasks/get and tasks/result route through the table; the result's related-task is rewritten.
+    let got = a.request(json!(2), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["taskId"], id.as_str(), "{got}");
+    let result = a.request(json!(3), "tasks/result", json!({"taskId": id})).await;
+    assert_eq!(text(&result), "hi");
+    assert_eq!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        id.as_str()
+    );
+
+    // Another session cannot see or touch it.
+    let foreign = b.request(json!(4), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(foreign["error"]["code"], -32602, "{foreign}");
+    let listed_b = b.request(json!(5), "tasks/list", json!({})).await;
+    assert_eq!(listed_b["result"]["tasks"], json!([]), "{listed_b}");
+    let listed_a = a.request(json!(6), "tasks/list", json!({})).await;
+    let ids: Vec<&str> = listed_a["result"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["taskId"].as_str())
+        .collect();
+    assert_eq!(ids, vec![id.as_str()]);
+
+    // The task param is not sent to a server that does not support tasks: a plain result.
+    let plain = a
+        .request(
+            json!(7),
+            "tools/call",
+            json!({"name": "calc__echo", "arguments": {"text": "x"}, "task": {}}),
+        )
+        .await;
+    assert_eq!(text(&plain), "x");
+    // An unknown task id is -32602.
+    let unknown = a
+        .request(json!(8), "tasks/cancel", json!({"taskId": "jobs/nope"}))
+        .await;
+    assert_eq!(unknown["error"]["code"], -32602);
+    let _: Value = unknown;
+}
+
+#[tokio::test]
+async fn status_notifications_reach_the_owner_only() {
+    let gw = Gateway::start(&config());
+    let a = gw.session().await;
+    let b = gw.session().await;
+    let mut ga = a.get_stream().await;
+    let mut gb = b.get_stream().await;
+    let created = a
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"seconds": 0.2}, "task": {}}),
+        )
+        .await;
+    let id = created["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let note = ga
+        .next(std::time::Duration::from_secs(10))
+        .await
+        .expect("a status notification");
+    assert_eq!(note["method"], "notifications/tasks/status", "{note}");
+    assert_eq!(note["params"]["taskId"], id.as_str());
+    assert_eq!(note["params"]["status"], "completed");
+    assert!(
+        gb.next(std::time::Duration::from_millis(500)).await.is_none(),
+        "B must not see A's task"
+    );
+}

@@ -1,0 +1,420 @@
+//! OpenTelemetry: the real gateway exports spans over OTLP http/protobuf to a receiver
+//! in this test process; spans are named and attributed per the MCP semantic
+//! conventions, nest (request → downstream call), continue a client's `traceparent`,
+//! and the trace context reaches stdio children in `_meta` and HTTP ones as headers.
+
+use crate::common::*;
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, Span};
+use prost::Message;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// An OTLP/HTTP receiver on 127.0.0.1:0 that keeps every span it is sent.
+struct Collector {
+    endpoint: String,
+    spans: Arc<Mutex<Vec<Span>>>,
+    service_names: Arc<Mutex<Vec<String>>>,
+}
+
+impl Collector {
+    async fn start() -> Collector {
+        let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+        let service_names: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (s, n) = (spans.clone(), service_names.clone());
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let (s, n) = (s.clone(), n.clone());
+                async move {
+                    let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                    for rs in req.resource_spans {
+                        // Each batch's resource as "name version" ("" for a missing one).
+                        let r = rs.resource.as_ref();
+                        let get = |key: &str| {
+                            r.and_then(|r| r.attributes.iter().find(|kv| kv.key == key))
+                                .map(|kv| any_str(kv.value.as_ref()))
+                                .unwrap_or_default()
+                        };
+                        n.lock()
+                            .unwrap()
+                            .push(format!("{} {}", get("service.name"), get("service.version")));
+                        for ss in rs.scope_spans {
+                            s.lock().unwrap().extend(ss.spans);
+                        }
+                    }
+                    (
+                        [("content-type", "application/x-protobuf")],
+                        ExportTraceServiceResponse::default().encode_to_vec(),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Collector {
+            endpoint: format!("http://{addr}"),
+            spans,
+            service_names,
+        }
+    }
+
+    /// Waits until `pred` holds for the spans received so far; returns them.
+    async fn wait(&self, what: &str, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+        let start = Instant::now();
+        loop {
+            let spans = self.spans.lock().unwrap().clone();
+            if pred(&spans) {
+                return spans;
+            }
+            if start.elapsed() > DEADLINE {
+                let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+                panic!("timed out waiting for {what}; spans so far: {names:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn any_str(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match v.and_then(|v| v.value.as_ref()) {
+        Some(Any::StringValue(s)) => s.clone(),
+        Some(Any::IntValue(i)) => i.to_string(),
+        Some(Any::BoolValue(b)) => b.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
+
+fn attr(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| any_str(kv.value.as_ref()))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn named<'a>(spans: &'a [Span], name: &str) -> Option<&'a Span> {
+    spans.iter().find(|s| s.name == name)
+}
+
+fn config(endpoint: &str, extra_telemetry: &str, servers: &str) -> String {
+    format!("[telemetry]\notlp_endpoint = {endpoint:?}\nservice_name = \"gw-under-test\"\n{extra_telemetry}\n{servers}")
+}
+
+const FAST: &[(&str, &str)] = &[("OTEL_BSP_SCHEDULE_DELAY", "50")];
+
+/// A tools/call with no client context: a SERVER span named `tools/call calc__echo_meta`
+/// with the MCP attributes, and a CLIENT child for the downstream call whose context the
+/// stdio child received in `_meta.traceparent`. Arguments are not recorded by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_and_downstream_spans_nest_and_propagate_to_stdio() {
+    let otlp = Collector::start().await;
+    let name = unique("calc");
+    let gw = Gateway::start_with_env(
+        &config(&otlp.endpoint, "", &format!("[servers.calc]\n{}", mock(&name, &[]))),
+        FAST,
+    );
+    let s = gw.session().await;
+    let resp = s
+        .request(
+            json!(7),
+            "tools/call",
+            json!({"name": "calc__echo_meta", "arguments": {"note": "SECRET-ARGUMENT-42"}}),
+        )
+        .await;
+    let meta: Value = serde_json::from_str(&text(&resp)).unwrap();
+    let got = meta["traceparent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no traceparent in {meta}"));
+
+    let spans = otlp
+        .wait("request and downstream spans", |s| {
+            named(s, "tools/call calc__echo_meta").is_some() && named(s, "tools/call echo_meta").is_some()
+        })
+        .await;
+    let req = named(&spans, "tools/call calc__echo_meta").unwrap();
+    let ds = named(&spans, "tools/call echo_meta").unwrap();
+
+    assert_eq!(req.kind, SpanKind::Server as i32);
+    assert_eq!(ds.kind, SpanKind::Client as i32);
+    assert!(req.parent_span_id.is_empty(), "a root span without client context");
+    assert_eq!(ds.trace_id, req.trace_id);
+    assert_eq!(
+        ds.parent_span_id, req.span_id,
+        "downstream span is the request span's child"
+    );
+
+    for (k, v) in [
+        ("mcp.method.name", "tools/call"),
+        ("gen_ai.tool.name", "calc__echo_meta"),
+        ("gen_ai.operation.name", "execute_tool"),
+        ("jsonrpc.request.id", "7"),
+        ("network.transport", "tcp"),
+        ("mcp.protocol.version", "2025-11-25"),
+        ("mcp.session.id", s.id.as_str()),
+        ("mcp.gateway.outcome", "ok"),
+    ] {
+        assert_eq!(
+            attr(req, k).as_deref(),
+            Some(v),
+            "request span {k}: {:?}",
+            req.attributes
+        );
+    }
+    for (k, v) in [
+        ("mcp.method.name", "tools/call"),
+        ("gen_ai.tool.name", "echo_meta"),
+        ("mcp.gateway.server", "calc"),
+        ("network.transport", "pipe"),
+        ("mcp.gateway.outcome", "ok"),
+    ] {
+        assert_eq!(
+            attr(ds, k).as_deref(),
+            Some(v),
+            "downstream span {k}: {:?}",
+            ds.attributes
+        );
+    }
+    assert!(attr(ds, "jsonrpc.request.id").is_some(), "the id the downstream saw");
+    assert_eq!(attr(req, "error.type"), None);
+
+    // The child got the downstream span's own context.
+    assert_eq!(got, format!("00-{}-{}-01", hex(&req.trace_id), hex(&ds.span_id)));
+
+    // Arguments are recorded only with record_payloads = true.
+    let all = format!("{spans:?}");
+    assert!(!all.contains("SECRET-ARGUMENT-42"), "arguments leaked into spans");
+    assert!(attr(req, "gen_ai.tool.call.arguments").is_none());
+    let resources = otlp.service_names.lock().unwrap().clone();
+    let expected = format!("gw-under-test {}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        !resources.is_empty() && resources.iter().all(|n| *n == expected),
+        "{resources:?}"
+    );
+}
+
+/// The spans' resource names the service (from `[telemetry]`, else `OTEL_SERVICE_NAME`)
+/// and its version, also after a reload points the export at another receiver, and a
+/// reload's `service_name` and `log_format` apply without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_carry_the_service_name_and_version_across_reloads() {
+    let version = env!("CARGO_PKG_VERSION");
+    let (first, second) = (Collector::start().await, Collector::start().await);
+    let name = unique("calc");
+    let servers = format!("[servers.calc]\n{}", mock(&name, &[]));
+    let plain = |endpoint: &str, extra: &str| format!("[telemetry]\notlp_endpoint = {endpoint:?}\n{extra}\n{servers}");
+    let env = [FAST[0], ("OTEL_SERVICE_NAME", "from-env")];
+    let gw = Gateway::start_with_env(&plain(&first.endpoint, ""), &env);
+    let s = gw.session().await;
+    s.call("calc__echo_meta", json!({})).await;
+    first
+        .wait("spans", |s| named(s, "tools/call calc__echo_meta").is_some())
+        .await;
+    let seen = first.service_names.lock().unwrap().clone();
+    assert!(seen.iter().all(|n| *n == format!("from-env {version}")), "{seen:?}");
+
+    // Another receiver, a service name of the config's own, and JSON log lines.
+    let reloads = gw.logs().matches("telemetry reconfigured").count();
+    std::fs::write(
+        gw.config_path(),
+        plain(&second.endpoint, "service_name = \"renamed\"\nlog_format = \"json\""),
+    )
+    .unwrap();
+    assert!(
+        until(DEADLINE, || gw.logs().matches("telemetry reconfigured").count()
+            > reloads)
+        .await,
+        "no reload:\n{}",
+        gw.logs()
+    );
+    s.call("calc__echo_meta", json!({})).await;
+    second
+        .wait("spans after the reload", |s| {
+            named(s, "tools/call calc__echo_meta").is_some()
+        })
+        .await;
+    let seen = second.service_names.lock().unwrap().clone();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|n| *n == format!("renamed {version}")),
+        "{seen:?}"
+    );
+    let logs = gw.logs();
+    let last = logs.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+    let line: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {last}"));
+    assert!(line["fields"].is_object() || line["level"].is_string(), "{line}");
+}
+
+/// A client's `traceparent` header is continued: same trace id, parented on the
+/// client's span; the downstream call stays in that trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_traceparent_header_is_continued() {
+    let otlp = Collector::start().await;
+    let name = unique("calc");
+    let gw = Gateway::start_with_env(
+        &config(&otlp.endpoint, "", &format!("[servers.calc]\n{}", mock(&name, &[]))),
+        FAST,
+    );
+    let s = gw.session().await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let r = s
+        .post()
+        .header("traceparent", format!("00-{trace}-{parent}-01"))
+        .header("tracestate", "vendor=abc")
+        .json(&json!({"jsonrpc":"2.0","id":"a","method":"tools/call",
+            "params":{"name":"calc__echo_meta","arguments":{}}}))
+        .send()
+        .await
+        .unwrap();
+    let resp = read_messages(r).await.pop().unwrap();
+    let meta: Value = serde_json::from_str(&text(&resp)).unwrap();
+    assert_eq!(meta["tracestate"], "vendor=abc", "tracestate travels on: {meta}");
+
+    let spans = otlp
+        .wait("the continued trace", |s| {
+            s.iter()
+                .any(|x| hex(&x.trace_id) == trace && x.name == "tools/call echo_meta")
+                && s.iter()
+                    .any(|x| hex(&x.trace_id) == trace && x.name == "tools/call calc__echo_meta")
+        })
+        .await;
+    let req = named(&spans, "tools/call calc__echo_meta").unwrap();
+    let ds = named(&spans, "tools/call echo_meta").unwrap();
+    assert_eq!(hex(&req.trace_id), trace);
+    assert_eq!(
+        hex(&req.parent_span_id),
+        parent,
+        "request span's parent is the client's span"
+    );
+    assert_eq!(ds.parent_span_id, req.span_id);
+    assert_eq!(attr(req, "jsonrpc.request.id").as_deref(), Some("a"));
+    let tp = meta["traceparent"].as_str().unwrap();
+    assert_eq!(tp, format!("00-{trace}-{}-01", hex(&ds.span_id)));
+}
+
+/// `params._meta.traceparent` is continued too; errors and tool errors are marked, and
+/// record_payloads = true records arguments and results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meta_traceparent_errors_and_payloads() {
+    let otlp = Collector::start().await;
+    let name = unique("calc");
+    let gw = Gateway::start_with_env(
+        &config(
+            &otlp.endpoint,
+            "record_payloads = true",
+            &format!("[servers.calc]\n{}", mock(&name, &[])),
+        ),
+        FAST,
+    );
+    let s = gw.session().await;
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let parent = "b7ad6b7169203331";
+    let resp = s
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "calc__echo", "arguments": {"text": "PAYLOAD-1"},
+                   "_meta": {"traceparent": format!("00-{trace}-{parent}-01")}}),
+        )
+        .await;
+    assert_eq!(text(&resp), "PAYLOAD-1");
+    let unknown = s
+        .request(json!(2), "tools/call", json!({"name": "nope", "arguments": {}}))
+        .await;
+    assert_eq!(unknown["error"]["code"], -32602);
+    let _ = s.request(json!(3), "tools/list", json!({})).await;
+
+    let spans = otlp
+        .wait("three request spans", |s| {
+            named(s, "tools/call calc__echo").is_some()
+                && named(s, "tools/call nope").is_some()
+                && named(s, "tools/list").is_some()
+        })
+        .await;
+    let echo = named(&spans, "tools/call calc__echo").unwrap();
+    assert_eq!(hex(&echo.trace_id), trace);
+    assert_eq!(hex(&echo.parent_span_id), parent);
+    assert!(attr(echo, "gen_ai.tool.call.arguments").unwrap().contains("PAYLOAD-1"));
+    assert!(attr(echo, "gen_ai.tool.call.result").unwrap().contains("PAYLOAD-1"));
+
+    let nope = named(&spans, "tools/call nope").unwrap();
+    assert_eq!(attr(nope, "error.type").as_deref(), Some("-32602"));
+    assert_eq!(attr(nope, "mcp.gateway.outcome").as_deref(), Some("error"));
+    assert_eq!(
+        nope.status.as_ref().map(|s| s.code),
+        Some(opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error as i32)
+    );
+    let list = named(&spans, "tools/list").unwrap();
+    assert_eq!(attr(list, "mcp.gateway.outcome").as_deref(), Some("ok"));
+    assert_eq!(list.parent_span_id, Vec::<u8>::new());
+}
+
+/// An HTTP downstream receives the downstream span's context as `traceparent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_downstream_gets_traceparent_header() {
+    let otlp = Collector::start().await;
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start_with_env(
+        &config(&otlp.endpoint, "", &remote_table("web", &remote.url(), "")),
+        FAST,
+    );
+    let s = gw.session().await;
+    let resp = s.call("web__echo", json!({"text": "hi"})).await;
+    assert_eq!(text(&resp), "hi", "{resp}");
+    let spans = otlp
+        .wait("the downstream span", |s| named(s, "tools/call echo").is_some())
+        .await;
+    let ds = named(&spans, "tools/call echo").unwrap();
+    assert_eq!(attr(ds, "network.transport").as_deref(), Some("tcp"));
+    assert_eq!(attr(ds, "mcp.gateway.server").as_deref(), Some("web"));
+    let call = remote.posts_of("tools/call").pop().expect("the fixture saw the call");
+    assert_eq!(
+        call["headers"]["traceparent"],
+        format!("00-{}-{}-01", hex(&ds.trace_id), hex(&ds.span_id)),
+        "{call}"
+    );
+}
+
+/// Without [telemetry] nothing changes on the wire: the child's _meta has no traceparent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_endpoint_no_propagation() {
+    let name = unique("calc");
+    let gw = Gateway::start(&format!("[servers.calc]\n{}", mock(&name, &[])));
+    let s = gw.session().await;
+    let resp = s.call("calc__echo_meta", json!({})).await;
+    assert_eq!(text(&resp), "{}");
+}
+
+/// `[telemetry]` reloads: a gateway started without an endpoint starts exporting (and
+/// propagating) once gateway.toml gains one, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_an_endpoint_on_reload_starts_export() {
+    let otlp = Collector::start().await;
+    let name = unique("calc");
+    let servers = format!("[servers.calc]\n{}", mock(&name, &[]));
+    let gw = Gateway::start_with_env(&servers, FAST);
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("calc__echo_meta", json!({})).await), "{}");
+
+    std::fs::write(gw.config_path(), config(&otlp.endpoint, "", &servers)).unwrap();
+    let start = Instant::now();
+    while !gw.logs().contains("telemetry reconfigured") {
+        assert!(start.elapsed() < DEADLINE, "no reload:\n{}", gw.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let meta: Value = serde_json::from_str(&text(&s.call("calc__echo_meta", json!({})).await)).unwrap();
+    assert!(meta["traceparent"].is_string(), "{meta}");
+    otlp.wait("spans after the reload", |s| {
+        named(s, "tools/call calc__echo_meta").is_some()
+    })
+    .await;
+}
