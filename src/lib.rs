@@ -42,6 +42,7 @@ pub mod reload;
 pub mod router;
 pub mod sse;
 pub mod supervisor;
+mod sync;
 pub mod tasks;
 pub mod telemetry;
 
