@@ -100,27 +100,6 @@ impl Server {
         method: Method,
         timeout: Duration,
     ) -> (Vec<Map<String, Value>>, Option<Hint>) {
-        let (mut items, hint) = self.pages(conn, info, method, timeout).await;
-        if method == Method::ToolsList && info.stateless {
-            items.retain(|t| match stateless::check_x_mcp_headers(t.get("inputSchema")) {
-                Ok(()) => true,
-                Err(why) => {
-                    let tool = t.get("name").and_then(Value::as_str).unwrap_or("");
-                    warn!(server = %self.name, tool, reason = %why, "dropping a tool with an invalid x-mcp-header");
-                    false
-                }
-            });
-        }
-        (items, hint)
-    }
-
-    async fn pages(
-        &self,
-        conn: &Connection,
-        info: &InitInfo,
-        method: Method,
-        timeout: Duration,
-    ) -> (Vec<Map<String, Value>>, Option<Hint>) {
         let name = method.as_str();
         let capability = name.split('/').next().unwrap_or(name);
         if info.capabilities.is_some() && !info.has(capability) {
@@ -182,8 +161,18 @@ impl Server {
             }
             match page.remove("nextCursor") {
                 Some(Value::String(c)) if !c.is_empty() && cursor.as_deref() != Some(&c) => cursor = Some(c),
-                _ => return (items, hint),
+                _ => break,
             }
+        }
+        if method == Method::ToolsList && info.stateless {
+            items.retain(|t| match stateless::check_x_mcp_headers(t.get("inputSchema")) {
+                Ok(()) => true,
+                Err(why) => {
+                    let tool = t.get("name").and_then(Value::as_str).unwrap_or("");
+                    warn!(server = %self.name, tool, reason = %why, "dropping a tool with an invalid x-mcp-header");
+                    false
+                }
+            });
         }
         (items, hint)
     }
