@@ -2,9 +2,9 @@
 //! `restart` policy says, stop it; and the state that routing and `/status` read.
 //! Transport-neutral: it only talks through a [`Connection`].
 //!
-//! The parts: [`handshake`] (open the transport, learn the era), [`lists`] (list and
-//! re-list what it offers), [`listen`] (the 2026-07-28 `subscriptions/listen` stream)
-//! and [`pool`] (with `isolation = "session"`, each session's own process).
+//! Its parts, one file each: `handshake` (open the transport, learn the era), `lists`
+//! (list and re-list what it offers), `listen` (the 2026-07-28 `subscriptions/listen`
+//! stream) and `pool` (with `isolation = "session"`, each session's own process).
 
 mod handshake;
 mod listen;

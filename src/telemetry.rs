@@ -3,7 +3,7 @@
 //! Log lines go to stderr as text or JSON (`[telemetry] log_format`). With an OTLP
 //! endpoint, spans are also exported (http/protobuf or gRPC, batched on the runtime).
 //!
-//! Two spans follow the OpenTelemetry MCP semantic conventions ([`spans`]):
+//! Two spans follow the OpenTelemetry MCP semantic conventions (made in `spans.rs`):
 //! - [`request_span`]: one client request, kind SERVER, named `{method} {target}`
 //!   (`tools/call calc__add`). A client's W3C `traceparent` (HTTP header, or
 //!   `params._meta.traceparent`) makes it a child of the client's span.
@@ -36,7 +36,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
-/// The target of the spans that are exported (this module's and [`spans`]'s).
+/// The target of the spans that are exported.
 const TARGET: &str = "mcp_gateway::telemetry";
 /// How long the exporter waits for the collector.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);

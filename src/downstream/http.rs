@@ -1,4 +1,5 @@
-//! A Streamable HTTP downstream (2025-03-26 … 2025-11-25).
+//! A Streamable HTTP downstream (2025-03-26 … 2025-11-25, and 2026-07-28's stateless
+//! requests: no session, the `Mcp-*` request metadata headers).
 //!
 //! The task that owns the connection keeps the session (`Mcp-Session-Id`, negotiated
 //! `MCP-Protocol-Version`) and runs each request as its own small task: POST, then read

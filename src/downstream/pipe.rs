@@ -31,7 +31,8 @@ pub const OUTBOX_MESSAGES: usize = 4096;
 /// their answers at once; past it, the server gets an error at once.
 pub const MAX_QUESTIONS: usize = 64;
 
-/// When a server that owes answers counts as stuck: see the module doc.
+/// When a server that owes answers and says nothing counts as stuck: first degraded
+/// (shown in `/status`, and pinged), then stalled (ended, as if it had exited).
 #[derive(Debug, Clone, Copy)]
 pub struct Watch {
     /// No word from the server this long while it owes answers: degraded, and pinged.

@@ -10,6 +10,7 @@
 use super::{Connection, Params, Sink};
 use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};
+use crate::method::Method;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,14 +120,11 @@ fn base64(b: &[u8]) -> String {
     out
 }
 
-/// `Mcp-Name` for a request: `params.name` of `tools/call` and `prompts/get`,
-/// `params.uri` of `resources/read`.
+/// `Mcp-Name` for a request: the params field its method names its target by
+/// ([`Method::target_field`]: `name` of `tools/call` and `prompts/get`, `uri` of
+/// `resources/read`).
 pub fn name_header(method: &str, params: &Map<String, Value>) -> Option<String> {
-    let field = match method {
-        "tools/call" | "prompts/get" => "name",
-        "resources/read" => "uri",
-        _ => return None,
-    };
+    let field = Method::parse(method).target_field()?;
     params.get(field).and_then(Value::as_str).map(header_value)
 }
 
