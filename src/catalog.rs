@@ -16,6 +16,7 @@
 
 use crate::config::{name_char, Filter};
 use crate::message::{self, short_hash};
+use crate::method::{Method, LISTS};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
@@ -62,13 +63,39 @@ impl Hint {
     }
 }
 
-/// The list methods, in the order of [`Lists::hints`].
-pub const LIST_METHODS: [&str; 4] = [
-    "tools/list",
-    "prompts/list",
-    "resources/list",
-    "resources/templates/list",
-];
+impl Lists {
+    /// Replaces what list method `m` (one of [`LISTS`]) returned, and its hint.
+    pub fn set(&mut self, m: Method, items: Vec<Map<String, Value>>, hint: Option<Hint>) {
+        let list = match m {
+            Method::ToolsList => &mut self.tools,
+            Method::PromptsList => &mut self.prompts,
+            Method::ResourcesList => &mut self.resources,
+            Method::ResourcesTemplatesList => &mut self.templates,
+            _ => return,
+        };
+        *list = items;
+        if let Some(i) = list_index(m) {
+            self.hints[i] = hint;
+        }
+    }
+}
+
+/// The place of list method `m` in [`LISTS`] (and in [`Lists::hints`]).
+fn list_index(m: Method) -> Option<usize> {
+    LISTS.iter().position(|l| *l == m)
+}
+
+/// The key of the array in a list method's result: `tools`, `prompts`, `resources` or
+/// `resourceTemplates`.
+pub fn result_key(m: Method) -> &'static str {
+    match m {
+        Method::ToolsList => "tools",
+        Method::PromptsList => "prompts",
+        Method::ResourcesList => "resources",
+        Method::ResourcesTemplatesList => "resourceTemplates",
+        _ => "",
+    }
+}
 
 /// The inputs to a merge: one per server, in gateway.toml order.
 pub struct Source<'a> {
@@ -114,16 +141,16 @@ pub struct Catalog {
     pub entries: Vec<Entry>,
     /// Human-readable notes on collisions and renamed items.
     pub notes: Vec<String>,
-    /// Each merged list's caching hint (in [`LIST_METHODS`] order): the smallest `ttlMs`
+    /// Each merged list's caching hint (in [`LISTS`] order): the smallest `ttlMs`
     /// of its parts, private if any part is; a handshake-era server's part counts as
     /// `ttlMs` 0 (it promises nothing).
     pub hints: [Hint; 4],
 }
 
 impl Catalog {
-    /// The caching hint of a merged list method.
+    /// The caching hint of a merged list method; `None` for any other method.
     pub fn hint(&self, method: &str) -> Option<Hint> {
-        LIST_METHODS.iter().position(|m| *m == method).map(|i| self.hints[i])
+        list_index(Method::parse(method)).map(|i| self.hints[i])
     }
 }
 
@@ -199,10 +226,10 @@ impl Catalog {
             prompts,
             resources,
             templates,
-            tools_result: result("tools", tools_list),
-            prompts_result: result("prompts", prompts_list),
-            resources_result: result("resources", resources_list),
-            templates_result: result("resourceTemplates", templates_list),
+            tools_result: result(result_key(Method::ToolsList), tools_list),
+            prompts_result: result(result_key(Method::PromptsList), prompts_list),
+            resources_result: result(result_key(Method::ResourcesList), resources_list),
+            templates_result: result(result_key(Method::ResourcesTemplatesList), templates_list),
             entries,
             notes,
             hints: std::array::from_fn(|i| {
@@ -400,8 +427,7 @@ impl Template {
 
     pub fn matches(&self, uri: &str) -> bool {
         // Without the memo, adjacent variables (`{a}{b}{c}…`) try every split of the URI
-        // between them: exponential in their count (the fuzz target found one taking
-        // seconds on 111 bytes). No allocation until a state fails.
+        // between them: exponential in their count. No allocation until a state fails.
         match_parts(&self.parts, uri, &mut std::collections::HashSet::new())
     }
 }
@@ -445,11 +471,11 @@ fn match_parts(parts: &[Part], s: &str, failed: &mut std::collections::HashSet<(
 mod tests {
     #[test]
     fn merged_hints_take_the_smallest_ttl_and_any_private() {
-        let modern = |ttl, private| Lists {
+        let stateless = |ttl, private| Lists {
             hints: [Some(Hint { ttl_ms: ttl, private }); 4],
             ..Lists::default()
         };
-        let (a, b, legacy) = (modern(60_000, false), modern(5_000, true), Lists::default());
+        let (a, b, legacy) = (stateless(60_000, false), stateless(5_000, true), Lists::default());
         let filter = crate::config::Filter::default();
         let src = |lists| Source {
             server: "s",
@@ -648,7 +674,7 @@ mod tests {
         // Adjacent variables: each needs a character; no exponential backtracking.
         let many = Template::parse(&"{v}".repeat(40));
         assert!(many.matches(&"x".repeat(40)) && !many.matches(&"x".repeat(39)));
-        // Some 250 million tries without the memo (tens of seconds), a few hundred with it.
+        // Exponential without the memo; a few hundred tries with it.
         let t = std::time::Instant::now();
         assert!(!Template::parse(&format!("{}!", "{v}".repeat(10))).matches(&"x".repeat(36)));
         assert!(t.elapsed() < std::time::Duration::from_secs(2), "{:?}", t.elapsed());

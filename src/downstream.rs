@@ -8,7 +8,7 @@
 //! `notifications/progress` back into the caller's own token.
 //!
 //! The handshake and listing are not done here: they are plain requests sent through
-//! the handle by [`crate::supervisor`], so every transport shares them.
+//! the handle by the server's supervisor, so every transport shares them.
 
 pub mod http;
 pub mod pipe;
@@ -16,7 +16,9 @@ pub mod sse;
 pub mod stateless;
 pub mod stdio;
 
+use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};
+use crate::telemetry::Carrier;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -153,17 +155,21 @@ pub async fn answer_server_request(
     match caller {
         Some(sink) => match sink.peer().cloned() {
             Some(peer) => peer.ask(method, params, sink).await,
-            None => Outcome::Error(message::error_object(
-                message::code::METHOD_NOT_FOUND,
-                &format!("mcp-gateway cannot forward {method}: the call it relates to has no client to ask"),
-                None,
-            )),
+            None => Outcome::Error(
+                Error::client(
+                    code::METHOD_NOT_FOUND,
+                    format!("mcp-gateway cannot forward {method}: the call it relates to has no client to ask"),
+                )
+                .object(),
+            ),
         },
-        None => Outcome::Error(message::error_object(
-            message::code::METHOD_NOT_FOUND,
-            &format!("mcp-gateway cannot tell which client {method} is for: {why_unknown}"),
-            None,
-        )),
+        None => Outcome::Error(
+            Error::client(
+                code::METHOD_NOT_FOUND,
+                format!("mcp-gateway cannot tell which client {method} is for: {why_unknown}"),
+            )
+            .object(),
+        ),
     }
 }
 
@@ -199,8 +205,8 @@ pub enum DsError {
 impl DsError {
     pub fn code(&self) -> i64 {
         match self {
-            DsError::Timeout { .. } => message::code::REQUEST_TIMEOUT,
-            _ => message::code::INTERNAL_ERROR,
+            DsError::Timeout { .. } => code::REQUEST_TIMEOUT,
+            _ => code::INTERNAL_ERROR,
         }
     }
 
@@ -216,14 +222,26 @@ impl DsError {
 
     /// The JSON-RPC error object a client receives.
     pub fn to_error_object(&self) -> Box<RawValue> {
-        crate::error::Error::from(self).object()
+        Error::from(self).object()
     }
 }
 
-impl From<&DsError> for crate::error::Error {
+impl From<&DsError> for Error {
     /// Always the named server's fault.
-    fn from(e: &DsError) -> crate::error::Error {
-        crate::error::Error::server(&Arc::from(e.server()), e.code(), e.to_string())
+    fn from(e: &DsError) -> Error {
+        Error::server(&Arc::from(e.server()), e.code(), e.to_string())
+    }
+}
+
+impl crate::telemetry::Failure for DsError {
+    fn error_type(&self) -> &'static str {
+        match self {
+            DsError::Timeout { .. } => "timeout",
+            DsError::Exited { .. } => "server_exited",
+            DsError::Unavailable { .. } => "unavailable",
+            DsError::Busy { .. } => "busy",
+            DsError::Status { .. } => "http_status",
+        }
     }
 }
 
@@ -255,11 +273,8 @@ pub enum Params {
 
 /// Params the router opened and may edit on their way downstream: what forwarding
 /// needs of them, for a full map ([`Map`]) and a one-level one ([`message::Members`]).
-pub trait OpenParams {
-    /// `_meta` as an object; `None` if absent or not an object.
-    fn meta(&mut self) -> Option<&mut Map<String, Value>>;
-    /// `_meta`, added empty if absent; `None` if present but not an object.
-    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>>;
+/// Their `_meta` is reached through [`Carrier`].
+pub trait OpenParams: Carrier {
     /// `name`, if it is a string.
     fn name(&self) -> Option<std::borrow::Cow<'_, str>>;
     /// Removes `_meta.progressToken` and returns it (as the client wrote it where the
@@ -275,20 +290,6 @@ pub trait OpenParams {
 }
 
 impl OpenParams for Map<String, Value> {
-    fn meta(&mut self) -> Option<&mut Map<String, Value>> {
-        match self.get_mut("_meta") {
-            Some(Value::Object(m)) => Some(m),
-            _ => None,
-        }
-    }
-
-    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
-        match self.entry("_meta").or_insert_with(|| Value::Object(Map::new())) {
-            Value::Object(m) => Some(m),
-            _ => None,
-        }
-    }
-
     fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
         self.get("name").and_then(Value::as_str).map(std::borrow::Cow::Borrowed)
     }
@@ -303,14 +304,6 @@ impl OpenParams for Map<String, Value> {
 }
 
 impl OpenParams for message::Members {
-    fn meta(&mut self) -> Option<&mut Map<String, Value>> {
-        message::Members::meta(self)
-    }
-
-    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
-        message::Members::meta_or_insert(self)
-    }
-
     fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
         self.get_str("name")
     }

@@ -44,6 +44,7 @@ pub mod router;
 pub mod shared;
 pub mod sse;
 pub mod supervisor;
+mod sync;
 pub mod telemetry;
 
 use anyhow::Context;

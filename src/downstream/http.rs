@@ -1,4 +1,5 @@
-//! A Streamable HTTP downstream (2025-03-26 … 2025-11-25).
+//! A Streamable HTTP downstream (2025-03-26 … 2025-11-25, and 2026-07-28's stateless
+//! requests: no session, the `Mcp-*` request metadata headers).
 //!
 //! The task that owns the connection keeps the session (`Mcp-Session-Id`, negotiated
 //! `MCP-Protocol-Version`) and runs each request as its own small task: POST, then read
@@ -12,6 +13,7 @@ use super::{encode_request, restore_progress, wire_id, Command, Connection, DsEr
 use crate::config::HttpSpec;
 use crate::message::{self, Id, Kind, Outcome};
 use crate::sse;
+use crate::sync;
 use crate::telemetry::TraceHeaders;
 
 use futures::StreamExt;
@@ -47,7 +49,7 @@ const DRAIN_TIME: Duration = Duration::from_secs(2);
 /// … and up to this many bytes.
 const DRAIN_BYTES: usize = 1 << 20;
 /// At most this many such streams per server at a time (each holds a connection): past
-/// it, an unfinished stream is dropped and its connection closed, as before.
+/// it, an unfinished stream is dropped and its connection closed.
 const MAX_DRAINS: usize = POOL_MAX_IDLE;
 
 /// Builds the HTTP client for one server: pooled keep-alive connections
@@ -136,7 +138,7 @@ struct Shared {
 
 impl Shared {
     fn session(&self) -> Option<String> {
-        self.session.read().unwrap_or_else(|e| e.into_inner()).clone()
+        sync::read(&self.session).clone()
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> DsError {
@@ -156,7 +158,7 @@ impl Shared {
             if let Some(s) = self.session() {
                 r = r.header(SESSION, s);
             }
-            if let Some(v) = self.version.read().unwrap_or_else(|e| e.into_inner()).as_deref() {
+            if let Some(v) = sync::read(&self.version).as_deref() {
                 r = r.header(VERSION, v);
             }
         }
@@ -256,12 +258,12 @@ impl Shared {
         if self.session() != failed {
             return Ok(());
         }
-        let params = self.init_params.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let params = sync::lock(&self.init_params).clone();
         let Some(params) = params else {
             return Err(self.unavailable("session lost before initialize"));
         };
         info!("server forgot the session; initializing again");
-        *self.session.write().unwrap_or_else(|e| e.into_inner()) = None;
+        *sync::write(&self.session) = None;
         let body = message::request(&Id::from(0), "initialize", Some(&params));
         let resp = self.post(body, false).await?;
         self.keep_session(&resp);
@@ -277,7 +279,7 @@ impl Shared {
 
     fn keep_session(&self, resp: &reqwest::Response) {
         if let Some(s) = resp.headers().get(SESSION).and_then(|v| v.to_str().ok()) {
-            *self.session.write().unwrap_or_else(|e| e.into_inner()) = Some(s.to_owned());
+            *sync::write(&self.session) = Some(s.to_owned());
         }
     }
 
@@ -516,9 +518,9 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 headers,
             } => {
                 // 2026-07-28: the request metadata headers, mirrored from the body.
-                let modern = method == "server/discover" || shared.is_stateless();
+                let stateless = method == "server/discover" || shared.is_stateless();
                 let mut extra = Vec::new();
-                if modern {
+                if stateless {
                     extra.push((VERSION.to_owned(), super::stateless::VERSION.to_owned()));
                     extra.push(("mcp-method".to_owned(), method.clone()));
                     if let Params::Object { params, .. } = &params {
@@ -530,7 +532,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 }
                 if method == "initialize" {
                     if let Params::Raw(Some(p)) = &params {
-                        *shared.init_params.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
+                        *sync::lock(&shared.init_params) = Some(p.clone());
                     }
                 }
                 // The downstream span's context, put in params._meta by the router.
@@ -559,7 +561,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                             &extra,
                         )
                         .await;
-                        inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                        sync::lock(&inflight).remove(&id);
                         if let Err(DsError::Unavailable { reason, .. }) = &out {
                             if reason.starts_with("cannot connect") {
                                 let _ = shared
@@ -574,10 +576,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                         let _ = reply.send(out);
                     })
                 };
-                inflight
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id, task.abort_handle());
+                sync::lock(&inflight).insert(id, task.abort_handle());
             }
             Command::Notify { method, params } => {
                 let body = message::notification(&method, params.as_deref());
@@ -591,7 +590,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 });
             }
             Command::Cancel { id, reason } => {
-                if let Some(task) = inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
+                if let Some(task) = sync::lock(&inflight).remove(&id) {
                     task.abort();
                     if shared.is_stateless() {
                         // 2026-07-28: closing the response stream is the cancellation.
@@ -605,7 +604,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
             }
             Command::Shutdown { done } => {
                 shared.stop.cancel();
-                for (_, t) in inflight.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+                for (_, t) in sync::lock(&inflight).drain() {
                     t.abort();
                 }
                 if shared.session().is_some() {
@@ -634,11 +633,11 @@ async fn call(
     extra: &[(String, String)],
 ) -> Result<Outcome, DsError> {
     let is_init = method == "initialize";
-    let modern = !extra.is_empty();
+    let stateless = !extra.is_empty();
     for attempt in 0..2 {
         let session = shared.session();
         let resp = shared
-            .post_traced(body.clone(), !is_init && !modern, trace, extra)
+            .post_traced(body.clone(), !is_init && !stateless, trace, extra)
             .await?;
         let status = resp.status();
         if status == StatusCode::NOT_FOUND && session.is_some() && !is_init && attempt == 0 {
@@ -685,7 +684,7 @@ async fn call(
                 let v: Option<String> = serde_json::from_str::<Value>(r.get())
                     .ok()
                     .and_then(|v| v.get("protocolVersion").and_then(Value::as_str).map(str::to_owned));
-                *shared.version.write().unwrap_or_else(|e| e.into_inner()) = v;
+                *sync::write(&shared.version) = v;
             }
         }
         return Ok(outcome);

@@ -6,6 +6,7 @@
 use super::{
     encode_request, progress_token, restore_progress, wire_id, Command, Connection, DsError, Incoming, Pending,
 };
+use crate::error::Error;
 use crate::message::{self, Kind};
 
 use std::collections::{HashMap, VecDeque};
@@ -30,7 +31,8 @@ pub const OUTBOX_MESSAGES: usize = 4096;
 /// their answers at once; past it, the server gets an error at once.
 pub const MAX_QUESTIONS: usize = 64;
 
-/// When a server that owes answers counts as stuck: see the module doc.
+/// When a server that owes answers and says nothing counts as stuck: first degraded
+/// (shown in `/status`, and pinged), then stalled (ended, as if it had exited).
 #[derive(Debug, Clone, Copy)]
 pub struct Watch {
     /// No word from the server this long while it owes answers: degraded, and pinged.
@@ -157,7 +159,11 @@ impl Actor {
                         let _ = done.send(());
                         return;
                     }
-                    Some(cmd) => self.command(cmd, &write).await,
+                    Some(Command::Request { id, method, params, sink, reply, .. }) => {
+                        self.request(id, method, params, sink, reply, &write)
+                    }
+                    Some(Command::Notify { method, params }) => self.notify(&method, params.as_deref(), &write),
+                    Some(Command::Cancel { id, reason }) => self.cancel(id, reason),
                     None => {
                         drop(write.take());
                         self.shutdown(&mut exit).await;
@@ -318,78 +324,82 @@ impl Actor {
         Some(p)
     }
 
-    async fn command(&mut self, cmd: Command, write: &Option<mpsc::Sender<Vec<u8>>>) {
-        match cmd {
-            Command::Request {
-                id,
-                method,
-                params,
-                sink,
-                reply,
-                ..
-            } => {
-                if write.is_none() {
-                    let _ = reply.send(Err(DsError::Unavailable {
-                        server: self.server.clone(),
-                        reason: "its input is closed".into(),
-                    }));
-                    return;
-                }
-                if !self.has_room() {
-                    let _ = reply.send(Err(DsError::Busy {
-                        server: self.server.clone(),
-                        queued: self.outbox.len(),
-                    }));
-                    return;
-                }
-                let (mut line, progress) = encode_request(id, &method, params);
-                line.push(b'\n');
-                if method == "subscriptions/listen" {
-                    self.listens += 1;
-                } else if self.owed_since.is_none() {
-                    self.owed_since = Some(Instant::now());
-                }
-                self.pending.insert(
-                    id,
-                    Pending {
-                        method,
-                        sink,
-                        progress,
-                        reply,
-                    },
-                );
-                self.queue(Some(id), line);
-            }
-            Command::Notify { method, params } => {
-                if write.is_none() || !self.has_room() {
-                    debug!(%method, "dropping a notification: the server's input is closed or full");
-                    return;
-                }
-                let mut line = message::notification(&method, params.as_deref());
-                line.push(b'\n');
-                self.queue(None, line);
-            }
-            Command::Cancel { id, reason } => {
-                if let Some(p) = self.take(id) {
-                    debug!(id, method = %p.method, reason, "cancelling downstream request");
-                    // Still in the outbox: the server never sees it, nor its cancellation.
-                    if let Some(at) = self.outbox.iter().position(|o| o.id == Some(id)) {
-                        if let Some(out) = self.outbox.remove(at) {
-                            self.unwritten.fetch_sub(out.line.len(), Ordering::Relaxed);
-                        }
-                        return;
-                    }
-                    let params = message::to_raw(&serde_json::json!({ "requestId": id, "reason": reason }));
-                    let mut line = message::notification("notifications/cancelled", Some(&params));
-                    line.push(b'\n');
-                    self.queue(None, line);
-                }
-            }
-            // Handled in the run loop; answered here only for completeness.
-            Command::Shutdown { done } => {
-                let _ = done.send(());
-            }
+    /// A caller's request: queued for the server, or refused at once when its input is
+    /// closed or full.
+    fn request(
+        &mut self,
+        id: u64,
+        method: String,
+        params: super::Params,
+        sink: Option<super::Sink>,
+        reply: oneshot::Sender<Result<message::Outcome, DsError>>,
+        write: &Option<mpsc::Sender<Vec<u8>>>,
+    ) {
+        if write.is_none() {
+            let _ = reply.send(Err(DsError::Unavailable {
+                server: self.server.clone(),
+                reason: "its input is closed".into(),
+            }));
+            return;
         }
+        if !self.has_room() {
+            let _ = reply.send(Err(DsError::Busy {
+                server: self.server.clone(),
+                queued: self.outbox.len(),
+            }));
+            return;
+        }
+        let (mut line, progress) = encode_request(id, &method, params);
+        line.push(b'\n');
+        if method == "subscriptions/listen" {
+            self.listens += 1;
+        } else if self.owed_since.is_none() {
+            self.owed_since = Some(Instant::now());
+        }
+        self.pending.insert(
+            id,
+            Pending {
+                method,
+                sink,
+                progress,
+                reply,
+            },
+        );
+        self.queue(Some(id), line);
+    }
+
+    /// A caller's notification: dropped when the server's input is closed or full.
+    fn notify(
+        &mut self,
+        method: &str,
+        params: Option<&serde_json::value::RawValue>,
+        write: &Option<mpsc::Sender<Vec<u8>>>,
+    ) {
+        if write.is_none() || !self.has_room() {
+            debug!(%method, "dropping a notification: the server's input is closed or full");
+            return;
+        }
+        let mut line = message::notification(method, params);
+        line.push(b'\n');
+        self.queue(None, line);
+    }
+
+    /// A caller gave up on request `id`: forgotten, and the server told unless it never
+    /// saw the request.
+    fn cancel(&mut self, id: u64, reason: &str) {
+        let Some(p) = self.take(id) else { return };
+        debug!(id, method = %p.method, reason, "cancelling downstream request");
+        // Still in the outbox: the server never sees it, nor its cancellation.
+        if let Some(at) = self.outbox.iter().position(|o| o.id == Some(id)) {
+            if let Some(out) = self.outbox.remove(at) {
+                self.unwritten.fetch_sub(out.line.len(), Ordering::Relaxed);
+            }
+            return;
+        }
+        let params = message::to_raw(&serde_json::json!({ "requestId": id, "reason": reason }));
+        let mut line = message::notification("notifications/cancelled", Some(&params));
+        line.push(b'\n');
+        self.queue(None, line);
     }
 
     /// One message from the server. A large result stays in the line's buffer.
@@ -442,14 +452,10 @@ impl Actor {
                 // Each question waits for its client: a server that asks faster than
                 // clients answer gets an error at once past the bound, not a task each.
                 let Ok(permit) = self.questions.clone().try_acquire_owned() else {
-                    let error = message::error_object(
-                        message::code::INTERNAL_ERROR,
-                        &format!(
-                            "mcp-gateway is already answering {MAX_QUESTIONS} requests of this server; ask again once they are answered"
-                        ),
-                        None,
-                    );
-                    let mut out = message::response(&id, &crate::message::Outcome::Error(error));
+                    let error = Error::gateway(format!(
+                        "mcp-gateway is already answering {MAX_QUESTIONS} requests of this server; ask again once they are answered"
+                    ));
+                    let mut out = message::response(&id, &message::Outcome::Error(error.object()));
                     out.push(b'\n');
                     self.queue(None, out);
                     return;

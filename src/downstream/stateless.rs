@@ -8,8 +8,11 @@
 //! capability the caller lacks can refuse with -32021 itself.
 
 use super::{Connection, Params, Sink};
+use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};
+use crate::method::Method;
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The stateless revision.
@@ -117,14 +120,11 @@ fn base64(b: &[u8]) -> String {
     out
 }
 
-/// `Mcp-Name` for a request: `params.name` of `tools/call` and `prompts/get`,
-/// `params.uri` of `resources/read`.
+/// `Mcp-Name` for a request: the params field its method names its target by
+/// ([`Method::target_field`]: `name` of `tools/call` and `prompts/get`, `uri` of
+/// `resources/read`).
 pub fn name_header(method: &str, params: &Map<String, Value>) -> Option<String> {
-    let field = match method {
-        "tools/call" | "prompts/get" => "name",
-        "resources/read" => "uri",
-        _ => return None,
-    };
+    let field = Method::parse(method).target_field()?;
     params.get(field).and_then(Value::as_str).map(header_value)
 }
 
@@ -219,7 +219,7 @@ fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), S
 /// The most rounds of questions one call may take through the bridge.
 const MAX_ROUNDS: usize = 16;
 
-/// The bridge from a modern server to a handshake-era client: while the server answers
+/// The bridge from a stateless (2026-07-28) server to a handshake-era client: while the server answers
 /// `input_required`, each of its `inputRequests` is asked of the client as a real
 /// request on the call's stream (`sampling/createMessage`, `elicitation/create`,
 /// `roots/list`, each checked against the client's capabilities), and the call is sent
@@ -228,7 +228,7 @@ const MAX_ROUNDS: usize = 16;
 #[allow(clippy::too_many_arguments)]
 pub async fn bridge_input_required(
     conn: &Connection,
-    server: &str,
+    server: &Arc<str>,
     method: &str,
     mut out: Outcome,
     params: Map<String, Value>,
@@ -237,13 +237,7 @@ pub async fn bridge_input_required(
     sink: Option<Sink>,
     timeout: Duration,
 ) -> Outcome {
-    let fail = |msg: String| {
-        Outcome::Error(message::error_object(
-            message::code::INTERNAL_ERROR,
-            &msg,
-            Some(json!({ "server": server })),
-        ))
-    };
+    let fail = |msg: String| Outcome::Error(Error::server(server, code::INTERNAL_ERROR, msg).object());
     for _ in 0..MAX_ROUNDS {
         let Outcome::Result(r) = &out else { return out };
         let Some((requests, state)) = input_required(r.get()) else {
