@@ -71,6 +71,18 @@ fn mismatch(m: impl std::fmt::Display) -> Error {
     Error::client(code::HEADER_MISMATCH, format!("Header mismatch: {m}"))
 }
 
+/// A header (`got`, named `shown`) must be there and say what `source` (`_meta` or the
+/// body) says: `want`.
+fn agrees(got: Option<String>, shown: &str, want: &str, source: &str) -> Result<(), Error> {
+    match got {
+        None => Err(mismatch(format_args!("the {shown} header is missing"))),
+        Some(v) if v != want => Err(mismatch(format_args!(
+            "{shown} header value '{v}' does not match {source} value '{want}'"
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Checks a request of this revision: its `_meta`, and with `headers` the headers against
 /// the body. `tool_schema` gives a tool's `inputSchema` by public name, for its
 /// `Mcp-Param-*` headers.
@@ -98,15 +110,7 @@ pub fn check(
         return Err(bad(&format!("params._meta needs {META_CAPS} (an object)")));
     };
     if let Some(h) = headers {
-        match text(h, VERSION_HEADER)? {
-            None => return Err(mismatch("the MCP-Protocol-Version header is missing")),
-            Some(v) if v != version => {
-                return Err(mismatch(format_args!(
-                    "MCP-Protocol-Version header value '{v}' does not match _meta value '{version}'"
-                )))
-            }
-            Some(_) => {}
-        }
+        agrees(text(h, VERSION_HEADER)?, "MCP-Protocol-Version", &version, "_meta")?;
     }
     if version != VERSION {
         return Err(Error::client(
@@ -120,15 +124,7 @@ pub fn check(
         .with_status(400));
     }
     if let Some(h) = headers {
-        match text(h, METHOD_HEADER)? {
-            None => return Err(mismatch("the Mcp-Method header is missing")),
-            Some(v) if v != method => {
-                return Err(mismatch(format_args!(
-                    "Mcp-Method header value '{v}' does not match body value '{method}'"
-                )))
-            }
-            Some(_) => {}
-        }
+        agrees(text(h, METHOD_HEADER)?, "Mcp-Method", method, "body")?;
     }
     if !m.is_stateless() {
         return Err(Error::client(
@@ -141,15 +137,7 @@ pub fn check(
     if let Some(field) = m.target_field() {
         if let Some(Value::String(body)) = p.get(field) {
             if let Some(h) = headers {
-                match text(h, NAME_HEADER)?.map(decode).transpose()? {
-                    None => return Err(mismatch("the Mcp-Name header is missing")),
-                    Some(v) if v != *body => {
-                        return Err(mismatch(format_args!(
-                            "Mcp-Name header value '{v}' does not match body value '{body}'"
-                        )))
-                    }
-                    Some(_) => {}
-                }
+                agrees(text(h, NAME_HEADER)?.map(decode).transpose()?, "Mcp-Name", body, "body")?;
                 if m == Method::ToolsCall {
                     if let Some(schema) = tool_schema(body) {
                         check_param_headers(h, &schema, p.get("arguments"))?;
