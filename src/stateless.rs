@@ -144,6 +144,20 @@ impl Drop for Counted {
     }
 }
 
+/// A listen request, between its checks and its stream.
+struct Listening {
+    id: Id,
+    params: Option<Box<RawValue>>,
+    capabilities: serde_json::Map<String, Value>,
+    /// The request's client id; the stream's own client is named after it.
+    client: String,
+    identity: Option<Arc<Identity>>,
+    finish: Finish,
+    streams: bool,
+    /// Its key in the table of requests in flight.
+    key: Option<String>,
+}
+
 /// The flow's state on one front: calls parked between rounds, open listen streams,
 /// requests in flight by id.
 pub struct Stateless {
@@ -229,65 +243,25 @@ impl Stateless {
             uri: env.uri,
             hint: topo.catalog.hint(&method),
         };
-        let by_id = key.is_some();
-        let track = |entry: InFlight| {
-            key.map(|key| {
-                let table = self.inflight.clone();
-                table
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key.clone(), entry);
-                Tracked { table, key }
-            })
-        };
         if m == Method::SubscriptionsListen {
-            if !streams {
-                let e = Error::invalid_request(
-                    "subscriptions/listen answers with a stream: send Accept: text/event-stream",
-                )
-                .with_status(406);
-                return Answer::Refused(id, e);
-            }
-            let filter = match message::params_object(env.params.as_deref()).and_then(|p| listen::Filter::parse(&p)) {
-                Ok(f) => f,
-                Err(e) => return Answer::Refused(id, Error::invalid_params(e)),
-            };
-            let max = self
-                .transport
-                .bound_listens
-                .then(|| self.gw.config().gateway.max_sessions);
-            let counted = match max {
-                None => None,
-                Some(max) if self.listening.fetch_add(1, Ordering::Relaxed) >= max => {
-                    self.listening.fetch_sub(1, Ordering::Relaxed);
-                    let e = Error::gateway(format!(
-                        "the gateway has {max} open listen streams, its limit (gateway.max_sessions); close one or try later"
-                    ))
-                    .with_status(503);
-                    return Answer::Refused(id, e);
-                }
-                Some(_) => Some(Counted(self.listening.clone())),
-            };
-            static LISTENS: AtomicU64 = AtomicU64::new(1);
-            let n = LISTENS.fetch_add(1, Ordering::Relaxed);
-            let client = self.client(format!("{client}:listen-{n}"), env.capabilities, None, identity);
-            let cancel = CancellationToken::new();
-            let tracked = track(InFlight::Stop(cancel.clone()));
-            return Answer::Listen(listen::Listen {
-                gw: self.gw.clone(),
-                client: Arc::new(client),
+            let listen = Listening {
                 id,
-                filter,
-                closing: self.closing.clone(),
-                cancel,
+                params: env.params,
+                capabilities: env.capabilities,
+                client,
+                identity,
                 finish,
-                _held: (counted, tracked),
-            });
+                streams,
+                key,
+            };
+            return self.listen(listen);
         }
         let client = self.client(client, env.capabilities, env.log_rank, identity);
         if m.may_ask() {
-            let stop = by_id.then(CancellationToken::new);
-            let held = stop.clone().and_then(|s| track(InFlight::Stop(s)));
+            let stop = key.is_some().then(CancellationToken::new);
+            let held = stop
+                .as_ref()
+                .and_then(|s| self.track(key, || InFlight::Stop(s.clone())));
             let round = rounds::Round {
                 gw: self.gw.clone(),
                 parked: self.parked.clone(),
@@ -303,7 +277,7 @@ impl Stateless {
             };
         }
         let client = Arc::new(client);
-        let held = track(InFlight::Call(client.clone()));
+        let held = self.track(key, || InFlight::Call(client.clone()));
         Answer::Call(Call {
             client,
             id,
@@ -313,6 +287,64 @@ impl Stateless {
             finish,
             held,
         })
+    }
+
+    /// A `subscriptions/listen` that passed the envelope's checks.
+    fn listen(&self, l: Listening) -> Answer {
+        let id = l.id;
+        if !l.streams {
+            let e =
+                Error::invalid_request("subscriptions/listen answers with a stream: send Accept: text/event-stream")
+                    .with_status(406);
+            return Answer::Refused(id, e);
+        }
+        let filter = match message::params_object(l.params.as_deref()).and_then(|p| listen::Filter::parse(&p)) {
+            Ok(f) => f,
+            Err(e) => return Answer::Refused(id, Error::invalid_params(e)),
+        };
+        let max = self
+            .transport
+            .bound_listens
+            .then(|| self.gw.config().gateway.max_sessions);
+        let counted = match max {
+            None => None,
+            Some(max) if self.listening.fetch_add(1, Ordering::Relaxed) >= max => {
+                self.listening.fetch_sub(1, Ordering::Relaxed);
+                let e = Error::gateway(format!(
+                    "the gateway has {max} open listen streams, its limit (gateway.max_sessions); close one or try later"
+                ))
+                .with_status(503);
+                return Answer::Refused(id, e);
+            }
+            Some(_) => Some(Counted(self.listening.clone())),
+        };
+        static LISTENS: AtomicU64 = AtomicU64::new(1);
+        let n = LISTENS.fetch_add(1, Ordering::Relaxed);
+        let client = self.client(format!("{}:listen-{n}", l.client), l.capabilities, None, l.identity);
+        let cancel = CancellationToken::new();
+        let tracked = self.track(l.key, || InFlight::Stop(cancel.clone()));
+        Answer::Listen(listen::Listen {
+            gw: self.gw.clone(),
+            client: Arc::new(client),
+            id,
+            filter,
+            closing: self.closing.clone(),
+            cancel,
+            finish: l.finish,
+            _held: (counted, tracked),
+        })
+    }
+
+    /// Enters a request in the table of requests in flight, under `key` (none: this
+    /// transport does not cancel by id).
+    fn track(&self, key: Option<String>, entry: impl FnOnce() -> InFlight) -> Option<Tracked> {
+        let key = key?;
+        let table = self.inflight.clone();
+        table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), entry());
+        Some(Tracked { table, key })
     }
 
     /// The request's ephemeral client.
