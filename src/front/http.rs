@@ -1,6 +1,6 @@
 //! The public Streamable HTTP endpoint (handshake era: 2025-03-26 … 2025-11-25; a
 //! sessionless request of 2026-07-28 goes to the one flow of that revision,
-//! [`crate::stateless`], through [`stateless`](self::stateless)'s adapter).
+//! [`crate::stateless`], through the adapter in `http/stateless.rs`).
 //!
 //! POST carries one JSON-RPC message. `initialize` opens a session with a random
 //! `Mcp-Session-Id`; every other message needs that header (400 without it, 404 for an
@@ -13,11 +13,11 @@
 //! token (401 with `WWW-Authenticate` otherwise) and a session belongs to the identity
 //! that opened it (404 for anyone else). The RFC 9728 metadata is served with OAuth.
 //!
-//! The parts: [`checks`] (what every request passes first: limits, Origin/Host, media
-//! types, auth), [`post`] (a POST, batches), [`session`] (the session table, `initialize`,
-//! DELETE), [`answer`] (a request's answer as JSON or SSE), [`get`] (the session's GET
-//! stream and its resumption), [`stateless`] (the 2026-07-28 adapter), [`status`] (health,
-//! `/status`, `/metrics`, OAuth metadata).
+//! The parts, under `http/`: `checks` (what every request passes first: limits,
+//! Origin/Host, media types, auth), `post` (a POST, batches), `session` (the session
+//! table, `initialize`, DELETE), `answer` (a request's answer as JSON or SSE), `get` (the
+//! session's GET stream and its resumption), `stateless` (the 2026-07-28 adapter),
+//! `status` (health, `/status`, `/metrics`, OAuth metadata).
 
 mod answer;
 mod checks;
