@@ -44,9 +44,9 @@ pub struct Client {
     /// reach it only through `questions` (multi round-trip requests), and it gets log
     /// messages only when its request named a level.
     pub(crate) stateless: bool,
-    /// Where a stateless client's call hands servers' questions (see [`crate::mrtr`]);
+    /// Where a stateless client's call hands servers' questions (see [`crate::stateless::rounds`]);
     /// none: they are refused.
-    pub(crate) questions: Option<tokio::sync::mpsc::Sender<crate::mrtr::Question>>,
+    pub(crate) questions: Option<tokio::sync::mpsc::Sender<crate::stateless::Question>>,
     /// No log messages at all (a stateless request without `logLevel`).
     pub(crate) silent: bool,
 }
@@ -100,7 +100,7 @@ impl crate::downstream::Peer for Client {
                         )));
                 };
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                let q = crate::mrtr::Question {
+                let q = crate::stateless::Question {
                     method: method.clone(),
                     params,
                     answer: tx,
@@ -226,8 +226,8 @@ impl Client {
         self
     }
 
-    /// Lets a stateless client's servers ask it questions, through `tx` (see [`crate::mrtr`]).
-    pub fn questions(mut self, tx: tokio::sync::mpsc::Sender<crate::mrtr::Question>) -> Client {
+    /// Lets a stateless client's servers ask it questions, through `tx` (see [`crate::stateless::rounds`]).
+    pub fn questions(mut self, tx: tokio::sync::mpsc::Sender<crate::stateless::Question>) -> Client {
         self.questions = Some(tx);
         self
     }

@@ -1,7 +1,6 @@
-//! Front ends: adapters that turn a transport into calls on [`crate::router::Gateway`].
+//! Front ends: adapters that turn a transport into calls on [`crate::router::Gateway`],
+//! and for 2026-07-28 requests on the one flow of that revision ([`crate::stateless`]).
 
 pub mod http;
-pub mod listen;
-pub mod modern;
 pub mod replay;
 pub mod stdio;

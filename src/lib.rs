@@ -4,14 +4,15 @@
 //! - [`config`]: gateway.toml → validated [`config::Config`]; the only reader of the environment.
 //!   [`reload`] watches the file (and SIGHUP) and hands new versions to the router.
 //! - [`front`]: adapters for clients: [`front::http`] (Streamable HTTP, sessions, health,
-//!   `/status`, `/metrics`), [`front::modern`] (its stateless 2026-07-28 requests: validation
-//!   and result decoration), [`front::listen`] (its `subscriptions/listen` streams, on HTTP
-//!   and stdio) and [`front::stdio`] (the gateway as a stdio server).
+//!   `/status`, `/metrics`) and [`front::stdio`] (the gateway as a stdio server).
+//! - [`stateless`]: the 2026-07-28 request flow, written once for every front: the envelope
+//!   and its headers checked ([`stateless::envelope`]), results decorated, servers'
+//!   questions as `input_required` results with the calls parked meanwhile and their signed
+//!   `requestState` ([`stateless::rounds`]), `subscriptions/listen` ([`stateless::listen`]).
 //! - [`auth`]: who the client is (static tokens, OAuth JWTs) and what it may see.
 //! - [`limit`]: rate limits per IP (before parsing), per client, per server and per tool.
 //! - [`client`]: one client session: requests in flight, capabilities, questions asked of
-//!   it, its log level. [`mrtr`]: servers' questions to 2026-07-28 clients as
-//!   `input_required` results, the calls parked meanwhile and their signed `requestState`.
+//!   it, its log level.
 //! - [`router`]: [`router::Gateway`] and its swappable [`router::Topology`]; answers what it
 //!   can itself (initialize, ping, lists from the catalog) and sends the rest to the owner.
 //! - [`catalog`]: the merged tools, prompts and resources; public name ↔ (server, name).
@@ -38,11 +39,11 @@ pub mod limit;
 pub mod message;
 pub mod method;
 pub mod metrics;
-pub mod mrtr;
 pub mod reload;
 pub mod router;
 pub mod shared;
 pub mod sse;
+pub mod stateless;
 pub mod supervisor;
 mod sync;
 pub mod telemetry;

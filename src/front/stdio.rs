@@ -3,39 +3,37 @@
 //! One implicit session; requests run concurrently.
 //!
 //! A request whose `params._meta` carries `io.modelcontextprotocol/protocolVersion` is a
-//! 2026-07-28 (stateless) request and is served like one on HTTP (no `initialize` needed;
-//! `_meta` validated by [`modern::prepare`], without the header checks; results decorated
-//! by [`modern::finish`]), as a throwaway client of its own; `notifications/cancelled`
-//! cancels it. Servers' questions during `tools/call`, `prompts/get` and `resources/read`
-//! become `input_required` ([`crate::mrtr`]). `subscriptions/listen` streams its notifications as lines tagged with the
-//! subscription id until cancelled; at the end of input or shutdown each stream gets its
-//! graceful response.
+//! 2026-07-28 (stateless) request: it goes to the one flow of that revision
+//! ([`crate::stateless`]), with no headers, and its answer is written here;
+//! `notifications/cancelled` naming it cancels it. `subscriptions/listen` streams its
+//! notifications as lines tagged with the subscription id until cancelled; at the end of
+//! input or shutdown each stream gets its graceful response.
 
-use super::{listen, modern};
+// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
+// are the cold path, and boxing each would cost an allocation per refusal.
+#![allow(clippy::result_large_err)]
+
 use crate::downstream::stdio::{LineReader, Next};
 use crate::downstream::Sink;
-use crate::message::{self, code, id_key, Id, Kind, Outcome};
+use crate::error::Error;
+use crate::message::{self, Id, Kind, Outcome};
+use crate::method::Method;
 use crate::router::{Client, Gateway};
+use crate::stateless::{self, Answer, Stateless};
 use bytes::Bytes;
-use serde_json::value::RawValue;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// A 2026-07-28 request in flight, by its id: what `notifications/cancelled` cancels.
-enum Modern {
-    Call(Arc<Client>),
-    /// A listen stream, or a call that may ask questions: cancelled by dropping it.
-    Stop(CancellationToken),
+/// An error as the line that answers request `id`.
+fn refuse(id: &Id, e: Error) -> Bytes {
+    Bytes::from(message::response(id, &Outcome::from(e)))
 }
-
-type ModernTable = Arc<Mutex<HashMap<String, Modern>>>;
 
 /// Serves MCP on `input`/`output` until `input` ends or `shutdown` completes; then
 /// waits up to `grace` for requests still in flight. With `as_client`, the session is
@@ -80,10 +78,14 @@ pub async fn serve<R, W>(
         }
     });
 
-    let modern_inflight: ModernTable = Arc::default();
-    let parked = crate::mrtr::Parked::new(gw.config().gateway.input_timeout);
     // Cancelled when input ends or shutdown begins: listen streams end gracefully.
     let closing = CancellationToken::new();
+    let transport = stateless::Transport {
+        name: "pipe",
+        bound_listens: false,
+        cancel_by_id: true,
+    };
+    let flow = Stateless::new(gw.clone(), transport, closing.clone());
 
     let max_line = gw.config().gateway.max_line;
     let mut reader = LineReader::new(input);
@@ -101,12 +103,10 @@ pub async fn serve<R, W>(
         let line = match read {
             Ok(Next::Eof) => break,
             Ok(Next::TooLong(n, _)) => {
-                let err = Outcome::Error(message::error_object(
-                    code::INVALID_REQUEST,
-                    &format!("message of {n} bytes is over the {max_line} byte limit (gateway.max_line)"),
-                    None,
+                let err = Error::invalid_request(format!(
+                    "message of {n} bytes is over the {max_line} byte limit (gateway.max_line)"
                 ));
-                let _ = out_tx.send(Bytes::from(message::response(&Id::NULL, &err))).await;
+                let _ = out_tx.send(refuse(&Id::NULL, err)).await;
                 continue;
             }
             Ok(Next::Line(line)) => line,
@@ -121,31 +121,35 @@ pub async fn serve<R, W>(
         let msg = match Kind::parse(&line) {
             Ok(m) => m,
             Err(e) => {
-                let err = Outcome::Error(message::error_object(e.code(), &e.to_string(), None));
                 // Under the request's id when it could be read (a request over a limit).
                 let id = e.id().cloned().unwrap_or(Id::NULL);
-                let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
+                let _ = out_tx.send(refuse(&id, Error::client(e.code(), e.to_string()))).await;
                 continue;
             }
         };
         match msg {
-            Kind::Request { id, method, params } if modern::has_modern_meta(params.as_deref()) => {
+            Kind::Request { id, method, params }
+                if stateless::envelope::is_stateless(None, &method, params.as_deref()) =>
+            {
                 let identity = match client_identity(&gw, as_client.as_deref()) {
                     Ok(i) => i,
                     Err(err) => {
-                        let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
+                        let _ = out_tx.send(refuse(&id, err)).await;
                         continue;
                     }
                 };
-                let m = ModernRequest {
-                    gw: &gw,
-                    out: &out_tx,
-                    table: &modern_inflight,
-                    closing: &closing,
-                    parked: &parked,
-                    principal: as_client.as_deref().unwrap_or("stdio"),
+                let request = stateless::Request {
+                    id,
+                    method,
+                    params,
+                    headers: None,
+                    identity,
+                    principal: as_client.as_deref().unwrap_or("stdio").to_owned(),
+                    client: "stdio".to_owned(),
+                    parent: None,
+                    streams: true,
                 };
-                m.serve(id, method, params, identity).await;
+                send_stateless(&gw, flow.serve(request), &out_tx).await;
             }
             Kind::Request { id, method, params } if method == "initialize" => {
                 client.set_capabilities(params.as_deref());
@@ -166,7 +170,7 @@ pub async fn serve<R, W>(
                     match client_identity(&gw, as_client.as_deref()) {
                         Ok(identity) => client.set_identity(identity),
                         Err(err) => {
-                            let _ = out_tx.send(Bytes::from(message::response(&id, &err))).await;
+                            let _ = out_tx.send(refuse(&id, err)).await;
                             continue;
                         }
                     }
@@ -190,24 +194,10 @@ pub async fn serve<R, W>(
                 });
             }
             Kind::Notification { method, params } => {
-                // A 2026-07-28 request is cancelled through its own client (or stream).
-                let modern = (method == "notifications/cancelled")
-                    .then(|| message::cancelled_request_id(params.as_deref()))
-                    .flatten()
-                    .and_then(|rid| {
-                        let table = modern_inflight.lock().unwrap_or_else(|e| e.into_inner());
-                        match table.get(&id_key(&rid))? {
-                            Modern::Call(c) => Some(Some(c.clone())),
-                            Modern::Stop(t) => {
-                                t.cancel();
-                                Some(None)
-                            }
-                        }
-                    });
-                match modern {
-                    Some(Some(c)) => gw.notification(&c, &method, params.as_deref()),
-                    Some(None) => {}
-                    None => gw.notification(&client, &method, params.as_deref()),
+                // A 2026-07-28 request is cancelled through the flow (its own client or stream).
+                let theirs = Method::parse(&method) == Method::Cancelled && flow.cancel(params.as_deref());
+                if !theirs {
+                    gw.notification(&client, &method, params.as_deref());
                 }
             }
             Kind::Response { id, outcome } => {
@@ -233,183 +223,57 @@ pub async fn serve<R, W>(
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
 }
 
-/// What a 2026-07-28 request on stdio needs from the loop.
-struct ModernRequest<'a> {
-    gw: &'a Arc<Gateway>,
-    out: &'a mpsc::Sender<Bytes>,
-    table: &'a ModernTable,
-    closing: &'a CancellationToken,
-    parked: &'a Arc<crate::mrtr::Parked>,
-    /// Who may resume a parked call: the `--client` name, or "stdio".
-    principal: &'a str,
-}
-
-impl ModernRequest<'_> {
-    async fn answer(&self, id: &Id, out: &Outcome) {
-        let _ = self.out.send(Bytes::from(message::response(id, out))).await;
-    }
-
-    /// Validates and runs one stateless request (in a task of its own).
-    async fn serve(
-        &self,
-        id: Id,
-        method: String,
-        params: Option<Box<RawValue>>,
-        identity: Option<Arc<crate::auth::Identity>>,
-    ) {
-        let prepared = match modern::prepare(None, &method, params.as_deref(), |_| None) {
-            Ok(p) => p,
-            Err(r) => {
-                self.answer(&id, &Outcome::Error(message::error_object(r.code, &r.message, r.data)))
+/// Sends what the stateless flow answered: at once, or from a task of its own (a call,
+/// its rounds, a listen stream), each message as a line.
+async fn send_stateless(gw: &Arc<Gateway>, answer: Answer, out: &mpsc::Sender<Bytes>) {
+    let out = out.clone();
+    match answer {
+        Answer::Refused(id, e) => {
+            let _ = out.send(refuse(&id, e)).await;
+        }
+        Answer::Now(id, outcome) => {
+            let _ = out.send(Bytes::from(message::response(&id, &outcome))).await;
+        }
+        Answer::Call(call) => {
+            let gw = gw.clone();
+            tokio::spawn(async move {
+                let sink = Some(Sink::new(out.clone()));
+                let result = gw
+                    .request(&call.client, &call.id, &call.method, call.params, sink, call.parent)
                     .await;
-                return;
-            }
-        };
-        let private = self.gw.topology().auth.required();
-        let init = self.gw.initialize_result_for(None, identity.as_deref());
-        if method == "server/discover" {
-            self.answer(&id, &modern::discover(&init, private)).await;
-            return;
-        }
-        let key = id_key(&id);
-        if self.table.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&key) {
-            let err = message::error_object(
-                code::INVALID_REQUEST,
-                &format!("request id {key} is already in use"),
-                None,
-            );
-            self.answer(&id, &Outcome::Error(err)).await;
-            return;
-        }
-        if method == "subscriptions/listen" {
-            let filter =
-                match message::params_object(prepared.params.as_deref()).and_then(|p| listen::Filter::parse(&p)) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        self.answer(
-                            &id,
-                            &Outcome::Error(message::error_object(code::INVALID_PARAMS, &e, None)),
-                        )
-                        .await;
-                        return;
-                    }
-                };
-            static LISTENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-            let n = LISTENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let client = Client::new(format!("stdio:listen-{n}"))
-                .transport("pipe")
-                .stateless(prepared.capabilities, None);
-            let _ = client.protocol_version.set(modern::VERSION.to_owned());
-            client.set_identity(identity);
-            let cancel = CancellationToken::new();
-            self.table
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), Modern::Stop(cancel.clone()));
-            let l = listen::Listen {
-                gw: self.gw.clone(),
-                client: Arc::new(client),
-                id,
-                filter,
-                closing: self.closing.clone(),
-                cancel,
-                finish: Box::new(move |out| modern::finish("subscriptions/listen", out, &init, private, None)),
-            };
-            let (out, table) = (self.out.clone(), self.table.clone());
-            tokio::spawn(async move {
-                listen::run(l, out, Bytes::copy_from_slice, None).await;
-                table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-            });
-            return;
-        }
-        let client = Client::new("stdio")
-            .transport("pipe")
-            .stateless(prepared.capabilities, prepared.log_rank);
-        let _ = client.protocol_version.set(modern::VERSION.to_owned());
-        client.set_identity(identity);
-        if crate::mrtr::may_ask(&method) {
-            // Servers' questions come back as input_required (see crate::mrtr).
-            let started = crate::mrtr::Round {
-                gw: self.gw.clone(),
-                parked: self.parked.clone(),
-                id: id.clone(),
-                method,
-                principal: self.principal.to_owned(),
-                init,
-                private,
-                uri: prepared.uri,
-            }
-            .start(client, prepared.params, None);
-            let rounds = match started {
-                Ok(r) => r,
-                Err(refused) => {
-                    self.answer(&id, &refused).await;
-                    return;
+                drop(call.held);
+                // A cancelled request gets no answer.
+                if let Some(result) = result {
+                    let result = call.finish.apply(result);
+                    let _ = out.send(Bytes::from(message::response(&call.id, &result))).await;
                 }
-            };
-            let cancel = CancellationToken::new();
-            self.table
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), Modern::Stop(cancel.clone()));
-            let (out, table) = (self.out.clone(), self.table.clone());
+            });
+        }
+        Answer::Rounds(mut rounds) => {
             tokio::spawn(async move {
-                let mut rounds = Box::pin(rounds);
-                loop {
-                    // Cancelled: the rounds are dropped, which cancels the call; no answer.
-                    let next = tokio::select! {
-                        n = futures::StreamExt::next(&mut rounds) => n,
-                        _ = cancel.cancelled() => None,
-                    };
-                    let Some((last, m)) = next else { break };
+                // Cancelled: the rounds end, which cancels the call; no answer.
+                while let Some((last, m)) = futures::StreamExt::next(&mut rounds).await {
                     if out.send(m).await.is_err() || last {
                         break;
                     }
                 }
-                table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
             });
-            return;
         }
-        let client = Arc::new(client);
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), Modern::Call(client.clone()));
-        let (gw, out, table) = (self.gw.clone(), self.out.clone(), self.table.clone());
-        let uri = prepared.uri;
-        let hint = gw.catalog().hint(&method);
-        tokio::spawn(async move {
-            let result = gw
-                .request(
-                    &client,
-                    &id,
-                    &method,
-                    prepared.params,
-                    Some(Sink::new(out.clone())),
-                    None,
-                )
-                .await;
-            table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-            // A cancelled request gets no answer.
-            if let Some(result) = result {
-                let result = modern::finish_cached(&method, result, &init, private, uri.as_deref(), hint);
-                let _ = out.send(Bytes::from(message::response(&id, &result))).await;
-            }
-        });
+        Answer::Listen(l) => {
+            tokio::spawn(stateless::listen::run(l, out, Bytes::copy_from_slice, None));
+        }
     }
 }
 
 /// The identity `--client NAME` has in the config now (none without `--client`); an
 /// error answer when the name is no longer configured.
-fn client_identity(gw: &Gateway, as_client: Option<&str>) -> Result<Option<Arc<crate::auth::Identity>>, Outcome> {
+fn client_identity(gw: &Gateway, as_client: Option<&str>) -> Result<Option<Arc<crate::auth::Identity>>, Error> {
     let Some(name) = as_client else { return Ok(None) };
-    gw.topology().auth.client(name).map(Some).ok_or_else(|| {
-        Outcome::Error(message::error_object(
-            code::INVALID_REQUEST,
-            &format!("client {name:?} is no longer configured in gateway.toml"),
-            None,
-        ))
-    })
+    gw.topology()
+        .auth
+        .client(name)
+        .map(Some)
+        .ok_or_else(|| Error::invalid_request(format!("client {name:?} is no longer configured in gateway.toml")))
 }
 
 /// Writes each message as a line. A large answer is written in its parts; whatever was

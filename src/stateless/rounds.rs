@@ -1,29 +1,40 @@
-//! Multi round-trip requests (2026-07-28) for handshake-era downstreams.
+//! Rounds of questions and answers (2026-07-28 multi round-trip requests), for
+//! handshake-era downstreams.
 //!
 //! A handshake-era server asks its questions (`elicitation/create`, `sampling/createMessage`,
 //! `roots/list`) in the middle of a call; a 2026-07-28 client can only be asked through an
 //! `InputRequiredResult`. So a stateless `tools/call`, `prompts/get` or `resources/read`
 //! runs as a [`Call`]: a task of its own whose client hands the server's questions to the
-//! front end instead of refusing them. The front end races "question asked" against "call
-//! finished": a question answers the client's HTTP request with `resultType:
+//! flow instead of refusing them. A [`Round`] races "question asked" against "call
+//! finished": a question answers the client's request with `resultType:
 //! "input_required"`, the question(s) in `inputRequests` and a `requestState`, while the
 //! downstream call waits, [`Parked`] in this process. The client's retry (a new id, the
 //! same method and name/uri, `inputResponses` + the `requestState`) takes the call back:
 //! the answers go to the waiting questions and the call goes on, to its result or to
 //! further questions.
 //!
-//! `requestState` is `mcp-gateway.{call}.{round}.{expiry ms}.{HMAC-SHA256}`: the MAC (a random key per
-//! process) covers those and the method, name/uri and principal (auth identity, or IP) it
-//! was issued for, so a state is refused when tampered with, expired, presented for
-//! another request or by another principal, or used twice (each round's state is taken
-//! once). A parked call expires after `gateway.input_timeout` ([`crate::config::DEFAULT_INPUT_TIMEOUT`]) and is then cancelled downstream (its task
-//! is aborted). Parked calls live in one gateway process: a retry reaching another
-//! instance is refused. A `requestState` without the `mcp-gateway.` mark is not the
-//! gateway's: it is a 2026-07-28 server's own, and the retry goes to that server untouched.
+//! `requestState` is `mcp-gateway.{call}.{round}.{expiry ms}.{HMAC-SHA256}`: the MAC (a
+//! random key per process) covers those and the method, name/uri and principal (auth
+//! identity, or what the transport knows of the caller) it was issued for, so a state is
+//! refused when tampered with, expired, presented for another request or by another
+//! principal, or used twice (each round's state is taken once). A parked call expires
+//! after `gateway.input_timeout` ([`crate::config::DEFAULT_INPUT_TIMEOUT`]) and is then
+//! cancelled downstream (its task is aborted). Parked calls live in one gateway process:
+//! a retry reaching another instance is refused. A `requestState` without the
+//! `mcp-gateway.` mark is not the gateway's: it is a 2026-07-28 server's own, and the
+//! retry goes to that server untouched.
 
+// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
+// are the cold path, and boxing each would cost an allocation per refusal.
+#![allow(clippy::result_large_err)]
+
+use super::results::{invalid_state, Finish};
+use super::Tracked;
 use crate::client::Client;
 use crate::downstream::{Sink, SINK_QUEUE};
+use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};
+use crate::method::Method;
 use crate::router::Gateway;
 use bytes::Bytes;
 use ring::hmac;
@@ -33,6 +44,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 /// Marks a `requestState` the gateway minted; any other state is a server's own and
@@ -45,11 +57,6 @@ pub const MAX_PARKED: usize = 10_000;
 /// After a first question, how long other questions of the same moment are awaited, so
 /// questions asked together go out in one `inputRequests`.
 const SETTLE: Duration = Duration::from_millis(20);
-
-/// The methods that may answer `input_required`.
-pub fn may_ask(method: &str) -> bool {
-    matches!(method, "tools/call" | "prompts/get" | "resources/read")
-}
 
 /// A server's question during a stateless call, for the client.
 pub struct Question {
@@ -92,7 +99,7 @@ pub struct Call {
 /// What a call's `requestState` is bound to.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Binding {
-    pub method: String,
+    pub method: Method,
     /// `params.name` (tools/call, prompts/get) or `params.uri` (resources/read).
     pub target: String,
     /// The auth identity, or the caller's IP address without auth.
@@ -113,10 +120,10 @@ impl Call {
         let client = Arc::new(client.questions(qtx));
         let (sink, related) = mpsc::channel(SINK_QUEUE);
         let (done_tx, done) = oneshot::channel();
-        let method = binding.method.clone();
+        let method = binding.method;
         let task = tokio::spawn(async move {
             let out = gw
-                .request(&client, &id, &method, params, Some(Sink::new(sink)), parent)
+                .request(&client, &id, method.as_str(), params, Some(Sink::new(sink)), parent)
                 .await;
             let _ = done_tx.send(out);
         });
@@ -253,8 +260,8 @@ impl Parked {
 
     fn signed(call: &str, round: u64, expires: u64, b: &Binding) -> Vec<u8> {
         // Fields that cannot contain a newline first; the rest are length-prefixed.
-        let mut m = format!("mcp-gateway/mrtr/1\n{call}\n{round}\n{expires}\n").into_bytes();
-        for f in [&b.method, &b.target, &b.principal] {
+        let mut m = format!("mcp-gateway/request-state/1\n{call}\n{round}\n{expires}\n").into_bytes();
+        for f in [b.method.as_str(), b.target.as_str(), b.principal.as_str()] {
             m.extend_from_slice(format!("{}:", f.len()).as_bytes());
             m.extend_from_slice(f.as_bytes());
             m.push(b'\n');
@@ -341,14 +348,14 @@ pub struct Round {
     pub gw: Arc<Gateway>,
     pub parked: Arc<Parked>,
     pub id: Id,
-    pub method: String,
-    /// Who may resume the call: the auth identity, or the caller's IP address.
+    /// Who may resume the call: the auth identity, or what the transport knows of the caller.
     pub principal: String,
-    /// The gateway's `initialize` result (its serverInfo decorates results).
-    pub init: Outcome,
-    pub private: bool,
-    /// `params.uri` of a `resources/read`, for its not-found error.
-    pub uri: Option<String>,
+    /// Decorates the result, and the `input_required` that stands for it.
+    pub finish: Finish,
+    /// Cancelled: the round ends, which cancels the call, and nothing more is sent.
+    pub stop: Option<CancellationToken>,
+    /// Held until the round ends (its entry in a table of requests in flight).
+    pub(super) _held: Option<Tracked>,
 }
 
 impl Round {
@@ -362,13 +369,14 @@ impl Round {
         client: Client,
         params: Option<Box<RawValue>>,
         parent: Option<opentelemetry::Context>,
-    ) -> Result<impl futures::Stream<Item = (bool, Bytes)> + Send, Outcome> {
+    ) -> Result<impl futures::Stream<Item = (bool, Bytes)> + Send, Error> {
+        let method = self.finish.method;
         let mut p = message::params_object(params.as_deref()).unwrap_or_default();
         let state = p.remove("requestState");
         let responses = p.remove("inputResponses");
-        let field = if self.method == "resources/read" { "uri" } else { "name" };
+        let field = method.target_field().unwrap_or("name");
         let binding = Binding {
-            method: self.method.clone(),
+            method,
             target: p.get(field).and_then(Value::as_str).unwrap_or_default().to_owned(),
             principal: self.principal.clone(),
         };
@@ -390,13 +398,13 @@ impl Round {
                     (call, Some(previous))
                 }
                 Err(reason) => {
-                    tracing::warn!(method = %self.method, reason, "requestState refused");
-                    return Err(crate::front::modern::invalid_state());
+                    tracing::warn!(%method, reason, "requestState refused");
+                    return Err(invalid_state());
                 }
             },
             Some(_) => {
-                tracing::warn!(method = %self.method, "requestState refused: not a string");
-                return Err(crate::front::modern::invalid_state());
+                tracing::warn!(%method, "requestState refused: not a string");
+                return Err(invalid_state());
             }
         };
         let round = Arc::new(self);
@@ -404,27 +412,24 @@ impl Round {
             let round = round.clone();
             async move {
                 let (mut call, previous) = state?;
-                let out = match call.next().await {
+                let step = match &round.stop {
+                    None => call.next().await,
+                    Some(stop) => tokio::select! {
+                        step = call.next() => step,
+                        () = stop.cancelled() => return None,
+                    },
+                };
+                let out = match step {
                     Step::Related(m) => return Some(((false, m), Some((call, previous)))),
-                    Step::Done(out) => {
-                        let out = out.unwrap_or_else(|| {
-                            Outcome::Error(message::error_object(crate::error::code::REQUEST_CANCELLED, "request cancelled", None))
-                        });
-                        crate::front::modern::finish(
-                            &round.method,
-                            out,
-                            &round.init,
-                            round.private,
-                            round.uri.as_deref(),
-                        )
-                    }
+                    Step::Done(out) => round.finish.apply(out.unwrap_or_else(|| {
+                        Error::client(code::REQUEST_CANCELLED, "request cancelled").into()
+                    })),
                     Step::InputRequired(requests) => match round.parked.park(call, previous) {
-                        Some(state) => crate::front::modern::input_required(requests, state, &round.init),
-                        None => Outcome::Error(message::error_object(
-                            crate::message::code::INTERNAL_ERROR,
+                        Some(state) => round.finish.input_required(requests, state),
+                        None => Error::gateway(
                             "the server asked for input, but too many calls are waiting for input in mcp-gateway; try again later",
-                            None,
-                        )),
+                        )
+                        .into(),
                     },
                 };
                 Some(((true, Bytes::from(message::response(&round.id, &out))), None))
@@ -439,7 +444,7 @@ mod tests {
 
     fn binding(target: &str) -> Binding {
         Binding {
-            method: "tools/call".into(),
+            method: Method::ToolsCall,
             target: target.into(),
             principal: "alice".into(),
         }

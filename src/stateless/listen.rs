@@ -1,6 +1,5 @@
 //! `subscriptions/listen` (2026-07-28): one request whose answer is a stream of
-//! notifications, on the HTTP front (an SSE response) and the stdio front (lines tagged
-//! with the subscription id).
+//! notifications, on any front (HTTP sends it as an SSE response, stdio as lines).
 //!
 //! The stream starts with `notifications/subscriptions/acknowledged` (the filter the
 //! gateway agreed to honor), then carries the gateway's `notifications/{tools,prompts,
@@ -18,6 +17,8 @@
 //! id in `_meta`; an abrupt one (the client went away, cancelled it, or could not keep
 //! up with the broadcast) sends nothing more.
 
+use super::results::Finish;
+use super::{Counted, Tracked};
 use crate::client::Client;
 use crate::message::{self, Id, Outcome};
 use crate::router::Gateway;
@@ -94,7 +95,10 @@ pub struct Listen {
     /// Cancelled when the client cancels the stream: it ends without a response.
     pub cancel: CancellationToken,
     /// Decorates the final (graceful) result.
-    pub finish: Box<dyn FnOnce(Outcome) -> Outcome + Send>,
+    pub finish: Finish,
+    /// Held while the stream is open (its place among the open streams, or in a table
+    /// of requests in flight).
+    pub(super) _held: (Option<Counted>, Option<Tracked>),
 }
 
 /// Forgets the stream's client when the stream ends, whatever way.
@@ -180,7 +184,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
                 meta.insert_id(META_SUBSCRIPTION_ID, &l.id);
                 let mut result = message::Members::new();
                 result.insert_members("_meta", &meta);
-                let done = (l.finish)(Outcome::Result(result.into_raw().into()));
+                let done = l.finish.apply(Outcome::Result(result.into_raw().into()));
                 let _ = out.send(frame(&message::response(&l.id, &done))).await;
                 return;
             }

@@ -1,0 +1,327 @@
+//! A request's answer: JSON when nothing has to be sent before it, else an SSE stream
+//! (its related messages, then the answer), resumable for a session.
+
+use super::session::Session;
+use super::{json_response, reject, Http};
+use crate::downstream::{Sink, SINK_QUEUE};
+use crate::error::{code, Error};
+use crate::message::{self, Id, Kind, Outcome};
+use crate::router::Client;
+use crate::stateless::Finish;
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// A call of a 2025-11-25 session not answered within this long is answered on SSE (it
+/// starts with the priming event), so a dropped connection can be resumed.
+const SSE_AFTER: Duration = Duration::from_millis(100);
+
+/// An answer as SSE: `first`, then the rest of the messages (the response last).
+pub(super) fn sse_answer(
+    first: bytes::Bytes,
+    rest: impl futures::Stream<Item = bytes::Bytes> + Send + 'static,
+) -> Response {
+    let events = futures::stream::once(async move { first })
+        .chain(rest)
+        .map(|m| Ok::<_, std::io::Error>(bytes::Bytes::from(event(&m))));
+    sse_response(Body::from_stream(events))
+}
+
+/// The outcome of a request its client cancelled.
+pub(super) fn cancelled() -> Outcome {
+    Error::client(code::REQUEST_CANCELLED, "request cancelled by the client").into()
+}
+
+pub(super) fn task_failed() -> Response {
+    reject(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        code::INTERNAL_ERROR,
+        "request task failed",
+    )
+    .into_response()
+}
+
+/// A stateless answer as JSON. -32020, -32021 and -32022 (a server's own included) are
+/// 400 on HTTP in 2026-07-28.
+pub(super) fn stateless_json(answer: bytes::Bytes) -> Response {
+    let status = match Kind::parse(&answer) {
+        Ok(Kind::Response {
+            outcome: Outcome::Error(e),
+            ..
+        }) if matches!(
+            message::error_summary(&e).0,
+            code::UNSUPPORTED_VERSION..=code::HEADER_MISMATCH
+        ) =>
+        {
+            StatusCode::BAD_REQUEST
+        }
+        _ => StatusCode::OK,
+    };
+    (status, json_response(answer)).into_response()
+}
+
+/// Runs one request; answers with JSON if nothing else has to be sent first, else SSE.
+/// With `session`, an SSE answer is resumable (see [`session_sse`]); `sse_ok`: its Accept
+/// admits `text/event-stream`, so a slow call of a 2025-11-25 session may switch to SSE.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn request(
+    http: Http,
+    client: Arc<Client>,
+    id: Id,
+    method: String,
+    params: Option<Box<serde_json::value::RawValue>>,
+    parent: Option<opentelemetry::Context>,
+    finish: Option<Finish>,
+    session: Option<(&Arc<Session>, bool)>,
+) -> Response {
+    let (sink, mut related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
+    let gw = http.gw.clone();
+    let stateless = finish.is_some();
+    let mut task = Detached(Some(Box::pin(async move {
+        let out = gw
+            .request(&client, &id, &method, params, Some(Sink::new(sink)), parent)
+            .await;
+        let out = out.unwrap_or_else(cancelled);
+        let out = match finish {
+            Some(f) => f.apply(out),
+            None => out,
+        };
+        message::Answer::new(&id, out)
+    })));
+    // The request runs right here, without a task of its own, until the first thing to
+    // send is known: the answer (the usual case: plain JSON), or a related message (then
+    // it moves to a task, and the answer follows on an SSE stream). A 2025-11-25 session's
+    // call still running after SSE_AFTER moves too: its stream starts with the priming
+    // event, so the client can resume it. Other sessions never arm the timer.
+    enum First {
+        Answer(message::Answer),
+        Related(bytes::Bytes),
+        Slow,
+    }
+    let slow = session.is_some_and(|(s, sse_ok)| sse_ok && s.priming);
+    let first = {
+        let Some(fut) = task.0.as_mut() else {
+            return task_failed();
+        };
+        let mut open = true;
+        let wait = async {
+            if slow {
+                tokio::time::sleep(SSE_AFTER).await
+            }
+        };
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                biased;
+                m = related.recv(), if open => match m {
+                    Some(m) => break First::Related(m),
+                    None => open = false,
+                },
+                out = &mut *fut => break First::Answer(out),
+                () = &mut wait, if slow => break First::Slow,
+            }
+        }
+    };
+    match first {
+        First::Answer(answer) => {
+            task.0 = None;
+            match related.try_recv() {
+                // (A large answer is a result, never one of the errors that change the status.)
+                Err(_) if stateless && matches!(answer, message::Answer::Whole(_)) => {
+                    stateless_json(answer.into_vec().into())
+                }
+                Err(_) => json_response(answer_body(answer)),
+                // Related messages queued before the answer go out before it, on SSE.
+                Ok(m) => {
+                    let rest = std::iter::from_fn(move || related.try_recv().ok());
+                    let answer = answer.into_vec().into();
+                    let rest = futures::stream::iter(rest.chain(std::iter::once(answer)));
+                    match session {
+                        Some((s, _)) => session_sse(s, Some(m), rest),
+                        None => sse_answer(m, rest),
+                    }
+                }
+            }
+        }
+        First::Related(_) | First::Slow => {
+            let (done_tx, done) = oneshot::channel::<Vec<u8>>();
+            if let Some(fut) = task.0.take() {
+                tokio::spawn(async move {
+                    let _ = done_tx.send(fut.await.into_vec());
+                });
+            }
+            let m = match first {
+                First::Related(m) => Some(m),
+                _ => None,
+            };
+            let rest = outgoing(related, done).map(|(_, m)| m);
+            match (session, m) {
+                (Some((s, _)), m) => session_sse(s, m, rest),
+                (None, Some(m)) => sse_answer(m, rest),
+                (None, None) => task_failed(),
+            }
+        }
+    }
+}
+
+/// A session's SSE answer, resumable: the priming event first (2025-11-25 and later),
+/// then `first` and `rest` as events with ids, kept for replay (see [`crate::front::replay`]). A task
+/// sends them, so a client that drops the connection does not stop the call: it runs on
+/// until answered (or its server's timeout, or the session's end), its events kept, and
+/// a GET with `Last-Event-ID` picks the stream up where the client lost it.
+fn session_sse(
+    session: &Arc<Session>,
+    first: Option<bytes::Bytes>,
+    rest: impl futures::Stream<Item = bytes::Bytes> + Send + 'static,
+) -> Response {
+    let replay = session.replay();
+    let (stream, live) = replay.open_post();
+    let priming = session.priming.then(|| replay.priming(stream));
+    tokio::spawn(async move {
+        if let Some(m) = first {
+            replay.record(stream, &m);
+        }
+        let mut rest = std::pin::pin!(rest);
+        while let Some(m) = rest.next().await {
+            replay.record(stream, &m);
+        }
+        replay.finish(stream);
+    });
+    sse_response(Body::from_stream(live_body(priming, Vec::new(), Some(live))))
+}
+
+/// An SSE body: the priming event, `frames`, then whatever arrives on `live`.
+pub(super) fn live_body(
+    priming: Option<bytes::Bytes>,
+    frames: Vec<bytes::Bytes>,
+    live: Option<mpsc::Receiver<bytes::Bytes>>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
+    let head = futures::stream::iter(priming.into_iter().chain(frames));
+    let tail = futures::stream::unfold(live, |live| async move {
+        let mut rx = live?;
+        let m = rx.recv().await?;
+        Some((m, Some(rx)))
+    });
+    head.chain(tail).map(Ok::<_, std::io::Error>)
+}
+
+/// A request still running, with the answer it will make. Dropped unfinished (the client
+/// went away), it goes on in a task of its own, as if it had been spawned.
+struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = message::Answer> + Send>>>);
+
+/// A JSON answer's body. A large result goes to the socket from its own buffer, after the
+/// head and before the closing brace, with its length known (Content-Length).
+fn answer_body(answer: message::Answer) -> Body {
+    match answer {
+        message::Answer::Whole(v) => Body::from(v),
+        message::Answer::Parts(head, result) => Body::new(Chunks::new([
+            bytes::Bytes::from(head),
+            result,
+            bytes::Bytes::from_static(b"}"),
+        ])),
+    }
+}
+
+/// A body of a few buffers sent as they are, with their total length known.
+struct Chunks {
+    parts: std::collections::VecDeque<bytes::Bytes>,
+    left: u64,
+}
+
+impl Chunks {
+    fn new<const N: usize>(parts: [bytes::Bytes; N]) -> Chunks {
+        let left = parts.iter().map(|b| b.len() as u64).sum();
+        Chunks {
+            parts: parts.into_iter().filter(|b| !b.is_empty()).collect(),
+            left,
+        }
+    }
+}
+
+impl axum::body::HttpBody for Chunks {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let next = this.parts.pop_front().map(|b| {
+            this.left -= b.len() as u64;
+            Ok(hyper::body::Frame::data(b))
+        });
+        std::task::Poll::Ready(next)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(fut) = self.0.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    fut.await;
+                });
+            }
+        }
+    }
+}
+
+/// What one request sends back, in order: related messages, then the answer (flagged
+/// `true`). Related messages queued before the answer always go out before it.
+fn outgoing(
+    related: mpsc::Receiver<bytes::Bytes>,
+    done: oneshot::Receiver<Vec<u8>>,
+) -> impl futures::Stream<Item = (bool, bytes::Bytes)> {
+    enum Answer {
+        Pending(oneshot::Receiver<Vec<u8>>),
+        Ready(Vec<u8>),
+        Sent,
+    }
+    futures::stream::unfold((related, Answer::Pending(done)), |(mut rx, answer)| async move {
+        match answer {
+            Answer::Sent => None,
+            Answer::Ready(out) => match rx.try_recv() {
+                Ok(m) => Some(((false, m), (rx, Answer::Ready(out)))),
+                Err(_) => Some(((true, bytes::Bytes::from(out)), (rx, Answer::Sent))),
+            },
+            Answer::Pending(mut done) => tokio::select! {
+                biased;
+                Some(m) = rx.recv() => Some(((false, m), (rx, Answer::Pending(done)))),
+                out = &mut done => {
+                    let out = out.ok()?;
+                    match rx.try_recv() {
+                        Ok(m) => Some(((false, m), (rx, Answer::Ready(out)))),
+                        Err(_) => Some(((true, bytes::Bytes::from(out)), (rx, Answer::Sent))),
+                    }
+                }
+            },
+        }
+    })
+}
+
+/// One JSON-RPC message framed as an SSE `message` event.
+pub(super) fn event(json: &[u8]) -> Vec<u8> {
+    crate::front::replay::message_event(None, json)
+}
+
+pub(super) fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}

@@ -1,0 +1,237 @@
+//! Handshake-era sessions: the table, `initialize` (which opens one), its owner's share
+//! of the sessions, expiry, and DELETE (which ends one).
+
+// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
+// are the cold path, and boxing each would cost an allocation per refusal.
+#![allow(clippy::result_large_err)]
+
+use super::checks::admit_bodyless;
+use super::{json_response, refuse, reject, Http, SESSION_HEADER};
+use crate::auth::Identity;
+use crate::error::{code, Error};
+use crate::front::replay::Replay;
+use crate::message::{self, Id, Outcome};
+use crate::router::Client;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+/// One handshake-era client session.
+pub(super) struct Session {
+    pub(super) client: Arc<Client>,
+    /// The identity that opened it, when auth is configured; nobody else may use it.
+    pub(super) owner: Option<String>,
+    /// Whose share of `gateway.max_sessions_per_client` it is (see [`share_of`]).
+    pub(super) share: Arc<str>,
+    pub(super) protocol_version: String,
+    /// Milliseconds since the gateway started, at the last request.
+    pub(super) last_seen: AtomicU64,
+    /// A GET stream is open; server-initiated messages go to exactly one stream.
+    pub(super) get_open: AtomicBool,
+    /// The open GET stream's connection: its number, and how to end it (a GET resuming
+    /// the stream takes it over from a connection the gateway has not seen die yet).
+    pub(super) get_conn: std::sync::Mutex<Option<(u64, CancellationToken)>>,
+    /// Its SSE streams' events, for `Last-Event-ID`; made by its first SSE stream.
+    pub(super) replay: std::sync::OnceLock<Arc<Replay>>,
+    /// Its protocol version (2025-11-25 or later) has priming events and `retry`.
+    pub(super) priming: bool,
+}
+
+impl Session {
+    pub(super) fn replay(&self) -> Arc<Replay> {
+        self.replay.get_or_init(Default::default).clone()
+    }
+}
+
+/// The first protocol version whose SSE streams start with a priming event.
+pub(super) const PRIMING_SINCE: &str = "2025-11-25";
+
+impl Http {
+    /// Ends sessions idle for longer than `gateway.session_idle`; run periodically.
+    pub fn expire_idle(&self) {
+        let now = self.now_ms();
+        let idle = u64::try_from(self.gw.config().gateway.session_idle.as_millis()).unwrap_or(u64::MAX);
+        let expired: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|s| {
+                !s.get_open.load(Ordering::Relaxed) && now.saturating_sub(s.last_seen.load(Ordering::Relaxed)) >= idle
+            })
+            .map(|s| s.key().clone())
+            .collect();
+        for id in expired {
+            info!(session = %id, "session expired");
+            self.end_session(&id);
+        }
+    }
+
+    /// Ends a session: its requests are cancelled and its subscriptions dropped.
+    pub fn end_session(&self, sid: &str) {
+        if let Some((_, s)) = self.sessions.remove(sid) {
+            self.release_share(&s.share);
+            s.client.cancel_all();
+            let (gw, client) = (self.gw.clone(), s.client.clone());
+            tokio::spawn(async move { gw.forget_client(&client).await });
+        }
+    }
+
+    /// Counts one more session for `share`, unless it already has `max`.
+    fn take_share(&self, share: &Arc<str>, max: usize) -> bool {
+        let mut n = self.shares.entry(share.clone()).or_insert(0);
+        if *n >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release_share(&self, share: &Arc<str>) {
+        if let Some(mut n) = self.shares.get_mut(share) {
+            *n = n.saturating_sub(1);
+        }
+        self.shares.remove_if(share, |_, n| *n == 0);
+    }
+}
+
+/// Finds the session a request names: 400 without the header, 404 when unknown or
+/// when it belongs to another identity (not found, for them).
+pub(super) fn session(
+    http: &Http,
+    headers: &HeaderMap,
+    who: Option<&Arc<Identity>>,
+) -> Result<(String, Arc<Session>), Error> {
+    let Some(id) = headers.get(&SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
+        return Err(reject(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "missing Mcp-Session-Id header: send initialize first",
+        ));
+    };
+    match http.sessions.get(id) {
+        Some(s) if s.owner.as_deref() == who.map(|i| i.name.as_str()) => {
+            s.last_seen.store(http.now_ms(), Ordering::Relaxed);
+            if who.is_some() {
+                // The same name, with the policy of the config now in force.
+                s.client.set_identity(who.cloned());
+            }
+            Ok((id.to_owned(), s.clone()))
+        }
+        _ => Err(reject(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "unknown or ended session",
+        )),
+    }
+}
+
+/// 128 bits from the OS CSPRNG, as 32 hex characters.
+pub(super) fn new_session_id() -> String {
+    use rand::RngCore;
+    // ThreadRng is a CSPRNG (ChaCha12) seeded from the OS.
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Whose share of the sessions one belongs to: the authenticated client's name, or with
+/// no auth the caller's address (behind a proxy, every caller has the proxy's).
+pub(super) fn share_of(who: Option<&Identity>, peer: Option<std::net::IpAddr>) -> Arc<str> {
+    match (who, peer) {
+        (Some(i), _) => format!("client '{}'", i.name).into(),
+        (None, Some(ip)) => format!("address {ip}").into(),
+        (None, None) => "an unknown address".into(),
+    }
+}
+
+pub(super) fn initialize(
+    http: &Http,
+    id: &Id,
+    params: Option<&serde_json::value::RawValue>,
+    who: Option<Arc<Identity>>,
+    peer: Option<std::net::IpAddr>,
+) -> Response {
+    // Like any other request of the client: over its rate limits, the same -32029.
+    if let Err(limited) = http.gw.admit_initialize(who.as_deref()) {
+        return json_response(message::response(id, &limited));
+    }
+    let config = http.gw.config();
+    let max = config.gateway.max_sessions;
+    if http.sessions.len() >= max {
+        return refuse(
+            id,
+            reject(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::INTERNAL_ERROR,
+                format!("the gateway has {max} open sessions, its limit (gateway.max_sessions); end one or try later"),
+            ),
+        );
+    }
+    let share = share_of(who.as_deref(), peer);
+    let per_client = config.gateway.max_sessions_per_client;
+    if !http.take_share(&share, per_client) {
+        return refuse(id, reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::INTERNAL_ERROR,
+            format!(
+                "{share} has {per_client} open sessions, its limit (gateway.max_sessions_per_client); end one or try later"
+            ),
+        ));
+    }
+    let outcome = http.gw.initialize_result_for(params, who.as_deref());
+    let version = match &outcome {
+        Outcome::Result(r) => serde_json::from_str::<Value>(r.get())
+            .ok()
+            .and_then(|v| v.get("protocolVersion").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_default(),
+        Outcome::Error(_) => String::new(),
+    };
+    let sid = new_session_id();
+    let owner = who.as_ref().map(|i| i.name.clone());
+    let client_name = owner.clone();
+    let session = Session {
+        client: {
+            let c = Arc::new(Client::new(sid.clone()));
+            c.set_capabilities(params);
+            let _ = c.protocol_version.set(version.clone());
+            c.set_identity(who);
+            c
+        },
+        owner,
+        share,
+        protocol_version: version.clone(),
+        last_seen: AtomicU64::new(http.now_ms()),
+        get_open: AtomicBool::new(false),
+        get_conn: std::sync::Mutex::new(None),
+        replay: std::sync::OnceLock::new(),
+        priming: version.as_str() >= PRIMING_SINCE,
+    };
+    http.sessions.insert(sid.clone(), Arc::new(session));
+    match &client_name {
+        Some(client) => info!(session = %sid, %version, %client, "session opened"),
+        None => info!(session = %sid, %version, "session opened"),
+    }
+    let mut resp = json_response(message::response(id, &outcome));
+    if let Ok(v) = HeaderValue::from_str(&sid) {
+        resp.headers_mut().insert(SESSION_HEADER.clone(), v);
+    }
+    resp
+}
+
+pub(super) async fn delete(State(http): State<Http>, req: axum::extract::Request) -> Response {
+    let (headers, who) = match admit_bodyless(&http, req).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
+    let (sid, _) = match session(&http, &headers, who.as_ref()) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    info!(session = %sid, "session ended by the client");
+    http.end_session(&sid);
+    StatusCode::OK.into_response()
+}

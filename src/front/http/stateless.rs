@@ -1,0 +1,94 @@
+//! The HTTP adapter of the 2026-07-28 flow ([`crate::stateless`]): a sessionless POST
+//! of that revision gives the flow its headers, and its answer goes back as JSON, or as
+//! SSE (related messages first, a listen stream).
+
+use super::answer::{self, event, sse_answer, sse_response, stateless_json, task_failed};
+use super::checks::Accepted;
+use super::{json_response, refuse, reject, Http, KEEPALIVE};
+use crate::auth::Identity;
+use crate::downstream::SINK_QUEUE;
+use crate::error::code;
+use crate::message::{self, Kind};
+use crate::stateless::{self, Answer, Headers};
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+impl Headers for HeaderMap {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(|v| v.as_bytes())
+    }
+}
+
+/// A 2026-07-28 request, run as an ephemeral client named after the caller's identity
+/// (with auth) or IP address.
+pub(super) async fn serve(
+    http: Http,
+    headers: &HeaderMap,
+    accept: Option<Accepted>,
+    msg: Kind,
+    who: Option<Arc<Identity>>,
+    peer: Option<std::net::IpAddr>,
+) -> Response {
+    let (id, method, params) = match msg {
+        Kind::Request { id, method, params } => (id, method, params),
+        // No client notification is defined for 2026-07-28 over HTTP: accepted, ignored.
+        Kind::Notification { .. } => return StatusCode::ACCEPTED.into_response(),
+        Kind::Response { .. } => {
+            return reject(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                "a 2026-07-28 client sends no responses (servers ask nothing of it here)",
+            )
+            .into_response()
+        }
+    };
+    let principal = match (&who, peer) {
+        (Some(i), _) => i.name.clone(),
+        (None, Some(ip)) => ip.to_string(),
+        (None, None) => "unknown".to_owned(),
+    };
+    let request = stateless::Request {
+        id,
+        method,
+        params,
+        headers: Some(headers),
+        identity: who,
+        client: format!("stateless:{principal}"),
+        principal,
+        parent: crate::telemetry::from_headers(headers),
+        streams: accept.is_some_and(|a| a.sse),
+    };
+    match http.stateless.serve(request) {
+        Answer::Refused(id, e) => refuse(&id, e),
+        Answer::Now(id, outcome) => json_response(message::response(&id, &outcome)),
+        Answer::Call(c) => {
+            answer::request(http, c.client, c.id, c.method, c.params, c.parent, Some(c.finish), None).await
+        }
+        // Closing the response cancels the call.
+        Answer::Rounds(mut rounds) => match rounds.next().await {
+            Some((true, answer)) => stateless_json(answer),
+            Some((false, first)) => sse_answer(first, rounds.map(|(_, m)| m)),
+            None => task_failed(),
+        },
+        // An SSE stream with keep-alive comments; it ends gracefully at shutdown.
+        Answer::Listen(l) => {
+            let (tx, rx) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
+            let keepalive = Some((KEEPALIVE, bytes::Bytes::from_static(b": keep-alive\n\n")));
+            tokio::spawn(stateless::listen::run(
+                l,
+                tx,
+                |m| bytes::Bytes::from(event(m)),
+                keepalive,
+            ));
+            let frames = futures::stream::unfold(rx, |mut rx| async move {
+                let m = rx.recv().await?;
+                Some((Ok::<_, std::io::Error>(m), rx))
+            });
+            sse_response(Body::from_stream(frames))
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The 2026-07-28 revision (stateless): its whole request flow, for any front.
+//!
+//! A request of this revision needs no session: the protocol version and the client's
+//! capabilities come with every request, in `params._meta`. A front adapts its transport
+//! and calls [`Stateless::serve`] once per request: HTTP gives its headers (an
+//! [`envelope::Headers`] adapter), stdio gives none. The front then sends the [`Answer`]:
+//! an error or an outcome at once, a [`Call`] it runs the way it runs any request, the
+//! [`rounds`] of a call whose server may ask questions, or a [`listen`] stream.
+//!
+//! The flow: [`envelope::check`] validates the request (`_meta`, and the `Mcp-*` headers
+//! against the body where there are headers); `server/discover` is answered at once;
+//! `subscriptions/listen` becomes a [`listen::Listen`] stream (`server/discover` advertises
+//! `listChanged` and `subscribe` as `initialize` does); `tools/call`, `prompts/get` and
+//! `resources/read` run as [`rounds::Round`]s: servers' questions come back as
+//! `input_required`, and a retry with the `requestState` resumes the parked call (a
+//! 2026-07-28 server's own `input_required` and `requestState` pass through untouched,
+//! see [`crate::downstream::stateless`]); anything else is one call to the router. Every
+//! result is decorated the revision's way ([`Finish`]).
+//!
+//! Each request runs as an ephemeral [`Client`] named by the front (after the caller's
+//! identity with auth, or its address), so rate limits and per-session server processes
+//! key on that. On a transport that cancels by id (stdio: `notifications/cancelled`), the
+//! requests in flight are kept by id ([`Stateless::cancel`]); over HTTP a request is
+//! cancelled by closing its connection.
+
+pub mod envelope;
+pub mod listen;
+mod results;
+pub mod rounds;
+
+pub use envelope::Headers;
+pub use results::Finish;
+pub use rounds::Question;
+
+use crate::auth::Identity;
+use crate::error::Error;
+use crate::message::{self, id_key, Id, Outcome};
+use crate::method::Method;
+use crate::router::{Client, Gateway};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// The one stateless revision served.
+pub const VERSION: &str = "2026-07-28";
+
+/// Every version the gateway serves: this one statelessly, the rest with `initialize`.
+pub fn supported_versions() -> Vec<&'static str> {
+    let mut all = vec![VERSION];
+    all.extend_from_slice(crate::router::SUPPORTED_VERSIONS);
+    all
+}
+
+/// What the flow needs to know of a front's transport.
+pub struct Transport {
+    /// `network.transport` on its clients' spans: `tcp` or `pipe`.
+    pub name: &'static str,
+    /// Listen streams open at once are at most `gateway.max_sessions`.
+    pub bound_listens: bool,
+    /// Requests are cancelled with `notifications/cancelled` naming their id (so an id is
+    /// in flight once at most), not by closing a connection.
+    pub cancel_by_id: bool,
+}
+
+/// One request of this revision, as a front read it.
+pub struct Request<'a> {
+    pub id: Id,
+    pub method: String,
+    pub params: Option<Box<RawValue>>,
+    /// The transport's headers, checked against the body; none: a transport without any.
+    pub headers: Option<&'a dyn Headers>,
+    /// Who the caller is, when auth is configured.
+    pub identity: Option<Arc<Identity>>,
+    /// Who may resume a parked call: the identity's name, or what the transport knows of
+    /// the caller.
+    pub principal: String,
+    /// The id of the request's ephemeral client (logs and spans).
+    pub client: String,
+    /// The caller's trace context.
+    pub parent: Option<opentelemetry::Context>,
+    /// The transport can answer with a stream (over HTTP: Accept admits it).
+    pub streams: bool,
+}
+
+/// What the front sends for a request.
+pub enum Answer {
+    /// Refused before anything ran.
+    Refused(Id, Error),
+    /// The whole answer, now.
+    Now(Id, Outcome),
+    /// A call to the router, run by the front.
+    Call(Call),
+    /// A call whose server may ask questions: what to send, in order (related messages,
+    /// then the response, flagged `true`). Dropping it before its end cancels the call.
+    Rounds(std::pin::Pin<Box<dyn futures::Stream<Item = (bool, bytes::Bytes)> + Send>>),
+    /// A `subscriptions/listen` stream, for [`listen::run`].
+    Listen(listen::Listen),
+}
+
+/// A call the front runs (related messages to its sink), then answers with
+/// `finish` applied to its outcome.
+pub struct Call {
+    pub client: Arc<Client>,
+    pub id: Id,
+    pub method: String,
+    pub params: Option<Box<RawValue>>,
+    pub parent: Option<opentelemetry::Context>,
+    pub finish: Finish,
+    /// Its entry in the table of requests in flight, until it is answered.
+    pub held: Option<Tracked>,
+}
+
+/// A request in flight on a transport that cancels by id.
+enum InFlight {
+    /// Cancelled through its client (the router cancels the downstream call).
+    Call(Arc<Client>),
+    /// A listen stream, or a call that may ask questions: ends when cancelled.
+    Stop(CancellationToken),
+}
+
+type Table = Arc<Mutex<HashMap<String, InFlight>>>;
+
+/// A request's entry in the table of requests in flight, removed when dropped.
+pub struct Tracked {
+    table: Table,
+    key: String,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
+    }
+}
+
+/// One open listen stream, counted while it lives.
+pub(crate) struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A listen request, between its checks and its stream.
+struct Listening {
+    id: Id,
+    params: Option<Box<RawValue>>,
+    capabilities: serde_json::Map<String, Value>,
+    /// The request's client id; the stream's own client is named after it.
+    client: String,
+    identity: Option<Arc<Identity>>,
+    finish: Finish,
+    streams: bool,
+    /// Its key in the table of requests in flight.
+    key: Option<String>,
+}
+
+/// The flow's state on one front: calls parked between rounds, open listen streams,
+/// requests in flight by id.
+pub struct Stateless {
+    gw: Arc<Gateway>,
+    transport: Transport,
+    parked: Arc<rounds::Parked>,
+    /// Cancelled when the front closes: listen streams end gracefully.
+    closing: CancellationToken,
+    listening: Arc<AtomicUsize>,
+    inflight: Table,
+}
+
+impl Stateless {
+    pub fn new(gw: Arc<Gateway>, transport: Transport, closing: CancellationToken) -> Stateless {
+        // Read once: a reload's input_timeout applies after a restart.
+        let parked = rounds::Parked::new(gw.config().gateway.input_timeout);
+        Stateless {
+            gw,
+            transport,
+            parked,
+            closing,
+            listening: Arc::new(AtomicUsize::new(0)),
+            inflight: Arc::default(),
+        }
+    }
+
+    /// Validates one request and says what to send for it.
+    pub fn serve(&self, r: Request<'_>) -> Answer {
+        let Request {
+            id,
+            method,
+            params,
+            headers,
+            identity,
+            principal,
+            client,
+            parent,
+            streams,
+        } = r;
+        let m = Method::parse(&method);
+        let topo = self.gw.topology();
+        // A tool the caller's allowlist hides is not looked at (it is answered as unknown).
+        let tool_schema = |name: &str| -> Option<Value> {
+            if !identity.as_ref().is_none_or(|i| i.permits(name)) {
+                return None;
+            }
+            let route = topo.catalog.tools.get(name)?;
+            let state = topo.servers.get(route.server)?.state();
+            let tool = state
+                .lists
+                .tools
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some(&route.name))?;
+            tool.get("inputSchema").cloned()
+        };
+        let env = match envelope::check(headers, &method, m, params.as_deref(), tool_schema) {
+            Ok(e) => e,
+            Err(e) => return Answer::Refused(id, e),
+        };
+        let private = topo.auth.required();
+        let init = self.gw.initialize_result_for(None, identity.as_deref());
+        if m == Method::ServerDiscover {
+            return Answer::Now(id, results::discover(&init, private));
+        }
+        let key = self.transport.cancel_by_id.then(|| id_key(&id));
+        if let Some(key) = &key {
+            if self
+                .inflight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(key)
+            {
+                return Answer::Refused(
+                    id,
+                    Error::invalid_request(format!("request id {key} is already in use")),
+                );
+            }
+        }
+        let finish = Finish {
+            method: m,
+            init,
+            private,
+            uri: env.uri,
+            hint: topo.catalog.hint(&method),
+        };
+        if m == Method::SubscriptionsListen {
+            let listen = Listening {
+                id,
+                params: env.params,
+                capabilities: env.capabilities,
+                client,
+                identity,
+                finish,
+                streams,
+                key,
+            };
+            return self.listen(listen);
+        }
+        let client = self.client(client, env.capabilities, env.log_rank, identity);
+        if m.may_ask() {
+            let stop = key.is_some().then(CancellationToken::new);
+            let held = stop
+                .as_ref()
+                .and_then(|s| self.track(key, || InFlight::Stop(s.clone())));
+            let round = rounds::Round {
+                gw: self.gw.clone(),
+                parked: self.parked.clone(),
+                id: id.clone(),
+                principal,
+                finish,
+                stop,
+                _held: held,
+            };
+            return match round.start(client, env.params, parent) {
+                Ok(rounds) => Answer::Rounds(Box::pin(rounds)),
+                Err(e) => Answer::Refused(id, e),
+            };
+        }
+        let client = Arc::new(client);
+        let held = self.track(key, || InFlight::Call(client.clone()));
+        Answer::Call(Call {
+            client,
+            id,
+            method,
+            params: env.params,
+            parent,
+            finish,
+            held,
+        })
+    }
+
+    /// A `subscriptions/listen` that passed the envelope's checks.
+    fn listen(&self, l: Listening) -> Answer {
+        let id = l.id;
+        if !l.streams {
+            let e =
+                Error::invalid_request("subscriptions/listen answers with a stream: send Accept: text/event-stream")
+                    .with_status(406);
+            return Answer::Refused(id, e);
+        }
+        let filter = match message::params_object(l.params.as_deref()).and_then(|p| listen::Filter::parse(&p)) {
+            Ok(f) => f,
+            Err(e) => return Answer::Refused(id, Error::invalid_params(e)),
+        };
+        let max = self
+            .transport
+            .bound_listens
+            .then(|| self.gw.config().gateway.max_sessions);
+        let counted = match max {
+            None => None,
+            Some(max) if self.listening.fetch_add(1, Ordering::Relaxed) >= max => {
+                self.listening.fetch_sub(1, Ordering::Relaxed);
+                let e = Error::gateway(format!(
+                    "the gateway has {max} open listen streams, its limit (gateway.max_sessions); close one or try later"
+                ))
+                .with_status(503);
+                return Answer::Refused(id, e);
+            }
+            Some(_) => Some(Counted(self.listening.clone())),
+        };
+        static LISTENS: AtomicU64 = AtomicU64::new(1);
+        let n = LISTENS.fetch_add(1, Ordering::Relaxed);
+        let client = self.client(format!("{}:listen-{n}", l.client), l.capabilities, None, l.identity);
+        let cancel = CancellationToken::new();
+        let tracked = self.track(l.key, || InFlight::Stop(cancel.clone()));
+        Answer::Listen(listen::Listen {
+            gw: self.gw.clone(),
+            client: Arc::new(client),
+            id,
+            filter,
+            closing: self.closing.clone(),
+            cancel,
+            finish: l.finish,
+            _held: (counted, tracked),
+        })
+    }
+
+    /// Enters a request in the table of requests in flight, under `key` (none: this
+    /// transport does not cancel by id).
+    fn track(&self, key: Option<String>, entry: impl FnOnce() -> InFlight) -> Option<Tracked> {
+        let key = key?;
+        let table = self.inflight.clone();
+        table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), entry());
+        Some(Tracked { table, key })
+    }
+
+    /// The request's ephemeral client.
+    fn client(
+        &self,
+        id: String,
+        capabilities: serde_json::Map<String, Value>,
+        log_rank: Option<usize>,
+        identity: Option<Arc<Identity>>,
+    ) -> Client {
+        let client = Client::new(id)
+            .transport(self.transport.name)
+            .stateless(capabilities, log_rank);
+        let _ = client.protocol_version.set(VERSION.to_owned());
+        client.set_identity(identity);
+        client
+    }
+
+    /// Cancels the request in flight that `notifications/cancelled` (its `params`) names;
+    /// false when it names none of this flow's.
+    pub fn cancel(&self, params: Option<&RawValue>) -> bool {
+        let Some(rid) = message::cancelled_request_id(params) else {
+            return false;
+        };
+        let client = {
+            let table = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            match table.get(&id_key(&rid)) {
+                None => return false,
+                Some(InFlight::Call(c)) => c.clone(),
+                Some(InFlight::Stop(t)) => {
+                    t.cancel();
+                    return true;
+                }
+            }
+        };
+        self.gw.notification(&client, "notifications/cancelled", params);
+        true
+    }
+}

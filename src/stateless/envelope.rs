@@ -1,0 +1,339 @@
+//! What a 2026-07-28 request carries besides its method and params, and its checks.
+//!
+//! Every request names the protocol version and the client's capabilities in
+//! `params._meta` (`io.modelcontextprotocol/protocolVersion`, `…/clientCapabilities`;
+//! `…/clientInfo` and `…/logLevel` optional). A transport with headers repeats some of
+//! the body in them: `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` (the tool, prompt or
+//! resource acted on) and the `Mcp-Param-*` a tool's schema asks for. [`check`] refuses
+//! bad `_meta` (-32602), headers that are missing or disagree with the body (-32020), an
+//! unsupported version (-32022), and removed or unknown methods (-32601, 404 over HTTP).
+//! A transport without headers (stdio) has nothing to check against the body.
+
+// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
+// are the cold path, and boxing each would cost an allocation per refusal.
+#![allow(clippy::result_large_err)]
+
+use super::VERSION;
+use crate::error::{code, Error};
+use crate::message;
+use crate::method::Method;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+const META_INFO: &str = "io.modelcontextprotocol/clientInfo";
+const META_LOG: &str = "io.modelcontextprotocol/logLevel";
+
+const VERSION_HEADER: &str = "mcp-protocol-version";
+const METHOD_HEADER: &str = "mcp-method";
+const NAME_HEADER: &str = "mcp-name";
+
+/// A transport's request headers, as the checks read them (HTTP's, through its adapter).
+pub trait Headers {
+    /// The value of the header `name` (lowercase), as sent; the first one if repeated.
+    fn header(&self, name: &str) -> Option<&[u8]>;
+}
+
+/// True when a request is one of this revision: its `params._meta` names a protocol
+/// version, or (for any method but `initialize`) the transport's `MCP-Protocol-Version`
+/// header names this revision.
+pub fn is_stateless(headers: Option<&dyn Headers>, method: &str, params: Option<&RawValue>) -> bool {
+    (method != "initialize" && headers.is_some_and(names_revision))
+        || meta(params).is_some_and(|m| m.contains_key(META_VERSION))
+}
+
+/// True when the `MCP-Protocol-Version` header names this revision.
+pub fn names_revision(headers: &dyn Headers) -> bool {
+    matches!(text(headers, VERSION_HEADER), Ok(Some(v)) if v == VERSION)
+}
+
+fn meta(params: Option<&RawValue>) -> Option<Map<String, Value>> {
+    let mut p = message::params_object(params).ok()?;
+    match p.remove("_meta") {
+        Some(Value::Object(m)) => Some(m),
+        _ => None,
+    }
+}
+
+/// A request that passed [`check`].
+pub struct Envelope {
+    pub capabilities: Map<String, Value>,
+    /// The log level rank its `_meta` asked for; none: no log messages.
+    pub log_rank: Option<usize>,
+    /// The params for the router: the revision's own `_meta` keys taken out.
+    pub params: Option<Box<RawValue>>,
+    /// `params.uri` of a `resources/read`, for its not-found error.
+    pub uri: Option<String>,
+}
+
+fn mismatch(m: impl std::fmt::Display) -> Error {
+    Error::client(code::HEADER_MISMATCH, format!("Header mismatch: {m}"))
+}
+
+/// A header (`got`, named `shown`) must be there and say what `source` (`_meta` or the
+/// body) says: `want`.
+fn agrees(got: Option<String>, shown: &str, want: &str, source: &str) -> Result<(), Error> {
+    match got {
+        None => Err(mismatch(format_args!("the {shown} header is missing"))),
+        Some(v) if v != want => Err(mismatch(format_args!(
+            "{shown} header value '{v}' does not match {source} value '{want}'"
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Checks a request of this revision: its `_meta`, and with `headers` the headers against
+/// the body. `tool_schema` gives a tool's `inputSchema` by public name, for its
+/// `Mcp-Param-*` headers.
+pub fn check(
+    headers: Option<&dyn Headers>,
+    method: &str,
+    m: Method,
+    params: Option<&RawValue>,
+    tool_schema: impl Fn(&str) -> Option<Value>,
+) -> Result<Envelope, Error> {
+    let bad = |m: &str| Error::invalid_params(m).with_status(400);
+    let mut p = match params {
+        None => Map::new(),
+        Some(_) => message::params_object(params).map_err(|e| bad(&e))?,
+    };
+    let Some(Value::Object(mut meta)) = p.remove("_meta") else {
+        return Err(bad(
+            "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
+        ));
+    };
+    let Some(Value::String(version)) = meta.remove(META_VERSION) else {
+        return Err(bad(&format!("params._meta needs {META_VERSION} (a string)")));
+    };
+    let Some(Value::Object(capabilities)) = meta.remove(META_CAPS) else {
+        return Err(bad(&format!("params._meta needs {META_CAPS} (an object)")));
+    };
+    if let Some(h) = headers {
+        agrees(text(h, VERSION_HEADER)?, "MCP-Protocol-Version", &version, "_meta")?;
+    }
+    if version != VERSION {
+        return Err(Error::client(
+            code::UNSUPPORTED_VERSION,
+            format!(
+                "Unsupported protocol version {version}: without a session mcp-gateway speaks {VERSION}; {} need initialize",
+                crate::router::SUPPORTED_VERSIONS.join(", ")
+            ),
+        )
+        .with_data(json!({ "supported": super::supported_versions(), "requested": version }))
+        .with_status(400));
+    }
+    if let Some(h) = headers {
+        agrees(text(h, METHOD_HEADER)?, "Mcp-Method", method, "body")?;
+    }
+    if !m.is_stateless() {
+        return Err(Error::client(
+            code::METHOD_NOT_FOUND,
+            format!("Method not found: {method} (not served in {VERSION})"),
+        )
+        .with_status(404));
+    }
+    let mut uri = None;
+    if let Some(field) = m.target_field() {
+        if let Some(Value::String(body)) = p.get(field) {
+            if let Some(h) = headers {
+                agrees(text(h, NAME_HEADER)?.map(decode).transpose()?, "Mcp-Name", body, "body")?;
+                if m == Method::ToolsCall {
+                    if let Some(schema) = tool_schema(body) {
+                        check_param_headers(h, &schema, p.get("arguments"))?;
+                    }
+                }
+            }
+            if field == "uri" {
+                uri = Some(body.clone());
+            }
+        }
+    }
+    let log_rank = match meta.remove(META_LOG) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(l)) => Some(crate::downstream::log_rank(&l).ok_or_else(|| {
+            bad(&format!(
+                "{META_LOG} must be one of {}",
+                crate::downstream::LOG_LEVELS.join(", ")
+            ))
+        })?),
+        Some(_) => return Err(bad(&format!("{META_LOG} must be a string"))),
+    };
+    meta.remove(META_INFO);
+    if m == Method::ToolsCall {
+        // Handshake-era tasks are not part of 2026-07-28 (tasks are an extension there).
+        p.remove("task");
+    }
+    if !meta.is_empty() {
+        p.insert("_meta".into(), Value::Object(meta));
+    }
+    let params = (!p.is_empty() || params.is_some()).then(|| message::to_raw(&Value::Object(p)));
+    Ok(Envelope {
+        capabilities,
+        log_rank,
+        params,
+        uri,
+    })
+}
+
+/// Checks the `Mcp-Param-{h}` headers a tool's `inputSchema` asks for (`x-mcp-header: h` on a
+/// property reached through `properties` keys only) against the call's arguments: a value
+/// in the body needs its header, equal after Base64 decoding (numbers compared as numbers).
+/// A header whose value is absent (or null) in the body is not expected.
+pub fn check_param_headers(headers: &dyn Headers, schema: &Value, arguments: Option<&Value>) -> Result<(), Error> {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    for (key, prop) in props {
+        let value = arguments.and_then(|a| a.get(key)).filter(|v| !v.is_null());
+        if let Some(Value::String(h)) = prop.get("x-mcp-header") {
+            let Some(value) = value else { continue };
+            let name = format!("mcp-param-{}", h.to_ascii_lowercase());
+            let Some(got) = text(headers, &name)?.map(decode).transpose()? else {
+                return Err(mismatch(format_args!(
+                    "the Mcp-Param-{h} header is missing (arguments.{key} is set)"
+                )));
+            };
+            let same = match value {
+                Value::String(s) => got == *s,
+                Value::Bool(b) => got == b.to_string(),
+                Value::Number(n) => got.parse::<f64>().ok().zip(n.as_f64()).is_some_and(|(a, b)| a == b),
+                _ => false,
+            };
+            if !same {
+                return Err(mismatch(format_args!(
+                    "Mcp-Param-{h} header value '{got}' does not match arguments.{key} {value}"
+                )));
+            }
+        } else if prop.get("properties").is_some() {
+            check_param_headers(headers, prop, value)?;
+        }
+    }
+    Ok(())
+}
+
+/// A header's value, trimmed; -32020 when it is not visible ASCII (or tabs).
+fn text(headers: &dyn Headers, name: &str) -> Result<Option<String>, Error> {
+    let Some(v) = headers.header(name) else {
+        return Ok(None);
+    };
+    let visible = v.iter().all(|&b| (32..127).contains(&b) || b == b'\t');
+    match std::str::from_utf8(v) {
+        Ok(s) if visible => Ok(Some(s.trim().to_owned())),
+        _ => Err(mismatch(format_args!("the {name} header has invalid characters"))),
+    }
+}
+
+/// Decodes the `=?base64?…?=` sentinel form; other values are literal.
+fn decode(value: String) -> Result<String, Error> {
+    let Some(inner) = value.strip_prefix("=?base64?").and_then(|v| v.strip_suffix("?=")) else {
+        return Ok(value);
+    };
+    base64(inner)
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| mismatch(format_args!("'{value}' is not valid Base64 UTF-8")))
+}
+
+/// Standard Base64 with padding, strictly.
+fn base64(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if b.len() % 4 != 0 {
+        return None;
+    }
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::with_capacity(b.len() / 4 * 3);
+    for (i, chunk) in b.chunks(4).enumerate() {
+        let last = i + 1 == b.len() / 4;
+        let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 || (pad > 0 && !last) {
+            return None;
+        }
+        let mut n = 0u32;
+        for &c in &chunk[..4 - pad] {
+            n = (n << 6) | val(c)?;
+        }
+        n <<= 6 * pad as u32;
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Headers as a list of (lowercase name, value).
+    struct List(Vec<(String, String)>);
+
+    impl Headers for List {
+        fn header(&self, name: &str) -> Option<&[u8]> {
+            self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_bytes())
+        }
+    }
+
+    #[test]
+    fn param_headers() {
+        let schema = json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "n": {"type": "integer", "x-mcp-header": "N"},
+            "deep": {"type": "object", "properties": {"flag": {"type": "boolean", "x-mcp-header": "Flag"}}},
+            "plain": {"type": "string"},
+        }});
+        let h = |pairs: &[(&str, &str)]| {
+            List(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+                    .collect(),
+            )
+        };
+        let ok = |hs: &[(&str, &str)], args: Value| check_param_headers(&h(hs), &schema, Some(&args)).is_ok();
+        assert!(ok(&[], json!({"plain": "x"})));
+        assert!(ok(&[("Mcp-Param-Region", "us-west1")], json!({"region": "us-west1"})));
+        assert!(ok(
+            &[("mcp-param-region", "=?base64?SGVsbG8=?=")],
+            json!({"region": "Hello"})
+        ));
+        assert!(!ok(
+            &[("mcp-param-region", "=?base64?SGVsbG8?=")],
+            json!({"region": "Hello"})
+        ));
+        assert!(ok(
+            &[("mcp-param-region", "=?base64?SGVsbG8")],
+            json!({"region": "=?base64?SGVsbG8"})
+        ));
+        assert!(!ok(&[], json!({"region": "us-west1"})));
+        assert!(ok(&[], json!({"region": null})));
+        assert!(!ok(&[("Mcp-Param-Region", "eu")], json!({"region": "us"})));
+        assert!(ok(&[("Mcp-Param-N", "42.0")], json!({"n": 42})));
+        assert!(!ok(&[("Mcp-Param-N", "41")], json!({"n": 42})));
+        assert!(ok(&[("Mcp-Param-Flag", "true")], json!({"deep": {"flag": true}})));
+        assert!(!ok(&[], json!({"deep": {"flag": false}})));
+        assert!(!ok(&[("Mcp-Param-Region", "us\u{1}")], json!({"region": "us\u{1}"})));
+        let e = check_param_headers(&h(&[]), &schema, Some(&json!({"region": "x"})))
+            .err()
+            .unwrap();
+        assert_eq!((e.status(), e.code), (400, code::HEADER_MISMATCH));
+    }
+
+    #[test]
+    fn base64_strict() {
+        assert_eq!(base64("SGVsbG8sIOS4lueVjA==").unwrap(), "Hello, 世界".as_bytes());
+        assert_eq!(base64("IHBhZGRlZCA=").unwrap(), b" padded ");
+        assert_eq!(base64("").unwrap(), b"");
+        assert!(base64("SGVsbG8").is_none());
+        assert!(base64("SGV*bG8=").is_none());
+        assert!(base64("S===").is_none());
+        assert!(base64("SG==SGVs").is_none());
+    }
+}

@@ -1,0 +1,148 @@
+//! What every 2026-07-28 result carries: `resultType`, the gateway's serverInfo in
+//! `_meta`, and for cacheable results (`server/discover`, the lists, `resources/read`)
+//! `ttlMs` and `cacheScope`.
+//!
+//! Caching hints: a merged list gets the catalog's hint (smallest `ttlMs` of its servers'
+//! parts, a handshake-era part counting as 0; private if any part is), `resources/read`
+//! its 2026-07-28 server's own (else `ttlMs` 0, `private`: contents may depend on the
+//! caller), `server/discover` `ttlMs` 0; with auth configured everything is `private`
+//! (allowlists make lists differ per identity).
+
+use crate::catalog::Hint;
+use crate::error::{code, Error};
+use crate::message::{self, Outcome};
+use crate::method::Method;
+use serde_json::{json, Map, Value};
+
+const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
+/// How one request's outcome is decorated before it is sent.
+pub struct Finish {
+    pub(super) method: Method,
+    /// The gateway's `initialize` result for the caller (its serverInfo).
+    pub(super) init: Outcome,
+    /// Every cacheable result is `private` (auth is configured).
+    pub(super) private: bool,
+    /// `params.uri` of a `resources/read`, for its not-found error.
+    pub(super) uri: Option<String>,
+    /// A merged list's caching hint (see [`crate::catalog::Catalog::hint`]).
+    pub(super) hint: Option<Hint>,
+}
+
+impl Finish {
+    /// The outcome as the revision sends it.
+    pub fn apply(&self, out: Outcome) -> Outcome {
+        match out {
+            Outcome::Result(r) => {
+                let mut v = serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null);
+                if let (Some(h), Value::Object(o)) = (self.hint, &mut v) {
+                    o.insert("ttlMs".into(), json!(h.ttl_ms));
+                    if h.private {
+                        o.insert("cacheScope".into(), json!("private"));
+                    }
+                }
+                complete(self.method, v, &server_info(&self.init), self.private)
+            }
+            Outcome::Error(e) => {
+                // 2026-07-28: an unknown resource is -32602 with data.uri.
+                let mut v = serde_json::from_str::<Value>(e.get()).unwrap_or(Value::Null);
+                if self.method == Method::ResourcesRead
+                    && v.get("code").and_then(Value::as_i64) == Some(code::RESOURCE_NOT_FOUND)
+                {
+                    v["code"] = json!(code::INVALID_PARAMS);
+                    let has_uri = v.get("data").and_then(|d| d.get("uri")).is_some();
+                    if !has_uri {
+                        v["data"] = json!({ "uri": self.uri });
+                    }
+                    return Outcome::Error(message::to_raw(&v));
+                }
+                Outcome::Error(e)
+            }
+        }
+    }
+
+    /// An `InputRequiredResult`: the servers' open questions and the state to echo back.
+    pub fn input_required(&self, requests: Map<String, Value>, state: String) -> Outcome {
+        let info = server_info(&self.init);
+        let mut v = json!({
+            "resultType": "input_required",
+            "inputRequests": requests,
+            "requestState": state,
+        });
+        if !info.is_null() {
+            v["_meta"] = json!({ META_SERVER_INFO: info });
+        }
+        Outcome::Result(message::to_raw(&v).into())
+    }
+}
+
+/// The gateway's `serverInfo`, as in its `initialize` result.
+fn server_info(init: &Outcome) -> Value {
+    match init {
+        Outcome::Result(i) => serde_json::from_str::<Value>(i.get())
+            .map(|v| v.get("serverInfo").cloned().unwrap_or(Value::Null))
+            .unwrap_or(Value::Null),
+        Outcome::Error(_) => Value::Null,
+    }
+}
+
+/// `server/discover`: the versions, the capabilities this revision has (no tasks;
+/// `listChanged` and `subscribe` as in `initialize`, delivered by `subscriptions/listen`),
+/// instructions.
+pub fn discover(init: &Outcome, private: bool) -> Outcome {
+    let init = match init {
+        Outcome::Result(r) => serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null),
+        Outcome::Error(e) => return Outcome::Error(e.clone()),
+    };
+    let mut caps = init
+        .get("capabilities")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    caps.remove("tasks");
+    let mut result = json!({
+        "supportedVersions": super::supported_versions(),
+        "capabilities": caps,
+    });
+    if let Some(i) = init.get("instructions") {
+        result["instructions"] = i.clone();
+    }
+    let info = init.get("serverInfo").cloned().unwrap_or(Value::Null);
+    complete(Method::ServerDiscover, result, &info, private)
+}
+
+/// The error for a `requestState` that does not verify (the reason goes to the log only).
+pub fn invalid_state() -> Error {
+    Error::invalid_params("Invalid or expired requestState").with_data(json!({ "reason": "invalid_request_state" }))
+}
+
+/// A result with `resultType` (`complete` unless it says otherwise), serverInfo, and
+/// for a cacheable method its caching hint.
+fn complete(method: Method, mut v: Value, info: &Value, private: bool) -> Outcome {
+    if let Value::Object(o) = &mut v {
+        o.entry("resultType").or_insert_with(|| json!("complete"));
+        let meta = o.entry("_meta").or_insert_with(|| json!({}));
+        if let Value::Object(m) = meta {
+            if !info.is_null() {
+                m.insert(META_SERVER_INFO.into(), info.clone());
+            }
+        }
+        if method.is_cacheable() {
+            // A hint already here came from the server (a 2026-07-28 server's resources/read)
+            // or from the merged list's parts; without one, nothing may be cached as fresh.
+            let ttl = o.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
+            let given = o.get("cacheScope").and_then(Value::as_str).map(str::to_owned);
+            o.insert("ttlMs".into(), json!(ttl));
+            let scope = match given.as_deref() {
+                _ if private => "private",
+                Some("private") => "private",
+                Some(_) => "public",
+                // Contents of a handshake-era server may depend on the caller.
+                None if method == Method::ResourcesRead => "private",
+                None => "public",
+            };
+            o.insert("cacheScope".into(), json!(scope));
+        }
+    }
+    Outcome::Result(message::to_raw(&v).into())
+}
