@@ -27,7 +27,7 @@ use oauth::{looks_like_jwt, Jwt};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
-use std::sync::{Arc, LockResult, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 /// The realm named in `WWW-Authenticate`.
@@ -125,7 +125,7 @@ impl Policy {
         if !self.restricted() {
             return None;
         }
-        let mut cached = self.views.lock().unpoisoned();
+        let mut cached = crate::sync::lock(&self.views);
         if let Some((of, v)) = cached.as_ref() {
             if std::ptr::eq(of.as_ptr(), Arc::as_ptr(catalog)) {
                 return Some(v.clone());
@@ -332,18 +332,6 @@ fn bearer(value: &[u8]) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-/// A lock's guard, poisoned or not: what the locks here guard (a cache of views, a key
-/// set) is only ever replaced whole, so a panic elsewhere cannot leave it half-written.
-trait Unpoisoned<G> {
-    fn unpoisoned(self) -> G;
-}
-
-impl<G> Unpoisoned<G> for LockResult<G> {
-    fn unpoisoned(self) -> G {
-        self.unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ impl crate::downstream::Peer for Client {
         if self.silent {
             return false;
         }
-        let wanted = *self.log_level.read().unwrap_or_else(|e| e.into_inner());
+        let wanted = *crate::sync::read(&self.log_level);
         match (wanted, crate::downstream::log_rank(level)) {
             (Some(min), Some(rank)) => rank >= min,
             _ => true,
@@ -80,10 +80,7 @@ impl crate::downstream::Peer for Client {
                 _ => None,
             };
             if let Some(cap) = needs {
-                let declared = self
-                    .capabilities
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
+                let declared = crate::sync::read(&self.capabilities)
                     .as_ref()
                     .is_some_and(|c| c.contains_key(cap));
                 if !declared {
@@ -117,19 +114,13 @@ impl crate::downstream::Peer for Client {
             let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let id = Id::string(&format!("mcp-gateway-{n}"));
             let (tx, rx) = tokio::sync::oneshot::channel();
-            self.asked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id_key(&id), tx);
+            crate::sync::lock(&self.asked).insert(id_key(&id), tx);
             debug!(session = %self.id, %method, request = %id, "asking the client for a server");
             if !sink
                 .send(Bytes::from(message::request(&id, &method, params.as_deref())))
                 .await
             {
-                self.asked
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id_key(&id));
+                crate::sync::lock(&self.asked).remove(&id_key(&id));
                 return Outcome::from(Error::gateway(format!(
                     "the client's stream closed before {method} could be sent"
                 )));
@@ -140,10 +131,7 @@ impl crate::downstream::Peer for Client {
                 a = tokio::time::timeout(ASK_TIMEOUT, rx) => Some(a),
                 _ = sink.call_over() => None,
             };
-            self.asked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id_key(&id));
+            crate::sync::lock(&self.asked).remove(&id_key(&id));
             let withdraw = |reason: &str| {
                 let params = message::to_raw(&json!({ "requestId": id, "reason": reason }));
                 sink.try_send(Bytes::from(message::notification(
@@ -183,14 +171,14 @@ impl Client {
                 Some(Value::Object(c)) => Some(c),
                 _ => None,
             });
-        *self.capabilities.write().unwrap_or_else(|e| e.into_inner()) = caps;
+        *crate::sync::write(&self.capabilities) = caps;
     }
 
     /// Delivers the client's answer to a question a server asked it. False when no
     /// question has that id.
     pub fn answer(&self, id: Option<&Id>, outcome: Outcome) -> bool {
         let Some(id) = id else { return false };
-        match self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&id_key(id)) {
+        match crate::sync::lock(&self.asked).remove(&id_key(id)) {
             Some(tx) => tx.send(outcome).is_ok(),
             None => false,
         }
@@ -245,16 +233,16 @@ impl Client {
 
     /// The identity whose allowlist and limits apply (`None`: no auth configured).
     pub fn identity(&self) -> Option<Arc<Identity>> {
-        self.identity.read().unwrap_or_else(|e| e.into_inner()).clone()
+        crate::sync::read(&self.identity).clone()
     }
 
     /// Sets (or refreshes) the session's identity.
     pub fn set_identity(&self, identity: Option<Arc<Identity>>) {
-        *self.identity.write().unwrap_or_else(|e| e.into_inner()) = identity;
+        *crate::sync::write(&self.identity) = identity;
     }
 
     pub(crate) fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
-        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inflight)
     }
 
     /// Completes when no request of this client is in flight.
@@ -273,7 +261,7 @@ impl Client {
         for (_, t) in self.inflight().drain() {
             t.cancel();
         }
-        self.asked.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        crate::sync::lock(&self.asked).clear();
     }
 }
 

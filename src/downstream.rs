@@ -539,7 +539,7 @@ impl Drop for CancelOnDrop<'_> {
         };
         if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
             let tx = self.tx.clone();
-            tokio::spawn(async move {
+            crate::background::spawn(async move {
                 let _ = tx.send(cmd).await;
             });
         }

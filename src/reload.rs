@@ -20,7 +20,7 @@ pub fn spawn(gw: &Arc<Gateway>, path: PathBuf) {
     // The watcher lives in this task; dropping it stops the watching.
     let watcher = watch_file(&path, tx.clone());
     let hup = tx;
-    tokio::spawn(async move {
+    crate::background::spawn(async move {
         #[cfg(unix)]
         if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             while s.recv().await.is_some() {
@@ -30,7 +30,7 @@ pub fn spawn(gw: &Arc<Gateway>, path: PathBuf) {
         }
     });
     let gw = Arc::downgrade(gw);
-    tokio::spawn(async move {
+    crate::background::spawn(async move {
         let _watcher = watcher;
         while rx.recv().await.is_some() {
             tokio::time::sleep(SETTLE).await;

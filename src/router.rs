@@ -122,7 +122,7 @@ impl Gateway {
 
     /// The current topology: config, servers, catalog and limits that belong together.
     pub fn topology(&self) -> Arc<Topology> {
-        self.topo.read().unwrap_or_else(|e| e.into_inner()).clone()
+        crate::sync::read(&self.topo).clone()
     }
 
     /// The current config.
@@ -136,7 +136,7 @@ impl Gateway {
         let servers = self.topology().servers.clone();
         self.start_servers(&servers).await;
         self.rebuild_catalog(false);
-        let rx = self.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let rx = crate::sync::lock(&self.events_rx).take();
         if let Some(mut events_rx) = rx {
             let gw = Arc::downgrade(self);
             crate::background::spawn(async move {
@@ -187,19 +187,14 @@ impl Gateway {
 
     /// Keeps `client` reachable by id, for what [`Shared`] delivers to it.
     fn remember(&self, client: &Arc<Client>) {
-        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = crate::sync::lock(&self.live);
         live.retain(|_, c| c.strong_count() > 0);
         live.insert(client.id.clone(), Arc::downgrade(client));
     }
 
     /// Sends `line` to the session `id`, if it lives in this process.
     fn deliver(&self, id: &str, line: Bytes) {
-        let client = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .and_then(Weak::upgrade);
+        let client = crate::sync::lock(&self.live).get(id).and_then(Weak::upgrade);
         if let Some(c) = client {
             let _ = c.own.send(line);
         }
@@ -276,11 +271,7 @@ impl Gateway {
         };
         let info = call.info;
         if let Some(server) = &info.server {
-            client
-                .used
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(server.clone());
+            crate::sync::lock(&client.used).insert(server.clone());
         }
         self.observe(parsed, &info, out.as_ref(), started.elapsed());
         telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
@@ -382,13 +373,7 @@ impl Gateway {
             }
             Method::RootsListChanged => {
                 // The servers this session's calls went to may cache its roots.
-                let used: Vec<Arc<str>> = client
-                    .used
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .cloned()
-                    .collect();
+                let used: Vec<Arc<str>> = crate::sync::lock(&client.used).iter().cloned().collect();
                 let topo = self.topology();
                 for s in topo.servers.iter().filter(|s| used.contains(&s.name)) {
                     if let Ok(conn) = s.connection() {
@@ -407,7 +392,7 @@ impl Gateway {
     /// nobody else needs, and end its per-session processes.
     pub async fn forget_client(&self, client: &Client) {
         let unneeded = self.shared.forget_session(&client.id).await;
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&client.id);
+        crate::sync::lock(&self.live).remove(&client.id);
         let topo = self.topology();
         for s in topo
             .servers

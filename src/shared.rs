@@ -48,9 +48,8 @@ struct Inner {
 
 impl Shared {
     fn inner(&self) -> MutexGuard<'_, Inner> {
-        // Every critical section below leaves the maps consistent, so a poisoned lock
-        // (a panic elsewhere while it was held) still holds usable data.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        // Every critical section below leaves the maps consistent (see crate::sync).
+        crate::sync::lock(&self.inner)
     }
 
     /// Subscribes `session` to `uri` of `server`; true when it is the first subscriber

@@ -131,7 +131,7 @@ pub struct Tracked {
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
+        crate::sync::lock(&self.table).remove(&self.key);
     }
 }
 
@@ -224,12 +224,7 @@ impl Stateless {
         }
         let key = self.transport.cancel_by_id.then(|| id_key(&id));
         if let Some(key) = &key {
-            if self
-                .inflight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains_key(key)
-            {
+            if crate::sync::lock(&self.inflight).contains_key(key) {
                 return Answer::Refused(
                     id,
                     Error::invalid_request(format!("request id {key} is already in use")),
@@ -340,10 +335,7 @@ impl Stateless {
     fn track(&self, key: Option<String>, entry: impl FnOnce() -> InFlight) -> Option<Tracked> {
         let key = key?;
         let table = self.inflight.clone();
-        table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), entry());
+        crate::sync::lock(&table).insert(key.clone(), entry());
         Some(Tracked { table, key })
     }
 
@@ -370,7 +362,7 @@ impl Stateless {
             return false;
         };
         let client = {
-            let table = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            let table = crate::sync::lock(&self.inflight);
             match table.get(&id_key(&rid)) {
                 None => return false,
                 Some(InFlight::Call(c)) => c.clone(),

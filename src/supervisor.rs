@@ -290,7 +290,7 @@ impl Server {
         let mut backoff = RETRY_MIN;
         if self.cfg.isolation == config::Isolation::Session {
             let me = self.clone();
-            tokio::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
+            crate::background::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
         }
         let mut failures: VecDeque<Instant> = VecDeque::new();
         loop {
@@ -325,7 +325,9 @@ impl Server {
             let clean = match incoming {
                 Some(incoming) => {
                     // A 2026-07-28 server tells of changes only on a listen stream.
-                    let listener = self.stateless().then(|| tokio::spawn(self.clone().listen()));
+                    let listener = self
+                        .stateless()
+                        .then(|| crate::background::spawn(self.clone().listen()));
                     let clean = self.watch(incoming, events.clone()).await;
                     if let Some(l) = listener {
                         l.abort();
@@ -467,7 +469,7 @@ impl Server {
                         };
                         self.fail(why);
                         if let Some(old) = old {
-                            tokio::spawn(async move { old.shutdown().await });
+                            crate::background::spawn(async move { old.shutdown().await });
                         }
                         // A remote server comes back by reconnecting: until then its tools,
                         // prompts and resources leave the catalog (clients get list_changed

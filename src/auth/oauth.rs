@@ -3,7 +3,6 @@
 //! cached, fetched again for an unknown `kid` at most every [`REFETCH_EVERY`]), then
 //! `iss`, `aud`, `exp` and `nbf`; the configured claim names the client.
 
-use super::Unpoisoned;
 use crate::config::OAuth;
 use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -79,7 +78,7 @@ impl Jwt {
     }
 
     fn keys(&self) -> Arc<KeySet> {
-        self.keys.read().unpoisoned().clone()
+        crate::sync::read(&self.keys).clone()
     }
 
     /// Checks a JWT and returns the client claim's value.
@@ -162,7 +161,7 @@ impl Jwt {
                 }
             }
         };
-        *self.keys.write().unpoisoned() = Arc::new(next);
+        *crate::sync::write(&self.keys) = Arc::new(next);
     }
 
     async fn fetch(&self) -> Result<Vec<Key>, String> {

@@ -106,7 +106,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
-    tokio::spawn(run(shared, rx).instrument(span));
+    crate::background::spawn(run(shared, rx).instrument(span));
     Ok(Connection::new(server, tx))
 }
 
@@ -201,7 +201,7 @@ impl Shared {
         let Ok(permit) = self.drains.clone().try_acquire_owned() else {
             return; // Enough connections are lingering already: close this one.
         };
-        tokio::spawn(async move {
+        crate::background::spawn(async move {
             let _permit = permit;
             let _ = tokio::time::timeout(DRAIN_TIME, async {
                 while let Some(Ok(chunk)) = body.next().await {
@@ -549,7 +549,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 let (body, progress) = encode_request(id, &method, params);
                 let task = {
                     let (shared, inflight) = (shared.clone(), inflight.clone());
-                    tokio::spawn(async move {
+                    crate::background::spawn(async move {
                         let out = call(
                             &shared,
                             id,
@@ -582,10 +582,10 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 let body = message::notification(&method, params.as_deref());
                 let shared = shared.clone();
                 let start_listening = method == "notifications/initialized";
-                tokio::spawn(async move {
+                crate::background::spawn(async move {
                     shared.send(body).await;
                     if start_listening && !shared.listening.swap(true, std::sync::atomic::Ordering::AcqRel) {
-                        tokio::spawn(shared.clone().listen().in_current_span());
+                        crate::background::spawn(shared.clone().listen().in_current_span());
                     }
                 });
             }
@@ -599,7 +599,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                     let params = message::to_raw(&serde_json::json!({ "requestId": id, "reason": reason }));
                     let body = message::notification("notifications/cancelled", Some(&params));
                     let shared = shared.clone();
-                    tokio::spawn(async move { shared.send(body).await });
+                    crate::background::spawn(async move { shared.send(body).await });
                 }
             }
             Command::Shutdown { done } => {

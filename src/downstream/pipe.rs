@@ -93,7 +93,7 @@ pub fn run_pipe(
         questions: Arc::new(tokio::sync::Semaphore::new(MAX_QUESTIONS)),
         next_id: Arc::downgrade(&conn.next_id),
     };
-    tokio::spawn(actor.run(rx, pipe.write, pipe.lines, pipe.exit).instrument(span));
+    crate::background::spawn(actor.run(rx, pipe.write, pipe.lines, pipe.exit).instrument(span));
     conn
 }
 
@@ -461,7 +461,7 @@ impl Actor {
                     return;
                 };
                 let unwritten = self.unwritten.clone();
-                tokio::spawn(
+                crate::background::spawn(
                     async move {
                         let _permit = permit;
                         let outcome = super::answer_server_request(caller, method, params, &why).await;

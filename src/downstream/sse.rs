@@ -35,7 +35,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     // The GET stream: the endpoint, then the server's messages.
     {
         let (http, hdrs, url, stop) = (http.clone(), hdrs.clone(), url.clone(), stop.clone());
-        tokio::spawn(
+        crate::background::spawn(
             async move {
                 let reason = tokio::select! {
                     r = read_stream(&http, hdrs, url, endpoint_tx, line_tx) => r,
@@ -49,7 +49,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     // POSTs, in order, once the endpoint is known.
     let unwritten = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let posted = unwritten.clone();
-    tokio::spawn(
+    crate::background::spawn(
         async move {
             let endpoint = match tokio::time::timeout(ENDPOINT_WAIT, endpoint_rx.wait_for(Option::is_some)).await {
                 Ok(Ok(e)) => e.clone(),

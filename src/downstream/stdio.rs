@@ -58,18 +58,20 @@ pub fn spawn(
     let (write_tx, write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
     let (line_tx, line_rx) = mpsc::channel::<Bytes>(64);
     let unwritten = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    tokio::spawn(write_lines(stdin, write_rx, unwritten.clone()).instrument(span.clone()));
+    crate::background::spawn(write_lines(stdin, write_rx, unwritten.clone()).instrument(span.clone()));
     let reader = read_lines(LineReader::new(stdout), line_tx, server.clone(), spec.max_line);
-    tokio::spawn(reader.instrument(span.clone()));
+    crate::background::spawn(reader.instrument(span.clone()));
     let tail = Arc::new(StderrTail::default());
     let secrets = secret_values(spec);
-    tokio::spawn(log_stderr(LineReader::new(stderr), server.clone(), tail.clone(), secrets).instrument(span.clone()));
+    crate::background::spawn(
+        log_stderr(LineReader::new(stderr), server.clone(), tail.clone(), secrets).instrument(span.clone()),
+    );
     let (exit_tx, exit_rx) = oneshot::channel();
     let group = pid.and_then(|p| libc::pid_t::try_from(p).ok());
     if let Some(g) = group {
         live_groups().insert(g);
     }
-    tokio::spawn(async move {
+    crate::background::spawn(async move {
         let status = child
             .wait()
             .await

@@ -171,6 +171,10 @@ fn json_response(body: impl Into<Body>) -> Response {
         .into_response()
 }
 
+/// Client connections open at once at most: each holds a descriptor and a task. Past it
+/// the accept loop waits for one to close, and new ones queue in the kernel's backlog.
+const MAX_CONNECTIONS: usize = 16_384;
+
 /// Accepts connections and serves the gateway on each (HTTP/1.1, keep-alive,
 /// `TCP_NODELAY`) until `stop` turns true; then stops accepting, lets requests in flight
 /// finish, and returns once every connection has closed. A client gets `header_timeout`
@@ -190,7 +194,17 @@ pub async fn serve(
     let path: Arc<str> = http.gw.config().gateway.path.as_str().into();
     let app = app(http.clone());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // A slot before each accept: past MAX_CONNECTIONS new connections wait in the
+        // kernel's backlog until one closes.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -226,10 +240,11 @@ pub async fn serve(
             .keep_alive(true)
             .serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        crate::background::spawn(async move {
             if let Err(e) = conn.await {
                 debug!(error = %e, "connection ended with an error");
             }
+            drop(slot);
         });
     }
     drop(listener);

@@ -116,7 +116,7 @@ pub fn message_event(id: Option<(u64, u64)>, json: &[u8]) -> Vec<u8> {
 
 impl Replay {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// A new POST answer stream; its events go to the returned receiver while that lives.

@@ -53,14 +53,14 @@ pub async fn serve<R, W>(
     // Large answers (a result of 64 KiB or more) come on a channel of their own, in
     // parts, so their result is written from its own buffer (see `message::Answer`).
     let (large_tx, large_rx) = mpsc::channel::<message::Answer>(4);
-    let writer = tokio::spawn(write_lines(output, out_rx, large_rx));
+    let writer = crate::background::spawn(write_lines(output, out_rx, large_rx));
     let client = Arc::new(Client::new("stdio").transport("pipe"));
 
     // list_changed for everyone, and this session's own messages (resource updates).
     let mut changes = gw.subscribe();
     let mut own = client.subscribe_own();
     let fwd = out_tx.clone();
-    let notifier = tokio::spawn(async move {
+    let notifier = crate::background::spawn(async move {
         loop {
             let next = tokio::select! {
                 m = changes.recv() => m,
@@ -176,7 +176,7 @@ pub async fn serve<R, W>(
                     }
                 }
                 let (gw, client, out, large) = (gw.clone(), client.clone(), out_tx.clone(), large_tx.clone());
-                tokio::spawn(async move {
+                crate::background::spawn(async move {
                     // A cancelled request gets no answer, as the spec asks.
                     if let Some(result) = gw
                         .request(&client, &id, &method, params, Some(Sink::new(out.clone())), None)
@@ -236,7 +236,7 @@ async fn send_stateless(gw: &Arc<Gateway>, answer: Answer, out: &mpsc::Sender<By
         }
         Answer::Call(call) => {
             let gw = gw.clone();
-            tokio::spawn(async move {
+            crate::background::spawn(async move {
                 let sink = Some(Sink::new(out.clone()));
                 let result = gw
                     .request(&call.client, &call.id, &call.method, call.params, sink, call.parent)
@@ -250,7 +250,7 @@ async fn send_stateless(gw: &Arc<Gateway>, answer: Answer, out: &mpsc::Sender<By
             });
         }
         Answer::Rounds(mut rounds) => {
-            tokio::spawn(async move {
+            crate::background::spawn(async move {
                 // Cancelled: the rounds end, which cancels the call; no answer.
                 while let Some((last, m)) = futures::StreamExt::next(&mut rounds).await {
                     if out.send(m).await.is_err() || last {
@@ -260,7 +260,7 @@ async fn send_stateless(gw: &Arc<Gateway>, answer: Answer, out: &mpsc::Sender<By
             });
         }
         Answer::Listen(l) => {
-            tokio::spawn(stateless::listen::run(l, out, Bytes::copy_from_slice, None));
+            crate::background::spawn(stateless::listen::run(l, out, Bytes::copy_from_slice, None));
         }
     }
 }

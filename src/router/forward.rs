@@ -140,11 +140,8 @@ fn stamp(
     params: &mut Map<String, Value>,
     headers: &mut Vec<(String, String)>,
 ) {
-    let caps = client.capabilities.read().unwrap_or_else(|e| e.into_inner()).clone();
-    let level = client
-        .log_level
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
+    let caps = crate::sync::read(&client.capabilities).clone();
+    let level = crate::sync::read(&client.log_level)
         .and_then(|r| LOG_LEVELS.get(r).copied())
         .filter(|_| !client.silent);
     stateless::stamp(params, caps, level);

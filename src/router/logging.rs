@@ -20,7 +20,7 @@ impl Gateway {
             let e = format!("logging/setLevel needs params.level, one of {}", LOG_LEVELS.join(", "));
             return Error::invalid_params(e).into();
         };
-        *cx.client.log_level.write().unwrap_or_else(|e| e.into_inner()) = Some(rank);
+        *crate::sync::write(&cx.client.log_level) = Some(rank);
         if let Some(rank) = self.shared.set_log_level(&cx.client.id, rank).await {
             apply_log_level(cx.topo, rank).await;
         }

@@ -107,7 +107,7 @@ impl Gateway {
         };
         let (old_catalog, catalog) = {
             // The catalog routes by position in `servers`: both change in one swap.
-            let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
+            let mut topo = crate::sync::write(&self.topo);
             let catalog = Arc::new(build_catalog(&config, &servers));
             let old = topo.catalog.clone();
             *topo = Arc::new(Topology {
@@ -156,7 +156,7 @@ impl Gateway {
     fn rebuild(&self, notify: bool, announced: Option<ListKind>) {
         let (old, new) = {
             // Built under the lock, so a concurrent reload or rebuild cannot be lost.
-            let mut topo = self.topo.write().unwrap_or_else(|e| e.into_inner());
+            let mut topo = crate::sync::write(&self.topo);
             let new = Arc::new(build_catalog(&topo.config, &topo.servers));
             let old = topo.catalog.clone();
             *topo = Arc::new(Topology {

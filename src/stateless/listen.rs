@@ -108,7 +108,7 @@ impl Drop for Forget {
     fn drop(&mut self) {
         let (gw, client) = (self.0.clone(), self.1.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { gw.forget_client(&client).await });
+            crate::background::spawn_on(async move { gw.forget_client(&client).await }, &rt);
         }
     }
 }

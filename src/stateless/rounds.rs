@@ -121,7 +121,7 @@ impl Call {
         let (sink, related) = mpsc::channel(SINK_QUEUE);
         let (done_tx, done) = oneshot::channel();
         let method = binding.method;
-        let task = tokio::spawn(async move {
+        let task = crate::background::spawn(async move {
             let out = gw
                 .request(&client, &id, method.as_str(), params, Some(Sink::new(sink)), parent)
                 .await;
@@ -285,7 +285,7 @@ impl Parked {
         let tag = hmac::sign(&self.key, &Self::signed(&id, round, expires, &call.binding));
         let state = format!("{STATE_PREFIX}{id}.{round}.{expires}.{}", hex(tag.as_ref()));
         {
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            let mut calls = crate::sync::lock(&self.calls);
             if calls.len() >= MAX_PARKED {
                 tracing::warn!(
                     max = MAX_PARKED,
@@ -297,10 +297,10 @@ impl Parked {
         }
         let table: Weak<Parked> = Arc::downgrade(self);
         let ttl = self.ttl;
-        tokio::spawn(async move {
+        crate::background::spawn(async move {
             tokio::time::sleep(ttl).await;
             let Some(table) = table.upgrade() else { return };
-            let mut calls = table.calls.lock().unwrap_or_else(|e| e.into_inner());
+            let mut calls = crate::sync::lock(&table.calls);
             if calls.get(&id).is_some_and(|w| w.round == round) {
                 debug!(call = %id, "a parked call expired; cancelling it");
                 // Dropped: its task is aborted, which cancels the downstream call.
@@ -331,7 +331,7 @@ impl Parked {
         if now_ms() >= expires {
             return Err("expired");
         }
-        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut calls = crate::sync::lock(&self.calls);
         match calls.get(id) {
             Some(w) if w.round == round && w.call.binding == *binding => {}
             Some(_) => return Err("already used"),
@@ -459,7 +459,7 @@ mod tests {
             questions,
             related,
             done,
-            _task: Abort(tokio::spawn(async {})),
+            _task: Abort(crate::background::spawn(async {})),
             open: Vec::new(),
             asked: 0,
             binding: binding("s0__ask"),

@@ -132,7 +132,7 @@ impl Pool {
         // Its own notifications (list_changed...) do not change the shared catalog. When it
         // exits, its slot is emptied (and its seat given back) without waiting for a call.
         let watched = slot.clone();
-        tokio::spawn(async move {
+        crate::background::spawn(async move {
             while let Some(m) = incoming.recv().await {
                 if matches!(m, Incoming::Closed { .. }) {
                     let mut s = watched.lock().await;

@@ -150,7 +150,7 @@ pub(super) async fn request(
         First::Related(_) | First::Slow => {
             let (done_tx, done) = oneshot::channel::<Vec<u8>>();
             if let Some(fut) = task.0.take() {
-                tokio::spawn(async move {
+                crate::background::spawn(async move {
                     let _ = done_tx.send(fut.await.into_vec());
                 });
             }
@@ -181,7 +181,7 @@ fn session_sse(
     let replay = session.replay();
     let (stream, live) = replay.open_post();
     let priming = session.priming.then(|| replay.priming(stream));
-    tokio::spawn(async move {
+    crate::background::spawn(async move {
         if let Some(m) = first {
             replay.record(stream, &m);
         }
@@ -271,9 +271,12 @@ impl Drop for Detached {
     fn drop(&mut self) {
         if let Some(fut) = self.0.take() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    fut.await;
-                });
+                crate::background::spawn_on(
+                    async move {
+                        fut.await;
+                    },
+                    &rt,
+                );
             }
         }
     }

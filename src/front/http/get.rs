@@ -71,7 +71,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
     let conn = CONNS.fetch_add(1, Ordering::Relaxed);
     let ended = CancellationToken::new();
     {
-        let mut current = session.get_conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = crate::sync::lock(&session.get_conn);
         match current.take() {
             Some((_, old)) if resumed.is_some() => old.cancel(),
             Some(old) => {
@@ -101,7 +101,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
     struct Open(Arc<Session>, Arc<Replay>, u64, u64);
     impl Drop for Open {
         fn drop(&mut self) {
-            let mut current = self.0.get_conn.lock().unwrap_or_else(|e| e.into_inner());
+            let mut current = crate::sync::lock(&self.0.get_conn);
             if current.as_ref().is_some_and(|(c, _)| *c == self.3) {
                 *current = None;
                 self.0.get_open.store(false, Ordering::Release);

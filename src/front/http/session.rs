@@ -76,7 +76,7 @@ impl Http {
             self.release_share(&s.share);
             s.client.cancel_all();
             let (gw, client) = (self.gw.clone(), s.client.clone());
-            tokio::spawn(async move { gw.forget_client(&client).await });
+            crate::background::spawn(async move { gw.forget_client(&client).await });
         }
     }
 

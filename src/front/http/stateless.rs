@@ -78,7 +78,7 @@ pub(super) async fn serve(
         Answer::Listen(l) => {
             let (tx, rx) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
             let keepalive = Some((KEEPALIVE, bytes::Bytes::from_static(b": keep-alive\n\n")));
-            tokio::spawn(stateless::listen::run(
+            crate::background::spawn(stateless::listen::run(
                 l,
                 tx,
                 |m| bytes::Bytes::from(event(m)),
