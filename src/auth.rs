@@ -16,8 +16,6 @@
 
 mod oauth;
 
-pub use oauth::REFETCH_EVERY;
-
 use crate::catalog::Catalog;
 use crate::config::{self, Filter, OAuth, Rate, TokenDigest};
 use crate::limit::{quota, Limited};

@@ -420,10 +420,6 @@ impl Connection {
         self.degraded.load(Ordering::Relaxed)
     }
 
-    pub fn server(&self) -> &Arc<str> {
-        &self.server
-    }
-
     /// Sends a request and waits for its answer for at most `timeout`. If the wait ends
     /// early (timeout, or the caller's future is dropped) the downstream is sent
     /// `notifications/cancelled` for it.

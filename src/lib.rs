@@ -27,26 +27,46 @@
 //!
 //! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
 
-pub mod auth;
-pub mod background;
-pub mod catalog;
-pub mod client;
+pub(crate) mod auth;
+pub(crate) mod background;
+pub(crate) mod catalog;
+pub(crate) mod client;
 pub mod config;
-pub mod downstream;
-pub mod error;
-pub mod front;
-pub mod limit;
-pub mod message;
-pub mod method;
-pub mod metrics;
-pub mod reload;
-pub mod router;
-pub mod shared;
-pub mod sse;
-pub mod stateless;
-pub mod supervisor;
-mod sync;
-pub mod telemetry;
+pub(crate) mod downstream;
+pub(crate) mod error;
+pub(crate) mod front;
+pub(crate) mod limit;
+pub(crate) mod message;
+pub(crate) mod method;
+pub(crate) mod metrics;
+pub(crate) mod reload;
+pub(crate) mod router;
+pub(crate) mod shared;
+pub(crate) mod sse;
+pub(crate) mod stateless;
+pub(crate) mod supervisor;
+pub(crate) mod sync;
+pub(crate) mod telemetry;
+
+pub use telemetry::{init as init_telemetry, Telemetry};
+
+/// Kills every stdio server process still alive, whatever state its pipes and tasks are
+/// in (the last resort of a shutdown that overran its grace). Returns how many.
+pub fn kill_servers() -> usize {
+    downstream::stdio::kill_all()
+}
+
+/// What the fuzz target reaches inside the crate; not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::catalog::Template;
+    pub use crate::downstream::{encode_request, progress_token, restore_progress, Params};
+    pub use crate::message::{
+        cancelled_request_id, empty_object, frame_line, notification, params_object, request_with_members, response,
+        Id, Kind, Members, Outcome,
+    };
+    pub use crate::sse::Parser;
+}
 
 use anyhow::Context;
 use config::Config;

@@ -81,7 +81,7 @@ fn main() -> ExitCode {
     // spans are exported. The exporter's batch task lives on the runtime.
     let telemetry = {
         let _rt = runtime.enter();
-        mcp_gateway::telemetry::init(&config.telemetry, &log_filter())
+        mcp_gateway::init_telemetry(&config.telemetry, &log_filter())
     };
     let grace = config.gateway.shutdown_grace;
     let result = runtime.block_on(async move {
@@ -160,7 +160,7 @@ async fn shutdown_signal(grace: std::time::Duration) {
         .name("shutdown-deadline".into())
         .spawn(move || {
             std::thread::sleep(grace + std::time::Duration::from_millis(500));
-            let n = mcp_gateway::downstream::stdio::kill_all();
+            let n = mcp_gateway::kill_servers();
             eprintln!("mcp-gateway: still running {grace:?} after the shutdown signal; killed {n} servers and exiting");
             std::process::exit(1);
         });

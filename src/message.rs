@@ -29,10 +29,10 @@ mod members;
 mod peek;
 mod write;
 
-pub use answer::{response, Answer, Outcome, Raw, LARGE_RESULT};
-pub use envelope::{
-    nested_deeper_than, Kind, ParseError, Request, MAX_DEPTH, MAX_ID_LEN, MAX_METHOD_LEN, MAX_NAME_LEN,
-};
+#[cfg(test)]
+pub use answer::LARGE_RESULT;
+pub use answer::{response, Answer, Outcome};
+pub use envelope::{Kind, MAX_NAME_LEN};
 pub use id::{id_key, Id};
 pub use members::Members;
 pub use peek::{cancelled_request_id, error_summary, is_tool_error, progress_token_of};
@@ -59,4 +59,17 @@ pub fn short_hash(parts: &[&str], hex_len: usize) -> String {
     let _ = write!(s, "{h:016x}");
     s.truncate(hex_len);
     s
+}
+
+/// The 2026-07-28 (stateless) revision and the `_meta` keys of its envelope, for both
+/// sides: the public endpoint and the downstream connections.
+pub mod meta {
+    /// The stateless revision.
+    pub const VERSION: &str = "2026-07-28";
+    pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+    pub const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+    pub const META_INFO: &str = "io.modelcontextprotocol/clientInfo";
+    pub const META_LOG: &str = "io.modelcontextprotocol/logLevel";
+    pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+    pub const META_SUBSCRIPTION: &str = "io.modelcontextprotocol/subscriptionId";
 }

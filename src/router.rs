@@ -66,6 +66,37 @@ pub struct Gateway {
     live: Mutex<HashMap<String, Weak<Client>>>,
 }
 
+/// A request as the router takes it: its method parsed once, its params raw.
+pub struct Request<'a> {
+    pub id: &'a Id,
+    pub method: Method,
+    /// The method's name as sent: what -32601 names for [`Method::Other`].
+    pub name: &'a str,
+    pub params: Option<Box<RawValue>>,
+}
+
+impl<'a> Request<'a> {
+    /// The request named `name`, its method parsed.
+    pub fn new(id: &'a Id, name: &'a str, params: Option<Box<RawValue>>) -> Request<'a> {
+        Request {
+            id,
+            method: Method::parse(name),
+            name,
+            params,
+        }
+    }
+
+    /// A request of a known method.
+    pub fn of(id: &'a Id, method: Method, params: Option<Box<RawValue>>) -> Request<'a> {
+        Request {
+            id,
+            method,
+            name: method.as_str(),
+            params,
+        }
+    }
+}
+
 /// One request on its way through the router: what every handler needs.
 pub(crate) struct Call<'a> {
     pub topo: &'a Topology,
@@ -206,13 +237,16 @@ impl Gateway {
     pub async fn request(
         &self,
         client: &Arc<Client>,
-        id: &Id,
-        method: &str,
-        params: Option<Box<RawValue>>,
+        req: Request<'_>,
         sink: Option<Sink>,
         parent: Option<opentelemetry::Context>,
     ) -> Option<Outcome> {
-        let parsed = Method::parse(method);
+        let Request {
+            id,
+            method: parsed,
+            name: method,
+            params,
+        } = req;
         let origin = telemetry::Origin {
             session: &client.id,
             protocol_version: client.protocol_version.get().map_or("", String::as_str),

@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 /// The one stateless revision served.
-pub const VERSION: &str = "2026-07-28";
+pub use crate::message::meta::VERSION;
 
 /// Every version the gateway serves: this one statelessly, the rest with `initialize`.
 pub fn supported_versions() -> Vec<&'static str> {
@@ -105,7 +105,7 @@ pub enum Answer {
 pub struct Call {
     pub client: Arc<Client>,
     pub id: Id,
-    pub method: String,
+    pub method: Method,
     pub params: Option<Box<RawValue>>,
     pub parent: Option<opentelemetry::Context>,
     pub finish: Finish,
@@ -276,7 +276,7 @@ impl Stateless {
         Answer::Call(Call {
             client,
             id,
-            method,
+            method: m,
             params: env.params,
             parent,
             finish,

@@ -11,7 +11,7 @@ mod listen;
 mod lists;
 mod pool;
 
-pub use handshake::{InitInfo, DOWNSTREAM_VERSION};
+pub use handshake::InitInfo;
 pub use lists::ListKind;
 
 use crate::catalog::Lists;
@@ -125,10 +125,7 @@ pub enum Event {
     /// A server's lists changed (or it became ready); the catalog must be rebuilt.
     /// `announced`: the kind the server itself said changed (a list_changed of its own),
     /// passed on to clients even when the merged list looks the same.
-    ListsChanged {
-        server: Arc<str>,
-        announced: Option<ListKind>,
-    },
+    ListsChanged { announced: Option<ListKind> },
     /// A server was started again, or a Streamable HTTP server initialized again after
     /// forgetting its session: what sessions asked of the old one (resource
     /// subscriptions, the log level) must be asked again.
@@ -313,12 +310,7 @@ impl Server {
                                 server: self.name.clone(),
                             })
                             .await;
-                        let _ = events
-                            .send(Event::ListsChanged {
-                                server: self.name.clone(),
-                                announced: None,
-                            })
-                            .await;
+                        let _ = events.send(Event::ListsChanged { announced: None }).await;
                     }
                 }
             }
@@ -420,10 +412,7 @@ impl Server {
                 kind = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
                     relisting = None;
                     let _ = events
-                        .send(Event::ListsChanged {
-                            server: self.name.clone(),
-                            announced: Some(kind),
-                        })
+                        .send(Event::ListsChanged { announced: Some(kind) })
                         .await;
                     continue;
                 }
@@ -476,12 +465,7 @@ impl Server {
                         // now and again when they return).
                         if matches!(self.cfg.transport, config::Transport::Http(_)) {
                             self.update(|s| s.lists = Lists::default());
-                            let _ = events
-                                .send(Event::ListsChanged {
-                                    server: self.name.clone(),
-                                    announced: None,
-                                })
-                                .await;
+                            let _ = events.send(Event::ListsChanged { announced: None }).await;
                         }
                     }
                     return clean || stopped;

@@ -15,14 +15,8 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The stateless revision.
-pub const VERSION: &str = "2026-07-28";
-pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-pub const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
-pub const META_INFO: &str = "io.modelcontextprotocol/clientInfo";
-pub const META_LOG: &str = "io.modelcontextprotocol/logLevel";
-pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
-pub const META_SUBSCRIPTION: &str = "io.modelcontextprotocol/subscriptionId";
+use crate::message::meta::{META_CAPS, META_INFO, META_LOG, META_VERSION};
+pub use crate::message::meta::{META_SUBSCRIPTION, VERSION};
 
 /// The gateway as a client.
 pub fn client_info() -> Value {
@@ -61,7 +55,6 @@ pub fn own_params(mut params: Map<String, Value>) -> Map<String, Value> {
 /// What a `server/discover` result says, when it is one naming [`VERSION`].
 pub struct Discovered {
     pub capabilities: Option<Map<String, Value>>,
-    pub server_info: Value,
     pub instructions: Option<String>,
 }
 
@@ -73,18 +66,11 @@ pub fn discovered(result: &str) -> Option<Discovered> {
     if !versions.iter().any(|v| v.as_str() == Some(VERSION)) {
         return None;
     }
-    let server_info = r
-        .get("_meta")
-        .and_then(|m| m.get(META_SERVER_INFO))
-        .cloned()
-        .or_else(|| r.remove("serverInfo"))
-        .unwrap_or(Value::Null);
     Some(Discovered {
         capabilities: match r.remove("capabilities") {
             Some(Value::Object(c)) => Some(c),
             _ => None,
         },
-        server_info,
         instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
     })
 }

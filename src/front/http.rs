@@ -111,10 +111,6 @@ impl Http {
     pub fn gateway(&self) -> &Arc<Gateway> {
         &self.gw
     }
-
-    pub fn sessions(&self) -> usize {
-        self.sessions.len()
-    }
 }
 
 /// The axum app: the MCP endpoint at the configured path plus health routes.

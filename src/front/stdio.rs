@@ -179,7 +179,12 @@ pub async fn serve<R, W>(
                 crate::background::spawn(async move {
                     // A cancelled request gets no answer, as the spec asks.
                     if let Some(result) = gw
-                        .request(&client, &id, &method, params, Some(Sink::new(out.clone())), None)
+                        .request(
+                            &client,
+                            crate::router::Request::new(&id, &method, params),
+                            Some(Sink::new(out.clone())),
+                            None,
+                        )
                         .await
                     {
                         match message::Answer::new(&id, result) {
@@ -239,7 +244,12 @@ async fn send_stateless(gw: &Arc<Gateway>, answer: Answer, out: &mpsc::Sender<By
             crate::background::spawn(async move {
                 let sink = Some(Sink::new(out.clone()));
                 let result = gw
-                    .request(&call.client, &call.id, &call.method, call.params, sink, call.parent)
+                    .request(
+                        &call.client,
+                        crate::router::Request::of(&call.id, call.method, call.params),
+                        sink,
+                        call.parent,
+                    )
                     .await;
                 drop(call.held);
                 // A cancelled request gets no answer.

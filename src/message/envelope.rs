@@ -4,11 +4,8 @@
 use super::answer::{Outcome, Raw, LARGE_RESULT};
 use super::code;
 use super::id::Id;
-use super::peek::{member, JsonStr};
-use crate::method::Method;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::borrow::Cow;
 
 /// The longest id accepted, in bytes of its JSON text (quotes and escapes included).
 /// A longer one makes the message an invalid request (-32600).
@@ -242,50 +239,6 @@ impl Kind {
             Kind::Response { .. } => None,
         }
     }
-
-    /// A request or notification, typed ([`Request`]); `None` for a response.
-    pub fn request(&self) -> Option<Request<'_>> {
-        let (id, name, params) = match self {
-            Kind::Request { id, method, params } => (Some(id), method, params),
-            Kind::Notification { method, params } => (None, method, params),
-            Kind::Response { .. } => return None,
-        };
-        Some(Request {
-            id,
-            method: Method::parse(name),
-            name,
-            params: params.as_deref(),
-        })
-    }
-}
-
-/// A request or notification seen typed: its method parsed once into a [`Method`], its
-/// params left raw (open them with [`Members`](super::Members) or read a field with
-/// [`Request::target`]). A view of a [`Kind`]: nothing is copied or allocated.
-#[derive(Clone, Copy, Debug)]
-pub struct Request<'a> {
-    /// `None` for a notification.
-    pub id: Option<&'a Id>,
-    pub method: Method,
-    /// The method's name as sent: what -32601 names for [`Method::Other`].
-    pub name: &'a str,
-    pub params: Option<&'a RawValue>,
-}
-
-impl<'a> Request<'a> {
-    pub fn is_notification(&self) -> bool {
-        self.id.is_none()
-    }
-
-    /// What the request acts on: the string at its method's [`Method::target_field`]
-    /// (`params.name` of `tools/call` and `prompts/get`, `params.uri` of the resource
-    /// methods), decoded. Read from the top level of the params on each call, other
-    /// values skipped unread; borrowed from them unless it holds escapes. `None` when the
-    /// method names nothing, or the params hold no such string.
-    pub fn target(&self) -> Option<Cow<'a, str>> {
-        let field = self.method.target_field()?;
-        member::<JsonStr>(self.params?.get(), field).map(|s| s.0)
-    }
 }
 
 /// An id as the peer wrote it, if it is not longer than [`MAX_ID_LEN`].
@@ -318,38 +271,6 @@ mod tests {
             String::from_utf8(response(&sid, &Outcome::Result(empty_object().into()))).unwrap(),
             r#"{"jsonrpc":"2.0","id":"1","result":{}}"#
         );
-    }
-
-    #[test]
-    fn requests_typed() {
-        let parse = |line: &str| Kind::parse(line.as_bytes()).unwrap();
-        let k = parse(
-            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"arguments":{"name":"no"},"name":"s__e\"x"}}"#,
-        );
-        let r = k.request().unwrap();
-        assert_eq!(
-            (r.id.map(Id::get), r.method, r.name),
-            (Some("7"), Method::ToolsCall, "tools/call")
-        );
-        assert!(!r.is_notification());
-        assert_eq!(r.target().as_deref(), Some("s__e\"x"));
-        let k = parse(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"file:///x"}}"#);
-        let r = k.request().unwrap();
-        assert_eq!(r.target(), Some(Cow::Borrowed("file:///x")));
-        // No target field, or none in the params, or not a string: no target.
-        for line in [
-            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"name":"x"}}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":[1]}"#,
-        ] {
-            assert_eq!(parse(line).request().unwrap().target(), None, "{line}");
-        }
-        let k = parse(r#"{"jsonrpc":"2.0","method":"made/up","params":{}}"#);
-        let r = k.request().unwrap();
-        assert!(r.is_notification() && r.method == Method::Other && r.name == "made/up");
-        assert_eq!(r.params.map(RawValue::get), Some("{}"));
-        assert!(parse(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#).request().is_none());
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl Gateway {
 
     pub(super) async fn event(&self, ev: Event) {
         match ev {
-            Event::ListsChanged { announced, .. } => self.rebuild(true, announced),
+            Event::ListsChanged { announced } => self.rebuild(true, announced),
             Event::Restarted { server } => self.restore(server).await,
             Event::Notification { server, method, params } if method == "notifications/resources/updated" => {
                 self.resource_updated(&server, &method, params.as_deref()).await;

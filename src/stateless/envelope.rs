@@ -20,10 +20,7 @@ use crate::method::Method;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
-const META_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const META_LOG: &str = "io.modelcontextprotocol/logLevel";
+use crate::message::meta::{META_CAPS, META_INFO, META_LOG, META_VERSION};
 
 const VERSION_HEADER: &str = "mcp-protocol-version";
 const METHOD_HEADER: &str = "mcp-method";

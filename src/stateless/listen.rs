@@ -31,7 +31,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-pub const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+use crate::message::meta::META_SUBSCRIPTION;
 
 /// What a listen request asked to hear about.
 #[derive(Debug, Default, Clone)]
@@ -126,8 +126,12 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     for (i, uri) in l.filter.uris.iter().enumerate() {
         let params = message::to_raw(&json!({ "uri": uri }));
         let id = Id::string(&format!("listen-subscribe-{i}"));
-        let sub =
-            l.gw.request(&l.client, &id, "resources/subscribe", Some(params), None, None);
+        let sub = l.gw.request(
+            &l.client,
+            crate::router::Request::of(&id, crate::method::Method::ResourcesSubscribe, Some(params)),
+            None,
+            None,
+        );
         let res = tokio::select! {
             r = sub => r,
             _ = l.cancel.cancelled() => return,
@@ -159,7 +163,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     }
     // The subscription id as the client wrote it (a Value would reformat a number).
     let mut meta = message::Members::new();
-    meta.insert_id(META_SUBSCRIPTION_ID, &l.id);
+    meta.insert_id(META_SUBSCRIPTION, &l.id);
     let mut params = message::Members::new();
     params.insert_members("_meta", &meta);
     params.insert_value("notifications", &Value::Object(ack));
@@ -181,7 +185,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             _ = l.closing.cancelled() => {
                 // The subscription id as the client wrote it (a Value would reformat a number).
                 let mut meta = message::Members::new();
-                meta.insert_id(META_SUBSCRIPTION_ID, &l.id);
+                meta.insert_id(META_SUBSCRIPTION, &l.id);
                 let mut result = message::Members::new();
                 result.insert_members("_meta", &meta);
                 let done = l.finish.apply(Outcome::Result(result.into_raw().into()));
@@ -247,7 +251,7 @@ fn tag(m: &[u8], filter: &Filter, honored: &[String], id: &Id, visible: &dyn Fn(
     let mut params = message::Members::parse(params).ok()?;
     let meta = params.get_raw("_meta").unwrap_or("{}");
     let mut meta = message::Members::parse(Some(RawValue::from_string(meta.to_owned()).ok()?)).ok()?;
-    meta.insert_id(META_SUBSCRIPTION_ID, id);
+    meta.insert_id(META_SUBSCRIPTION, id);
     params.insert_members("_meta", &meta);
     Some(message::notification_with_members(&method, &params))
 }
@@ -274,12 +278,12 @@ mod tests {
         let all = |_: &str| true;
         let tools = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
         let t: Value = serde_json::from_slice(&tag(tools, &f, &honored, &Id::from(7), &all).unwrap()).unwrap();
-        assert_eq!(t["params"]["_meta"][META_SUBSCRIPTION_ID], json!(7));
+        assert_eq!(t["params"]["_meta"][META_SUBSCRIPTION], json!(7));
         let prompts = br#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#;
         assert!(tag(prompts, &f, &honored, &Id::from(7), &all).is_none());
         let upd = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"a://1"}}"#;
         let u: Value = serde_json::from_slice(&tag(upd, &f, &honored, &Id::string("s"), &all).unwrap()).unwrap();
-        assert_eq!(u["params"]["_meta"][META_SUBSCRIPTION_ID], json!("s"));
+        assert_eq!(u["params"]["_meta"][META_SUBSCRIPTION], json!("s"));
         assert_eq!(u["params"]["uri"], "a://1");
         let other = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"b://2"}}"#;
         assert!(tag(other, &f, &honored, &Id::from(7), &all).is_none());

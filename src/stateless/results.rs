@@ -14,7 +14,7 @@ use crate::message::{self, Outcome};
 use crate::method::Method;
 use serde_json::{json, Map, Value};
 
-const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+use crate::message::meta::META_SERVER_INFO;
 
 /// How one request's outcome is decorated before it is sent.
 pub struct Finish {

@@ -123,7 +123,12 @@ impl Call {
         let method = binding.method;
         let task = crate::background::spawn(async move {
             let out = gw
-                .request(&client, &id, method.as_str(), params, Some(Sink::new(sink)), parent)
+                .request(
+                    &client,
+                    crate::router::Request::of(&id, method, params),
+                    Some(Sink::new(sink)),
+                    parent,
+                )
                 .await;
             let _ = done_tx.send(out);
         });
@@ -136,10 +141,6 @@ impl Call {
             asked: 0,
             binding,
         }
-    }
-
-    pub fn binding(&self) -> &Binding {
-        &self.binding
     }
 
     /// Gives the client's `inputResponses` to the questions they answer (by key). Values

@@ -24,7 +24,6 @@ pub struct InitInfo {
     pub protocol_version: String,
     /// `None` when the server sent no `capabilities` at all.
     pub capabilities: Option<Map<String, Value>>,
-    pub server_info: Value,
     pub instructions: Option<String>,
     /// Speaks 2026-07-28: every request carries the `_meta` envelope, no session.
     pub stateless: bool,
@@ -218,7 +217,6 @@ async fn discover(conn: &Connection, timeout: Duration) -> Result<Option<InitInf
     Ok(stateless::discovered(r.get()).map(|d| InitInfo {
         protocol_version: stateless::VERSION.to_owned(),
         capabilities: d.capabilities,
-        server_info: d.server_info,
         instructions: d.instructions,
         stateless: true,
     }))
@@ -270,7 +268,6 @@ async fn initialized(conn: &Connection, out: Outcome) -> Result<InitInfo, Handsh
             Some(Value::Object(c)) => Some(c),
             _ => None,
         },
-        server_info: r.remove("serverInfo").unwrap_or(Value::Null),
         instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
         stateless: false,
     };

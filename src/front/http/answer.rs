@@ -72,7 +72,7 @@ pub(super) async fn request(
     http: Http,
     client: Arc<Client>,
     id: Id,
-    method: String,
+    method: std::borrow::Cow<'static, str>,
     params: Option<Box<serde_json::value::RawValue>>,
     parent: Option<opentelemetry::Context>,
     finish: Option<Finish>,
@@ -83,7 +83,12 @@ pub(super) async fn request(
     let stateless = finish.is_some();
     let mut task = Detached(Some(Box::pin(async move {
         let out = gw
-            .request(&client, &id, &method, params, Some(Sink::new(sink)), parent)
+            .request(
+                &client,
+                crate::router::Request::new(&id, &method, params),
+                Some(Sink::new(sink)),
+                parent,
+            )
             .await;
         let out = out.unwrap_or_else(cancelled);
         let out = match finish {

@@ -176,7 +176,17 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
             let parent = crate::telemetry::from_headers(&headers);
             let sse_ok = accept.is_none_or(|a| a.sse);
             let client = session.client.clone();
-            request(http, client, id, method, params, parent, None, Some((&session, sse_ok))).await
+            request(
+                http,
+                client,
+                id,
+                method.into(),
+                params,
+                parent,
+                None,
+                Some((&session, sse_ok)),
+            )
+            .await
         }
     }
 }
@@ -223,7 +233,9 @@ async fn batch(http: &Http, headers: &HeaderMap, session: &Arc<Session>, body: &
                 let (gw, client) = (http.gw.clone(), client.clone());
                 let parent = crate::telemetry::from_headers(headers);
                 calls.push(futures::future::Either::Left(async move {
-                    let out = gw.request(&client, &id, &method, params, None, parent).await;
+                    let out = gw
+                        .request(&client, crate::router::Request::new(&id, &method, params), None, parent)
+                        .await;
                     let out = out.unwrap_or_else(cancelled);
                     Some(message::response(&id, &out))
                 }));

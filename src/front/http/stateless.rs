@@ -66,7 +66,17 @@ pub(super) async fn serve(
         Answer::Refused(id, e) => refuse(&id, e),
         Answer::Now(id, outcome) => json_response(message::response(&id, &outcome)),
         Answer::Call(c) => {
-            answer::request(http, c.client, c.id, c.method, c.params, c.parent, Some(c.finish), None).await
+            answer::request(
+                http,
+                c.client,
+                c.id,
+                c.method.as_str().into(),
+                c.params,
+                c.parent,
+                Some(c.finish),
+                None,
+            )
+            .await
         }
         // Closing the response cancels the call.
         Answer::Rounds(mut rounds) => match rounds.next().await {
