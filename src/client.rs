@@ -44,11 +44,19 @@ pub struct Client {
     /// reach it only through `questions` (multi round-trip requests), and it gets log
     /// messages only when its request named a level.
     pub(crate) stateless: bool,
-    /// Where a stateless client's call hands servers' questions (see [`crate::stateless::rounds`]);
+    /// Where a stateless client's call hands servers' questions (the stateless flow's rounds);
     /// none: they are refused.
-    pub(crate) questions: Option<tokio::sync::mpsc::Sender<crate::stateless::Question>>,
+    pub(crate) questions: Option<tokio::sync::mpsc::Sender<Question>>,
     /// No log messages at all (a stateless request without `logLevel`).
     pub(crate) silent: bool,
+}
+
+/// A server's question during a stateless call, for the client: what the call's rounds
+/// (the stateless flow) turn into an `input_required` result.
+pub struct Question {
+    pub method: String,
+    pub params: Option<Box<RawValue>>,
+    pub answer: tokio::sync::oneshot::Sender<Outcome>,
 }
 
 /// How long a client gets to answer a server's question (a person may be answering).
@@ -97,7 +105,7 @@ impl crate::downstream::Peer for Client {
                         )));
                 };
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                let q = crate::stateless::Question {
+                let q = Question {
                     method: method.clone(),
                     params,
                     answer: tx,
@@ -214,8 +222,8 @@ impl Client {
         self
     }
 
-    /// Lets a stateless client's servers ask it questions, through `tx` (see [`crate::stateless::rounds`]).
-    pub fn questions(mut self, tx: tokio::sync::mpsc::Sender<crate::stateless::Question>) -> Client {
+    /// Lets a stateless client's servers ask it questions, through `tx` (the stateless flow's rounds).
+    pub fn questions(mut self, tx: tokio::sync::mpsc::Sender<Question>) -> Client {
         self.questions = Some(tx);
         self
     }

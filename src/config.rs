@@ -1,4 +1,4 @@
-//! gateway.toml: parsed once into [`RawConfig`] (serde, unknown keys rejected), then
+//! gateway.toml: parsed once into `RawConfig` (serde, unknown keys rejected), then
 //! validated into [`Config`] with `${VAR}` expanded and secrets wrapped in [`Secret`].
 //!
 //! This is the only module that reads the gateway's environment, and only through the

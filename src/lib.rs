@@ -1,29 +1,49 @@
 //! mcp-gateway: a team's MCP servers behind one endpoint.
 //!
-//! The map, in the order a request travels:
-//! - [`config`]: gateway.toml → validated [`config::Config`]; the only reader of the environment.
-//!   [`reload`] watches the file (and SIGHUP) and hands new versions to the router.
-//! - [`front`]: adapters for clients: [`front::http`] (Streamable HTTP, sessions, health,
-//!   `/status`, `/metrics`) and [`front::stdio`] (the gateway as a stdio server).
-//! - [`stateless`]: the 2026-07-28 request flow, written once for every front: the envelope
-//!   and its headers checked ([`stateless::envelope`]), results decorated, servers'
-//!   questions as `input_required` results with the calls parked meanwhile and their signed
-//!   `requestState` ([`stateless::rounds`]), `subscriptions/listen` ([`stateless::listen`]).
-//! - [`auth`]: who the client is (static tokens, OAuth JWTs) and what it may see.
-//! - [`limit`]: rate limits per IP (before parsing), per client, per server and per tool.
-//! - [`client`]: one client session: requests in flight, capabilities, questions asked of
-//!   it, its log level.
-//! - [`router`]: [`router::Gateway`] and its swappable [`router::Topology`]; answers what it
-//!   can itself (initialize, ping, lists from the catalog) and sends the rest to the owner.
-//! - [`catalog`]: the merged tools, prompts and resources; public name ↔ (server, name).
-//! - [`supervisor`]: one server's life: start, handshake, list, re-list, restart, stop.
-//! - [`downstream`]: a connection to one server, owned by one task: [`downstream::pipe`]
-//!   owns a message stream ([`downstream::stdio`] a child process, [`downstream::sse`] the
-//!   legacy HTTP+SSE transport); [`downstream::http`] a Streamable HTTP session.
-//! - [`message`]: the JSON-RPC envelope; params and results stay raw JSON. [`sse`] parses
-//!   event streams.
-//! - [`metrics`] (Prometheus text) and [`telemetry`] (the log subscriber and OpenTelemetry
-//!   spans: one per client request, one per downstream call, W3C trace context in and out).
+//! Where each concern lives, in the order a request travels (one hop each; `src/README.md`
+//! explains the two bridges between protocol eras):
+//! - **Config**: [`config`] turns gateway.toml into a validated [`config::Config`], one
+//!   file per table (`config/gateway.rs`, `servers.rs`, `clients.rs`, `rate_limits.rs`,
+//!   `telemetry.rs`); it is the only reader of the environment. `reload` watches the file
+//!   (and SIGHUP) and hands each new version to the router.
+//! - **Fronts**: `front::http` (Streamable HTTP: POST in `http/post.rs`, sessions in
+//!   `http/session.rs`, GET streams in `http/get.rs`, transport checks in `http/checks.rs`,
+//!   `/status` `/metrics` `/healthz` `/readyz` in `http/status.rs`; resumable SSE in
+//!   `front/replay.rs`) and `front::stdio` (the gateway as a stdio server). They only adapt a
+//!   transport and render errors (`error::Error`) once each.
+//! - **The 2026-07-28 flow**, written once for every front: `stateless` (envelope and
+//!   `Mcp-*` headers in `stateless/envelope.rs`, result decoration in `results.rs`,
+//!   servers' questions as `input_required` and the parked calls in `rounds.rs`,
+//!   `subscriptions/listen` streams in `listen.rs`).
+//! - **Who may do what**: `auth` (static tokens, OAuth JWTs in `auth/oauth.rs`, allowlists)
+//!   and `limit` (rate limits per IP, client, server and tool).
+//! - **A session**: `client` (its requests in flight, capabilities, the questions servers
+//!   ask it, its log level).
+//! - **Routing**: `router` (`router::Gateway` and its swappable `Topology`): one `match`
+//!   on `method::Method`, a file per concern (`router/lists.rs`, `calls.rs`,
+//!   `resources.rs` for reads and subscriptions, `tasks.rs`, `logging.rs`, `forward.rs`,
+//!   `initialize.rs`, `topology.rs` for reloads and server events).
+//! - **Cross-session state**, one owner: `shared` (subscriptions, log levels, tasks, by
+//!   session id; async methods, so a second implementation can sit over a shared store).
+//! - **The catalog**: `catalog`, the merged tools, prompts and resources; public name ↔
+//!   (server, name) by lookup table.
+//! - **One server's life**: `supervisor` (start, watch, restart, stop), with the handshake
+//!   and era probe in `supervisor/handshake.rs`, lists in `lists.rs`, a 2026-07-28 server's
+//!   listen stream in `listen.rs`, and the per-session processes in `pool.rs`.
+//! - **Connections**: `downstream`, one task owning each: `downstream/pipe.rs` owns a
+//!   message stream (`stdio.rs` a child process, `sse.rs` the legacy HTTP+SSE transport),
+//!   `http.rs` a Streamable HTTP session, `stateless.rs` the 2026-07-28 envelope toward a
+//!   server.
+//! - **Messages**: `message` (the JSON-RPC envelope; params and results stay raw JSON), `method`
+//!   (the one list of methods and the era rules), `error` (the one error type, whose fault
+//!   it is, every code once), `sse` (event-stream parsing).
+//! - **Observability**: `metrics` (Prometheus text) and `telemetry` (the log subscriber;
+//!   spans and W3C trace context in `telemetry/spans.rs`).
+//! - **Plumbing**: `background` (every spawned task, tracked) and `sync` (std locks).
+//!
+//! Layers depend downward only: fronts → stateless → router → supervisor → downstream →
+//! telemetry → message/method/error/config. `client` and `shared` sit beside the router,
+//! below it; `metrics`, `sse`, `sync` and `background` are leaves anyone may use.
 //!
 //! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
 

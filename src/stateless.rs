@@ -30,7 +30,6 @@ pub mod rounds;
 
 pub use envelope::Headers;
 pub use results::Finish;
-pub use rounds::Question;
 
 use crate::auth::Identity;
 use crate::error::Error;

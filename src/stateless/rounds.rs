@@ -58,12 +58,7 @@ pub const MAX_PARKED: usize = 10_000;
 /// questions asked together go out in one `inputRequests`.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// A server's question during a stateless call, for the client.
-pub struct Question {
-    pub method: String,
-    pub params: Option<Box<RawValue>>,
-    pub answer: oneshot::Sender<Outcome>,
-}
+pub use crate::client::Question;
 
 /// Aborts the call's task when the call is dropped (expired, or its client went away).
 struct Abort(tokio::task::JoinHandle<()>);
