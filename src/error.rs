@@ -59,8 +59,9 @@ impl Source {
 pub struct Error {
     pub code: i64,
     pub message: String,
-    /// `error.data`: for a server's error `{"server": name}` at least.
-    pub data: Option<Value>,
+    /// `error.data`: for a server's error `{"server": name}` at least. Boxed, so that an
+    /// `Error` stays small in the `Result`s of the request path.
+    pub data: Option<Box<Value>>,
     pub source: Source,
     /// Over HTTP, the status to answer with instead of the one [`Error::status`] derives
     /// from the code (406, 413, 415, a session's 404 …).
@@ -101,10 +102,10 @@ impl Error {
         Error {
             code,
             message: message.into(),
-            data: Some(Value::Object(Map::from_iter([(
+            data: Some(Box::new(Value::Object(Map::from_iter([(
                 "server".to_owned(),
                 Value::String(server.to_string()),
-            )]))),
+            )])))),
             source: Source::Server(server.clone()),
             http_status: None,
         }
@@ -122,7 +123,7 @@ impl Error {
     }
 
     pub fn with_data(mut self, data: Value) -> Error {
-        self.data = Some(data);
+        self.data = Some(Box::new(data));
         self
     }
 
@@ -138,7 +139,7 @@ impl Error {
         m.insert("code".into(), self.code.into());
         m.insert("message".into(), Value::String(self.message.clone()));
         if let Some(d) = &self.data {
-            m.insert("data".into(), d.clone());
+            m.insert("data".into(), Value::clone(d));
         }
         // A serde_json::Value always serializes, and its text is JSON.
         RawValue::from_string(Value::Object(m).to_string())

@@ -120,7 +120,7 @@ pub struct Server {
 pub enum Era {
     Auto,
     /// 2026-07-28 only: no `initialize`.
-    Modern,
+    Stateless,
     /// The `initialize` handshake (2025-11-25 and earlier) only: no probe.
     Handshake,
 }
@@ -274,7 +274,7 @@ pub(super) fn parse(
             DEFAULT_PROTOCOL,
             &[
                 ("auto", Era::Auto),
-                ("2026-07-28", Era::Modern),
+                ("2026-07-28", Era::Stateless),
                 ("handshake", Era::Handshake),
             ],
         );

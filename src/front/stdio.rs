@@ -9,10 +9,6 @@
 //! notifications as lines tagged with the subscription id until cancelled; at the end of
 //! input or shutdown each stream gets its graceful response.
 
-// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
-// are the cold path, and boxing each would cost an allocation per refusal.
-#![allow(clippy::result_large_err)]
-
 use crate::downstream::stdio::{LineReader, Next};
 use crate::downstream::Sink;
 use crate::error::Error;

@@ -9,10 +9,6 @@
 //! unsupported version (-32022), and removed or unknown methods (-32601, 404 over HTTP).
 //! A transport without headers (stdio) has nothing to check against the body.
 
-// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
-// are the cold path, and boxing each would cost an allocation per refusal.
-#![allow(clippy::result_large_err)]
-
 use super::VERSION;
 use crate::error::{code, Error};
 use crate::message;

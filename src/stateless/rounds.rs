@@ -24,10 +24,6 @@
 //! `mcp-gateway.` mark is not the gateway's: it is a 2026-07-28 server's own, and the
 //! retry goes to that server untouched.
 
-// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
-// are the cold path, and boxing each would cost an allocation per refusal.
-#![allow(clippy::result_large_err)]
-
 use super::results::{invalid_state, Finish};
 use super::Tracked;
 use crate::client::Client;

@@ -129,7 +129,7 @@ impl Server {
         let timeout = self.settings().timeout;
         match self.cfg.protocol {
             config::Era::Handshake => initialize(conn, timeout).await,
-            config::Era::Modern => match discover(conn, timeout).await? {
+            config::Era::Stateless => match discover(conn, timeout).await? {
                 Some(info) => Ok(info),
                 None => Err(Handshake::Refused(format!(
                     "server/discover did not name {} (protocol = \"2026-07-28\" in gateway.toml)",

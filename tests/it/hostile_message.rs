@@ -370,7 +370,7 @@ async fn a_listen_streams_subscription_id_keeps_its_text() {
     let gw = Gateway::start(&config(&unique("listen"), ""));
     let body = format!(
         r#"{{"jsonrpc":"2.0","id":1e2,"method":"subscriptions/listen","params":{{"notifications":{{"toolsListChanged":true}},"_meta":{}}}}}"#,
-        modern_meta("hostile")
+        stateless_meta("hostile")
     );
     let mut r = reqwest::Client::new()
         .post(&gw.url)

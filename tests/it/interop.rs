@@ -1,7 +1,7 @@
 //! Interop: the official MCP SDK clients (Python `mcp` 2.x, TypeScript 1.x) talk to the real
 //! gateway binary, which fronts three real downstreams: the stdlib mock fixture, a Python SDK
 //! server and a TypeScript SDK server. The Python client also speaks 2026-07-28 to it
-//! (multi round-trip requests and `subscriptions/listen`, `tests/interop/py_modern.py`).
+//! (multi round-trip requests and `subscriptions/listen`, `tests/interop/py_stateless.py`).
 //!
 //! Needs `.venv/` and `node_modules/`: run `scripts/setup-test-deps` first. The tests panic
 //! (never skip) when those are missing.
@@ -216,7 +216,7 @@ async fn python_sdk_client_auto_mode_is_served_statelessly() {
             .as_f64()
             .unwrap_or_else(|| panic!("no connectSeconds in {out}"));
         // The gateway serves 2026-07-28 statelessly: the discover probe succeeds and the
-        // client stays modern (no initialize).
+        // client stays stateless (no initialize).
         eprintln!("auto mode: connect {connect} s, whole run {took:?}");
         assert_eq!(out["protocolVersion"], "2026-07-28", "{out}");
         assert_eq!(out["serverInfo"]["name"], "mcp-gateway", "{out}");
@@ -326,18 +326,18 @@ async fn typescript_sdk_client_over_gateway_stdio() {
 /// and retries with the `requestState`; its `listen()` gets the acknowledgment and a tools
 /// list change.
 #[tokio::test]
-async fn python_sdk_modern_client_drives_input_required_and_listen() {
+async fn python_sdk_stateless_client_drives_input_required_and_listen() {
     require_deps();
-    let n = unique("py-modern");
+    let n = unique("py-stateless");
     let gw = Gateway::start(&server("s0", &n, &["--two-way"], ""));
     let ctx = || format!("gateway stderr:\n{}", gw.logs());
     let args: Vec<String> = vec![
-        "tests/interop/py_modern.py".into(),
+        "tests/interop/py_stateless.py".into(),
         gw.url.clone(),
         "s0__ask_elicit".into(),
         "s0__add_tool".into(),
     ];
-    let (out, _) = run_client("py modern client", &path_str(&venv_python()), &args, &ctx).await;
+    let (out, _) = run_client("py stateless client", &path_str(&venv_python()), &args, &ctx).await;
     assert_eq!(out["protocolVersion"], "2026-07-28", "{out}");
     assert_eq!(out["elicited"], json!(["Who are you?"]), "{out}");
     assert_eq!(

@@ -2,10 +2,9 @@
 //! linked once, and each module is one concern. Most run the real `mcp-gateway` binary on
 //! port 0 against real child processes. One module: `cargo test --test it MODULE::`.
 
-mod common;
-
 mod auth;
 mod cli_start;
+mod common;
 mod compose;
 mod config_cli;
 mod core_catalog;
@@ -22,11 +21,6 @@ mod hostile_pipe;
 mod hostile_replay;
 mod interop;
 mod isolation;
-mod modern;
-mod modern_downstream;
-mod modern_listen;
-mod modern_mrtr;
-mod modern_stdio;
 mod operations;
 mod pagination;
 mod reload;
@@ -35,6 +29,11 @@ mod remote_interop;
 mod remote_pool;
 mod smoke;
 mod sse_resume;
+mod stateless;
+mod stateless_downstream;
+mod stateless_listen;
+mod stateless_rounds;
+mod stateless_stdio;
 mod supervision;
 mod tasks;
 mod telemetry;

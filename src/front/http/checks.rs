@@ -2,10 +2,6 @@
 //! limit, single headers, Origin and Host, Content-Type and Accept, the protocol version
 //! header, and who the caller is.
 
-// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
-// are the cold path, and boxing each would cost an allocation per refusal.
-#![allow(clippy::result_large_err)]
-
 use super::{refuse, reject, Http, SESSION_HEADER, VERSION_HEADER};
 use crate::auth::{self, Identity};
 use crate::error::{code, Error};
@@ -18,6 +14,10 @@ use tracing::debug;
 
 /// The per-IP limit, checked first by each MCP endpoint handler, before a body is read
 /// or parsed: 429 with `Retry-After`.
+///
+/// A refusal here is a whole 429 response (axum's `Response` is past clippy's size
+/// threshold for an `Err`); it is the cold path.
+#[allow(clippy::result_large_err)]
 pub(super) fn per_ip(http: &Http, extensions: &axum::http::Extensions) -> Result<(), Response> {
     let peer = extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
     if let Some(axum::extract::ConnectInfo(addr)) = peer {

@@ -2,10 +2,6 @@
 //! its limits, then sent where it belongs: the stateless flow, `initialize`, or its
 //! session.
 
-// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
-// are the cold path, and boxing each would cost an allocation per refusal.
-#![allow(clippy::result_large_err)]
-
 use super::answer::{cancelled, request};
 use super::checks::{accepted, check_accept, check_content_type, check_origin_host, check_version, identify, per_ip};
 use super::session::{initialize, session, Session};

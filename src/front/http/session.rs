@@ -1,10 +1,6 @@
 //! Handshake-era sessions: the table, `initialize` (which opens one), its owner's share
 //! of the sessions, expiry, and DELETE (which ends one).
 
-// Refusals are the crate's one `Error` (past clippy's size threshold for an `Err`); they
-// are the cold path, and boxing each would cost an allocation per refusal.
-#![allow(clippy::result_large_err)]
-
 use super::checks::admit_bodyless;
 use super::{json_response, refuse, reject, Http, SESSION_HEADER};
 use crate::auth::Identity;

@@ -314,7 +314,7 @@ pub fn path_str(p: &Path) -> String {
 }
 
 /// The 2026-07-28 `_meta` envelope of a request from a client named `client`.
-pub fn modern_meta(client: &str) -> Value {
+pub fn stateless_meta(client: &str) -> Value {
     json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientInfo": {"name": client, "version": "1"},

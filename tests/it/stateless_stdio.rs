@@ -11,7 +11,7 @@ const T: Duration = Duration::from_secs(30);
 const SUB: &str = "io.modelcontextprotocol/subscriptionId";
 
 fn meta() -> Value {
-    modern_meta("stdio-modern")
+    stateless_meta("stdio-stateless")
 }
 
 fn with_meta(mut params: Value) -> Value {
@@ -40,8 +40,8 @@ fn next_note(gw: &StdioGateway) -> Value {
 }
 
 #[test]
-fn stdio_serves_modern_requests_and_listen() {
-    let n = unique("stdio-modern");
+fn stdio_serves_stateless_requests_and_listen() {
+    let n = unique("stdio-stateless");
     let mut gw = StdioGateway::start(&server("s0", &n, &["--two-way"], ""), &[]);
     let readme = format!("mock://{n}/readme");
 
@@ -56,9 +56,9 @@ fn stdio_serves_modern_requests_and_listen() {
     let (_, r) = gw.request(
         json!(1),
         "tools/call",
-        with_meta(json!({"name": "s0__echo", "arguments": {"text": "modern stdio"}})),
+        with_meta(json!({"name": "s0__echo", "arguments": {"text": "stateless stdio"}})),
     );
-    assert_eq!(text(&r), "modern stdio");
+    assert_eq!(text(&r), "stateless stdio");
     assert_eq!(r["result"]["resultType"], "complete", "{r}");
     let (_, r) = gw.request(json!(2), "tools/list", with_meta(json!({})));
     assert_eq!(r["result"]["ttlMs"], 0, "{r}");

@@ -12,7 +12,7 @@ const T: Duration = Duration::from_secs(20);
 const SUB: &str = "io.modelcontextprotocol/subscriptionId";
 
 fn meta() -> Value {
-    modern_meta("listen-test")
+    stateless_meta("listen-test")
 }
 
 /// A well-formed stateless POST (headers derived from the body), as `token` if given.

@@ -127,7 +127,7 @@ async fn questions_become_input_required_and_retries_resume_the_call() {
     .await;
     refused(&r);
     // (A state without the gateway's mark is a 2026-07-28 server's own: it goes to the
-    // server untouched; tests/it/modern_downstream.rs and the conformance suite cover that.)
+    // server untouched; tests/it/stateless_downstream.rs and the conformance suite cover that.)
 
     // A retry without the answer is asked again, with a new state; the old one is spent.
     let r = call(

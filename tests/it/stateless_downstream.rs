@@ -2,7 +2,7 @@
 //! the stateless era to those that answer it (the caller's own capabilities in `_meta`,
 //! `Mcp-Param-*` headers over HTTP, tools with an invalid `x-mcp-header` dropped, a listen
 //! stream for list_changed) and falls back to `initialize` for the rest; and the bridge
-//! that lets a handshake-era client answer a modern server's `input_required` questions.
+//! that lets a handshake-era client answer a stateless server's `input_required` questions.
 
 use crate::common::*;
 use serde_json::{json, Value};
@@ -36,8 +36,8 @@ async fn servers_are_probed_and_each_keeps_its_era() {
         path_str(&repo().join("tests/fixtures/conformance_server.py")),
     );
     let gw = Gateway::start(&config);
-    let modern = gw.server_status("everything").await;
-    assert_eq!(modern["protocolVersion"], "2026-07-28", "{modern}");
+    let stateless = gw.server_status("everything").await;
+    assert_eq!(stateless["protocolVersion"], "2026-07-28", "{stateless}");
     let legacy = gw.server_status("legacy").await;
     assert_eq!(legacy["protocolVersion"], "2025-11-25", "{legacy}");
     let pinned = gw.server_status("pinned").await;
@@ -53,7 +53,7 @@ async fn servers_are_probed_and_each_keeps_its_era() {
 }
 
 #[tokio::test]
-async fn the_callers_own_capabilities_reach_a_modern_server() {
+async fn the_callers_own_capabilities_reach_a_stateless_server() {
     let gw = Gateway::start(&fixture_stdio(&[], "prefix = \"\""));
     // The session declared no sampling: the server itself refuses with -32021.
     let bare = gw.session().await;
@@ -91,7 +91,7 @@ async fn http_fixture() -> (Proc, String) {
 }
 
 #[tokio::test]
-async fn a_modern_http_server_gets_the_request_metadata_headers() {
+async fn a_stateless_http_server_gets_the_request_metadata_headers() {
     let (fixture, url) = http_fixture().await;
     let gw = Gateway::start(&format!("[servers.remote]\nurl = {url:?}\nprefix = \"\"\n"));
     let st = gw.server_status("remote").await;
@@ -107,7 +107,7 @@ async fn a_modern_http_server_gets_the_request_metadata_headers() {
 }
 
 #[tokio::test]
-async fn a_modern_servers_list_changed_arrives_on_its_listen_stream() {
+async fn a_stateless_servers_list_changed_arrives_on_its_listen_stream() {
     let gw = Gateway::start(&fixture_stdio(&[], "prefix = \"\""));
     let s = gw.session().await;
     // The fixture adds a tool, removes it again and announces the change: only on a
@@ -121,7 +121,7 @@ async fn a_modern_servers_list_changed_arrives_on_its_listen_stream() {
         "{}",
         gw.logs()
     );
-    // Subscribing to a resource of a modern server goes onto its listen stream.
+    // Subscribing to a resource of a stateless server goes onto its listen stream.
     let sub = s
         .request(
             json!(7),
@@ -159,7 +159,7 @@ async fn ts_call(url: &str, tool: &str, answer: Value) -> Value {
 }
 
 #[tokio::test]
-async fn a_handshake_client_answers_a_modern_servers_input_required_questions() {
+async fn a_handshake_client_answers_a_stateless_servers_input_required_questions() {
     let gw = Gateway::start(&fixture_stdio(&[], "prefix = \"\""));
     let answers = json!({
         "elicit": {"name": "Ada", "color": "teal"},
@@ -310,7 +310,7 @@ async fn merged_lists_carry_the_smallest_ttl_and_any_private_scope() {
 }
 
 #[tokio::test]
-async fn a_modern_servers_log_messages_reach_the_caller_at_its_level() {
+async fn a_stateless_servers_log_messages_reach_the_caller_at_its_level() {
     let gw = Gateway::start(&fixture_stdio(&[], "prefix = \"\""));
     let s = gw.session().await;
     // Without logging/setLevel the call carries no logLevel: the server logs nothing.

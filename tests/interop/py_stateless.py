@@ -2,7 +2,7 @@
 """Interop client on the official Python SDK (mcp 2.x) speaking 2026-07-28 to the gateway:
 multi round-trip requests and subscriptions/listen, driven by the SDK itself.
 
-Usage: .venv/bin/python tests/interop/py_modern.py URL ELICIT_TOOL ADD_TOOL
+Usage: .venv/bin/python tests/interop/py_stateless.py URL ELICIT_TOOL ADD_TOOL
 
 Connects in auto mode (server/discover), calls ELICIT_TOOL {message} with an elicitation
 callback that accepts {"name": "sdk-user"} (the SDK answers the gateway's input_required
@@ -52,7 +52,7 @@ def main() -> int:
     try:
         out = asyncio.run(run(sys.argv[1], sys.argv[2], sys.argv[3]))
     except Exception as e:  # report, do not trace: the Rust test shows stderr
-        print(f"py_modern failed: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"py_stateless failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     print(json.dumps(out))
     return 0

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 const V: &str = "2026-07-28";
 
 fn meta() -> Value {
-    modern_meta("modern-test")
+    stateless_meta("stateless-test")
 }
 
 /// The headers a conforming client derives from the body.
@@ -43,7 +43,7 @@ async fn raw(gw: &Gateway, hdrs: &[(String, String)], body: Value) -> (u16, Vec<
 }
 
 /// A well-formed stateless request; `params` gets the standard `_meta` unless it has one.
-async fn modern(gw: &Gateway, id: Value, method: &str, mut params: Value) -> (u16, Vec<Value>) {
+async fn stateless(gw: &Gateway, id: Value, method: &str, mut params: Value) -> (u16, Vec<Value>) {
     if params.get("_meta").is_none() {
         params["_meta"] = meta();
     }
@@ -85,7 +85,7 @@ async fn discover_lists_calls_and_decoration() {
     let n = unique("mod");
     let gw = Gateway::start(&server("s0", &n, &["--two-way"], ""));
 
-    let (st, m) = modern(&gw, json!("d"), "server/discover", json!({})).await;
+    let (st, m) = stateless(&gw, json!("d"), "server/discover", json!({})).await;
     assert_eq!(st, 200);
     let r = last(&m);
     assert_eq!(r["id"], "d");
@@ -104,7 +104,7 @@ async fn discover_lists_calls_and_decoration() {
     assert_eq!(caps["resources"]["subscribe"], true, "{r}");
     assert_eq!(caps["tools"]["listChanged"], true, "{r}");
 
-    let (st, m) = modern(&gw, json!(1), "tools/list", json!({})).await;
+    let (st, m) = stateless(&gw, json!(1), "tools/list", json!({})).await;
     assert_eq!(st, 200);
     let r = last(&m);
     decorated(r);
@@ -123,14 +123,14 @@ async fn discover_lists_calls_and_decoration() {
         ("resources/list", "resources"),
         ("resources/templates/list", "resourceTemplates"),
     ] {
-        let (st, m) = modern(&gw, json!(2), method, json!({})).await;
+        let (st, m) = stateless(&gw, json!(2), method, json!({})).await;
         assert_eq!(st, 200, "{method}");
         decorated(last(&m));
         cacheable(last(&m), "public");
         assert!(last(&m)["result"][key].is_array(), "{method}: {}", last(&m));
     }
 
-    let (st, m) = modern(
+    let (st, m) = stateless(
         &gw,
         json!(3),
         "tools/call",
@@ -144,7 +144,7 @@ async fn discover_lists_calls_and_decoration() {
     assert!(r["result"].get("ttlMs").is_none(), "tools/call is not cacheable: {r}");
 
     // The era's own _meta keys stay with the gateway; others (progressToken) go through.
-    let (_, m) = modern(
+    let (_, m) = stateless(
         &gw,
         json!(4),
         "tools/call",
@@ -155,13 +155,13 @@ async fn discover_lists_calls_and_decoration() {
     assert!(seen.get("io.modelcontextprotocol/protocolVersion").is_none(), "{seen}");
 
     // resources/read: private; an unknown URI is -32602 with data.uri.
-    let (_, m) = modern(&gw, json!(5), "resources/list", json!({})).await;
+    let (_, m) = stateless(&gw, json!(5), "resources/list", json!({})).await;
     let uri = last(&m)["result"]["resources"][0]["uri"].as_str().unwrap().to_string();
-    let (st, m) = modern(&gw, json!(6), "resources/read", json!({"uri": uri})).await;
+    let (st, m) = stateless(&gw, json!(6), "resources/read", json!({"uri": uri})).await;
     assert_eq!(st, 200);
     decorated(last(&m));
     cacheable(last(&m), "private");
-    let (st, m) = modern(&gw, json!(7), "resources/read", json!({"uri": "nope://x"})).await;
+    let (st, m) = stateless(&gw, json!(7), "resources/read", json!({"uri": "nope://x"})).await;
     assert_error(st, &m, 200, -32602, json!(7));
     assert_eq!(last(&m)["error"]["data"]["uri"], "nope://x");
 
@@ -170,7 +170,7 @@ async fn discover_lists_calls_and_decoration() {
     let mut md = meta();
     md["progressToken"] = json!("tok");
     p["_meta"] = md;
-    let (st, m) = modern(&gw, json!(8), "tools/call", p).await;
+    let (st, m) = stateless(&gw, json!(8), "tools/call", p).await;
     assert_eq!(st, 200);
     let progress: Vec<_> = m.iter().filter(|x| x["method"] == "notifications/progress").collect();
     assert_eq!(progress.len(), 2, "{m:?}");
@@ -178,7 +178,7 @@ async fn discover_lists_calls_and_decoration() {
     decorated(last(&m));
 
     // A server's question cannot reach a stateless client: refused, naming the capability.
-    let (_, m) = modern(
+    let (_, m) = stateless(
         &gw,
         json!(9),
         "tools/call",
@@ -193,12 +193,12 @@ async fn discover_lists_calls_and_decoration() {
         "no requests on the stream: {m:?}"
     );
     // With the capability declared, the question comes back as input_required (see
-    // tests/it/modern_mrtr.rs), never as a request on the stream.
+    // tests/it/stateless_rounds.rs), never as a request on the stream.
     let mut p = json!({"name": "s0__ask_sampling", "arguments": {"prompt": "x"}});
     let mut md = meta();
     md["io.modelcontextprotocol/clientCapabilities"] = json!({"sampling": {}});
     p["_meta"] = md;
-    let (_, m) = modern(&gw, json!(10), "tools/call", p).await;
+    let (_, m) = stateless(&gw, json!(10), "tools/call", p).await;
     let r = last(&m);
     assert_eq!(r["result"]["resultType"], "input_required", "{r}");
     assert!(
@@ -288,7 +288,7 @@ async fn validation_errors_and_removed_methods() {
     let (st, m) = raw(&gw, &h, body).await;
     assert_error(st, &m, 400, -32020, json!("c"));
 
-    // Removed and unknown methods: 404, -32601 (initialize only with modern _meta).
+    // Removed and unknown methods: 404, -32601 (initialize only with stateless _meta).
     for method in [
         "initialize",
         "ping",
@@ -298,7 +298,7 @@ async fn validation_errors_and_removed_methods() {
         "tasks/list",
         "unknown/method",
     ] {
-        let (st, m) = modern(&gw, json!(500), method, json!({})).await;
+        let (st, m) = stateless(&gw, json!(500), method, json!({})).await;
         assert_error(st, &m, 404, -32601, json!(500));
     }
 
@@ -314,7 +314,7 @@ async fn logging_only_with_log_level_and_sessions_side_by_side() {
     let gw = Gateway::start(&server("s0", &n, &[], ""));
     let call = |md: Value| json!({"name": "s0__log", "arguments": {"message": "hello"}, "_meta": md});
 
-    let (_, m) = modern(&gw, json!(1), "tools/call", call(meta())).await;
+    let (_, m) = stateless(&gw, json!(1), "tools/call", call(meta())).await;
     assert!(
         !m.iter().any(|x| x["method"] == "notifications/message"),
         "no logLevel, no logs: {m:?}"
@@ -323,7 +323,7 @@ async fn logging_only_with_log_level_and_sessions_side_by_side() {
 
     let mut md = meta();
     md["io.modelcontextprotocol/logLevel"] = json!("info");
-    let (_, m) = modern(&gw, json!(2), "tools/call", call(md)).await;
+    let (_, m) = stateless(&gw, json!(2), "tools/call", call(md)).await;
     assert!(
         m.iter().any(|x| x["method"] == "notifications/message"),
         "logLevel info: {m:?}"
@@ -331,7 +331,7 @@ async fn logging_only_with_log_level_and_sessions_side_by_side() {
 
     let mut md = meta();
     md["io.modelcontextprotocol/logLevel"] = json!("error");
-    let (_, m) = modern(&gw, json!(3), "tools/call", call(md)).await;
+    let (_, m) = stateless(&gw, json!(3), "tools/call", call(md)).await;
     assert!(
         !m.iter().any(|x| x["method"] == "notifications/message"),
         "info is below error: {m:?}"
@@ -339,7 +339,7 @@ async fn logging_only_with_log_level_and_sessions_side_by_side() {
 
     let mut md = meta();
     md["io.modelcontextprotocol/logLevel"] = json!("loud");
-    let (st, m) = modern(&gw, json!(4), "tools/call", call(md)).await;
+    let (st, m) = stateless(&gw, json!(4), "tools/call", call(md)).await;
     assert_error(st, &m, 400, -32602, json!(4));
 
     // A handshake session works beside stateless clients, undecorated.
@@ -349,7 +349,7 @@ async fn logging_only_with_log_level_and_sessions_side_by_side() {
     assert!(r["result"].get("resultType").is_none(), "{r}");
     let r = s.request(json!(2), "ping", json!({})).await;
     assert_eq!(r["result"], json!({}));
-    let (st, m) = modern(
+    let (st, m) = stateless(
         &gw,
         json!(5),
         "tools/call",
