@@ -562,6 +562,7 @@ impl Actor {
         if let Some(pid) = self.pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
             // SAFETY: kill(2) with a negative pid signals the process group we created for
             // the child (process_group(0) made its pid the group id). No memory is touched.
+            #[allow(unsafe_code)]
             unsafe {
                 libc::kill(-pid, signal);
             }

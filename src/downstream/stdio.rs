@@ -175,6 +175,7 @@ pub fn kill_all() -> usize {
     for g in groups.iter() {
         // SAFETY: kill(2) with a negative pid signals a process group we created for a
         // child (process_group(0) made its pid the group id). No memory is touched.
+        #[allow(unsafe_code)]
         unsafe {
             libc::kill(-g, libc::SIGKILL);
         }

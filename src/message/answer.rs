@@ -28,7 +28,10 @@ impl Raw {
     pub fn get(&self) -> &str {
         // SAFETY: a Raw is only made from a `Box<RawValue>` (a str) or from a sub-slice of
         // a `&str` view of its buffer (`slice_of`), so its bytes are always UTF-8.
-        unsafe { std::str::from_utf8_unchecked(&self.0) }
+        #[allow(unsafe_code)]
+        unsafe {
+            std::str::from_utf8_unchecked(&self.0)
+        }
     }
 
     /// The bytes, shared.
