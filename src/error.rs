@@ -44,7 +44,7 @@ pub enum Source {
 }
 
 impl Source {
-    /// A short label for metrics and spans: `client`, `server` or `gateway`.
+    /// A short label for logs: `client`, `server` or `gateway`.
     pub fn label(&self) -> &'static str {
         match self {
             Source::Client => "client",
@@ -144,6 +144,17 @@ impl Error {
         // A serde_json::Value always serializes, and its text is JSON.
         RawValue::from_string(Value::Object(m).to_string())
             .unwrap_or_else(|_| RawValue::from_string(format!("{{\"code\":{}}}", self.code)).unwrap_or_default())
+    }
+
+    /// Logs the error as its source deserves: a client's mistake at debug level, the
+    /// gateway's own failure and a server's at warn. Each front calls it where it renders.
+    pub fn log(&self) {
+        let (code, source) = (self.code, self.source.label());
+        match &self.source {
+            Source::Client => tracing::debug!(code, source, "{}", self.message),
+            Source::Server(s) => tracing::warn!(code, source, server = %s, "{}", self.message),
+            Source::Gateway => tracing::warn!(code, source, "{}", self.message),
+        }
     }
 
     /// The HTTP status an HTTP front answers with: the explicit one, else 400 for a

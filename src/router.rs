@@ -446,3 +446,86 @@ fn check_client_rates(topo: &Topology, key: &str, identity: Option<&Identity>) -
         .check_client(key)
         .and_then(|()| identity.map_or(Ok(()), Identity::check_rate))
 }
+
+/// The router in-process: a gateway with no servers, requests as a front would send them.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn gateway(toml: &str) -> Arc<Gateway> {
+        let none = |_: &str| None;
+        let config = Config::parse(std::path::Path::new("g.toml"), toml, &none).unwrap();
+        Gateway::new(config)
+    }
+
+    async fn ask(gw: &Gateway, client: &Arc<Client>, id: u64, method: &str, params: Value) -> Value {
+        let id = Id::from(id);
+        let params = Some(message::to_raw(&params));
+        let out = gw.request(client, Request::new(&id, method, params), None, None).await;
+        let text = match out.expect("not cancelled") {
+            Outcome::Result(r) => format!(r#"{{"result":{}}}"#, r.get()),
+            Outcome::Error(e) => format!(r#"{{"error":{}}}"#, e.get()),
+        };
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_router_answers_what_it_can_itself() {
+        let gw = gateway("");
+        let c = Arc::new(Client::new("s1"));
+        assert_eq!(ask(&gw, &c, 1, "ping", json!({})).await, json!({"result": {}}));
+        assert_eq!(
+            ask(&gw, &c, 2, "tools/list", json!({})).await["result"]["tools"],
+            json!([])
+        );
+        let e = ask(&gw, &c, 3, "tools/call", json!({"name": "nope__x"})).await;
+        assert_eq!(e["error"]["code"], -32602);
+        assert_eq!(e["error"]["data"], json!({"tool": "nope__x"}));
+        let e = ask(&gw, &c, 4, "made/up", json!({})).await;
+        assert_eq!(e["error"]["code"], -32601);
+        assert_eq!(e["error"]["message"], "method not found: made/up");
+        let e = ask(&gw, &c, 5, "initialize", json!({})).await;
+        assert_eq!(e["error"]["code"], -32600);
+        let e = ask(&gw, &c, 6, "tools/list", json!({"cursor": "zz"})).await;
+        assert_eq!(e["error"]["code"], -32602, "a cursor the gateway did not make");
+        let e = ask(&gw, &c, 7, "tools/call", json!({"name": "x", "arguments": [1]})).await;
+        assert_eq!(
+            e["error"]["message"],
+            "tools/call: params.arguments must be an object when present, not an array"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_over_its_rate_gets_a_tool_result_for_calls_and_an_error_for_the_rest() {
+        let gw = gateway("[rate_limits]\nper_client = \"1/m\"\n");
+        let c = Arc::new(Client::new("s1"));
+        assert_eq!(ask(&gw, &c, 1, "ping", json!({})).await, json!({"result": {}}));
+        let r = ask(&gw, &c, 2, "tools/call", json!({"name": "x"})).await;
+        assert_eq!(r["result"]["isError"], true);
+        let e = ask(&gw, &c, 3, "tools/list", json!({})).await;
+        assert_eq!(e["error"]["code"], -32029);
+        assert!(e["error"]["data"]["retryAfterMs"].as_u64().is_some());
+    }
+
+    #[tokio::test]
+    async fn log_levels_and_subscriptions_are_kept_by_session_and_forgotten_with_it() {
+        let gw = gateway("");
+        let c = Arc::new(Client::new("s1"));
+        let e = ask(&gw, &c, 1, "logging/setLevel", json!({"level": "loud"})).await;
+        assert_eq!(e["error"]["code"], -32602);
+        assert_eq!(
+            ask(&gw, &c, 2, "logging/setLevel", json!({"level": "debug"})).await,
+            json!({"result": {}})
+        );
+        assert_eq!(
+            gw.shared.downstream_log_level().await,
+            crate::downstream::log_rank("debug")
+        );
+        // No server offers resources: the URI is unknown (-32002), nothing is kept.
+        let e = ask(&gw, &c, 3, "resources/subscribe", json!({"uri": "a://1"})).await;
+        assert_eq!(e["error"]["code"], -32002);
+        gw.forget_client(&c).await;
+        assert!(crate::sync::lock(&gw.live).is_empty());
+    }
+}

@@ -140,6 +140,7 @@ pub fn app(http: Http) -> Router {
 /// The one rendering of an [`Error`] on this front: its status (see [`Error::status`])
 /// and the JSON-RPC error, under the request's id when there is one.
 fn refuse(id: &Id, e: Error) -> Response {
+    e.log();
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = message::response(id, &Outcome::from(e));
     (status, json_response(body)).into_response()

@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 /// An error as the line that answers request `id`.
 fn refuse(id: &Id, e: Error) -> Bytes {
+    e.log();
     Bytes::from(message::response(id, &Outcome::from(e)))
 }
 
