@@ -55,6 +55,7 @@ pub mod config;
 pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod front;
+pub mod import;
 pub(crate) mod limit;
 pub(crate) mod message;
 pub(crate) mod method;

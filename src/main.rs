@@ -1,4 +1,4 @@
-//! The `mcp-gateway` command: `serve` (default), `stdio` and `check`.
+//! The `mcp-gateway` command: `serve` (default), `stdio`, `check` and `import`.
 
 use clap::{Parser, Subcommand};
 use mcp_gateway::config::Config;
@@ -50,6 +50,17 @@ enum Cmd {
         #[arg(long)]
         connect: bool,
     },
+    /// Print [servers.*] tables for the servers of client configs (Claude Desktop, Claude
+    /// Code, Cursor, VS Code, Windsurf); secrets become ${VAR} references.
+    Import {
+        /// The client config files (JSON).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Append the tables to this gateway.toml (after checking the result), instead of
+        /// printing them.
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
 }
 
 /// EX_USAGE: the config is invalid.
@@ -57,6 +68,9 @@ const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Cmd::Import { files, write }) = &cli.command {
+        return import(files, write.as_deref());
+    }
     let config = match Config::load(&cli.config, &mcp_gateway::config::process_env) {
         Ok(c) => c,
         Err(e) => {
@@ -97,6 +111,8 @@ fn main() -> ExitCode {
                 print!("{text}"); // stdout-ok: check's report is its output
                 Ok(ok)
             }
+            // Answered before any config is read (see the top of main).
+            Cmd::Import { .. } => Ok(true),
         }
     });
     // Send the spans still queued while the runtime that runs the exporter is alive,
@@ -117,6 +133,90 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `import`: the tables on stdout, or appended to `write` once the whole file is a valid
+/// config; what was done on stderr. Never prints a secret value.
+fn import(files: &[PathBuf], write: Option<&std::path::Path>) -> ExitCode {
+    let mut inputs = Vec::new();
+    for f in files {
+        match std::fs::read_to_string(f) {
+            Ok(text) => inputs.push((f.display().to_string(), text)),
+            Err(e) => {
+                eprintln!("mcp-gateway import: {}: {e}", f.display());
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    let current = match write.map(std::fs::read_to_string) {
+        Some(Ok(text)) => text,
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Some(Err(e)) => {
+            eprintln!(
+                "mcp-gateway import: {}: {e}",
+                write.map_or(String::new(), |p| p.display().to_string())
+            );
+            return ExitCode::FAILURE;
+        }
+        None => String::new(),
+    };
+    let result = mcp_gateway::import::existing(&current)
+        .map_err(|e| format!("{}: {e}", write.map_or(String::new(), |p| p.display().to_string())))
+        .and_then(|existing| mcp_gateway::import::import(&inputs, &existing));
+    let imported = match result {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("mcp-gateway import: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    for n in &imported.notes {
+        eprintln!("mcp-gateway import: {n}");
+    }
+    let Some(path) = write else {
+        print!("{}", imported.toml); // stdout-ok: import's tables are its output
+        return ExitCode::SUCCESS;
+    };
+    if imported.names.is_empty() {
+        eprintln!("mcp-gateway import: nothing to add to {}", path.display());
+        return ExitCode::SUCCESS;
+    }
+    let mut combined = current.clone();
+    if !combined.is_empty() && !combined.ends_with("\n\n") {
+        combined.push_str(if combined.ends_with('\n') { "\n" } else { "\n\n" });
+    }
+    combined.push_str(&imported.toml);
+    // The servers' variables need not be set yet: any value checks the shape of the file.
+    // The gateway's own (OTEL_*, MCP_GATEWAY_*) are read as they are.
+    let placeholder = |name: &str| {
+        if name.starts_with("OTEL_") || name.starts_with("MCP_GATEWAY_") {
+            mcp_gateway::config::process_env(name)
+        } else {
+            mcp_gateway::config::process_env(name).or_else(|| Some("placeholder-value".to_owned()))
+        }
+    };
+    if let Err(e) = Config::parse(path, &combined, &placeholder) {
+        eprintln!(
+            "mcp-gateway import: the result would not be a valid config; {} unchanged:\n{e}",
+            path.display()
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    if let Err(e) = std::fs::write(path, combined) {
+        eprintln!("mcp-gateway import: {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    eprintln!(
+        "mcp-gateway import: added {} to {}",
+        imported
+            .names
+            .iter()
+            .map(|n| format!("[servers.{n}]"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        path.display()
+    );
+    ExitCode::SUCCESS
 }
 
 /// The async runtime. Its worker threads: `gateway.worker_threads`, else

@@ -23,6 +23,7 @@ mod hostile_message;
 mod hostile_ops;
 mod hostile_pipe;
 mod hostile_replay;
+mod import;
 mod interop;
 mod isolation;
 mod operations;
