@@ -337,6 +337,7 @@ mod tests {
     use super::*;
     use crate::catalog::{Lists, Source};
     use crate::config::{ClientSpec, Filter};
+    use indexmap::IndexMap;
     use serde_json::json;
 
     fn spec(name: &str, token: Option<&str>, allow: &[&str], deny: &[&str]) -> ClientSpec {
@@ -422,6 +423,7 @@ mod tests {
             prefix: "calc",
             lists: &lists,
             filter: &all,
+            overrides: &IndexMap::new(),
         }];
         let catalog = Arc::new(Catalog::build("__", &sources));
         let a = auth(vec![

@@ -14,9 +14,15 @@
 //! Resources keep their URIs. A URI listed by two servers belongs to the first. Routing
 //! always goes through these tables; names are never split.
 
-use crate::config::{name_char, Filter};
+mod overrides;
+mod template;
+
+pub use template::Template;
+
+use crate::config::{name_char, Filter, Override};
 use crate::message::{self, short_hash};
 use crate::method::{Method, LISTS};
+use indexmap::IndexMap;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
@@ -104,6 +110,8 @@ pub struct Source<'a> {
     pub lists: &'a Lists,
     /// Tool filter over the server's own names.
     pub filter: &'a Filter,
+    /// What the operator puts in place of some tools' names and descriptions.
+    pub overrides: &'a IndexMap<String, Override>,
 }
 
 /// Where a public name leads.
@@ -141,6 +149,9 @@ pub struct Catalog {
     pub entries: Vec<Entry>,
     /// Human-readable notes on collisions and renamed items.
     pub notes: Vec<String>,
+    /// Overrides that do not hold against what the servers list: of a tool a server does
+    /// not list, or a new name that another tool already has. `check --connect` fails on them.
+    pub problems: Vec<String>,
     /// Each merged list's caching hint (in [`LISTS`] order): the smallest `ttlMs`
     /// of its parts, private if any part is; a handshake-era server's part counts as
     /// `ttlMs` 0 (it promises nothing).
@@ -216,6 +227,7 @@ impl Catalog {
                 });
             }
         }
+        let problems = overrides::problems(separator, sources, &tools);
         let result = |key: &str, list: Vec<Value>| {
             let mut m = Map::new();
             m.insert(key.into(), Value::Array(list));
@@ -232,6 +244,7 @@ impl Catalog {
             templates_result: result(result_key(Method::ResourcesTemplatesList), templates_list),
             entries,
             notes,
+            problems,
             hints: std::array::from_fn(|i| {
                 sources
                     .iter()
@@ -300,8 +313,11 @@ fn merge_named(
                 ));
                 continue;
             }
-            let mut public = public_name(s.prefix, separator, name, s.server);
-            if public != join(s.prefix, separator, name) {
+            // An override's name makes the public name; the route keeps the server's own.
+            let overridden = if filtered { s.overrides.get(name) } else { None };
+            let shown = overridden.and_then(|o| o.name.as_deref()).unwrap_or(name);
+            let mut public = public_name(s.prefix, separator, shown, s.server);
+            if public != join(s.prefix, separator, shown) {
                 notes.push(format!(
                     "{kind} {name} of server '{}' is public as {public} (name too long or invalid)",
                     s.server
@@ -324,6 +340,9 @@ fn merge_named(
             }
             let mut item = item.clone();
             item.insert("name".into(), Value::String(public.clone()));
+            if let Some(o) = overridden {
+                overrides::apply(&mut item, o);
+            }
             list.push(Value::Object(item));
             entries.push(Entry {
                 kind,
@@ -374,99 +393,6 @@ fn hashed_name(clean: &str, server: &str, name: &str) -> String {
     out
 }
 
-/// An RFC 6570 URI template, enough of it to decide whether a URI belongs to it.
-#[derive(Debug, Clone)]
-pub struct Template {
-    pub source: String,
-    parts: Vec<Part>,
-}
-
-#[derive(Debug, Clone)]
-enum Part {
-    Literal(String),
-    /// `{x}`: one or more characters, no `/`, `?` or `#`.
-    Simple,
-    /// `{+x}` / `{#x}`: anything, including `/`.
-    Reserved,
-    /// `{/x}`, `{.x}`, `{;x}`: the operator character then a value (possibly absent).
-    Prefixed(char),
-    /// `{?x}` / `{&x}`: an optional query part, to the end.
-    Query,
-}
-
-impl Template {
-    pub fn parse(s: &str) -> Template {
-        let mut parts = Vec::new();
-        let mut rest = s;
-        while let Some(open) = rest.find('{') {
-            if open > 0 {
-                parts.push(Part::Literal(rest[..open].to_owned()));
-            }
-            let Some(close) = rest[open..].find('}') else {
-                parts.push(Part::Literal(rest[open..].to_owned()));
-                rest = "";
-                break;
-            };
-            let expr = &rest[open + 1..open + close];
-            parts.push(match expr.chars().next() {
-                Some('+') | Some('#') => Part::Reserved,
-                Some(c @ ('/' | '.' | ';')) => Part::Prefixed(c),
-                Some('?') | Some('&') => Part::Query,
-                _ => Part::Simple,
-            });
-            rest = &rest[open + close + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Literal(rest.to_owned()));
-        }
-        Template {
-            source: s.to_owned(),
-            parts,
-        }
-    }
-
-    pub fn matches(&self, uri: &str) -> bool {
-        // Without the memo, adjacent variables (`{a}{b}{c}…`) try every split of the URI
-        // between them: exponential in their count. No allocation until a state fails.
-        match_parts(&self.parts, uri, &mut std::collections::HashSet::new())
-    }
-}
-
-/// Whether `s` matches `parts`. A state is (parts left, bytes left): both are suffixes of
-/// the template's parts and of the URI, so `failed` remembers states known not to match
-/// and each is explored once.
-fn match_parts(parts: &[Part], s: &str, failed: &mut std::collections::HashSet<(usize, usize)>) -> bool {
-    let Some((first, rest)) = parts.split_first() else {
-        return s.is_empty();
-    };
-    if failed.contains(&(parts.len(), s.len())) {
-        return false;
-    }
-    let matched = match first {
-        Part::Literal(l) => s.strip_prefix(l.as_str()).is_some_and(|r| match_parts(rest, r, failed)),
-        Part::Query => s.is_empty() || s.starts_with('?') || s.starts_with('&'),
-        Part::Simple | Part::Reserved | Part::Prefixed(_) => {
-            let (body, min) = match first {
-                Part::Prefixed(c) => match s.strip_prefix(*c) {
-                    Some(b) => (b, 0),
-                    None => return match_parts(rest, s, failed),
-                },
-                _ => (s, 1),
-            };
-            let stop = |c: char| matches!(first, Part::Simple | Part::Prefixed(_)) && matches!(c, '/' | '?' | '#');
-            let limit = body.find(stop).unwrap_or(body.len());
-            // Try the longest value first, then shorter ones (backtracking).
-            (min..=limit)
-                .rev()
-                .any(|n| body.is_char_boundary(n) && match_parts(rest, &body[n..], failed))
-        }
-    };
-    if !matched {
-        failed.insert((parts.len(), s.len()));
-    }
-    matched
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -477,11 +403,13 @@ mod tests {
         };
         let (a, b, legacy) = (stateless(60_000, false), stateless(5_000, true), Lists::default());
         let filter = crate::config::Filter::default();
+        let none = IndexMap::new();
         let src = |lists| Source {
             server: "s",
             prefix: "",
             lists,
             filter: &filter,
+            overrides: &none,
         };
         let both = Catalog::build("__", &[src(&a), src(&b)]);
         assert_eq!(
@@ -540,12 +468,14 @@ mod tests {
                     prefix: "",
                     lists: &a,
                     filter: &only,
+                    overrides: &IndexMap::new(),
                 },
                 Source {
                     server: "b",
                     prefix: "",
                     lists: &b,
                     filter: &all,
+                    overrides: &IndexMap::new(),
                 },
             ],
         );
@@ -587,12 +517,14 @@ mod tests {
                     prefix: "calc",
                     lists: &a,
                     filter: &no_delete,
+                    overrides: &IndexMap::new(),
                 },
                 Source {
                     server: "other",
                     prefix: "",
                     lists: &b,
                     filter: &all,
+                    overrides: &IndexMap::new(),
                 },
             ],
         );
@@ -633,12 +565,14 @@ mod tests {
                     prefix: "",
                     lists: &a,
                     filter: &all,
+                    overrides: &IndexMap::new(),
                 },
                 Source {
                     server: "b",
                     prefix: "x",
                     lists: &b,
                     filter: &all,
+                    overrides: &IndexMap::new(),
                 },
             ],
         );
@@ -659,24 +593,5 @@ mod tests {
             public_name("x", "__", &"n".repeat(80), "b"),
             public_name("x", "__", &"n".repeat(80), "b")
         );
-    }
-
-    #[test]
-    fn templates_match() {
-        let t = Template::parse("mock://a/items/{id}");
-        assert!(t.matches("mock://a/items/42"));
-        assert!(!t.matches("mock://a/items/"));
-        assert!(!t.matches("mock://a/items/4/2"));
-        assert!(!t.matches("mock://b/items/42"));
-        assert!(Template::parse("file:///{+path}").matches("file:///a/b/c.txt"));
-        assert!(Template::parse("api://x{/id}{?q}").matches("api://x/7?q=1"));
-        assert!(Template::parse("test://template/{id}/data").matches("test://template/5/data"));
-        // Adjacent variables: each needs a character; no exponential backtracking.
-        let many = Template::parse(&"{v}".repeat(40));
-        assert!(many.matches(&"x".repeat(40)) && !many.matches(&"x".repeat(39)));
-        // Exponential without the memo; a few hundred tries with it.
-        let t = std::time::Instant::now();
-        assert!(!Template::parse(&format!("{}!", "{v}".repeat(10))).matches(&"x".repeat(36)));
-        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{:?}", t.elapsed());
     }
 }

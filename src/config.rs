@@ -29,9 +29,9 @@ pub use gateway::{
 };
 pub use rate_limits::{Per, Rate, RateLimits};
 pub use servers::{
-    Era, HttpMode, HttpSpec, Isolation, Restart, Server, StdioSpec, Transport, DEFAULT_ENABLED, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_ISOLATION, DEFAULT_PROTOCOL, DEFAULT_RESTART, DEFAULT_SERVER_MAX_SESSIONS, DEFAULT_TRANSPORT,
-    INHERITED_ENV, STALL_TIMEOUTS,
+    Era, HttpMode, HttpSpec, Isolation, Override, Restart, Server, StdioSpec, Transport, DEFAULT_ENABLED,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_ISOLATION, DEFAULT_PROTOCOL, DEFAULT_RESTART, DEFAULT_SERVER_MAX_SESSIONS,
+    DEFAULT_TRANSPORT, INHERITED_ENV, STALL_TIMEOUTS,
 };
 pub use telemetry::{
     LogFormat, OtlpProtocol, Telemetry, DEFAULT_LOG_FORMAT, DEFAULT_OTLP_PROTOCOL, DEFAULT_SERVICE_NAME,

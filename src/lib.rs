@@ -237,7 +237,13 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
         }
         out.push('\n');
     }
+    let overrides: usize = config.servers.iter().map(|s| s.overrides.len()).sum();
     if !connect {
+        if overrides > 0 {
+            out.push_str(&format!(
+                "warning: {overrides} tool overrides are checked against the servers' tools only with --connect\n"
+            ));
+        }
         return Ok((out, true));
     }
     let gw: Arc<Gateway> = Gateway::new(config);
@@ -282,6 +288,13 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
         out.push_str("\nnotes:\n");
         for n in &catalog.notes {
             out.push_str(&format!("  {n}\n"));
+        }
+    }
+    if !catalog.problems.is_empty() {
+        ok = false;
+        out.push_str("\nerrors:\n");
+        for p in &catalog.problems {
+            out.push_str(&format!("  {p}\n"));
         }
     }
     gw.stop().await;

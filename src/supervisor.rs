@@ -43,6 +43,8 @@ pub struct Settings {
     pub prefix: String,
     pub timeout: Duration,
     pub tools: config::Filter,
+    /// `[servers.NAME.overrides.*]`, by the server's own tool name.
+    pub overrides: indexmap::IndexMap<String, config::Override>,
 }
 
 impl Settings {
@@ -51,6 +53,7 @@ impl Settings {
             prefix: cfg.prefix.clone(),
             timeout: cfg.timeout,
             tools: cfg.tools.clone(),
+            overrides: cfg.overrides.clone(),
         }
     }
 }
@@ -216,7 +219,7 @@ impl Server {
             && self.cfg.protocol == other.protocol
     }
 
-    /// Applies a reload's prefix, timeout and tool filter.
+    /// Applies a reload's prefix, timeout, tool filter and overrides.
     pub fn retune(&self, cfg: &config::Server) {
         *sync::write(&self.settings) = Arc::new(Settings::of(cfg));
     }

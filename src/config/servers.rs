@@ -61,10 +61,34 @@ pub(super) struct RawServer {
     stall_timeout: Option<Spanned<String>>,
     max_sessions: Option<usize>,
     protocol: Option<Spanned<String>>,
+    /// `[servers.NAME.overrides.TOOL]`, by the server's own tool name.
+    #[serde(default)]
+    overrides: IndexMap<String, RawOverride>,
     /// `command` or `url` was there but of the wrong type (already reported): whether it
     /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
     #[serde(skip)]
     kind_unknown: bool,
+}
+
+/// One `[servers.NAME.overrides.TOOL]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOverride {
+    name: Option<Spanned<String>>,
+    description: Option<String>,
+    title: Option<String>,
+    annotations: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What the operator puts in place of a tool's own: its name (the public name is made
+/// from it, calls still go to the original), description, title, and annotations
+/// (merged over the tool's own, key by key).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Override {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub title: Option<String>,
+    pub annotations: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl RawServer {
@@ -112,6 +136,8 @@ pub struct Server {
     pub max_sessions: usize,
     /// Which protocol era to speak to the server.
     pub protocol: Era,
+    /// Tool overrides, by the server's own tool name.
+    pub overrides: IndexMap<String, Override>,
 }
 
 /// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
@@ -289,6 +315,7 @@ pub(super) fn parse(
                 ("never", Restart::Never),
             ],
         );
+        let overrides = parse_overrides(cx, &name, &s.overrides);
         let server = |transport| Server {
             name: name.clone(),
             prefix: prefix.clone(),
@@ -306,6 +333,7 @@ pub(super) fn parse(
             idle_timeout,
             max_sessions: s.max_sessions.unwrap_or(DEFAULT_SERVER_MAX_SESSIONS).max(1),
             protocol,
+            overrides: overrides.clone(),
         };
         let command = match (s.command, s.url) {
             (Some(_), Some(url)) => {
@@ -469,4 +497,37 @@ fn http_spec(
         headers: out_headers,
         ca_file,
     })
+}
+
+/// `[servers.NAME.overrides.*]`: a new name must be a valid one, and two tools may not
+/// be given the same name.
+fn parse_overrides(cx: &mut Ctx, server: &str, raw: &IndexMap<String, RawOverride>) -> IndexMap<String, Override> {
+    let mut out = IndexMap::new();
+    let mut names: IndexMap<String, String> = IndexMap::new();
+    for (tool, o) in raw {
+        if let Some(n) = &o.name {
+            let new = n.get_ref();
+            if new.is_empty() || !new.chars().all(name_char) {
+                cx.at(
+                    n.span().start,
+                    format!("servers.{server}.overrides.{tool}.name: {new:?} may only use [A-Za-z0-9_.-] and must not be empty"),
+                );
+            } else if let Some(other) = names.insert(new.clone(), tool.clone()) {
+                cx.at(
+                    n.span().start,
+                    format!("servers.{server}.overrides.{tool}.name: {new:?} is already the new name of {other:?}"),
+                );
+            }
+        }
+        out.insert(
+            tool.clone(),
+            Override {
+                name: o.name.as_ref().map(|n| n.get_ref().clone()),
+                description: o.description.clone(),
+                title: o.title.clone(),
+                annotations: o.annotations.clone(),
+            },
+        );
+    }
+    out
 }

@@ -174,7 +174,7 @@ impl Gateway {
 
     /// Logs a new catalog's notes and, with `notify`, tells every session which lists changed.
     fn announce(&self, old: &Catalog, new: &Catalog, notify: bool, announced: Option<ListKind>) {
-        for note in &new.notes {
+        for note in new.notes.iter().chain(&new.problems) {
             warn!("{note}");
         }
         if !notify {
@@ -235,6 +235,7 @@ fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
             prefix: &settings.prefix,
             lists,
             filter: &settings.tools,
+            overrides: &settings.overrides,
         })
         .collect();
     Catalog::build(&config.gateway.separator, &sources)

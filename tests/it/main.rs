@@ -27,6 +27,7 @@ mod import;
 mod interop;
 mod isolation;
 mod operations;
+mod overrides;
 mod pagination;
 mod reload;
 mod remote;
