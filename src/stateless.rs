@@ -217,8 +217,8 @@ impl Stateless {
             Err(e) => return Answer::Refused(id, e),
         };
         let private = topo.auth.required();
-        let init = self.gw.initialize_result_for(None, identity.as_deref());
         if m == Method::ServerDiscover {
+            let init = self.gw.initialize_result_for(None, identity.as_deref());
             return Answer::Now(id, results::discover(&init, private));
         }
         let key = self.transport.cancel_by_id.then(|| id_key(&id));
@@ -232,7 +232,6 @@ impl Stateless {
         }
         let finish = Finish {
             method: m,
-            init,
             private,
             uri: env.uri,
             hint: topo.catalog.hint(&method),

@@ -19,8 +19,6 @@ use crate::message::meta::META_SERVER_INFO;
 /// How one request's outcome is decorated before it is sent.
 pub struct Finish {
     pub(super) method: Method,
-    /// The gateway's `initialize` result for the caller (its serverInfo).
-    pub(super) init: Outcome,
     /// Every cacheable result is `private` (auth is configured).
     pub(super) private: bool,
     /// `params.uri` of a `resources/read`, for its not-found error.
@@ -41,7 +39,7 @@ impl Finish {
                         o.insert("cacheScope".into(), json!("private"));
                     }
                 }
-                complete(self.method, v, &server_info(&self.init), self.private)
+                complete(self.method, v, &server_info(), self.private)
             }
             Outcome::Error(e) => {
                 // 2026-07-28: an unknown resource is -32602 with data.uri.
@@ -63,28 +61,17 @@ impl Finish {
 
     /// An `InputRequiredResult`: the servers' open questions and the state to echo back.
     pub fn input_required(&self, requests: Map<String, Value>, state: String) -> Outcome {
-        let info = server_info(&self.init);
-        let mut v = json!({
+        let v = json!({
             "resultType": "input_required",
             "inputRequests": requests,
             "requestState": state,
+            "_meta": { META_SERVER_INFO: server_info() },
         });
-        if !info.is_null() {
-            v["_meta"] = json!({ META_SERVER_INFO: info });
-        }
         Outcome::Result(message::to_raw(&v).into())
     }
 }
 
-/// The gateway's `serverInfo`, as in its `initialize` result.
-fn server_info(init: &Outcome) -> Value {
-    match init {
-        Outcome::Result(i) => serde_json::from_str::<Value>(i.get())
-            .map(|v| v.get("serverInfo").cloned().unwrap_or(Value::Null))
-            .unwrap_or(Value::Null),
-        Outcome::Error(_) => Value::Null,
-    }
-}
+use crate::router::server_info;
 
 /// `server/discover`: the versions, the capabilities this revision has (no tasks;
 /// `listChanged` and `subscribe` as in `initialize`, delivered by `subscriptions/listen`),
