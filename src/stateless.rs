@@ -198,7 +198,8 @@ impl Stateless {
         } = r;
         let m = Method::parse(&method);
         let topo = self.gw.topology();
-        // A tool the caller's allowlist hides is not looked at (it is answered as unknown).
+        // A tool the caller's allowlist hides is not looked at (it is answered as unknown);
+        // a schema is given only when it asks for param headers.
         let tool_schema = |name: &str| -> Option<Value> {
             if !identity.as_ref().is_none_or(|i| i.permits(name)) {
                 return None;
@@ -210,9 +211,11 @@ impl Stateless {
                 .tools
                 .iter()
                 .find(|t| t.get("name").and_then(Value::as_str) == Some(&route.name))?;
-            tool.get("inputSchema").cloned()
+            tool.get("inputSchema")
+                .filter(|s| envelope::has_param_headers(s))
+                .cloned()
         };
-        let env = match envelope::check(headers, &method, m, params.as_deref(), tool_schema) {
+        let env = match envelope::check(headers, &method, m, params, tool_schema) {
             Ok(e) => e,
             Err(e) => return Answer::Refused(id, e),
         };
@@ -264,7 +267,7 @@ impl Stateless {
                 stop,
                 _held: held,
             };
-            return match round.start(client, env.params, parent) {
+            return match round.start(client, env.params, env.retry, parent) {
                 Ok(rounds) => Answer::Rounds(Box::pin(rounds)),
                 Err(e) => Answer::Refused(id, e),
             };

@@ -360,16 +360,18 @@ impl Round {
         self,
         client: Client,
         params: Option<Box<RawValue>>,
+        retry: super::envelope::Retry,
         parent: Option<opentelemetry::Context>,
     ) -> Result<impl futures::Stream<Item = (bool, Bytes)> + Send, Error> {
         let method = self.finish.method;
-        let mut p = message::params_object(params.as_deref()).unwrap_or_default();
-        let state = p.remove("requestState");
-        let responses = p.remove("inputResponses");
-        let field = method.target_field().unwrap_or("name");
+        let super::envelope::Retry {
+            target,
+            state,
+            responses,
+        } = retry;
         let binding = Binding {
             method,
-            target: p.get(field).and_then(Value::as_str).unwrap_or_default().to_owned(),
+            target,
             principal: self.principal.clone(),
         };
         let (call, previous) = match state {
