@@ -102,22 +102,36 @@ pub fn check(
     let bad = |m: &str| Error::invalid_params(m).with_status(400);
     let given = params.is_some();
     let mut p = message::Members::parse(params).map_err(|e| bad(&e))?;
-    let Some(meta) = p.meta() else {
-        return Err(bad(
-            "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
-        ));
+    let peeked = p.get_raw("_meta").and_then(peek_meta).map(|members| {
+        let open = |r: Option<&RawValue>| r.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+        members.map(open)
+    });
+    let [version, capabilities, log] = match peeked {
+        // Only the revision's own members: all of `_meta` is taken out.
+        Some(members) => {
+            p.remove("_meta");
+            members
+        }
+        None => {
+            let Some(meta) = p.meta() else {
+                return Err(bad(
+                    "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
+                ));
+            };
+            let members = [META_VERSION, META_CAPS, META_LOG].map(|k| meta.remove(k));
+            meta.remove(META_INFO);
+            if meta.is_empty() {
+                p.remove("_meta");
+            }
+            members
+        }
     };
-    let Some(Value::String(version)) = meta.remove(META_VERSION) else {
+    let Some(Value::String(version)) = version else {
         return Err(bad(&format!("params._meta needs {META_VERSION} (a string)")));
     };
-    let Some(Value::Object(capabilities)) = meta.remove(META_CAPS) else {
+    let Some(Value::Object(capabilities)) = capabilities else {
         return Err(bad(&format!("params._meta needs {META_CAPS} (an object)")));
     };
-    let log = meta.remove(META_LOG);
-    meta.remove(META_INFO);
-    if meta.is_empty() {
-        p.remove("_meta");
-    }
     if let Some(h) = headers {
         agrees(text(h, VERSION_HEADER)?, "MCP-Protocol-Version", &version, "_meta")?;
     }
@@ -189,6 +203,37 @@ pub fn check(
         uri,
         retry,
     })
+}
+
+/// The protocol version, client capabilities and log level in `_meta` (its raw text), as
+/// the client wrote them, when `_meta` is an object of the revision's own members only
+/// (`clientInfo` besides), with plain keys; `None` otherwise, for the general path
+/// (`_meta` opened into a map) to decide. `clientInfo` is not parsed.
+fn peek_meta(raw: &str) -> Option<[Option<&RawValue>; 3]> {
+    use serde::de::{MapAccess, Visitor};
+    struct Own;
+    impl<'de> Visitor<'de> for Own {
+        type Value = Option<[Option<&'de RawValue>; 3]>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = [None; 3];
+            while let Some(key) = map.next_key::<&'de str>()? {
+                let value: &'de RawValue = map.next_value()?;
+                match key {
+                    META_VERSION => out[0] = Some(value),
+                    META_CAPS => out[1] = Some(value),
+                    META_LOG => out[2] = Some(value),
+                    META_INFO => {}
+                    _ => return Ok(None),
+                }
+            }
+            Ok(Some(out))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(raw);
+    serde::Deserializer::deserialize_map(&mut de, Own).ok().flatten()
 }
 
 /// Whether a tool's `inputSchema` asks for any `Mcp-Param-*` header (see
@@ -352,6 +397,22 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!((e.status(), e.code), (400, code::HEADER_MISMATCH));
+    }
+
+    #[test]
+    fn meta_peeked_only_when_it_holds_the_revisions_own_members() {
+        let own =
+            format!(r#"{{"{META_VERSION}":"v","{META_CAPS}":{{}},"{META_INFO}":{{"name":"x"}},"{META_LOG}":"info"}}"#);
+        let [v, c, l] = peek_meta(&own).unwrap();
+        assert_eq!(
+            (v.unwrap().get(), c.unwrap().get(), l.unwrap().get()),
+            (r#""v""#, "{}", r#""info""#)
+        );
+        assert!(peek_meta(&format!(r#"{{"{META_VERSION}":"v","progressToken":1}}"#)).is_none());
+        assert!(peek_meta(r#"{"io.modelcontextprotocol\/protocolVersion":"v"}"#).is_none());
+        assert!(peek_meta("null").is_none());
+        assert!(peek_meta("[]").is_none());
+        assert!(peek_meta("{}").unwrap().iter().all(Option::is_none));
     }
 
     #[test]
