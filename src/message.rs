@@ -31,7 +31,7 @@ mod write;
 
 #[cfg(test)]
 pub use answer::LARGE_RESULT;
-pub use answer::{response, Answer, Outcome};
+pub use answer::{response, Answer, Outcome, Raw};
 pub use envelope::{Kind, MAX_NAME_LEN};
 pub use id::{id_key, Id};
 pub use members::Members;

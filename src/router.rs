@@ -22,7 +22,7 @@ mod tasks;
 mod topology;
 
 pub use crate::client::Client;
-pub use initialize::SUPPORTED_VERSIONS;
+pub use initialize::{server_info, SUPPORTED_VERSIONS};
 pub use topology::Topology;
 
 use crate::auth::Identity;

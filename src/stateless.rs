@@ -198,7 +198,8 @@ impl Stateless {
         } = r;
         let m = Method::parse(&method);
         let topo = self.gw.topology();
-        // A tool the caller's allowlist hides is not looked at (it is answered as unknown).
+        // A tool the caller's allowlist hides is not looked at (it is answered as unknown);
+        // a schema is given only when it asks for param headers.
         let tool_schema = |name: &str| -> Option<Value> {
             if !identity.as_ref().is_none_or(|i| i.permits(name)) {
                 return None;
@@ -210,15 +211,17 @@ impl Stateless {
                 .tools
                 .iter()
                 .find(|t| t.get("name").and_then(Value::as_str) == Some(&route.name))?;
-            tool.get("inputSchema").cloned()
+            tool.get("inputSchema")
+                .filter(|s| envelope::has_param_headers(s))
+                .cloned()
         };
-        let env = match envelope::check(headers, &method, m, params.as_deref(), tool_schema) {
+        let env = match envelope::check(headers, &method, m, params, tool_schema) {
             Ok(e) => e,
             Err(e) => return Answer::Refused(id, e),
         };
         let private = topo.auth.required();
-        let init = self.gw.initialize_result_for(None, identity.as_deref());
         if m == Method::ServerDiscover {
+            let init = self.gw.initialize_result_for(None, identity.as_deref());
             return Answer::Now(id, results::discover(&init, private));
         }
         let key = self.transport.cancel_by_id.then(|| id_key(&id));
@@ -232,7 +235,6 @@ impl Stateless {
         }
         let finish = Finish {
             method: m,
-            init,
             private,
             uri: env.uri,
             hint: topo.catalog.hint(&method),
@@ -265,7 +267,7 @@ impl Stateless {
                 stop,
                 _held: held,
             };
-            return match round.start(client, env.params, parent) {
+            return match round.start(client, env.params, env.retry, parent) {
                 Ok(rounds) => Answer::Rounds(Box::pin(rounds)),
                 Err(e) => Answer::Refused(id, e),
             };

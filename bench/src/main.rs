@@ -1,9 +1,13 @@
-//! `mcp-gateway-bench`: `tools/call` round trips, three ways.
+//! `mcp-gateway-bench`: `tools/call` round trips, four ways.
 //!
 //! - `direct`: the fixture as our own stdio child, requests id-multiplexed over its
 //!   stdin/stdout (the baseline the gateway cannot beat).
 //! - `gateway`: the real gateway binary with that fixture behind it; one MCP session,
 //!   one keep-alive HTTP/1.1 connection per worker.
+//! - `stateless`: the same, sent as a 2026-07-28 client sends it: no session, the `_meta`
+//!   envelope in params, `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers;
+//!   each answer must be a `resultType: "complete"` result. With `gateway` in the same
+//!   run, the stateless/session targets (issue #19) are printed.
 //! - `baseline`: a bare hyper server (own runtime, same process) answering fixed
 //!   JSON-RPC bytes to every POST: the cost of the HTTP hop alone.
 //!
@@ -78,7 +82,12 @@ const SERVER: &str = "fast";
 )]
 struct Args {
     /// Modes to run, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "direct,gateway,baseline")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "direct,gateway,stateless,baseline"
+    )]
     mode: Vec<Mode>,
     /// Concurrency levels (requests in flight), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
@@ -198,6 +207,9 @@ enum StartupFixture {
 enum Mode {
     Direct,
     Gateway,
+    /// The `gateway` fixture and call, sent as a 2026-07-28 client sends it: no session,
+    /// the `_meta` envelope and the `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` headers.
+    Stateless,
     Baseline,
     IdleRss,
     Sessions,
@@ -213,6 +225,7 @@ impl Mode {
         match self {
             Mode::Direct => "direct",
             Mode::Gateway => "gateway",
+            Mode::Stateless => "stateless",
             Mode::Baseline => "baseline",
             Mode::IdleRss => "idle-rss",
             Mode::Sessions => "sessions",
@@ -335,6 +348,32 @@ fn call_tail(tool: &str, text: &str) -> Vec<u8> {
     format!(r#","method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#).into_bytes()
 }
 
+/// The revision a stateless call names, in `_meta` and in `MCP-Protocol-Version`.
+const STATELESS_VERSION: &str = "2026-07-28";
+
+/// `call_tail` of a 2026-07-28 call: the same params with the `_meta` envelope.
+fn stateless_tail(tool: &str, text: &str) -> Vec<u8> {
+    let params = json!({
+        "name": tool,
+        "arguments": { "text": text },
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": STATELESS_VERSION,
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": { "name": "mcp-gateway-bench", "version": env!("CARGO_PKG_VERSION") },
+        },
+    });
+    format!(r#","method":"tools/call","params":{params}}}"#).into_bytes()
+}
+
+/// The headers a 2026-07-28 client sends with a `tools/call` of `tool`.
+fn stateless_headers(tool: &str) -> [(&'static str, &[u8]); 3] {
+    [
+        ("mcp-protocol-version", STATELESS_VERSION.as_bytes()),
+        ("mcp-method", b"tools/call"),
+        ("mcp-name", tool.as_bytes()),
+    ]
+}
+
 fn initialize_body(id: u64) -> Vec<u8> {
     json!({
         "jsonrpc": "2.0",
@@ -350,8 +389,9 @@ fn initialize_body(id: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Checks one JSON-RPC answer: a result, the right id (when `id` is given), the echoed text.
-fn check_reply(body: &[u8], id: Option<u64>, expect: &str) -> Result<()> {
+/// Checks one JSON-RPC answer: a result, the right id (when `id` is given), the echoed
+/// text; with `complete`, a 2026-07-28 result (`resultType: "complete"`).
+fn check_reply(body: &[u8], id: Option<u64>, expect: &str, complete: bool) -> Result<()> {
     let r: Reply = serde_json::from_slice(body).with_context(|| format!("bad JSON: {}", show(body)))?;
     if let Some(e) = r.error {
         bail!("JSON-RPC error: {}", e.get());
@@ -367,6 +407,12 @@ fn check_reply(body: &[u8], id: Option<u64>, expect: &str) -> Result<()> {
     }
     if !result.get().contains(expect) {
         bail!("result without the echoed text: {}", result.get());
+    }
+    if complete && !result.get().contains(r#""resultType":"complete""#) {
+        bail!(
+            "a stateless result without resultType complete: {}",
+            show(result.get().as_bytes())
+        );
     }
     Ok(())
 }
@@ -510,6 +556,8 @@ struct Target {
     path: String,
     host: HeaderValue,
     session: Option<HeaderValue>,
+    /// A 2026-07-28 target: no session, and the stateless headers for this tool.
+    stateless: Option<String>,
 }
 
 async fn connect(addr: SocketAddr) -> Result<http1::SendRequest<Full<Bytes>>> {
@@ -538,6 +586,11 @@ async fn post(
         req = req
             .header("mcp-session-id", s.clone())
             .header("mcp-protocol-version", PROTOCOL_VERSION);
+    }
+    if let Some(tool) = &t.stateless {
+        for (name, value) in stateless_headers(tool) {
+            req = req.header(name, value);
+        }
     }
     let req = req.body(Full::new(Bytes::from(body)))?;
     sender.ready().await.context("connection closed")?;
@@ -590,6 +643,9 @@ impl HttpConn {
                     headers.push(("mcp-session-id", s.as_bytes()));
                     headers.push(("mcp-protocol-version", PROTOCOL_VERSION.as_bytes()));
                 }
+                if let Some(tool) = &target.stateless {
+                    headers.extend(stateless_headers(tool));
+                }
                 let mut conn = rawhttp::Conn::new(target.addr, &target.path, target.host.as_bytes(), &headers);
                 conn.connect().await?;
                 HttpConn::Raw {
@@ -608,8 +664,10 @@ struct Shared {
     tool: String,
     text: String,
     expect: String,
-    /// `call_tail(tool, text)`.
+    /// `call_tail(tool, text)` (or `stateless_tail`).
     tail: Vec<u8>,
+    /// Stateless calls: each answer must be a 2026-07-28 result.
+    stateless: bool,
 }
 
 impl Shared {
@@ -621,6 +679,16 @@ impl Shared {
             tool,
             text: text.to_owned(),
             expect: expected_text(text),
+            stateless: false,
+        }
+    }
+
+    /// The same call, as a 2026-07-28 client sends it.
+    fn stateless(tool: String, text: &str) -> Shared {
+        Shared {
+            tail: stateless_tail(&tool, text),
+            stateless: true,
+            ..Shared::new(tool, text)
         }
     }
 
@@ -639,7 +707,7 @@ impl Worker {
         match self {
             Worker::Direct { client } => {
                 let line = client.request(id, call_body(id, &sh.tool, &sh.text)).await?;
-                check_reply(&line, Some(id), &sh.expect)
+                check_reply(&line, Some(id), &sh.expect, false)
             }
             Worker::Http {
                 conn: HttpConn::Raw { conn, body },
@@ -660,14 +728,15 @@ impl Worker {
                         StatusCode::from_u16(a.status).map_or_else(|_| a.status.to_string(), |s| s.to_string());
                     bail!("HTTP {status}: {}", show(answer));
                 }
-                check_reply(answer, check_id.then_some(id), &sh.expect)
+                check_reply(answer, check_id.then_some(id), &sh.expect, sh.stateless)
             }
             Worker::Http {
                 target,
                 conn: HttpConn::Hyper(sender),
                 check_id,
             } => {
-                let body = call_body(id, &sh.tool, &sh.text);
+                let mut body = Vec::new();
+                sh.call_body_into(&mut body, id);
                 if sender.is_none() {
                     *sender = Some(connect(target.addr).await?);
                 }
@@ -685,7 +754,7 @@ impl Worker {
                 if status != StatusCode::OK {
                     bail!("HTTP {status}: {}", show(&answer));
                 }
-                check_reply(&answer, check_id.then_some(id), &sh.expect)
+                check_reply(&answer, check_id.then_some(id), &sh.expect, sh.stateless)
             }
         }
     }
@@ -955,7 +1024,8 @@ struct GatewayInfo {
     shutdown: String,
 }
 
-async fn bench_gateway(args: &Args, out: &mut Vec<CaseResult>) -> Result<GatewayInfo> {
+/// `gateway` or `stateless` mode: the gateway in front of the fixture.
+async fn bench_gateway(args: &Args, mode: Mode, out: &mut Vec<CaseResult>) -> Result<GatewayInfo> {
     let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let fixture = std::fs::canonicalize(&args.fixture)
@@ -970,7 +1040,7 @@ async fn bench_gateway(args: &Args, out: &mut Vec<CaseResult>) -> Result<Gateway
     );
     let config_path = dir.join("gateway.toml");
     std::fs::write(&config_path, config)?;
-    let result = run_gateway(args, &config_path, out).await;
+    let result = run_gateway(args, mode, &config_path, out).await;
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -979,7 +1049,7 @@ fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_owned()).to_string()
 }
 
-async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> Result<GatewayInfo> {
+async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseResult>) -> Result<GatewayInfo> {
     let Spawned {
         mut child,
         pid,
@@ -988,9 +1058,12 @@ async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> R
         said,
         drain,
     } = spawn_gateway(args, config).await?;
-    // One session for the whole run.
     let tool = format!("{SERVER}__echo");
-    let (target, sh) = checked_session(addr, &path, &tool, args).await?;
+    let (target, sh) = match mode {
+        Mode::Stateless => checked_stateless(addr, &path, &tool, args).await?,
+        // One session for the whole run.
+        _ => checked_session(addr, &path, &tool, args).await?,
+    };
 
     let fixture = children(pid).first().copied();
     let procs = Procs {
@@ -1010,7 +1083,7 @@ async fn run_gateway(args: &Args, config: &Path, out: &mut Vec<CaseResult>) -> R
                 check_id: true,
             });
         }
-        let r = run_case(Mode::Gateway.name(), c, workers, sh.clone(), args, &procs).await;
+        let r = run_case(mode.name(), c, workers, sh.clone(), args, &procs).await;
         progress(&r);
         out.push(r);
     }
@@ -1184,6 +1257,7 @@ async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
         path,
         host: HeaderValue::from_str(&addr.to_string())?,
         session: Some(HeaderValue::from_static("0123456789abcdef0123456789abcdef")),
+        stateless: None,
     };
     let sh = Arc::new(Shared::new(format!("{SERVER}__echo"), &args.text));
     for &c in &args.concurrency {
@@ -1282,12 +1356,36 @@ async fn checked_session(addr: SocketAddr, path: &str, tool: &str, args: &Args) 
     Ok((target, sh))
 }
 
+/// The stateless target (no session) and one checked 2026-07-28 call, as
+/// [`checked_session`] does for a session.
+async fn checked_stateless(addr: SocketAddr, path: &str, tool: &str, args: &Args) -> Result<(Target, Arc<Shared>)> {
+    let target = Target {
+        addr,
+        path: path.to_owned(),
+        host: HeaderValue::from_str(&addr.to_string())?,
+        session: None,
+        stateless: Some(tool.to_owned()),
+    };
+    let sh = Arc::new(Shared::stateless(tool.to_owned(), &args.text));
+    let mut probe = Worker::Http {
+        target: target.clone(),
+        conn: HttpConn::Hyper(Some(connect(addr).await?)),
+        check_id: true,
+    };
+    probe
+        .call(&sh)
+        .await
+        .context("first stateless tools/call through the gateway")?;
+    Ok((target, sh))
+}
+
 async fn open_session(addr: SocketAddr, path: &str) -> Result<(Target, http1::SendRequest<Full<Bytes>>)> {
     let base = Target {
         addr,
         path: path.to_owned(),
         host: HeaderValue::from_str(&addr.to_string())?,
         session: None,
+        stateless: None,
     };
     let mut s = connect(addr).await?;
     let target = init_session(&mut s, &base).await?;
@@ -1947,6 +2045,31 @@ fn call_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
             added <= 80.0,
         );
     }
+    // Issue #19: a 2026-07-28 client pays nothing for having no session.
+    if let (Some(g), Some(s)) = (find(rs, "gateway", 64), find(rs, "stateless", 64)) {
+        let ratio = if g.calls_per_sec > 0.0 {
+            s.calls_per_sec / g.calls_per_sec
+        } else {
+            0.0
+        };
+        target_row(
+            targets,
+            "tools/call c=64: stateless / session throughput",
+            "≥ 0.95×",
+            format!("{ratio:.2}× ({:.0} / {:.0} calls/s)", s.calls_per_sec, g.calls_per_sec),
+            ratio >= 0.95,
+        );
+    }
+    if let (Some(g), Some(s)) = (find(rs, "gateway", 1), find(rs, "stateless", 1)) {
+        let added = s.p50_us - g.p50_us;
+        target_row(
+            targets,
+            "tools/call c=1: stateless added p50 (stateless − session)",
+            "≤ 10 us",
+            format!("{added:+.1} us ({:.1} − {:.1})", s.p50_us, g.p50_us),
+            added <= 10.0,
+        );
+    }
 }
 
 // ---------------------------------------------------------------- output
@@ -1973,6 +2096,7 @@ fn find<'a>(rs: &'a [CaseResult], mode: &str, c: usize) -> Option<&'a CaseResult
 /// (direct, through the gateway) case names compared in the report.
 const PAIRS: &[(&str, &str)] = &[
     ("direct", "gateway"),
+    ("gateway", "stateless"),
     ("json-direct", "json-gateway"),
     ("sse-direct", "sse-gateway"),
 ];
@@ -2158,7 +2282,9 @@ async fn bench_main(mut args: Args) -> Result<()> {
         eprintln!("{}:", mode.name());
         let r = match mode {
             Mode::Direct => bench_direct(&args, &mut results).await,
-            Mode::Gateway => bench_gateway(&args, &mut results).await.map(|g| gw_info = Some(g)),
+            Mode::Gateway | Mode::Stateless => bench_gateway(&args, mode, &mut results).await.map(|g| {
+                gw_info.get_or_insert(g);
+            }),
             Mode::Baseline => bench_baseline(&args, &mut results).await,
             Mode::IdleRss => bench_idle_rss(&args, &mut targets).await,
             Mode::Sessions => bench_sessions(&args, &mut targets).await,

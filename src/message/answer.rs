@@ -55,6 +55,13 @@ impl Raw {
     }
 }
 
+impl Raw {
+    /// A result the gateway wrote itself as valid JSON text (a String is UTF-8).
+    pub fn written(json: String) -> Raw {
+        Raw(bytes::Bytes::from(json))
+    }
+}
+
 impl From<Box<RawValue>> for Raw {
     fn from(r: Box<RawValue>) -> Raw {
         let text: Box<str> = r.into();

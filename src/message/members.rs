@@ -137,6 +137,10 @@ impl Members {
         serde_json::from_str::<JsonStr>(raw).ok().map(|s| s.0)
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     pub fn contains_key(&self, key: &str) -> bool {
         self.position(key).is_some()
     }

@@ -10,6 +10,12 @@ use serde_json::{json, Map, Value};
 /// Protocol revisions the public endpoint speaks in the handshake era, newest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
+/// The gateway's `serverInfo`: the same in every `initialize` result, and in the
+/// `_meta` of every 2026-07-28 result.
+pub fn server_info() -> Value {
+    json!({ "name": "mcp-gateway", "title": "MCP Gateway", "version": env!("CARGO_PKG_VERSION") })
+}
+
 impl Gateway {
     /// The `initialize` result as `identity` sees it: the instructions of a server whose
     /// tools, prompts and resources its allowlist hides entirely are left out.
@@ -78,7 +84,7 @@ impl Gateway {
         let mut result = json!({
             "protocolVersion": version,
             "capabilities": caps,
-            "serverInfo": { "name": "mcp-gateway", "title": "MCP Gateway", "version": env!("CARGO_PKG_VERSION") },
+            "serverInfo": server_info(),
         });
         if !instructions.is_empty() {
             result["instructions"] = Value::String(instructions);

@@ -58,6 +58,17 @@ pub struct Envelope {
     pub params: Option<Box<RawValue>>,
     /// `params.uri` of a `resources/read`, for its not-found error.
     pub uri: Option<String>,
+    /// What a call that may ask questions is resumed by: its target (`params.name` or
+    /// `params.uri`), `params.requestState` and `params.inputResponses`.
+    pub retry: Retry,
+}
+
+/// The members of a request's params that a retry of a call that may ask carries.
+#[derive(Default)]
+pub struct Retry {
+    pub target: String,
+    pub state: Option<Value>,
+    pub responses: Option<Value>,
 }
 
 fn mismatch(m: impl std::fmt::Display) -> Error {
@@ -66,7 +77,7 @@ fn mismatch(m: impl std::fmt::Display) -> Error {
 
 /// A header (`got`, named `shown`) must be there and say what `source` (`_meta` or the
 /// body) says: `want`.
-fn agrees(got: Option<String>, shown: &str, want: &str, source: &str) -> Result<(), Error> {
+fn agrees(got: Option<&str>, shown: &str, want: &str, source: &str) -> Result<(), Error> {
     match got {
         None => Err(mismatch(format_args!("the {shown} header is missing"))),
         Some(v) if v != want => Err(mismatch(format_args!(
@@ -78,28 +89,47 @@ fn agrees(got: Option<String>, shown: &str, want: &str, source: &str) -> Result<
 
 /// Checks a request of this revision: its `_meta`, and with `headers` the headers against
 /// the body. `tool_schema` gives a tool's `inputSchema` by public name, for its
-/// `Mcp-Param-*` headers.
+/// `Mcp-Param-*` headers (none: it asks for none). The params are opened one level
+/// ([`message::Members`]): only `_meta`, and the arguments of a tool with param headers,
+/// are parsed into trees.
 pub fn check(
     headers: Option<&dyn Headers>,
     method: &str,
     m: Method,
-    params: Option<&RawValue>,
+    params: Option<Box<RawValue>>,
     tool_schema: impl Fn(&str) -> Option<Value>,
 ) -> Result<Envelope, Error> {
     let bad = |m: &str| Error::invalid_params(m).with_status(400);
-    let mut p = match params {
-        None => Map::new(),
-        Some(_) => message::params_object(params).map_err(|e| bad(&e))?,
+    let given = params.is_some();
+    let mut p = message::Members::parse(params).map_err(|e| bad(&e))?;
+    let peeked = p.get_raw("_meta").and_then(peek_meta).map(|members| {
+        let open = |r: Option<&RawValue>| r.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+        members.map(open)
+    });
+    let [version, capabilities, log] = match peeked {
+        // Only the revision's own members: all of `_meta` is taken out.
+        Some(members) => {
+            p.remove("_meta");
+            members
+        }
+        None => {
+            let Some(meta) = p.meta() else {
+                return Err(bad(
+                    "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
+                ));
+            };
+            let members = [META_VERSION, META_CAPS, META_LOG].map(|k| meta.remove(k));
+            meta.remove(META_INFO);
+            if meta.is_empty() {
+                p.remove("_meta");
+            }
+            members
+        }
     };
-    let Some(Value::Object(mut meta)) = p.remove("_meta") else {
-        return Err(bad(
-            "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
-        ));
-    };
-    let Some(Value::String(version)) = meta.remove(META_VERSION) else {
+    let Some(Value::String(version)) = version else {
         return Err(bad(&format!("params._meta needs {META_VERSION} (a string)")));
     };
-    let Some(Value::Object(capabilities)) = meta.remove(META_CAPS) else {
+    let Some(Value::Object(capabilities)) = capabilities else {
         return Err(bad(&format!("params._meta needs {META_CAPS} (an object)")));
     };
     if let Some(h) = headers {
@@ -127,22 +157,26 @@ pub fn check(
         .with_status(404));
     }
     let mut uri = None;
+    let mut retry = Retry::default();
     if let Some(field) = m.target_field() {
-        if let Some(Value::String(body)) = p.get(field) {
+        if let Some(body) = p.get_str(field) {
             if let Some(h) = headers {
-                agrees(text(h, NAME_HEADER)?.map(decode).transpose()?, "Mcp-Name", body, "body")?;
+                let name = text(h, NAME_HEADER)?.map(decode).transpose()?;
+                agrees(name.as_deref(), "Mcp-Name", &body, "body")?;
                 if m == Method::ToolsCall {
-                    if let Some(schema) = tool_schema(body) {
-                        check_param_headers(h, &schema, p.get("arguments"))?;
+                    if let Some(schema) = tool_schema(&body) {
+                        let arguments = p.get_raw("arguments").and_then(|a| serde_json::from_str(a).ok());
+                        check_param_headers(h, &schema, arguments.as_ref())?;
                     }
                 }
             }
             if field == "uri" {
-                uri = Some(body.clone());
+                uri = Some(body.clone().into_owned());
             }
+            retry.target = body.into_owned();
         }
     }
-    let log_rank = match meta.remove(META_LOG) {
+    let log_rank = match log {
         None | Some(Value::Null) => None,
         Some(Value::String(l)) => Some(crate::downstream::log_rank(&l).ok_or_else(|| {
             bad(&format!(
@@ -152,20 +186,65 @@ pub fn check(
         })?),
         Some(_) => return Err(bad(&format!("{META_LOG} must be a string"))),
     };
-    meta.remove(META_INFO);
     if m == Method::ToolsCall {
         // Handshake-era tasks are not part of 2026-07-28 (tasks are an extension there).
         p.remove("task");
     }
-    if !meta.is_empty() {
-        p.insert("_meta".into(), Value::Object(meta));
+    if m.may_ask() {
+        let opened = |key| p.get_raw(key).and_then(|r| serde_json::from_str::<Value>(r).ok());
+        retry.state = opened("requestState");
+        retry.responses = opened("inputResponses");
     }
-    let params = (!p.is_empty() || params.is_some()).then(|| message::to_raw(&Value::Object(p)));
+    let params = (!p.is_empty() || given).then(|| p.into_raw());
     Ok(Envelope {
         capabilities,
         log_rank,
         params,
         uri,
+        retry,
+    })
+}
+
+/// The protocol version, client capabilities and log level in `_meta` (its raw text), as
+/// the client wrote them, when `_meta` is an object of the revision's own members only
+/// (`clientInfo` besides), with plain keys; `None` otherwise, for the general path
+/// (`_meta` opened into a map) to decide. `clientInfo` is not parsed.
+fn peek_meta(raw: &str) -> Option<[Option<&RawValue>; 3]> {
+    use serde::de::{MapAccess, Visitor};
+    struct Own;
+    impl<'de> Visitor<'de> for Own {
+        type Value = Option<[Option<&'de RawValue>; 3]>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = [None; 3];
+            while let Some(key) = map.next_key::<&'de str>()? {
+                let value: &'de RawValue = map.next_value()?;
+                match key {
+                    META_VERSION => out[0] = Some(value),
+                    META_CAPS => out[1] = Some(value),
+                    META_LOG => out[2] = Some(value),
+                    META_INFO => {}
+                    _ => return Ok(None),
+                }
+            }
+            Ok(Some(out))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(raw);
+    serde::Deserializer::deserialize_map(&mut de, Own).ok().flatten()
+}
+
+/// Whether a tool's `inputSchema` asks for any `Mcp-Param-*` header (see
+/// [`check_param_headers`]).
+pub fn has_param_headers(schema: &Value) -> bool {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return false;
+    };
+    props.values().any(|prop| match prop.get("x-mcp-header") {
+        Some(Value::String(_)) => true,
+        _ => prop.get("properties").is_some() && has_param_headers(prop),
     })
 }
 
@@ -206,24 +285,25 @@ pub fn check_param_headers(headers: &dyn Headers, schema: &Value, arguments: Opt
 }
 
 /// A header's value, trimmed; -32020 when it is not visible ASCII (or tabs).
-fn text(headers: &dyn Headers, name: &str) -> Result<Option<String>, Error> {
+fn text<'h>(headers: &'h dyn Headers, name: &str) -> Result<Option<&'h str>, Error> {
     let Some(v) = headers.header(name) else {
         return Ok(None);
     };
     let visible = v.iter().all(|&b| (32..127).contains(&b) || b == b'\t');
     match std::str::from_utf8(v) {
-        Ok(s) if visible => Ok(Some(s.trim().to_owned())),
+        Ok(s) if visible => Ok(Some(s.trim())),
         _ => Err(mismatch(format_args!("the {name} header has invalid characters"))),
     }
 }
 
-/// Decodes the `=?base64?…?=` sentinel form; other values are literal.
-fn decode(value: String) -> Result<String, Error> {
+/// Decodes the `=?base64?…?=` sentinel form; other values are literal (not copied).
+fn decode(value: &str) -> Result<std::borrow::Cow<'_, str>, Error> {
     let Some(inner) = value.strip_prefix("=?base64?").and_then(|v| v.strip_suffix("?=")) else {
-        return Ok(value);
+        return Ok(std::borrow::Cow::Borrowed(value));
     };
     base64(inner)
         .and_then(|b| String::from_utf8(b).ok())
+        .map(std::borrow::Cow::Owned)
         .ok_or_else(|| mismatch(format_args!("'{value}' is not valid Base64 UTF-8")))
 }
 
@@ -317,6 +397,22 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!((e.status(), e.code), (400, code::HEADER_MISMATCH));
+    }
+
+    #[test]
+    fn meta_peeked_only_when_it_holds_the_revisions_own_members() {
+        let own =
+            format!(r#"{{"{META_VERSION}":"v","{META_CAPS}":{{}},"{META_INFO}":{{"name":"x"}},"{META_LOG}":"info"}}"#);
+        let [v, c, l] = peek_meta(&own).unwrap();
+        assert_eq!(
+            (v.unwrap().get(), c.unwrap().get(), l.unwrap().get()),
+            (r#""v""#, "{}", r#""info""#)
+        );
+        assert!(peek_meta(&format!(r#"{{"{META_VERSION}":"v","progressToken":1}}"#)).is_none());
+        assert!(peek_meta(r#"{"io.modelcontextprotocol\/protocolVersion":"v"}"#).is_none());
+        assert!(peek_meta("null").is_none());
+        assert!(peek_meta("[]").is_none());
+        assert!(peek_meta("{}").unwrap().iter().all(Option::is_none));
     }
 
     #[test]

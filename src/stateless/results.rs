@@ -19,8 +19,6 @@ use crate::message::meta::META_SERVER_INFO;
 /// How one request's outcome is decorated before it is sent.
 pub struct Finish {
     pub(super) method: Method,
-    /// The gateway's `initialize` result for the caller (its serverInfo).
-    pub(super) init: Outcome,
     /// Every cacheable result is `private` (auth is configured).
     pub(super) private: bool,
     /// `params.uri` of a `resources/read`, for its not-found error.
@@ -33,22 +31,19 @@ impl Finish {
     /// The outcome as the revision sends it.
     pub fn apply(&self, out: Outcome) -> Outcome {
         match out {
-            Outcome::Result(r) => {
-                let mut v = serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null);
-                if let (Some(h), Value::Object(o)) = (self.hint, &mut v) {
-                    o.insert("ttlMs".into(), json!(h.ttl_ms));
-                    if h.private {
-                        o.insert("cacheScope".into(), json!("private"));
-                    }
+            // The usual case (tools/call, prompts/get): the server's bytes, with the
+            // revision's members spliced in before the closing brace.
+            Outcome::Result(r) if self.hint.is_none() && !self.method.is_cacheable() => {
+                match splice_complete(r.get()) {
+                    Some(done) => Outcome::Result(message::Raw::written(done)),
+                    None => self.apply_parsed(&r),
                 }
-                complete(self.method, v, &server_info(&self.init), self.private)
             }
-            Outcome::Error(e) => {
-                // 2026-07-28: an unknown resource is -32602 with data.uri.
+            Outcome::Result(r) => self.apply_parsed(&r),
+            // 2026-07-28: an unknown resource is -32602 with data.uri.
+            Outcome::Error(e) if self.method == Method::ResourcesRead => {
                 let mut v = serde_json::from_str::<Value>(e.get()).unwrap_or(Value::Null);
-                if self.method == Method::ResourcesRead
-                    && v.get("code").and_then(Value::as_i64) == Some(code::RESOURCE_NOT_FOUND)
-                {
+                if v.get("code").and_then(Value::as_i64) == Some(code::RESOURCE_NOT_FOUND) {
                     v["code"] = json!(code::INVALID_PARAMS);
                     let has_uri = v.get("data").and_then(|d| d.get("uri")).is_some();
                     if !has_uri {
@@ -58,33 +53,36 @@ impl Finish {
                 }
                 Outcome::Error(e)
             }
+            Outcome::Error(e) => Outcome::Error(e),
         }
+    }
+
+    /// A result decorated through a parsed tree (cacheable results, and results whose
+    /// members the splice cannot just follow).
+    fn apply_parsed(&self, r: &message::Raw) -> Outcome {
+        let mut v = serde_json::from_str::<Value>(r.get()).unwrap_or(Value::Null);
+        if let (Some(h), Value::Object(o)) = (self.hint, &mut v) {
+            o.insert("ttlMs".into(), json!(h.ttl_ms));
+            if h.private {
+                o.insert("cacheScope".into(), json!("private"));
+            }
+        }
+        complete(self.method, v, &server_info(), self.private)
     }
 
     /// An `InputRequiredResult`: the servers' open questions and the state to echo back.
     pub fn input_required(&self, requests: Map<String, Value>, state: String) -> Outcome {
-        let info = server_info(&self.init);
-        let mut v = json!({
+        let v = json!({
             "resultType": "input_required",
             "inputRequests": requests,
             "requestState": state,
+            "_meta": { META_SERVER_INFO: server_info() },
         });
-        if !info.is_null() {
-            v["_meta"] = json!({ META_SERVER_INFO: info });
-        }
         Outcome::Result(message::to_raw(&v).into())
     }
 }
 
-/// The gateway's `serverInfo`, as in its `initialize` result.
-fn server_info(init: &Outcome) -> Value {
-    match init {
-        Outcome::Result(i) => serde_json::from_str::<Value>(i.get())
-            .map(|v| v.get("serverInfo").cloned().unwrap_or(Value::Null))
-            .unwrap_or(Value::Null),
-        Outcome::Error(_) => Value::Null,
-    }
-}
+use crate::router::server_info;
 
 /// `server/discover`: the versions, the capabilities this revision has (no tasks;
 /// `listChanged` and `subscribe` as in `initialize`, delivered by `subscriptions/listen`),
@@ -109,6 +107,50 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
     }
     let info = init.get("serverInfo").cloned().unwrap_or(Value::Null);
     complete(Method::ServerDiscover, result, &info, private)
+}
+
+/// `result` (a server's JSON text) with `"resultType":"complete"` and the serverInfo
+/// `_meta` added as its last members, as [`complete`] adds them to a non-cacheable
+/// result, without building a tree: the text is scanned once (no allocation) to see that
+/// it is an object with neither member. `None`: it is not, so [`complete`] must decide.
+/// Other members stay as the server wrote them, as on the session path (a member it
+/// repeats included, where the tree would keep the last value only).
+fn splice_complete(result: &str) -> Option<String> {
+    /// Whether a member is there, whatever its value (`null` included).
+    #[derive(Default)]
+    struct Seen(bool);
+    impl<'de> serde::Deserialize<'de> for Seen {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Seen, D::Error> {
+            serde::de::IgnoredAny::deserialize(d).map(|_| Seen(true))
+        }
+    }
+    #[derive(serde::Deserialize)]
+    struct Top {
+        #[serde(rename = "resultType", default)]
+        result_type: Seen,
+        #[serde(rename = "_meta", default)]
+        meta: Seen,
+    }
+    static TAIL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = result.trim();
+    let inner = text.strip_prefix('{')?.strip_suffix('}')?;
+    let top: Top = serde_json::from_str(text).ok()?;
+    if top.result_type.0 || top.meta.0 {
+        return None;
+    }
+    let tail = TAIL.get_or_init(|| {
+        let meta = json!({ META_SERVER_INFO: server_info() });
+        format!(r#""resultType":"complete","_meta":{meta}}}"#)
+    });
+    let mut out = String::with_capacity(text.len() + tail.len() + 1);
+    if inner.trim().is_empty() {
+        out.push('{');
+    } else {
+        out.push_str(&text[..text.len() - 1]);
+        out.push(',');
+    }
+    out.push_str(tail);
+    Some(out)
 }
 
 /// The error for a `requestState` that does not verify (the reason goes to the log only).
@@ -145,4 +187,47 @@ fn complete(method: Method, mut v: Value, info: &Value, private: bool) -> Outcom
         }
     }
     Outcome::Result(message::to_raw(&v).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `complete` makes of a tools/call result.
+    fn through_tree(result: &str) -> String {
+        let v = serde_json::from_str::<Value>(result).unwrap();
+        match complete(Method::ToolsCall, v, &server_info(), false) {
+            Outcome::Result(r) => r.get().to_owned(),
+            Outcome::Error(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn splicing_writes_what_the_tree_writes() {
+        // Compact results come out byte for byte as through the tree.
+        for r in [
+            r#"{"content":[{"type":"text","text":"hi"}],"isError":false}"#,
+            r#"{}"#,
+            r#"{"structuredContent":{"a":[1,2.5,"x\"y"]},"content":[]}"#,
+        ] {
+            assert_eq!(splice_complete(r).unwrap(), through_tree(r), "{r}");
+        }
+        // Whitespace: the same JSON.
+        let r = " {\n \"content\" : [ ] \n} ";
+        let spliced: Value = serde_json::from_str(&splice_complete(r).unwrap()).unwrap();
+        let tree: Value = serde_json::from_str(&through_tree(r)).unwrap();
+        assert_eq!(spliced, tree);
+        assert_eq!(splice_complete("{ }").unwrap(), through_tree("{}"));
+        // Members the splice would repeat (or a repeated one), non-objects: the tree decides.
+        for r in [
+            r#"{"resultType":"input_required"}"#,
+            r#"{"_meta":{"x":1},"content":[]}"#,
+            r#"{"_meta":null}"#,
+            r#"{"resultType":"complete","resultType":"complete"}"#,
+            r#"[1]"#,
+            r#""text""#,
+        ] {
+            assert!(splice_complete(r).is_none(), "{r}");
+        }
+    }
 }

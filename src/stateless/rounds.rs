@@ -75,12 +75,58 @@ pub enum Step {
     InputRequired(Map<String, Value>),
 }
 
+/// A call's request to the router, as it runs.
+type Running = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Outcome>> + Send>>;
+
+/// Where a call runs: in its round (no task of its own) until it is parked, then in a
+/// task, so it goes on while its client answers.
+enum Progress {
+    Inline(Running),
+    Detached {
+        done: oneshot::Receiver<Option<Outcome>>,
+        _task: Abort,
+    },
+    /// It finished while its questions were being gathered; its outcome waits here.
+    Finished(Option<Outcome>),
+    Taken,
+}
+
+impl Progress {
+    /// Waits for the call's outcome (once: it is then taken).
+    async fn outcome(&mut self) -> Option<Outcome> {
+        let out = match self {
+            Progress::Inline(running) => running.await,
+            Progress::Detached { done, .. } => done.await.ok().flatten(),
+            Progress::Finished(out) => out.take(),
+            Progress::Taken => None,
+        };
+        *self = Progress::Taken;
+        out
+    }
+
+    /// Moves an inline call into a task of its own.
+    fn detach(&mut self) {
+        if let Progress::Inline(_) = self {
+            let Progress::Inline(running) = std::mem::replace(self, Progress::Taken) else {
+                return;
+            };
+            let (tx, done) = oneshot::channel();
+            let task = crate::background::spawn(async move {
+                let _ = tx.send(running.await);
+            });
+            *self = Progress::Detached {
+                done,
+                _task: Abort(task),
+            };
+        }
+    }
+}
+
 /// One stateless call that may ask questions.
 pub struct Call {
     questions: mpsc::Receiver<Question>,
     related: mpsc::Receiver<Bytes>,
-    done: oneshot::Receiver<Option<Outcome>>,
-    _task: Abort,
+    progress: Progress,
     /// Questions asked and not answered yet, by their `inputRequests` key.
     open: Vec<(String, Question)>,
     asked: u64,
@@ -110,24 +156,20 @@ impl Call {
         let (qtx, questions) = mpsc::channel(16);
         let client = Arc::new(client.questions(qtx));
         let (sink, related) = mpsc::channel(SINK_QUEUE);
-        let (done_tx, done) = oneshot::channel();
         let method = binding.method;
-        let task = crate::background::spawn(async move {
-            let out = gw
-                .request(
-                    &client,
-                    crate::router::Request::of(&id, method, params),
-                    Some(Sink::new(sink)),
-                    parent,
-                )
-                .await;
-            let _ = done_tx.send(out);
+        let running: Running = Box::pin(async move {
+            gw.request(
+                &client,
+                crate::router::Request::of(&id, method, params),
+                Some(Sink::new(sink)),
+                parent,
+            )
+            .await
         });
         Call {
             questions,
             related,
-            done,
-            _task: Abort(task),
+            progress: Progress::Inline(running),
             open: Vec::new(),
             asked: 0,
             binding,
@@ -171,6 +213,24 @@ impl Call {
             .collect()
     }
 
+    /// Gathers the questions asked within [`SETTLE`] of each other, the call running on
+    /// meanwhile.
+    async fn settle(&mut self) {
+        loop {
+            tokio::select! {
+                biased;
+                q = tokio::time::timeout(SETTLE, self.questions.recv()) => match q {
+                    Ok(Some(q)) => self.add(q),
+                    _ => return,
+                },
+                out = self.progress.outcome(), if matches!(self.progress, Progress::Inline(_)) => {
+                    self.progress = Progress::Finished(out);
+                    return;
+                }
+            }
+        }
+    }
+
     /// Waits for the next thing to tell the client.
     pub async fn next(&mut self) -> Step {
         if let Ok(m) = self.related.try_recv() {
@@ -192,14 +252,12 @@ impl Call {
                 q = self.questions.recv(), if questions_open => match q {
                     Some(q) => {
                         self.add(q);
-                        while let Ok(Some(q)) = tokio::time::timeout(SETTLE, self.questions.recv()).await {
-                            self.add(q);
-                        }
+                        self.settle().await;
                         return Step::InputRequired(self.input_requests());
                     }
                     None => questions_open = false,
                 },
-                out = &mut self.done => return Step::Done(out.ok().flatten()),
+                out = self.progress.outcome() => return Step::Done(out),
             }
         }
     }
@@ -263,7 +321,9 @@ impl Parked {
 
     /// Parks a call that asked questions; returns its `requestState`, or `None` (the call
     /// dropped, so cancelled) when [`MAX_PARKED`] calls are waiting already.
-    pub fn park(self: &Arc<Self>, call: Call, previous: Option<(String, u64)>) -> Option<String> {
+    pub fn park(self: &Arc<Self>, mut call: Call, previous: Option<(String, u64)>) -> Option<String> {
+        // From here it runs on while its client answers.
+        call.progress.detach();
         let (id, round) = match previous {
             Some((id, round)) => (id, round + 1),
             None => {
@@ -360,16 +420,18 @@ impl Round {
         self,
         client: Client,
         params: Option<Box<RawValue>>,
+        retry: super::envelope::Retry,
         parent: Option<opentelemetry::Context>,
     ) -> Result<impl futures::Stream<Item = (bool, Bytes)> + Send, Error> {
         let method = self.finish.method;
-        let mut p = message::params_object(params.as_deref()).unwrap_or_default();
-        let state = p.remove("requestState");
-        let responses = p.remove("inputResponses");
-        let field = method.target_field().unwrap_or("name");
+        let super::envelope::Retry {
+            target,
+            state,
+            responses,
+        } = retry;
         let binding = Binding {
             method,
-            target: p.get(field).and_then(Value::as_str).unwrap_or_default().to_owned(),
+            target,
             principal: self.principal.clone(),
         };
         let (call, previous) = match state {
@@ -450,8 +512,10 @@ mod tests {
         let call = Call {
             questions,
             related,
-            done,
-            _task: Abort(crate::background::spawn(async {})),
+            progress: Progress::Detached {
+                done,
+                _task: Abort(crate::background::spawn(async {})),
+            },
             open: Vec::new(),
             asked: 0,
             binding: binding("s0__ask"),

@@ -46,8 +46,12 @@ pub(super) fn task_failed() -> Response {
 }
 
 /// A stateless answer as JSON. -32020, -32021 and -32022 (a server's own included) are
-/// 400 on HTTP in 2026-07-28.
+/// 400 on HTTP in 2026-07-28. An answer whose text has no `-3202` in it carries none of
+/// them, and is not parsed again to look.
 pub(super) fn stateless_json(answer: bytes::Bytes) -> Response {
+    if memchr::memmem::find(&answer, b"-3202").is_none() {
+        return json_response(answer);
+    }
     let status = match Kind::parse(&answer) {
         Ok(Kind::Response {
             outcome: Outcome::Error(e),
