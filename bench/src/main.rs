@@ -1976,11 +1976,7 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
         );
     }
     if let (Some(d), Some(g)) = (find(out, dname, 64), find(out, gname, 64)) {
-        let ratio = if d.calls_per_sec > 0.0 {
-            g.calls_per_sec / d.calls_per_sec
-        } else {
-            0.0
-        };
+        let ratio = per(g.calls_per_sec, d.calls_per_sec);
         target_row(
             targets,
             &format!("remote {kind} server, tools/call c=64, one session: gateway / direct throughput"),
@@ -2010,6 +2006,15 @@ async fn fixture_connections(addr: SocketAddr) -> Result<u64> {
         .ok()
         .and_then(|v| v["connections"].as_u64())
         .context("bad /stats from the remote fixture")
+}
+
+/// `a / b`, 0 when `b` is.
+fn per(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
 }
 
 /// The throughput and latency targets, from the direct and gateway cases of this run.
@@ -2047,11 +2052,7 @@ fn call_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
     }
     // Issue #19: a 2026-07-28 client pays nothing for having no session.
     if let (Some(g), Some(s)) = (find(rs, "gateway", 64), find(rs, "stateless", 64)) {
-        let ratio = if g.calls_per_sec > 0.0 {
-            s.calls_per_sec / g.calls_per_sec
-        } else {
-            0.0
-        };
+        let ratio = per(s.calls_per_sec, g.calls_per_sec);
         target_row(
             targets,
             "tools/call c=64: stateless / session throughput",
