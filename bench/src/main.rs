@@ -2020,11 +2020,7 @@ fn per(a: f64, b: f64) -> f64 {
 /// The throughput and latency targets, from the direct and gateway cases of this run.
 fn call_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
     if let (Some(d), Some(g)) = (find(rs, "direct", 64), find(rs, "gateway", 64)) {
-        let ratio = if d.calls_per_sec > 0.0 {
-            g.calls_per_sec / d.calls_per_sec
-        } else {
-            0.0
-        };
+        let ratio = per(g.calls_per_sec, d.calls_per_sec);
         target_row(
             targets,
             "tools/call c=64, one session: gateway / direct throughput",
@@ -2115,7 +2111,7 @@ fn comparisons(rs: &[CaseResult], concurrency: &[usize]) -> Vec<Value> {
                 "concurrency": c,
                 "added_p50_us": g.p50_us - d.p50_us,
                 "added_p99_us": g.p99_us - d.p99_us,
-                "throughput_ratio": if d.calls_per_sec > 0.0 { g.calls_per_sec / d.calls_per_sec } else { 0.0 },
+                "throughput_ratio": per(g.calls_per_sec, d.calls_per_sec),
             }))
         })
         .collect()
