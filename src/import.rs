@@ -52,18 +52,23 @@ pub fn existing(toml_text: &str) -> Result<Vec<(String, String)>, String> {
         .collect())
 }
 
+/// A stdio server's `args`, references in the gateway's form.
+fn args_of(spec: &Map<String, Value>) -> Vec<String> {
+    match spec.get("args") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), references))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// What a server runs: its command and arguments, or its URL. Two entries with the same
 /// signature are the same server.
 fn signature(spec: &Map<String, Value>) -> String {
     let s = |k: &str| spec.get(k).and_then(Value::as_str).map(references);
     if let Some(cmd) = s("command") {
-        let args: Vec<String> = match spec.get("args") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map_or_else(|| v.to_string(), references))
-                .collect(),
-            _ => Vec::new(),
-        };
+        let args = args_of(spec);
         format!("command {cmd} {}", args.join(" "))
     } else {
         format!("url {}", s("url").or_else(|| s("serverUrl")).unwrap_or_default())
@@ -182,13 +187,7 @@ fn table(name: &str, spec: &Map<String, Value>, exports: &mut Vec<String>) -> Re
     let str_of = |k: &str| spec.get(k).and_then(Value::as_str);
     if let Some(cmd) = str_of("command") {
         t.push_str(&format!("command = {}\n", quote(&references(cmd))));
-        let args: Vec<String> = match spec.get("args") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map_or_else(|| v.to_string(), references))
-                .collect(),
-            _ => Vec::new(),
-        };
+        let args = args_of(spec);
         if !args.is_empty() {
             let list: Vec<String> = args.iter().map(|a| quote(a)).collect();
             t.push_str(&format!("args = [{}]\n", list.join(", ")));
