@@ -33,8 +33,26 @@ impl Finish {
         match out {
             // The usual case (tools/call, prompts/get): the server's bytes, with the
             // revision's members spliced in before the closing brace.
-            Outcome::Result(r) if self.hint.is_none() && !self.method.is_cacheable() => {
-                match splice_complete(r.get()) {
+            Outcome::Result(r) if self.hint.is_none() && !self.method.is_cacheable() => match splice(r.get(), "", "") {
+                Some(done) => Outcome::Result(message::Raw::written(done)),
+                None => self.apply_parsed(&r),
+            },
+            // A merged list (the catalog's own text, however long): its hint spliced in
+            // where the tree would put it, so a large list is scanned, not rebuilt.
+            Outcome::Result(r) if self.method.is_list() && self.hint.is_some() => {
+                let h = self.hint.unwrap_or_default();
+                let head = if h.private {
+                    format!(r#""ttlMs":{},"cacheScope":"private","#, h.ttl_ms)
+                } else {
+                    format!(r#""ttlMs":{},"#, h.ttl_ms)
+                };
+                let scope = if self.private { "private" } else { "public" };
+                let tail = if h.private {
+                    String::new()
+                } else {
+                    format!(r#","cacheScope":"{scope}""#)
+                };
+                match splice(r.get(), &head, &tail) {
                     Some(done) => Outcome::Result(message::Raw::written(done)),
                     None => self.apply_parsed(&r),
                 }
@@ -109,13 +127,13 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
     complete(Method::ServerDiscover, result, &info, private)
 }
 
-/// `result` (a server's JSON text) with `"resultType":"complete"` and the serverInfo
-/// `_meta` added as its last members, as [`complete`] adds them to a non-cacheable
-/// result, without building a tree: the text is scanned once (no allocation) to see that
-/// it is an object with neither member. `None`: it is not, so [`complete`] must decide.
-/// Other members stay as the server wrote them, as on the session path (a member it
-/// repeats included, where the tree would keep the last value only).
-fn splice_complete(result: &str) -> Option<String> {
+/// `result` (a JSON object's text) with `head`, then `"resultType":"complete"` and the
+/// serverInfo `_meta`, then `tail` added as its last members: what [`complete`] writes
+/// through a tree, without building one. The text is scanned once (no allocation) to see
+/// that it is an object with none of the members added here. `None`: it is not, so
+/// [`complete`] must decide. Other members stay as written, as on the session path (a
+/// member repeated included, where the tree would keep the last value only).
+fn splice(result: &str, head: &str, tail: &str) -> Option<String> {
     /// Whether a member is there, whatever its value (`null` included).
     #[derive(Default)]
     struct Seen(bool);
@@ -130,26 +148,33 @@ fn splice_complete(result: &str) -> Option<String> {
         result_type: Seen,
         #[serde(rename = "_meta", default)]
         meta: Seen,
+        #[serde(rename = "ttlMs", default)]
+        ttl: Seen,
+        #[serde(rename = "cacheScope", default)]
+        scope: Seen,
     }
-    static TAIL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static MIDDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let text = result.trim();
     let inner = text.strip_prefix('{')?.strip_suffix('}')?;
     let top: Top = serde_json::from_str(text).ok()?;
-    if top.result_type.0 || top.meta.0 {
+    if top.result_type.0 || top.meta.0 || top.ttl.0 || top.scope.0 {
         return None;
     }
-    let tail = TAIL.get_or_init(|| {
+    let middle = MIDDLE.get_or_init(|| {
         let meta = json!({ META_SERVER_INFO: server_info() });
-        format!(r#""resultType":"complete","_meta":{meta}}}"#)
+        format!(r#""resultType":"complete","_meta":{meta}"#)
     });
-    let mut out = String::with_capacity(text.len() + tail.len() + 1);
+    let mut out = String::with_capacity(text.len() + head.len() + middle.len() + tail.len() + 2);
     if inner.trim().is_empty() {
         out.push('{');
     } else {
         out.push_str(&text[..text.len() - 1]);
         out.push(',');
     }
+    out.push_str(head);
+    out.push_str(middle);
     out.push_str(tail);
+    out.push('}');
     Some(out)
 }
 
@@ -203,6 +228,30 @@ mod tests {
     }
 
     #[test]
+    fn a_merged_list_is_spliced_as_the_tree_writes_it() {
+        let list = r#"{"tools":[{"name":"a__x","inputSchema":{"type":"object"}}],"nextCursor":"ab"}"#;
+        for (hint_private, auth) in [(false, false), (true, false), (false, true), (true, true)] {
+            let f = Finish {
+                method: Method::ToolsList,
+                private: auth,
+                uri: None,
+                hint: Some(Hint {
+                    ttl_ms: 5000,
+                    private: hint_private,
+                }),
+            };
+            let raw = message::Raw::written(list.to_owned());
+            let Outcome::Result(spliced) = f.apply(Outcome::Result(raw.clone())) else {
+                panic!()
+            };
+            let Outcome::Result(tree) = f.apply_parsed(&raw) else {
+                panic!()
+            };
+            assert_eq!(spliced.get(), tree.get(), "hint private {hint_private}, auth {auth}");
+        }
+    }
+
+    #[test]
     fn splicing_writes_what_the_tree_writes() {
         // Compact results come out byte for byte as through the tree.
         for r in [
@@ -210,14 +259,14 @@ mod tests {
             r#"{}"#,
             r#"{"structuredContent":{"a":[1,2.5,"x\"y"]},"content":[]}"#,
         ] {
-            assert_eq!(splice_complete(r).unwrap(), through_tree(r), "{r}");
+            assert_eq!(splice(r, "", "").unwrap(), through_tree(r), "{r}");
         }
         // Whitespace: the same JSON.
         let r = " {\n \"content\" : [ ] \n} ";
-        let spliced: Value = serde_json::from_str(&splice_complete(r).unwrap()).unwrap();
+        let spliced: Value = serde_json::from_str(&splice(r, "", "").unwrap()).unwrap();
         let tree: Value = serde_json::from_str(&through_tree(r)).unwrap();
         assert_eq!(spliced, tree);
-        assert_eq!(splice_complete("{ }").unwrap(), through_tree("{}"));
+        assert_eq!(splice("{ }", "", "").unwrap(), through_tree("{}"));
         // Members the splice would repeat (or a repeated one), non-objects: the tree decides.
         for r in [
             r#"{"resultType":"input_required"}"#,
@@ -227,7 +276,7 @@ mod tests {
             r#"[1]"#,
             r#""text""#,
         ] {
-            assert!(splice_complete(r).is_none(), "{r}");
+            assert!(splice(r, "", "").is_none(), "{r}");
         }
     }
 }
