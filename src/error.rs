@@ -148,12 +148,14 @@ impl Error {
 
     /// Logs the error as its source deserves: a client's mistake at debug level, the
     /// gateway's own failure and a server's at warn. Each front calls it where it renders.
+    /// The message is written quoted and escaped: it may hold what a client sent (a
+    /// method name with a line break must not make a log line of its own).
     pub fn log(&self) {
-        let (code, source) = (self.code, self.source.label());
+        let (code, source, message) = (self.code, self.source.label(), &self.message);
         match &self.source {
-            Source::Client => tracing::debug!(code, source, "{}", self.message),
-            Source::Server(s) => tracing::warn!(code, source, server = %s, "{}", self.message),
-            Source::Gateway => tracing::warn!(code, source, "{}", self.message),
+            Source::Client => tracing::debug!(code, source, ?message, "refused"),
+            Source::Server(s) => tracing::warn!(code, source, server = %s, ?message, "refused"),
+            Source::Gateway => tracing::warn!(code, source, ?message, "refused"),
         }
     }
 

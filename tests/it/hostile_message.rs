@@ -397,3 +397,31 @@ async fn a_listen_streams_subscription_id_keeps_its_text() {
         "{seen}"
     );
 }
+
+/// A refusal is logged with the client's text quoted: a method name holding a line break
+/// does not make a log line of its own (stdio front, 2026-07-28, debug logs).
+#[test]
+fn a_refused_method_name_cannot_forge_a_log_line() {
+    use std::io::Write;
+    let (_dir, mut cmd) = gateway_command("", &["stdio"], &[("MCP_GATEWAY_LOG", "debug")]);
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let forged = "x\nFORGED gateway line";
+    let req = json!({"jsonrpc": "2.0", "id": 1, "method": forged, "params": {"_meta": stateless_meta("forge")}});
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{req}").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("-32601"), "refused: {stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refused"), "the refusal is logged: {stderr}");
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("FORGED")),
+        "a client's text made a log line:\n{stderr}"
+    );
+}
