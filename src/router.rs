@@ -261,13 +261,15 @@ impl Gateway {
         let sink = sink.map(|s| s.with_peer(client.clone()).until(call_over));
         let key = id_key(id);
         let token = CancellationToken::new();
+        // One view of the topology for the whole request (its limits, routes and servers).
+        let topo = self.topology();
         {
             let mut inflight = client.inflight();
             if inflight.contains_key(&key) {
                 let e = Error::invalid_request(format!("request id {key} is already in use in this session"));
                 return Some(e.into());
             }
-            let max = self.config().gateway.max_in_flight;
+            let max = topo.config.gateway.max_in_flight;
             if inflight.len() >= max {
                 return Some(Error::invalid_request(format!("this session already has {max} requests in flight (gateway.max_in_flight); wait for some to finish")).into());
             }
@@ -276,7 +278,6 @@ impl Gateway {
         let _unregister = Unregister { client, key };
         let started = Instant::now();
         let _in_flight = self.metrics.in_flight();
-        let topo = self.topology();
         let identity = client.identity();
         let mut call = Call {
             topo: &topo,
