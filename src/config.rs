@@ -11,6 +11,7 @@
 //! `errors` locates and words the problems, `values` holds what tables share.
 
 mod clients;
+mod cluster;
 mod errors;
 mod gateway;
 mod rate_limits;
@@ -20,10 +21,11 @@ mod telemetry;
 mod values;
 
 pub use clients::{Auth, ClientSpec, OAuth, TokenDigest, DEFAULT_CLIENT_CLAIM};
+pub use cluster::{Cluster, OnRedisDown, DEFAULT_CLUSTER_PREFIX, DEFAULT_ON_REDIS_DOWN, MIN_CLUSTER_KEY};
 pub use errors::{ConfigError, ConfigErrors};
 pub use gateway::{
-    Gateway, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_INPUT_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_BODY,
-    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_LINE, DEFAULT_MAX_SESSIONS, DEFAULT_PAGE_SIZE, DEFAULT_PATH,
+    Gateway, DEFAULT_BODY_TIMEOUT, DEFAULT_DRAIN_DELAY, DEFAULT_HEADER_TIMEOUT, DEFAULT_INPUT_TIMEOUT, DEFAULT_LISTEN,
+    DEFAULT_MAX_BODY, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_LINE, DEFAULT_MAX_SESSIONS, DEFAULT_PAGE_SIZE, DEFAULT_PATH,
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_SEPARATOR, DEFAULT_SESSION_IDLE, DEFAULT_SHUTDOWN_GRACE,
     SESSIONS_PER_CLIENT_DIVISOR,
 };
@@ -83,10 +85,19 @@ struct RawConfig {
     telemetry: telemetry::RawTelemetry,
     clients: IndexMap<Spanned<String>, clients::RawClient>,
     auth: clients::RawAuth,
+    cluster: Option<cluster::RawCluster>,
 }
 
 /// The keys allowed at the top of the file.
-const TOP_KEYS: &[&str] = &["gateway", "servers", "rate_limits", "telemetry", "clients", "auth"];
+const TOP_KEYS: &[&str] = &[
+    "gateway",
+    "servers",
+    "rate_limits",
+    "telemetry",
+    "clients",
+    "auth",
+    "cluster",
+];
 
 /// Parses the file into a spanned TOML document, then deserializes each table on its own
 /// (`[gateway]`, each `[servers.NAME]`, each `[clients.NAME]`, `[rate_limits]`,
@@ -113,6 +124,7 @@ fn read_tables(cx: &mut Ctx, src: &str) -> Option<RawConfig> {
             "rate_limits" => raw.rate_limits = table(cx, &[key], item).map(|t| t.0).unwrap_or_default(),
             "telemetry" => raw.telemetry = table(cx, &[key], item).map(|t| t.0).unwrap_or_default(),
             "auth" => raw.auth = table(cx, &[key], item).map(|t| t.0).unwrap_or_default(),
+            "cluster" => raw.cluster = Some(table(cx, &[key], item).map(|t| t.0).unwrap_or_default()),
             "servers" => raw.servers = named(cx, key, item, servers::RawServer::removed),
             "clients" => raw.clients = named(cx, key, item, |_: &mut clients::RawClient, _| {}),
             other => {
@@ -140,6 +152,8 @@ pub struct Config {
     pub telemetry: Telemetry,
     /// `[clients.*]` and `[auth.oauth]`: who may use the endpoint, and what each sees.
     pub auth: Auth,
+    /// `[cluster]`: replicas sharing state through Redis. `None`: one process.
+    pub cluster: Option<Cluster>,
 }
 
 impl Config {
@@ -177,6 +191,7 @@ impl Config {
         let telemetry = telemetry::parse(&mut cx, raw.telemetry, env);
         let auth = clients::parse(&mut cx, raw.clients, raw.auth, env);
         let servers = servers::parse(&mut cx, raw.servers, &gateway, &folder(path), env);
+        let cluster = cluster::parse(&mut cx, raw.cluster, env);
         if !cx.errors.is_empty() {
             return Err(ConfigErrors(cx.errors));
         }
@@ -187,6 +202,7 @@ impl Config {
             rate_limits,
             telemetry,
             auth,
+            cluster,
         })
     }
 }

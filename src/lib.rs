@@ -51,6 +51,7 @@ pub(crate) mod auth;
 pub(crate) mod background;
 pub(crate) mod catalog;
 pub(crate) mod client;
+pub(crate) mod cluster;
 pub mod config;
 pub(crate) mod downstream;
 pub(crate) mod error;
@@ -116,7 +117,11 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
+    let cluster = config.cluster.as_ref().map(cluster::Cluster::start).transpose()?;
     let gw = Gateway::new(config);
+    if let Some(c) = cluster {
+        gw.join(c);
+    }
     gw.start().await;
     reload::spawn(&gw, gw.config().file.clone());
     // With OAuth, have the issuer's keys before the first token arrives.

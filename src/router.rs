@@ -64,6 +64,8 @@ pub struct Gateway {
     shared: Shared,
     /// The sessions of this process that `shared` may name, to deliver to them.
     live: Mutex<HashMap<String, Weak<Client>>>,
+    /// `[cluster]`: the replicas' shared Redis, once joined (read at start only).
+    cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 /// A request as the router takes it: its method parsed once, its params raw.
@@ -148,7 +150,18 @@ impl Gateway {
             reloading: tokio::sync::Mutex::new(()),
             shared: Shared::default(),
             live: Mutex::new(HashMap::new()),
+            cluster: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Joins the cluster `[cluster]` describes (at start; a reload does not change it).
+    pub fn join(&self, cluster: Arc<crate::cluster::Cluster>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// The cluster this replica belongs to, if any.
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
+        self.cluster.get()
     }
 
     /// The current topology: config, servers, catalog and limits that belong together.

@@ -26,6 +26,9 @@ pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// `gateway.shutdown_grace` unset: how long in-flight requests get after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// `gateway.drain_delay` unset: after SIGTERM, how long `/readyz` says 503 while the
+/// gateway still serves, so a load balancer stops sending before it stops accepting.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
 /// `gateway.max_body` unset: the largest request body accepted (16 MiB).
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// `gateway.max_line` unset: the longest message line accepted (256 MiB).
@@ -52,6 +55,7 @@ pub(super) struct RawGateway {
     allowed_hosts: Vec<String>,
     max_body: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+    drain_delay: Option<Spanned<String>>,
     max_sessions: Option<Spanned<usize>>,
     max_sessions_per_client: Option<Spanned<usize>>,
     page_size: Option<usize>,
@@ -82,6 +86,9 @@ pub struct Gateway {
     pub max_body: usize,
     /// How long in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_grace: Duration,
+    /// After SIGTERM: how long `/readyz` answers 503 while requests are still served,
+    /// before the listener closes and `shutdown_grace` begins.
+    pub drain_delay: Duration,
     /// Items per page of a merged list; 0 serves each list as one page.
     pub page_size: usize,
     /// Open HTTP sessions at most; `initialize` past it is refused (503).
@@ -163,6 +170,7 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
         }
     }
     let shutdown_grace = duration(cx, g.shutdown_grace.as_ref(), "shutdown_grace", DEFAULT_SHUTDOWN_GRACE);
+    let drain_delay = duration(cx, g.drain_delay.as_ref(), "drain_delay", DEFAULT_DRAIN_DELAY);
     let max_body = size(cx, g.max_body.as_ref(), "max_body", "16MiB", DEFAULT_MAX_BODY);
     let max_sessions = g.max_sessions.map_or(DEFAULT_MAX_SESSIONS, Spanned::into_inner);
     Gateway {
@@ -174,6 +182,7 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
         allowed_hosts: g.allowed_hosts,
         max_body,
         shutdown_grace,
+        drain_delay,
         max_sessions,
         max_sessions_per_client: g
             .max_sessions_per_client

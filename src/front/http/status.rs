@@ -82,7 +82,11 @@ fn status_json(http: &Http) -> Value {
     for s in http.sessions.iter() {
         *by_version.entry(s.protocol_version.clone()).or_default() += 1;
     }
-    json!({ "servers": servers, "sessions": http.sessions.len(), "sessionsByVersion": by_version })
+    let mut out = json!({ "servers": servers, "sessions": http.sessions.len(), "sessionsByVersion": by_version });
+    if let Some(c) = http.gw.cluster() {
+        out["cluster"] = c.status();
+    }
+    out
 }
 
 pub(super) async fn status(State(http): State<Http>) -> Response {

@@ -1,0 +1,202 @@
+//! Replicas sharing one Redis (`[cluster]`): the connection, the keys derived from the
+//! cluster key, this replica's name and heartbeat, and whether Redis is reachable.
+//!
+//! Without `[cluster]` nothing here runs: the gateway keeps all its state in memory.
+//! With it, what crosses replicas goes through Redis: sealed session records
+//! ([`sessions`]), the bus between replicas (pub/sub, [`bus`]) and global rate limits
+//! ([`limits`], GCRA in one Lua script). docs/cluster.md has the design and the keyspace.
+//!
+//! Redis is reached through redis-rs's `ConnectionManager` (one multiplexed connection
+//! that reconnects by itself), made lazily, so a replica starts while Redis is down.
+//! Every command has a short response timeout: a Redis that does not answer counts as
+//! down, and `cluster.on_redis_down` decides what requests get meanwhile.
+
+use crate::config::{self, OnRedisDown};
+use redis::aio::ConnectionManager;
+use ring::hmac;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::{info, warn};
+
+/// How long one Redis command may take before Redis counts as down.
+pub const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
+/// How often a replica writes its heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// A replica not heard from for this long is not counted as seen.
+pub const REPLICA_GONE: Duration = Duration::from_secs(5);
+
+/// This replica's view of the cluster.
+pub struct Cluster {
+    /// This replica's name (in Redis, on the bus, on `/status`).
+    pub replica: String,
+    pub on_redis_down: OnRedisDown,
+    prefix: String,
+    conn: ConnectionManager,
+    client: redis::Client,
+    /// The cluster key: what other keys are derived from (see [`Cluster::derive`]).
+    root: hmac::Key,
+    up: AtomicBool,
+    /// A warning was logged for the current outage.
+    warned: AtomicBool,
+    replicas_seen: AtomicU64,
+}
+
+/// Milliseconds since the Unix epoch (what every replica's clock agrees on, roughly).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Cluster {
+    /// Opens (lazily) the connection to Redis and starts the heartbeat. Never fails on
+    /// Redis being down: the table was validated, and Redis may come up later.
+    pub fn start(cfg: &config::Cluster) -> anyhow::Result<Arc<Cluster>> {
+        let client = redis::Client::open(cfg.redis.expose())
+            .map_err(|e| anyhow::anyhow!("cluster.redis: {}", redact(&e.to_string(), cfg.redis.expose())))?;
+        let mgr = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(REDIS_TIMEOUT))
+            .set_connection_timeout(Some(REDIS_TIMEOUT))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), mgr)
+            .map_err(|e| anyhow::anyhow!("cluster.redis: {}", redact(&e.to_string(), cfg.redis.expose())))?;
+        let replica = cfg.replica_id.clone().unwrap_or_else(default_replica_id);
+        let cluster = Arc::new(Cluster {
+            replica,
+            on_redis_down: cfg.on_redis_down,
+            prefix: cfg.prefix.clone(),
+            conn,
+            client,
+            root: hmac::Key::new(hmac::HMAC_SHA256, cfg.key.expose().as_bytes()),
+            up: AtomicBool::new(true),
+            warned: AtomicBool::new(false),
+            replicas_seen: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&cluster);
+        crate::background::spawn(async move {
+            let mut tick = tokio::time::interval(HEARTBEAT);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(c) = weak.upgrade() else { return };
+                c.heartbeat().await;
+            }
+        });
+        info!(replica = %cluster.replica, "cluster mode: state shared through Redis");
+        Ok(cluster)
+    }
+
+    /// A key for one purpose, derived from the cluster key: HMAC(cluster key, purpose).
+    /// Each use (session records, requestStates, ...) has its own, so one never verifies
+    /// as another.
+    pub fn derive(&self, purpose: &str) -> hmac::Key {
+        let tag = hmac::sign(&self.root, format!("mcp-gateway/cluster/{purpose}").as_bytes());
+        hmac::Key::new(hmac::HMAC_SHA256, tag.as_ref())
+    }
+
+    /// A Redis key or channel of this cluster: `{prefix}:{rest}`.
+    pub fn name(&self, rest: &str) -> String {
+        format!("{}:{rest}", self.prefix)
+    }
+
+    /// The multiplexed connection (cheap to clone).
+    pub fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// A client for connections of their own (the bus's pub/sub connection).
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// Whether the last Redis command succeeded.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// The number of replicas (this one included) that wrote a heartbeat lately.
+    pub fn replicas_seen(&self) -> u64 {
+        self.replicas_seen.load(Ordering::Relaxed)
+    }
+
+    /// A Redis command succeeded.
+    pub fn ok(&self) {
+        if !self.up.swap(true, Ordering::Relaxed) {
+            info!(replica = %self.replica, "Redis is reachable again; shared state and limits are back");
+            self.warned.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A Redis command failed: Redis counts as down until one succeeds. Warns once per
+    /// outage, saying what `on_redis_down` does meanwhile. The error never carries the URL.
+    pub fn failed(&self, e: &redis::RedisError) {
+        self.up.store(false, Ordering::Relaxed);
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            let what = match self.on_redis_down {
+                OnRedisDown::Local => {
+                    "serving with this replica's own state and limits (cluster.on_redis_down = \"local\")"
+                }
+                OnRedisDown::Refuse => "refusing requests that need it with 503 (cluster.on_redis_down = \"refuse\")",
+            };
+            warn!(replica = %self.replica, error = %e, "Redis is unreachable; {what}");
+        }
+    }
+
+    /// Records a command's result in the health state.
+    pub fn track<T>(&self, r: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        match &r {
+            Ok(_) => self.ok(),
+            Err(e) => self.failed(e),
+        }
+        r
+    }
+
+    async fn heartbeat(&self) {
+        let key = self.name("replicas");
+        let now = now_ms();
+        let gone = now.saturating_sub(u64::try_from(REPLICA_GONE.as_millis()).unwrap_or(u64::MAX));
+        let mut conn = self.conn();
+        let r: redis::RedisResult<(u64,)> = redis::pipe()
+            .zadd(&key, &self.replica, now)
+            .ignore()
+            .zrembyscore(&key, "-inf", format!("({gone}"))
+            .ignore()
+            .zcard(&key)
+            .query_async(&mut conn)
+            .await;
+        if let Ok((n,)) = self.track(r) {
+            self.replicas_seen.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// `/status`'s `cluster` object.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "replica": self.replica,
+            "redis": if self.is_up() { "up" } else { "down" },
+            "onRedisDown": match self.on_redis_down { OnRedisDown::Local => "local", OnRedisDown::Refuse => "refuse" },
+            "replicasSeen": self.replicas_seen(),
+        })
+    }
+}
+
+/// The host name and pid: unique per process, and readable on `/status`.
+fn default_replica_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "replica".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// `text` with `secret` (the Redis URL, which may hold a password) cut out.
+fn redact(text: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        text.to_owned()
+    } else {
+        text.replace(secret, "****")
+    }
+}
