@@ -8,6 +8,7 @@
 
 mod auth;
 mod cli_start;
+mod cluster;
 mod common;
 mod compose;
 mod config_cli;
