@@ -59,6 +59,18 @@ pub struct Question {
     pub answer: tokio::sync::oneshot::Sender<Outcome>,
 }
 
+/// Six random base-36 characters, chosen once per process.
+fn process_tag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        (0..6)
+            .map(|_| char::from_digit(rng.random_range(0..36), 36).unwrap_or('0'))
+            .collect()
+    })
+}
+
 /// How long a client gets to answer a server's question (a person may be answering).
 const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -120,7 +132,8 @@ impl crate::downstream::Peer for Client {
                 };
             }
             let n = self.next_ask.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let id = Id::string(&format!("mcp-gateway-{n}"));
+            // The process's tag keeps ids of two replicas serving one session apart.
+            let id = Id::string(&format!("mcp-gateway-{}-{n}", process_tag()));
             let (tx, rx) = tokio::sync::oneshot::channel();
             crate::sync::lock(&self.asked).insert(id_key(&id), tx);
             debug!(session = %self.id, %method, request = %id, "asking the client for a server");

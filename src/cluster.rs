@@ -11,6 +11,9 @@
 //! Every command has a short response timeout: a Redis that does not answer counts as
 //! down, and `cluster.on_redis_down` decides what requests get meanwhile.
 
+pub mod bus;
+pub mod sessions;
+
 use crate::config::{self, OnRedisDown};
 use redis::aio::ConnectionManager;
 use ring::hmac;
@@ -40,6 +43,10 @@ pub struct Cluster {
     /// A warning was logged for the current outage.
     warned: AtomicBool,
     replicas_seen: AtomicU64,
+    /// The bus between replicas (see [`bus`]).
+    pub bus: bus::Bus,
+    /// Session records (see [`sessions`]).
+    pub sessions: sessions::Sessions,
 }
 
 /// Milliseconds since the Unix epoch (what every replica's clock agrees on, roughly).
@@ -63,13 +70,16 @@ impl Cluster {
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), mgr)
             .map_err(|e| anyhow::anyhow!("cluster.redis: {}", redact(&e.to_string(), cfg.redis.expose())))?;
         let replica = cfg.replica_id.clone().unwrap_or_else(default_replica_id);
+        let root = hmac::Key::new(hmac::HMAC_SHA256, cfg.key.expose().as_bytes());
         let cluster = Arc::new(Cluster {
             replica,
             on_redis_down: cfg.on_redis_down,
             prefix: cfg.prefix.clone(),
             conn,
             client,
-            root: hmac::Key::new(hmac::HMAC_SHA256, cfg.key.expose().as_bytes()),
+            bus: bus::Bus::new(&root),
+            sessions: sessions::Sessions::new(&root),
+            root,
             up: AtomicBool::new(true),
             warned: AtomicBool::new(false),
             replicas_seen: AtomicU64::new(0),
@@ -88,12 +98,14 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// A key for one purpose, derived from the cluster key: HMAC(cluster key, purpose).
-    /// Each use (session records, requestStates, ...) has its own, so one never verifies
-    /// as another.
+    /// A key for one purpose, derived from the cluster key (see [`derive`]).
     pub fn derive(&self, purpose: &str) -> hmac::Key {
-        let tag = hmac::sign(&self.root, format!("mcp-gateway/cluster/{purpose}").as_bytes());
-        hmac::Key::new(hmac::HMAC_SHA256, tag.as_ref())
+        derive(&self.root, purpose)
+    }
+
+    /// Publishes `note` on the bus (best effort).
+    pub async fn publish(&self, to: bus::To<'_>, note: bus::Note) {
+        self.bus.publish(self, to, note).await
     }
 
     /// A Redis key or channel of this cluster: `{prefix}:{rest}`.
@@ -182,6 +194,14 @@ impl Cluster {
     }
 }
 
+/// A key for one purpose, derived from the cluster key: HMAC(cluster key, purpose). Each
+/// use (session records, the bus, requestStates, ...) has its own, so one never verifies
+/// as another.
+pub fn derive(root: &hmac::Key, purpose: &str) -> hmac::Key {
+    let tag = hmac::sign(root, format!("mcp-gateway/cluster/{purpose}").as_bytes());
+    hmac::Key::new(hmac::HMAC_SHA256, tag.as_ref())
+}
+
 /// The host name and pid: unique per process, and readable on `/status`.
 fn default_replica_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -199,4 +219,29 @@ fn redact(text: &str, secret: &str) -> String {
     } else {
         text.replace(secret, "****")
     }
+}
+
+/// Lower-case hex.
+pub fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
+        let _ = write!(s, "{x:02x}");
+        s
+    })
+}
+
+/// The bytes of lower-case or upper-case hex; `None` when it is not hex.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// SHA-256 of `s`, in hex: how bearer-like values (session ids, client shares) name keys.
+pub fn digest(s: &str) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, s.as_bytes()).as_ref())
 }

@@ -123,6 +123,11 @@ pub async fn serve(
         gw.join(c);
     }
     gw.start().await;
+    if gw.cluster().is_some() {
+        // What sessions subscribed to on other replicas, and the level they chose.
+        let gw = gw.clone();
+        crate::background::spawn(async move { gw.catch_up().await });
+    }
     reload::spawn(&gw, gw.config().file.clone());
     // With OAuth, have the issuer's keys before the first token arrives.
     let auth = gw.topology().auth.clone();

@@ -17,6 +17,7 @@ mod forward;
 mod initialize;
 mod lists;
 mod logging;
+mod replicas;
 mod resources;
 mod tasks;
 mod topology;
@@ -66,6 +67,10 @@ pub struct Gateway {
     live: Mutex<HashMap<String, Weak<Client>>>,
     /// `[cluster]`: the replicas' shared Redis, once joined (read at start only).
     cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// Cluster mode: sessions another replica ended, for the fronts to forget.
+    ended: broadcast::Sender<String>,
+    /// Cluster mode: list_changed lines sent here lately (see `replicas::SAME_CHANGE`).
+    announced: Mutex<HashMap<Bytes, Instant>>,
 }
 
 /// A request as the router takes it: its method parsed once, its params raw.
@@ -151,17 +156,9 @@ impl Gateway {
             shared: Shared::default(),
             live: Mutex::new(HashMap::new()),
             cluster: std::sync::OnceLock::new(),
+            ended: broadcast::channel(BROADCAST_QUEUE).0,
+            announced: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// Joins the cluster `[cluster]` describes (at start; a reload does not change it).
-    pub fn join(&self, cluster: Arc<crate::cluster::Cluster>) {
-        let _ = self.cluster.set(cluster);
-    }
-
-    /// The cluster this replica belongs to, if any.
-    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
-        self.cluster.get()
     }
 
     /// The current topology: config, servers, catalog and limits that belong together.
@@ -229,19 +226,27 @@ impl Gateway {
         })
     }
 
-    /// Keeps `client` reachable by id, for what [`Shared`] delivers to it.
-    fn remember(&self, client: &Arc<Client>) {
+    /// Keeps `client` reachable by its [`Shared::key`], for what [`Shared`] and the
+    /// other replicas deliver to it.
+    pub(crate) fn remember(&self, client: &Arc<Client>) {
+        let key = self.shared.key(&client.id);
         let mut live = crate::sync::lock(&self.live);
         live.retain(|_, c| c.strong_count() > 0);
-        live.insert(client.id.clone(), Arc::downgrade(client));
+        live.insert(key, Arc::downgrade(client));
     }
 
-    /// Sends `line` to the session `id`, if it lives in this process.
-    fn deliver(&self, id: &str, line: Bytes) {
-        let client = crate::sync::lock(&self.live).get(id).and_then(Weak::upgrade);
-        if let Some(c) = client {
-            let _ = c.own.send(line);
+    /// The session of this process whose [`Shared::key`] is `key`.
+    fn live(&self, key: &str) -> Option<Arc<Client>> {
+        crate::sync::lock(&self.live).get(key).and_then(Weak::upgrade)
+    }
+
+    /// Sends `line` to the session whose [`Shared::key`] is `key`: here, if it lives in
+    /// this process, and in cluster mode wherever its GET stream is held.
+    fn deliver(&self, key: &str, line: Bytes) {
+        if let Some(c) = self.live(key) {
+            let _ = c.own.send(line.clone());
         }
+        self.deliver_elsewhere(key, line);
     }
 
     /// Answers one request. Related notifications (progress, log messages) go to `sink`
@@ -417,6 +422,9 @@ impl Gateway {
                 if let Some(t) = client.inflight().get(&id_key(&id)) {
                     debug!(session = %client.id, request = %id, "client cancelled a request");
                     t.cancel();
+                } else {
+                    // Cluster mode: the call may run on another replica.
+                    self.cancel_elsewhere(client, params);
                 }
             }
             Method::RootsListChanged => {
@@ -440,7 +448,7 @@ impl Gateway {
     /// nobody else needs, and end its per-session processes.
     pub async fn forget_client(&self, client: &Client) {
         let unneeded = self.shared.forget_session(&client.id).await;
-        crate::sync::lock(&self.live).remove(&client.id);
+        crate::sync::lock(&self.live).remove(&self.shared.key(&client.id));
         let topo = self.topology();
         for s in topo
             .servers

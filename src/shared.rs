@@ -4,9 +4,12 @@
 //!
 //! Callers ask [`Shared`] through named async methods and get owned answers: nothing hands
 //! out a lock or a reference into its maps, and sessions are named by id, never held.
-//! This is the in-memory implementation, for one replica; an implementation over a store
-//! that replicas share can stand behind the same methods. Delivering to a session is not
-//! its business: the router keeps the sessions that live in this process.
+//! In one process everything is in memory. In cluster mode ([`Shared::join`]) the
+//! subscriptions and log levels live in Redis, where every replica sees them, with
+//! sessions named by the SHA-256 of their id ([`Shared::key`]); while Redis is down the
+//! in-memory maps stand in (per replica). Tasks stay in memory: a task lives in one
+//! replica's downstream. Delivering to a session is not its business: the router keeps
+//! the sessions that live in this process.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,7 +34,14 @@ pub fn public_task_id(server: &str, task_id: &str) -> String {
 #[derive(Default)]
 pub struct Shared {
     inner: Mutex<Inner>,
+    cluster: std::sync::OnceLock<Arc<Cluster>>,
 }
+
+use crate::cluster::{digest, Cluster};
+use redis::AsyncCommands;
+
+/// The level downstreams run at, when a session chose one: its rank.
+const DOWNSTREAM_LEVEL: &str = "downstream-level";
 
 #[derive(Default)]
 struct Inner {
@@ -52,9 +62,38 @@ impl Shared {
         crate::sync::lock(&self.inner)
     }
 
+    /// Cluster mode: from now on the state lives in Redis.
+    pub fn join(&self, cluster: Arc<Cluster>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// How a session is named here and on the bus: its id in one process, the SHA-256 of
+    /// its id in cluster mode (session ids are bearer-like; Redis never holds one).
+    pub fn key(&self, session: &str) -> String {
+        match self.cluster.get() {
+            Some(_) => digest(session),
+            None => session.to_owned(),
+        }
+    }
+
     /// Subscribes `session` to `uri` of `server`; true when it is the first subscriber
-    /// (the downstream must be subscribed now).
+    /// (the downstream must be subscribed now; in cluster mode, every replica's).
     pub async fn subscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> bool {
+        if let Some(c) = self.cluster.get() {
+            let d = digest(session);
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .sadd(sub_key(c, server, uri), &d)
+                .scard(sub_key(c, server, uri))
+                .hset(c.name(&format!("uris:{server}")), uri, 1)
+                .ignore()
+                .sadd(c.name(&format!("subs-of:{d}")), member(server, uri))
+                .ignore();
+            let r: redis::RedisResult<(u64, u64)> = pipe.query_async(&mut c.conn()).await;
+            if let Ok((added, n)) = c.track(r) {
+                return added == 1 && n == 1;
+            }
+        }
         let mut inner = self.inner();
         let sessions = inner.subscriptions.entry((server.clone(), uri.to_owned())).or_default();
         let first = sessions.is_empty();
@@ -65,6 +104,23 @@ impl Shared {
     /// Unsubscribes `session`; true when it was subscribed and was the last (the
     /// downstream may be unsubscribed now).
     pub async fn unsubscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> bool {
+        if let Some(c) = self.cluster.get() {
+            let d = digest(session);
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .srem(sub_key(c, server, uri), &d)
+                .scard(sub_key(c, server, uri))
+                .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
+                .ignore();
+            let r: redis::RedisResult<(u64, u64)> = pipe.query_async(&mut c.conn()).await;
+            if let Ok((removed, n)) = c.track(r) {
+                if removed == 1 && n == 0 {
+                    let r: redis::RedisResult<()> = c.conn().hdel(c.name(&format!("uris:{server}")), uri).await;
+                    let _ = c.track(r);
+                }
+                return removed == 1 && n == 0;
+            }
+        }
         let mut inner = self.inner();
         let key = (server.clone(), uri.to_owned());
         let Some(sessions) = inner.subscriptions.get_mut(&key) else {
@@ -80,8 +136,14 @@ impl Shared {
         last
     }
 
-    /// The sessions subscribed to `uri` of `server`.
+    /// The sessions subscribed to `uri` of `server`, by [`key`](Shared::key).
     pub async fn subscribers(&self, server: &Arc<str>, uri: &str) -> Vec<String> {
+        if let Some(c) = self.cluster.get() {
+            let r: redis::RedisResult<Vec<String>> = c.conn().smembers(sub_key(c, server, uri)).await;
+            if let Ok(v) = c.track(r) {
+                return v;
+            }
+        }
         self.inner()
             .subscriptions
             .get(&(server.clone(), uri.to_owned()))
@@ -91,6 +153,12 @@ impl Shared {
 
     /// The URIs of `server` some session is subscribed to.
     pub async fn subscribed_uris(&self, server: &str) -> Vec<String> {
+        if let Some(c) = self.cluster.get() {
+            let r: redis::RedisResult<Vec<String>> = c.conn().hkeys(c.name(&format!("uris:{server}"))).await;
+            if let Ok(v) = c.track(r) {
+                return v;
+            }
+        }
         self.inner()
             .subscriptions
             .keys()
@@ -102,6 +170,30 @@ impl Shared {
     /// Records the level `session` chose. Returns the level the downstreams must run at
     /// now when that changed: the most verbose (lowest rank) any session wants.
     pub async fn set_log_level(&self, session: &str, rank: usize) -> Option<usize> {
+        if let Some(c) = self.cluster.get() {
+            let levels = c.name("levels");
+            let mut conn = c.conn();
+            let r: redis::RedisResult<(Vec<usize>,)> = redis::pipe()
+                .hset(&levels, digest(session), rank)
+                .ignore()
+                .hvals(&levels)
+                .query_async(&mut conn)
+                .await;
+            if let Ok((ranks,)) = c.track(r) {
+                let wanted = ranks.into_iter().min()?;
+                // SET … GET: the level before, so exactly one replica sees the change.
+                let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
+                    .arg(c.name(DOWNSTREAM_LEVEL))
+                    .arg(wanted)
+                    .arg("GET")
+                    .query_async(&mut conn)
+                    .await;
+                return match c.track(before) {
+                    Ok(b) if b == Some(wanted) => None,
+                    _ => Some(wanted),
+                };
+            }
+        }
         let mut inner = self.inner();
         inner.log_levels.insert(session.to_owned(), rank);
         let wanted = inner.log_levels.values().copied().min();
@@ -114,7 +206,25 @@ impl Shared {
 
     /// The level the downstreams run at, once some session chose one.
     pub async fn downstream_log_level(&self) -> Option<usize> {
+        if let Some(c) = self.cluster.get() {
+            let r: redis::RedisResult<Option<usize>> = c.conn().get(c.name(DOWNSTREAM_LEVEL)).await;
+            if let Ok(v) = c.track(r) {
+                return v;
+            }
+        }
         self.inner().downstream_log
+    }
+
+    /// The level session `session` chose, if any (cluster mode: for a replica that serves
+    /// a session another one opened).
+    pub async fn log_level_of(&self, session: &str) -> Option<usize> {
+        if let Some(c) = self.cluster.get() {
+            let r: redis::RedisResult<Option<usize>> = c.conn().hget(c.name("levels"), digest(session)).await;
+            if let Ok(v) = c.track(r) {
+                return v;
+            }
+        }
+        self.inner().log_levels.get(session).copied()
     }
 
     /// Records a task a server created for session `owner`; returns its public id.
@@ -142,6 +252,13 @@ impl Shared {
     /// A session ended: forgets its subscriptions, level and tasks. Returns the (server,
     /// uri) pairs no session is subscribed to any more (to unsubscribe downstream).
     pub async fn forget_session(&self, session: &str) -> Vec<(Arc<str>, String)> {
+        if let Some(c) = self.cluster.get() {
+            if let Some(unneeded) = forget_in_redis(c, session).await {
+                let mut inner = self.inner();
+                inner.tasks.retain(|_, r| r.owner != session);
+                return unneeded;
+            }
+        }
         let mut inner = self.inner();
         inner.tasks.retain(|_, r| r.owner != session);
         inner.log_levels.remove(session);
@@ -154,6 +271,53 @@ impl Shared {
         });
         unneeded
     }
+}
+
+/// The Redis set of the sessions subscribed to `uri` of `server`.
+fn sub_key(c: &Cluster, server: &str, uri: &str) -> String {
+    c.name(&format!("sub:{}", digest(&member(server, uri))))
+}
+
+/// `(server, uri)` as one string (a server name cannot hold a newline).
+fn member(server: &str, uri: &str) -> String {
+    format!("{server}\n{uri}")
+}
+
+/// Drops a session's subscriptions and level from Redis; the (server, uri) pairs nobody
+/// is subscribed to any more. `None`: Redis failed.
+async fn forget_in_redis(c: &Cluster, session: &str) -> Option<Vec<(Arc<str>, String)>> {
+    let d = digest(session);
+    let of = c.name(&format!("subs-of:{d}"));
+    let mut conn = c.conn();
+    let r: redis::RedisResult<Vec<String>> = conn.smembers(&of).await;
+    let members = c.track(r).ok()?;
+    let mut unneeded = Vec::new();
+    for m in members {
+        let Some((server, uri)) = m.split_once('\n') else {
+            continue;
+        };
+        let key = sub_key(c, server, uri);
+        let r: redis::RedisResult<(u64, u64)> = redis::pipe()
+            .atomic()
+            .srem(&key, &d)
+            .scard(&key)
+            .query_async(&mut conn)
+            .await;
+        if let Ok((1, 0)) = c.track(r) {
+            let r: redis::RedisResult<()> = conn.hdel(c.name(&format!("uris:{server}")), uri).await;
+            let _ = c.track(r);
+            unneeded.push((Arc::from(server), uri.to_owned()));
+        }
+    }
+    let r: redis::RedisResult<()> = redis::pipe()
+        .del(&of)
+        .ignore()
+        .hdel(c.name("levels"), &d)
+        .ignore()
+        .query_async(&mut conn)
+        .await;
+    c.track(r).ok()?;
+    Some(unneeded)
 }
 
 #[cfg(test)]

@@ -77,6 +77,8 @@ pub struct Shared {
     /// Open sessions per identity (see [`session::share_of`]), at most
     /// `gateway.max_sessions_per_client` each; an identity with none has no entry.
     shares: DashMap<Arc<str>, usize>,
+    /// Cluster mode: when the records of sessions served here were last refreshed (ms).
+    refreshed: std::sync::atomic::AtomicU64,
 }
 
 impl Http {
@@ -88,14 +90,30 @@ impl Http {
             cancel_by_id: false,
         };
         let stateless = crate::stateless::Stateless::new(gw.clone(), transport, closing.clone());
-        Http(Arc::new(Shared {
+        let mut ended = gw.ended();
+        let http = Http(Arc::new(Shared {
             gw,
             sessions: Arc::new(DashMap::default()),
             started: Instant::now(),
             closing,
             stateless,
             shares: DashMap::new(),
-        }))
+            refreshed: std::sync::atomic::AtomicU64::new(0),
+        }));
+        // Cluster mode: sessions another replica ended are forgotten here too.
+        let weak = Arc::downgrade(&http.0);
+        crate::background::spawn(async move {
+            loop {
+                let sid = match ended.recv().await {
+                    Ok(sid) => sid,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                };
+                let Some(shared) = weak.upgrade() else { return };
+                Http(shared).drop_copy(&sid);
+            }
+        });
+        http
     }
 
     /// Ends every open GET stream once its session has no call in flight (its client may

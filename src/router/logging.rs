@@ -21,7 +21,9 @@ impl Gateway {
             return Error::invalid_params(e).into();
         };
         *crate::sync::write(&cx.client.log_level) = Some(rank);
-        if let Some(rank) = self.shared.set_log_level(&cx.client.id, rank).await {
+        let downstream = self.shared.set_log_level(&cx.client.id, rank).await;
+        self.level_elsewhere(&cx.client.id, rank, downstream);
+        if let Some(rank) = downstream {
             apply_log_level(cx.topo, rank).await;
         }
         empty()
@@ -30,7 +32,7 @@ impl Gateway {
 
 /// Sets every downstream that offers logging to level `rank`. A 2026-07-28 server gets
 /// the level with each request instead.
-async fn apply_log_level(topo: &Topology, rank: usize) {
+pub(super) async fn apply_log_level(topo: &Topology, rank: usize) {
     let level = LOG_LEVELS[rank];
     let calls = topo.servers.iter().filter_map(|s| {
         let logs = s

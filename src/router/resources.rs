@@ -68,6 +68,8 @@ impl Gateway {
             // Refcounted: the downstream already is (or still must stay) subscribed.
             return empty();
         }
+        // Cluster mode: every replica's downstream follows (their children see changes too).
+        self.subscription_elsewhere(&s.name, &uri, subscribe);
         if s.stateless() {
             // 2026-07-28 has no resources/subscribe: the URI joins the server's listen stream.
             s.listen_uri(&uri, subscribe);

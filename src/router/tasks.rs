@@ -129,7 +129,7 @@ impl Gateway {
         };
         rewrite_task_object(&mut body, server);
         let line = Bytes::from(message::notification(method, Some(&close(body))));
-        self.deliver(&route.owner, line);
+        self.deliver(&self.shared.key(&route.owner), line);
     }
 }
 

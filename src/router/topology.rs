@@ -192,9 +192,9 @@ impl Gateway {
         for (kind, changed) in changes {
             if changed || announced == Some(kind) {
                 info!(notification = kind.notification(), "catalog changed; notifying clients");
-                let _ = self
-                    .broadcast
-                    .send(Bytes::from(message::notification(kind.notification(), None)));
+                let line = Bytes::from(message::notification(kind.notification(), None));
+                self.announce_elsewhere(&line);
+                let _ = self.broadcast.send(line);
             }
         }
     }

@@ -35,3 +35,186 @@ async fn a_replica_reports_itself_and_redis_on_status() {
     assert!(down, "Redis killed shows as down");
     assert!(gw.wait_log("Redis is unreachable", Duration::from_secs(5)).await);
 }
+
+/// `n` replicas sharing `redis`, each with `servers` (TOML) and `extra` cluster keys.
+pub fn replicas(n: usize, redis: &Redis, servers: &str, extra: &str) -> Vec<Gateway> {
+    (0..n)
+        .map(|i| {
+            let id = if extra.contains("replica_id") {
+                String::new()
+            } else {
+                format!("replica_id = \"gw-{i}\"\n")
+            };
+            let config = format!("{servers}\n{}", cluster_toml(redis, &format!("{id}{extra}")));
+            Gateway::start(&config)
+        })
+        .collect()
+}
+
+/// The same session, its requests sent to `gw`.
+pub fn via(s: &Session, gw: &Gateway) -> Session {
+    Session {
+        http: s.http.clone(),
+        url: gw.url.clone(),
+        id: s.id.clone(),
+        init: s.init.clone(),
+    }
+}
+
+fn two_way() -> String {
+    server("calc", "calc", &["--two-way"], "")
+}
+
+const T: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn a_session_opened_on_one_replica_is_served_by_every_replica() {
+    let redis = Redis::start();
+    let gws = replicas(3, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let (b, c) = (via(&a, &gws[1]), via(&a, &gws[2]));
+    assert!(b.tool_names().await.contains(&"calc__add".to_string()));
+    let r = c.call("calc__add", serde_json::json!({"a": 2, "b": 3})).await;
+    assert_eq!(text(&r), "5", "{r}");
+    let r = b
+        .request(
+            serde_json::json!(7),
+            "logging/setLevel",
+            serde_json::json!({"level": "debug"}),
+        )
+        .await;
+    assert_eq!(r["result"], serde_json::json!({}), "{r}");
+    // DELETE on the third: the session is gone on every replica.
+    let del = c
+        .http
+        .delete(&c.url)
+        .header("mcp-session-id", &c.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 200);
+    for s in [&a, &b] {
+        let mut gone = false;
+        for _ in 0..100 {
+            let (status, _) = s
+                .post_text(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#)
+                .await;
+            if status == 404 {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone, "the session ended everywhere");
+    }
+    // Redis never holds a session id.
+    let keys = redis.cli(&["KEYS", "*"]);
+    assert!(!keys.contains(&a.id), "{keys}");
+}
+
+#[tokio::test]
+async fn a_session_outlives_the_replica_it_was_opened_on() {
+    let redis = Redis::start();
+    let mut gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    assert_eq!(
+        text(&a.call("calc__add", serde_json::json!({"a": 1, "b": 1})).await),
+        "2"
+    );
+    unsafe {
+        libc::kill(gws[0].child.id() as i32, libc::SIGKILL);
+    }
+    let _ = gws[0].child.wait();
+    let b = via(&a, &gws[1]);
+    let started = std::time::Instant::now();
+    let r = b.call("calc__add", serde_json::json!({"a": 2, "b": 2})).await;
+    assert_eq!(text(&r), "4", "{r}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    drop(gws.remove(0));
+}
+
+#[tokio::test]
+async fn a_session_is_its_owners_on_every_replica_and_a_forged_record_is_refused() {
+    let redis = Redis::start();
+    let clients =
+        "[clients.alice]\ntoken = \"alice-token-0123456789\"\n[clients.bob]\ntoken = \"bob-token-0123456789ab\"\n";
+    let gws = replicas(2, &redis, &format!("{}{clients}", two_way()), "");
+    let open = |token: &'static str, url: String| async move {
+        let http = reqwest::Client::builder()
+            .default_headers(
+                [(
+                    reqwest::header::AUTHORIZATION,
+                    format!("Bearer {token}").parse().unwrap(),
+                )]
+                .into_iter()
+                .collect(),
+            )
+            .build()
+            .unwrap();
+        let resp = http
+            .post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .json(
+                &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+                "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        let id = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        Session {
+            http,
+            url,
+            id,
+            init: resp.json().await.unwrap(),
+        }
+    };
+    let alice = open("alice-token-0123456789", gws[0].url.clone()).await;
+    let bob = open("bob-token-0123456789ab", gws[1].url.clone()).await;
+    // Bob presents alice's session id on the other replica: not found, for him.
+    let stolen = Session {
+        id: alice.id.clone(),
+        ..via(&bob, &gws[1])
+    };
+    let (status, _) = stolen
+        .post_text(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#)
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = via(&alice, &gws[1])
+        .post_text(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#)
+        .await;
+    assert_eq!(status, 200, "alice's own session works on the other replica");
+    // No token is stored in Redis.
+    let dump = redis.cli(&["--no-raw", "KEYS", "*"]);
+    for key in dump.lines() {
+        let key = key.trim_matches('"');
+        let v = redis.cli(&["GET", key]);
+        assert!(!v.contains("alice-token") && !v.contains("bob-token"), "{key}: {v}");
+    }
+    // Someone who can write to Redis copies alice's record to a session id of their own,
+    // or rewrites it for bob: neither verifies.
+    let keys: Vec<String> = redis
+        .cli(&["KEYS", "mcpgw:session:*"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for k in &keys {
+        let v = redis.cli(&["GET", k]);
+        let forged = v.trim().replace("\"alice\"", "\"bob\"");
+        redis.cli(&["SET", k, &forged]);
+    }
+    let fresh = replicas(1, &redis, &format!("{}{clients}", two_way()), "replica_id = \"gw-new\"");
+    let (status, _) = via(&alice, &fresh[0])
+        .post_text(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}"#)
+        .await;
+    assert_eq!(status, 404, "alice's record was changed: refused");
+    let (status, _) = Session {
+        id: alice.id.clone(),
+        ..via(&bob, &fresh[0])
+    }
+    .post_text(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}"#)
+    .await;
+    assert_eq!(status, 404, "nor does it become bob's");
+    assert!(fresh[0].wait_log("does not verify", T).await);
+}

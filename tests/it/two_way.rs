@@ -82,10 +82,12 @@ async fn question(m: &mut Messages, method: &str) -> Value {
     let id = q["id"]
         .as_str()
         .unwrap_or_else(|| panic!("minted ids are strings: {q}"));
-    let n = id
+    // mcp-gateway-{the process's tag}-{n}
+    let (tag, n) = id
         .strip_prefix("mcp-gateway-")
+        .and_then(|rest| rest.rsplit_once('-'))
         .unwrap_or_else(|| panic!("not minted: {q}"));
-    assert!(n.parse::<u64>().is_ok(), "{q}");
+    assert!(tag.len() == 6 && n.parse::<u64>().is_ok(), "{q}");
     q
 }
 

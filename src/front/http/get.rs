@@ -31,7 +31,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
         )
         .into_response();
     }
-    let (sid, session) = match session(&http, &headers, who.as_ref()) {
+    let (sid, session) = match session(&http, &headers, who.as_ref()).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };

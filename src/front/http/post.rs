@@ -101,7 +101,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
     let mut version = None;
     if is_array && headers.contains_key(&SESSION_HEADER) {
         // A batch: JSON-RPC batching is part of 2025-03-26 only.
-        let (_, session) = match session(&http, &headers, who.as_ref()) {
+        let (_, session) = match session(&http, &headers, who.as_ref()).await {
             Ok(s) => s,
             Err(r) => return r.into_response(),
         };
@@ -143,14 +143,14 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
             let peer = extensions
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|c| c.0.ip());
-            return initialize(&http, id, params.as_deref(), who, peer);
+            return initialize(&http, id, params.as_deref(), who, peer).await;
         }
     }
     let id = match &msg {
         Kind::Request { id, .. } => id.clone(),
         _ => Id::NULL,
     };
-    let (sid, session) = match session(&http, &headers, who.as_ref()) {
+    let (sid, session) = match session(&http, &headers, who.as_ref()).await {
         Ok(s) => s,
         Err(r) => return refuse(&id, r),
     };
@@ -164,7 +164,12 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
         }
         Kind::Response { id, outcome } => {
             if !session.client.answer(id.as_ref(), outcome) {
-                debug!(session = %sid, "dropping a client response: no server→client request has its id");
+                if http.gw.cluster().is_some() {
+                    // The question may be another replica's call's.
+                    http.gw.answer_elsewhere(&sid, &body);
+                } else {
+                    debug!(session = %sid, "dropping a client response: no server→client request has its id");
+                }
             }
             StatusCode::ACCEPTED.into_response()
         }

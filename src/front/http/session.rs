@@ -36,6 +36,9 @@ pub(super) struct Session {
     pub(super) replay: std::sync::OnceLock<Arc<Replay>>,
     /// Its protocol version (2025-11-25 or later) has priming events and `retry`.
     pub(super) priming: bool,
+    /// It counts against this replica's `shares` (it was opened here; a session another
+    /// replica opened and this one serves from its record does not).
+    pub(super) counted: bool,
 }
 
 impl Session {
@@ -60,19 +63,82 @@ impl Http {
             })
             .map(|s| s.key().clone())
             .collect();
+        if let Some(cluster) = self.gw.cluster().cloned() {
+            self.refresh_records(&cluster, now, idle);
+            // Another replica may still serve it: this one forgets its copy, and ends the
+            // session only when its record is gone too (nobody used it for session_idle).
+            for id in expired {
+                let http = self.clone();
+                let cluster = cluster.clone();
+                crate::background::spawn(async move {
+                    let gone = matches!(cluster.sessions.load(&cluster, &id).await, Ok(None));
+                    if gone {
+                        info!(session = %id, "session expired");
+                        http.end_session(&id);
+                    } else {
+                        tracing::debug!(session = %id, "session idle here; its record stays for the other replicas");
+                        http.drop_copy(&id);
+                    }
+                });
+            }
+            return;
+        }
         for id in expired {
             info!(session = %id, "session expired");
             self.end_session(&id);
         }
     }
 
-    /// Ends a session: its requests are cancelled and its subscriptions dropped.
+    /// Cluster mode: extends the records of the sessions this replica served since the
+    /// last refresh (and of those with a GET stream open here), in the background.
+    fn refresh_records(&self, cluster: &Arc<crate::cluster::Cluster>, now: u64, idle: u64) {
+        let since = self.refreshed.swap(now, Ordering::Relaxed);
+        let ids: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|s| s.get_open.load(Ordering::Relaxed) || s.last_seen.load(Ordering::Relaxed) >= since)
+            .map(|s| s.key().clone())
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let cluster = cluster.clone();
+        let ttl = std::time::Duration::from_millis(idle);
+        crate::background::spawn(async move {
+            let _ = cluster.sessions.touch(&cluster, &ids, ttl).await;
+        });
+    }
+
+    /// Ends a session: its requests are cancelled and its subscriptions dropped. In
+    /// cluster mode every replica forgets it, and its record goes.
     pub fn end_session(&self, sid: &str) {
+        if let Some(cluster) = self.gw.cluster().cloned() {
+            self.gw.ended_elsewhere(sid);
+            let sid = sid.to_owned();
+            crate::background::spawn(async move {
+                let _ = cluster.sessions.delete(&cluster, &sid).await;
+            });
+        }
         if let Some((_, s)) = self.sessions.remove(sid) {
-            self.release_share(&s.share);
+            if s.counted {
+                self.release_share(&s.share);
+            }
             s.client.cancel_all();
             let (gw, client) = (self.gw.clone(), s.client.clone());
             crate::background::spawn(async move { gw.forget_client(&client).await });
+        }
+    }
+
+    /// Cluster mode: forgets this replica's copy of a session that goes on elsewhere (or
+    /// that another replica ended): its calls here are cancelled, its processes here end.
+    pub fn drop_copy(&self, sid: &str) {
+        if let Some((_, s)) = self.sessions.remove(sid) {
+            if s.counted {
+                self.release_share(&s.share);
+            }
+            s.client.cancel_all();
+            let (gw, client) = (self.gw.clone(), s.client.clone());
+            crate::background::spawn(async move { gw.forget_copy(&client).await });
         }
     }
 
@@ -95,8 +161,9 @@ impl Http {
 }
 
 /// Finds the session a request names: 400 without the header, 404 when unknown or
-/// when it belongs to another identity (not found, for them).
-pub(super) fn session(
+/// when it belongs to another identity (not found, for them). In cluster mode a session
+/// this replica does not know is looked up in Redis once, and served from its record.
+pub(super) async fn session(
     http: &Http,
     headers: &HeaderMap,
     who: Option<&Arc<Identity>>,
@@ -117,12 +184,64 @@ pub(super) fn session(
             }
             Ok((id.to_owned(), s.clone()))
         }
-        _ => Err(reject(
-            StatusCode::NOT_FOUND,
-            code::INVALID_REQUEST,
-            "unknown or ended session",
-        )),
+        None if http.gw.cluster().is_some() => adopt(http, id, who).await,
+        _ => Err(unknown_session()),
     }
+}
+
+fn unknown_session() -> Error {
+    reject(StatusCode::NOT_FOUND, code::INVALID_REQUEST, "unknown or ended session")
+}
+
+/// Cluster mode: serves a session another replica opened, from its record in Redis.
+async fn adopt(http: &Http, id: &str, who: Option<&Arc<Identity>>) -> Result<(String, Arc<Session>), Error> {
+    let Some(cluster) = http.gw.cluster() else {
+        return Err(unknown_session());
+    };
+    // Not a session id this gateway could have made: no need to ask Redis.
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(unknown_session());
+    }
+    let record = match cluster.sessions.load(cluster, id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(unknown_session()),
+        Err(_) => {
+            return Err(match cluster.on_redis_down {
+                crate::config::OnRedisDown::Local => unknown_session(),
+                crate::config::OnRedisDown::Refuse => reject(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    code::INTERNAL_ERROR,
+                    "Redis is unreachable, and this replica does not know the session (cluster.on_redis_down = \"refuse\"); try again",
+                ),
+            })
+        }
+    };
+    if record.owner.as_deref() != who.map(|i| i.name.as_str()) {
+        return Err(unknown_session());
+    }
+    let level = http.gw.session_log_level(id).await;
+    let client = Arc::new(Client::new(id.to_owned()));
+    *crate::sync::write(&client.capabilities) = record.capabilities.clone();
+    *crate::sync::write(&client.log_level) = level;
+    let _ = client.protocol_version.set(record.protocol_version.clone());
+    client.set_identity(who.cloned());
+    let session = Arc::new(Session {
+        client,
+        owner: record.owner,
+        share: record.share.into(),
+        priming: record.protocol_version.as_str() >= PRIMING_SINCE,
+        protocol_version: record.protocol_version,
+        last_seen: AtomicU64::new(http.now_ms()),
+        get_open: AtomicBool::new(false),
+        get_conn: std::sync::Mutex::new(None),
+        replay: std::sync::OnceLock::new(),
+        counted: false,
+    });
+    // Two requests of the session may adopt it at once: the first copy wins.
+    let session = http.sessions.entry(id.to_owned()).or_insert(session).clone();
+    http.gw.remember(&session.client);
+    tracing::debug!(session = %id, "serving a session another replica opened");
+    Ok((id.to_owned(), session))
 }
 
 /// 128 bits from the OS CSPRNG, as 32 hex characters.
@@ -144,7 +263,7 @@ pub(super) fn share_of(who: Option<&Identity>, peer: Option<std::net::IpAddr>) -
     }
 }
 
-pub(super) fn initialize(
+pub(super) async fn initialize(
     http: &Http,
     id: &Id,
     params: Option<&serde_json::value::RawValue>,
@@ -189,6 +308,35 @@ pub(super) fn initialize(
     let sid = new_session_id();
     let owner = who.as_ref().map(|i| i.name.clone());
     let client_name = owner.clone();
+    if let Some(cluster) = http.gw.cluster() {
+        let record = crate::cluster::sessions::Record {
+            id: sid.clone(),
+            owner: owner.clone(),
+            share: share.to_string(),
+            protocol_version: version.clone(),
+            capabilities: message::params_object(params)
+                .ok()
+                .and_then(|mut p| match p.remove("capabilities") {
+                    Some(Value::Object(c)) => Some(c),
+                    _ => None,
+                }),
+        };
+        let saved = cluster
+            .sessions
+            .save(cluster, &record, config.gateway.session_idle)
+            .await;
+        if saved.is_err() && cluster.on_redis_down == crate::config::OnRedisDown::Refuse {
+            http.release_share(&share);
+            return refuse(
+                id,
+                reject(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    code::INTERNAL_ERROR,
+                    "Redis is unreachable, so no session can be opened (cluster.on_redis_down = \"refuse\"); try again",
+                ),
+            );
+        }
+    }
     let session = Session {
         client: {
             let c = Arc::new(Client::new(sid.clone()));
@@ -205,7 +353,12 @@ pub(super) fn initialize(
         get_conn: std::sync::Mutex::new(None),
         replay: std::sync::OnceLock::new(),
         priming: version.as_str() >= PRIMING_SINCE,
+        counted: true,
     };
+    if http.gw.cluster().is_some() {
+        // Other replicas deliver to it, answer its questions and cancel its calls by key.
+        http.gw.remember(&session.client);
+    }
     http.sessions.insert(sid.clone(), Arc::new(session));
     match &client_name {
         Some(client) => info!(session = %sid, %version, %client, "session opened"),
@@ -223,7 +376,7 @@ pub(super) async fn delete(State(http): State<Http>, req: axum::extract::Request
         Ok(a) => a,
         Err(resp) => return resp,
     };
-    let (sid, _) = match session(&http, &headers, who.as_ref()) {
+    let (sid, _) = match session(&http, &headers, who.as_ref()).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };

@@ -1,0 +1,203 @@
+//! The bus between replicas: Redis pub/sub. Every replica listens on `P:bus` (to all)
+//! and `P:r:{replica}` (to it alone). A message is `{MAC hex}.{json}`, the MAC made with
+//! a key derived from the cluster key, so a message that makes a replica act (answer a
+//! question, cancel a call, end a session) cannot be forged by whoever can only publish
+//! to Redis.
+//!
+//! Pub/sub delivers at most once, to whoever listens at that moment. What must not be
+//! lost lives in the keyspace; what rides the bus is idempotent (notifications) or has a
+//! waiting owner that times out (a question's answer).
+
+use super::Cluster;
+use futures::StreamExt;
+use ring::hmac;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// How often the listening connection is pinged: a Redis that went away silently is
+/// noticed within this (plus the command timeout).
+const PING_EVERY: Duration = Duration::from_secs(2);
+/// Waits between attempts to listen again.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Messages from the bus waiting for the gateway to handle them.
+const INBOX: usize = 1024;
+
+/// What replicas tell each other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum Note {
+    /// A message for session `sid`'s own stream (its GET stream), wherever it is held.
+    Deliver { sid: String, line: String },
+    /// A message for every session's stream (list_changed).
+    All { line: String },
+    /// A client's answer to a question a server asked it (a JSON-RPC response).
+    Answer { sid: String, line: String },
+    /// `notifications/cancelled` of session `sid` (its params).
+    Cancel { sid: String, params: Option<String> },
+    /// Session `sid` ended (DELETE, expiry): replicas forget their copy.
+    Ended { sid: String },
+    /// Session `sid` chose log level `rank`.
+    Level { sid: String, rank: usize },
+    /// Every downstream runs at log level `rank` now.
+    DownstreamLevel { rank: usize },
+    /// Some session subscribed to `uri` of `server` (`on`), or the last one left.
+    Subscription { server: String, uri: String, on: bool },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    from: String,
+    note: Note,
+}
+
+/// The key's purpose (see [`Cluster::derive`]).
+const PURPOSE: &str = "bus/1";
+
+/// Where a note goes.
+pub enum To<'a> {
+    All,
+    Replica(&'a str),
+}
+
+/// This replica's end of the bus.
+pub struct Bus {
+    key: hmac::Key,
+}
+
+impl Bus {
+    pub fn new(root: &hmac::Key) -> Bus {
+        Bus {
+            key: super::derive(root, PURPOSE),
+        }
+    }
+
+    /// Starts listening; notes from other replicas arrive on the receiver (a replica's own
+    /// notes are not handed back to it).
+    pub fn listen(cluster: &Arc<Cluster>) -> mpsc::Receiver<Note> {
+        let (tx, rx) = mpsc::channel(INBOX);
+        let key = cluster.bus.key.clone();
+        let weak = Arc::downgrade(cluster);
+        crate::background::spawn(async move {
+            let mut wait = RETRY_MIN;
+            loop {
+                let Some(cluster) = weak.upgrade() else { return };
+                match listen(&cluster, &key, &tx).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        cluster.failed(&e);
+                        debug!(error = %e, "the bus connection ended; listening again");
+                    }
+                }
+                drop(cluster);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+        });
+        rx
+    }
+
+    /// Publishes `note`. Best effort: a Redis that is down loses it (and is tracked).
+    pub async fn publish(&self, cluster: &Cluster, to: To<'_>, note: Note) {
+        let channel = match to {
+            To::All => cluster.name("bus"),
+            To::Replica(r) => cluster.name(&format!("r:{r}")),
+        };
+        let env = Envelope {
+            from: cluster.replica.clone(),
+            note,
+        };
+        let json = serde_json::to_string(&env).unwrap_or_default();
+        let tag = hmac::sign(&self.key, json.as_bytes());
+        let payload = format!("{}.{json}", super::hex(tag.as_ref()));
+        let mut conn = cluster.conn();
+        let r: redis::RedisResult<u64> = redis::cmd("PUBLISH")
+            .arg(channel)
+            .arg(payload)
+            .query_async(&mut conn)
+            .await;
+        let _ = cluster.track(r);
+    }
+}
+
+/// Listens until the connection fails (`Err`) or the gateway is gone (`Ok`).
+async fn listen(cluster: &Cluster, key: &hmac::Key, tx: &mpsc::Sender<Note>) -> redis::RedisResult<()> {
+    let timeout =
+        |e: tokio::time::error::Elapsed| redis::RedisError::from((redis::ErrorKind::Io, "timed out", e.to_string()));
+    let ps = tokio::time::timeout(super::REDIS_TIMEOUT, cluster.client().get_async_pubsub())
+        .await
+        .map_err(timeout)??;
+    let (mut sink, mut stream) = ps.split();
+    let all = cluster.name("bus");
+    let own = cluster.name(&format!("r:{}", cluster.replica));
+    tokio::time::timeout(super::REDIS_TIMEOUT, sink.subscribe(&[&all, &own]))
+        .await
+        .map_err(timeout)??;
+    cluster.ok();
+    debug!(replica = %cluster.replica, "listening on the bus");
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = stream.next() => {
+                let Some(msg) = msg else {
+                    return Err(redis::RedisError::from((redis::ErrorKind::Io, "the bus connection closed")));
+                };
+                let Some(note) = open(key, &cluster.replica, msg.get_payload_bytes()) else { continue };
+                if tx.send(note).await.is_err() {
+                    return Ok(());
+                }
+            }
+            _ = ping.tick() => {
+                // In subscribed mode PONG comes as an array: any answer will do.
+                let pong: redis::RedisResult<redis::Value> = tokio::time::timeout(super::REDIS_TIMEOUT, sink.ping())
+                    .await
+                    .map_err(timeout)?;
+                pong?;
+            }
+        }
+    }
+}
+
+/// The note in `payload`, unless it fails to verify (logged), or is `replica`'s own.
+fn open(key: &hmac::Key, replica: &str, payload: &[u8]) -> Option<Note> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let verified = text.split_once('.').and_then(|(tag, json)| {
+        let tag = super::unhex(tag)?;
+        hmac::verify(key, json.as_bytes(), &tag).ok()?;
+        serde_json::from_str::<Envelope>(json).ok()
+    });
+    let Some(env) = verified else {
+        warn!("a message on the bus does not verify with the cluster key; dropping it");
+        return None;
+    };
+    (env.from != replica).then_some(env.note)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_open_only_with_the_key_and_not_for_their_sender() {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, b"0123456789abcdef0123456789abcdef");
+        let env = Envelope {
+            from: "a".into(),
+            note: Note::Ended { sid: "s1".into() },
+        };
+        let json = serde_json::to_string(&env).unwrap();
+        let tag = super::super::hex(hmac::sign(&key, json.as_bytes()).as_ref());
+        let payload = format!("{tag}.{json}");
+        assert_eq!(
+            open(&key, "b", payload.as_bytes()),
+            Some(Note::Ended { sid: "s1".into() })
+        );
+        assert_eq!(open(&key, "a", payload.as_bytes()), None, "its own");
+        let forged = payload.replace("s1", "s2");
+        assert_eq!(open(&key, "b", forged.as_bytes()), None);
+        assert_eq!(open(&key, "b", b"not a note"), None);
+    }
+}

@@ -1,0 +1,252 @@
+//! Cluster mode, the router's side: what this replica tells the others over the bus, and
+//! what it does with what they tell it (see [`crate::cluster::bus`]). Sessions are named
+//! on the bus by their [`crate::shared::Shared::key`] (a digest, never the id).
+
+use super::Gateway;
+use crate::cluster::bus::{Note, To};
+use crate::cluster::Cluster;
+use crate::downstream::{Params, LOG_LEVELS};
+use crate::message::{self, Kind};
+use crate::method::Method;
+use bytes::Bytes;
+use serde_json::json;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// A list_changed from the bus within this long of the same one sent here is the same
+/// change seen by another replica's child: it is not sent twice.
+const SAME_CHANGE: Duration = Duration::from_millis(500);
+
+impl Gateway {
+    /// Joins the cluster: state goes to Redis from now on, and notes from the other
+    /// replicas are handled as they come. Called once, before [`Gateway::start`].
+    pub fn join(self: &Arc<Self>, cluster: Arc<Cluster>) {
+        if self.cluster.set(cluster.clone()).is_err() {
+            return;
+        }
+        self.shared.join(cluster.clone());
+        let mut notes = crate::cluster::bus::Bus::listen(&cluster);
+        let gw = Arc::downgrade(self);
+        crate::background::spawn(async move {
+            while let Some(note) = notes.recv().await {
+                let Some(gw) = gw.upgrade() else { return };
+                gw.note(note).await;
+            }
+        });
+    }
+
+    /// The cluster this replica belongs to, if any.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.get()
+    }
+
+    /// Sessions this process tells the fronts to forget (another replica ended them), by id.
+    pub fn ended(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.ended.subscribe()
+    }
+
+    fn publish(&self, to: To<'static>, note: Note) {
+        let Some(c) = self.cluster.get().cloned() else { return };
+        crate::background::spawn(async move { c.publish(to, note).await });
+    }
+
+    /// Cluster mode: `line` for session `key` also goes to whichever replica holds its
+    /// GET stream.
+    pub(super) fn deliver_elsewhere(&self, key: &str, line: Bytes) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let Ok(line) = String::from_utf8(line.to_vec()) else {
+            return;
+        };
+        self.publish(
+            To::All,
+            Note::Deliver {
+                sid: key.to_owned(),
+                line,
+            },
+        );
+    }
+
+    /// Cluster mode: a list_changed for every session goes to every replica's streams.
+    pub(super) fn announce_elsewhere(&self, line: &Bytes) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        crate::sync::lock(&self.announced).insert(line.clone(), Instant::now());
+        let Ok(line) = String::from_utf8(line.to_vec()) else {
+            return;
+        };
+        self.publish(To::All, Note::All { line });
+    }
+
+    /// Cluster mode: a client's answer to a question no call here asked goes to the
+    /// replica whose call did (every replica's ids are their own: see `Client::ask`).
+    pub fn answer_elsewhere(&self, session: &str, line: &[u8]) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let Ok(line) = String::from_utf8(line.to_vec()) else {
+            return;
+        };
+        let sid = self.shared.key(session);
+        self.publish(To::All, Note::Answer { sid, line });
+    }
+
+    /// Cluster mode: a cancellation of a request no call here runs goes to every replica.
+    pub(super) fn cancel_elsewhere(&self, client: &super::Client, params: Option<&RawValue>) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let sid = self.shared.key(&client.id);
+        let params = params.map(|p| p.get().to_owned());
+        self.publish(To::All, Note::Cancel { sid, params });
+    }
+
+    /// Cluster mode: tells the other replicas that session `id` ended.
+    pub fn ended_elsewhere(&self, id: &str) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let sid = self.shared.key(id);
+        self.publish(To::All, Note::Ended { sid });
+    }
+
+    /// The level session `id` chose, as the cluster knows it.
+    pub async fn session_log_level(&self, id: &str) -> Option<usize> {
+        self.shared.log_level_of(id).await
+    }
+
+    /// Cluster mode: tells the other replicas a session's level, and the downstreams'
+    /// when it changed.
+    pub(super) fn level_elsewhere(&self, session: &str, rank: usize, downstream: Option<usize>) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let sid = self.shared.key(session);
+        self.publish(To::All, Note::Level { sid, rank });
+        if let Some(rank) = downstream {
+            self.publish(To::All, Note::DownstreamLevel { rank });
+        }
+    }
+
+    /// Cluster mode: every replica's downstream subscribes to `uri` (or unsubscribes).
+    pub(super) fn subscription_elsewhere(&self, server: &str, uri: &str, on: bool) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let note = Note::Subscription {
+            server: server.to_owned(),
+            uri: uri.to_owned(),
+            on,
+        };
+        self.publish(To::All, note);
+    }
+
+    /// This replica's copy of a session goes (another replica serves it on, or ended it):
+    /// no delivery to it, and its per-session processes here end.
+    pub async fn forget_copy(&self, client: &super::Client) {
+        crate::sync::lock(&self.live).remove(&self.shared.key(&client.id));
+        let topo = self.topology();
+        for s in topo
+            .servers
+            .iter()
+            .filter(|s| s.cfg.isolation == crate::config::Isolation::Session)
+        {
+            s.end_session(&client.id).await;
+        }
+    }
+
+    /// Subscribes this replica's downstreams to what sessions subscribed to, and sets
+    /// them to the level sessions chose (a replica joining, or Redis back).
+    pub async fn catch_up(&self) {
+        let names: Vec<Arc<str>> = self.topology().servers.iter().map(|s| s.name.clone()).collect();
+        for name in names {
+            self.restore(name).await;
+        }
+    }
+
+    async fn note(&self, note: Note) {
+        match note {
+            Note::Deliver { sid, line } => {
+                if let Some(c) = self.live(&sid) {
+                    let _ = c.own.send(Bytes::from(line));
+                }
+            }
+            Note::All { line } => {
+                let line = Bytes::from(line);
+                let recent = {
+                    let mut seen = crate::sync::lock(&self.announced);
+                    seen.retain(|_, t| t.elapsed() < SAME_CHANGE);
+                    seen.contains_key(&line)
+                };
+                if !recent {
+                    let _ = self.broadcast.send(line);
+                }
+            }
+            Note::Answer { sid, line } => {
+                let Some(c) = self.live(&sid) else { return };
+                if let Ok(Kind::Response { id, outcome }) = Kind::parse(line.as_bytes()) {
+                    if c.answer(id.as_ref(), outcome) {
+                        debug!(session = %c.id, "a client's answer reached its question through another replica");
+                    }
+                }
+            }
+            Note::Cancel { sid, params } => {
+                let Some(c) = self.live(&sid) else { return };
+                let params = params.and_then(|p| RawValue::from_string(p).ok());
+                let Some(id) = message::cancelled_request_id(params.as_deref()) else {
+                    return;
+                };
+                let token = c.inflight().get(&message::id_key(&id)).cloned();
+                if let Some(t) = token {
+                    debug!(session = %c.id, request = %id, "a client cancelled a request through another replica");
+                    t.cancel();
+                }
+            }
+            Note::Ended { sid } => {
+                if let Some(c) = self.live(&sid) {
+                    let _ = self.ended.send(c.id.clone());
+                }
+            }
+            Note::Level { sid, rank } => {
+                if let Some(c) = self.live(&sid) {
+                    *crate::sync::write(&c.log_level) = Some(rank);
+                }
+            }
+            Note::DownstreamLevel { rank } => {
+                if rank < LOG_LEVELS.len() {
+                    super::logging::apply_log_level(&self.topology(), rank).await;
+                }
+            }
+            Note::Subscription { server, uri, on } => self.subscribe_here(&server, &uri, on).await,
+        }
+    }
+
+    /// Subscribes (or unsubscribes) this replica's downstream `server` to `uri`.
+    async fn subscribe_here(&self, server: &str, uri: &str, on: bool) {
+        let topo = self.topology();
+        let Some(s) = topo.servers.iter().find(|s| &*s.name == server) else {
+            return;
+        };
+        if s.stateless() {
+            s.listen_uri(uri, on);
+            return;
+        }
+        let Ok(conn) = s.connection() else { return };
+        let method = if on {
+            Method::ResourcesSubscribe
+        } else {
+            Method::ResourcesUnsubscribe
+        };
+        let params = message::to_raw(&json!({ "uri": uri }));
+        if let Err(e) = conn
+            .call(method.as_str(), Params::Raw(Some(params)), None, s.settings().timeout)
+            .await
+        {
+            warn!(server = %s.name, %uri, error = %e, "following another replica's {method} failed");
+        }
+    }
+}
