@@ -46,7 +46,7 @@ pub fn replicas(n: usize, redis: &Redis, servers: &str, extra: &str) -> Vec<Gate
                 format!("replica_id = \"gw-{i}\"\n")
             };
             let config = format!("{servers}\n{}", cluster_toml(redis, &format!("{id}{extra}")));
-            Gateway::start(&config)
+            Gateway::start_with_env(&config, &[("MCP_GATEWAY_LOG", "info,mcp_gateway::router=debug")])
         })
         .collect()
 }
@@ -217,4 +217,122 @@ async fn a_session_is_its_owners_on_every_replica_and_a_forged_record_is_refused
     .await;
     assert_eq!(status, 404, "nor does it become bob's");
     assert!(fresh[0].wait_log("does not verify", T).await);
+}
+
+/// A session whose `initialize` declared sampling, elicitation and roots.
+async fn open_asking(gw: &Gateway) -> Session {
+    Session::open_with(
+        &gw.url,
+        serde_json::json!({"sampling": {}, "elicitation": {}, "roots": {}}),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_asked_during_a_call_on_one_replica_is_answered_through_another() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let gws = replicas(3, &redis, &two_way(), "");
+    let a = open_asking(&gws[0]).await;
+    // The session is known to the others before the question (as a client's earlier
+    // requests would have made it).
+    let b = via(&a, &gws[1]);
+    assert!(!b.tool_names().await.is_empty());
+    let mut call = a
+        .start(
+            json!(1),
+            "tools/call",
+            json!({"name": "calc__ask_elicit", "arguments": {"message": "name?"}}),
+        )
+        .await;
+    let q = call.next(T).await.expect("the question");
+    assert_eq!(q["method"], "elicitation/create", "{q}");
+    let answer = json!({"jsonrpc": "2.0", "id": q["id"], "result": {"action": "accept", "content": {"name": "Ada"}}});
+    let r = b.post().json(&answer).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    let (_, resp) = call.response(T).await;
+    let got: serde_json::Value = serde_json::from_str(&text(&resp)).unwrap();
+    assert_eq!(got, json!({"action": "accept", "content": {"name": "Ada"}}), "{resp}");
+    // And through a replica that never saw the session before.
+    let mut call = a
+        .start(
+            json!(2),
+            "tools/call",
+            json!({"name": "calc__ask_roots", "arguments": {}}),
+        )
+        .await;
+    let q = call.next(T).await.expect("the question");
+    let roots = json!({"roots": [{"uri": "file:///p", "name": "p"}]});
+    let answer = json!({"jsonrpc": "2.0", "id": q["id"], "result": roots});
+    let r = via(&a, &gws[2]).post().json(&answer).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    let (_, resp) = call.response(T).await;
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&text(&resp)).unwrap(), roots);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancellation_through_another_replica_cancels_the_call_where_it_runs() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    assert!(!b.tool_names().await.is_empty());
+    let started = std::time::Instant::now();
+    let mut call = a
+        .start(
+            json!("slow-1"),
+            "tools/call",
+            json!({"name": "calc__slow", "arguments": {"seconds": 60, "steps": 60}, "_meta": {"progressToken": "p1"}}),
+        )
+        .await;
+    // Progress reaches the client on the call's own stream.
+    let p = call.next(T).await.expect("progress");
+    assert_eq!(p["method"], "notifications/progress", "{p}");
+    b.notify(
+        "notifications/cancelled",
+        json!({"requestId": "slow-1", "reason": "enough"}),
+    )
+    .await;
+    let _ = call.response(Duration::from_secs(10)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the call was cancelled: {}",
+        gws[0].logs()
+    );
+    assert!(gws[0].wait_log("cancelled a request through another replica", T).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_stream_on_any_replica_gets_its_sessions_notifications() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let gws = replicas(3, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let (b, c) = (via(&a, &gws[1]), via(&a, &gws[2]));
+    let mut stream = b.get_stream().await;
+    let readme = "mock://calc/readme";
+    let r = a
+        .request(json!("sub"), "resources/subscribe", json!({"uri": readme}))
+        .await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    // Every replica's child follows the subscription.
+    for gw in &gws {
+        assert!(
+            gw.wait_log(&format!("[mock] subscribe {readme}"), T).await,
+            "{}",
+            gw.logs()
+        );
+    }
+    // The third replica's child sees the change: the stream on the second gets it.
+    let r = c.call("calc__update_resource", json!({"uri": readme})).await;
+    assert_eq!(text(&r), format!("updated {readme}"), "{r}");
+    let m = stream.next(T).await.expect("resources/updated");
+    assert_eq!(m["method"], "notifications/resources/updated", "{m}");
+    assert_eq!(m["params"]["uri"], readme, "{m}");
+    // A tool added through the first replica's child: list_changed on the stream.
+    let r = a.call("calc__add_tool", json!({"name": "fresh"})).await;
+    assert_eq!(text(&r), "added", "{r}");
+    let m = stream.next(T).await.expect("list_changed");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
 }
