@@ -71,6 +71,8 @@ pub struct Gateway {
     ended: broadcast::Sender<String>,
     /// Cluster mode: list_changed lines sent here lately (see `replicas::SAME_CHANGE`).
     announced: Mutex<HashMap<Bytes, Instant>>,
+    /// Cluster mode: where notes about parked calls go (see `replicas::on_rounds`).
+    rounds: std::sync::OnceLock<mpsc::UnboundedSender<crate::cluster::bus::Note>>,
 }
 
 /// A request as the router takes it: its method parsed once, its params raw.
@@ -158,6 +160,7 @@ impl Gateway {
             cluster: std::sync::OnceLock::new(),
             ended: broadcast::channel(BROADCAST_QUEUE).0,
             announced: Mutex::new(HashMap::new()),
+            rounds: std::sync::OnceLock::new(),
         })
     }
 

@@ -25,6 +25,7 @@
 
 pub mod envelope;
 pub mod listen;
+pub mod remote;
 mod results;
 pub mod rounds;
 
@@ -172,7 +173,19 @@ pub struct Stateless {
 impl Stateless {
     pub fn new(gw: Arc<Gateway>, transport: Transport, closing: CancellationToken) -> Stateless {
         // Read once: a reload's input_timeout applies after a restart.
-        let parked = rounds::Parked::new(gw.config().gateway.input_timeout);
+        let parked = rounds::Parked::new(gw.config().gateway.input_timeout, gw.cluster().cloned());
+        if gw.cluster().is_some() {
+            // Other replicas' retries of calls parked here, and steps of those driven from here.
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            gw.on_rounds(tx);
+            let weak = Arc::downgrade(&parked);
+            crate::background::spawn(async move {
+                while let Some(note) = rx.recv().await {
+                    let Some(parked) = weak.upgrade() else { return };
+                    remote::handle(&parked, note);
+                }
+            });
+        }
         Stateless {
             gw,
             transport,

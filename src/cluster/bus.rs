@@ -46,6 +46,25 @@ pub enum Note {
     DownstreamLevel { rank: usize },
     /// Some session subscribed to `uri` of `server` (`on`), or the last one left.
     Subscription { server: String, uri: String, on: bool },
+    /// To the replica holding parked call `call`: a retry landed on `reply_to`; resume
+    /// round `round` with these answers (see `stateless::remote`).
+    Resume {
+        corr: String,
+        reply_to: String,
+        call: String,
+        round: u64,
+        method: String,
+        target: String,
+        principal: String,
+        responses: Option<String>,
+    },
+    /// A step of the resumed call `corr`, for the retry's replica.
+    Step {
+        corr: String,
+        step: crate::stateless::remote::Step,
+    },
+    /// The retry's client went away: drop the call.
+    Abandon { call: String },
 }
 
 #[derive(Serialize, Deserialize)]

@@ -42,6 +42,11 @@ impl Gateway {
         self.cluster.get()
     }
 
+    /// Where notes about parked calls go (the HTTP front's stateless flow).
+    pub fn on_rounds(&self, tx: tokio::sync::mpsc::UnboundedSender<Note>) {
+        let _ = self.rounds.set(tx);
+    }
+
     /// Sessions this process tells the fronts to forget (another replica ended them), by id.
     pub fn ended(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.ended.subscribe()
@@ -222,6 +227,11 @@ impl Gateway {
                 }
             }
             Note::Subscription { server, uri, on } => self.subscribe_here(&server, &uri, on).await,
+            note @ (Note::Resume { .. } | Note::Step { .. } | Note::Abandon { .. }) => {
+                if let Some(tx) = self.rounds.get() {
+                    let _ = tx.send(note);
+                }
+            }
         }
     }
 

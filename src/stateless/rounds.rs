@@ -268,6 +268,14 @@ pub struct Parked {
     key: hmac::Key,
     ttl: Duration,
     calls: Mutex<HashMap<String, Waiting>>,
+    /// Cluster mode: the replicas, which resume each other's parked calls (see
+    /// [`super::remote`]). The key is then derived from the cluster key.
+    pub(super) cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Cluster mode: rounds of calls parked on other replicas, driven from here, by
+    /// correlation id.
+    pub(super) driving: Mutex<HashMap<String, mpsc::Sender<super::remote::Step>>>,
+    /// Cluster mode: this replica's calls driven for another replica's retry, by call id.
+    pub(super) serving: Mutex<HashMap<String, CancellationToken>>,
 }
 
 struct Waiting {
@@ -296,16 +304,47 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 impl Parked {
-    /// A table with a fresh random key; parked calls expire after `ttl`.
-    pub fn new(ttl: Duration) -> Arc<Parked> {
+    /// A table with a fresh random key (in cluster mode one derived from the cluster key,
+    /// so every replica verifies the states); parked calls expire after `ttl`.
+    pub fn new(ttl: Duration, cluster: Option<Arc<crate::cluster::Cluster>>) -> Arc<Parked> {
         use rand::RngCore;
-        let mut key = [0u8; 32];
-        rand::rng().fill_bytes(&mut key);
+        let key = match &cluster {
+            Some(c) => c.derive("request-state/1"),
+            None => {
+                let mut key = [0u8; 32];
+                rand::rng().fill_bytes(&mut key);
+                hmac::Key::new(hmac::HMAC_SHA256, &key)
+            }
+        };
         Arc::new(Parked {
-            key: hmac::Key::new(hmac::HMAC_SHA256, &key),
+            key,
             ttl,
             calls: Mutex::new(HashMap::new()),
+            cluster,
+            driving: Mutex::new(HashMap::new()),
+            serving: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The replica a call id names (cluster mode): `{random}-{hex of the replica}`.
+    pub(super) fn owner_of(id: &str) -> Option<String> {
+        let (_, replica) = id.rsplit_once('-')?;
+        String::from_utf8(crate::cluster::unhex(replica)?).ok()
+    }
+
+    /// Whether call `id` is parked in this process (always, outside cluster mode).
+    pub(super) fn is_here(&self, id: &str) -> bool {
+        match &self.cluster {
+            None => true,
+            Some(c) => Self::owner_of(id).is_none_or(|o| o == c.replica),
+        }
+    }
+
+    /// The `requestState` of round `round` of call `id`, bound to `binding`.
+    pub(super) fn mint(&self, id: &str, round: u64, binding: &Binding) -> String {
+        let expires = now_ms().saturating_add(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX));
+        let tag = hmac::sign(&self.key, &Self::signed(id, round, expires, binding));
+        format!("{STATE_PREFIX}{id}.{round}.{expires}.{}", hex(tag.as_ref()))
     }
 
     fn signed(call: &str, round: u64, expires: u64, b: &Binding) -> Vec<u8> {
@@ -321,21 +360,28 @@ impl Parked {
 
     /// Parks a call that asked questions; returns its `requestState`, or `None` (the call
     /// dropped, so cancelled) when [`MAX_PARKED`] calls are waiting already.
-    pub fn park(self: &Arc<Self>, mut call: Call, previous: Option<(String, u64)>) -> Option<String> {
-        // From here it runs on while its client answers.
-        call.progress.detach();
+    pub fn park(self: &Arc<Self>, call: Call, previous: Option<(String, u64)>) -> Option<String> {
         let (id, round) = match previous {
             Some((id, round)) => (id, round + 1),
             None => {
                 use rand::RngCore;
                 let mut b = [0u8; 16];
                 rand::rng().fill_bytes(&mut b);
-                (hex(&b), 1)
+                match &self.cluster {
+                    // The replica that holds it, in its id (covered by the MAC).
+                    Some(c) => (format!("{}-{}", hex(&b), hex(c.replica.as_bytes())), 1),
+                    None => (hex(&b), 1),
+                }
             }
         };
-        let expires = now_ms().saturating_add(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX));
-        let tag = hmac::sign(&self.key, &Self::signed(&id, round, expires, &call.binding));
-        let state = format!("{STATE_PREFIX}{id}.{round}.{expires}.{}", hex(tag.as_ref()));
+        let state = self.mint(&id, round, &call.binding);
+        self.keep(id, round, call).then_some(state)
+    }
+
+    /// Keeps `call` as round `round` of call `id` until its retry, or its expiry.
+    pub(super) fn keep(self: &Arc<Self>, id: String, round: u64, mut call: Call) -> bool {
+        // From here it runs on while its client answers.
+        call.progress.detach();
         {
             let mut calls = crate::sync::lock(&self.calls);
             if calls.len() >= MAX_PARKED {
@@ -343,7 +389,7 @@ impl Parked {
                     max = MAX_PARKED,
                     "too many calls waiting for their clients' input; failing one"
                 );
-                return None;
+                return false;
             }
             calls.insert(id.clone(), Waiting { round, call });
         }
@@ -359,13 +405,22 @@ impl Parked {
                 calls.remove(&id);
             }
         });
-        Some(state)
+        true
     }
 
     /// Takes back the call a `requestState` names, if it verifies for `binding`. Returns
     /// the call and its (id, round) for the next [`park`](Parked::park); the error is a
     /// reason for the log only.
+    #[cfg(test)]
     pub fn resume(&self, state: &str, binding: &Binding) -> Result<(Call, (String, u64)), &'static str> {
+        let (id, round) = self.verify(state, binding)?;
+        let call = self.take(&id, round, binding)?;
+        Ok((call, (id, round)))
+    }
+
+    /// The call and round a `requestState` names, if it verifies for `binding` and has not
+    /// expired (whether the call is still parked is not known yet).
+    pub(super) fn verify(&self, state: &str, binding: &Binding) -> Result<(String, u64), &'static str> {
         let Some(state) = state.strip_prefix(STATE_PREFIX) else {
             return Err("malformed");
         };
@@ -383,14 +438,19 @@ impl Parked {
         if now_ms() >= expires {
             return Err("expired");
         }
+        Ok((id.to_owned(), round))
+    }
+
+    /// Takes round `round` of the parked call `id` (once: that is what makes a state
+    /// single-use, on every replica, since only the call's own replica holds it).
+    pub(super) fn take(&self, id: &str, round: u64, binding: &Binding) -> Result<Call, &'static str> {
         let mut calls = crate::sync::lock(&self.calls);
         match calls.get(id) {
             Some(w) if w.round == round && w.call.binding == *binding => {}
             Some(_) => return Err("already used"),
             None => return Err("unknown call (used, expired, or from another gateway process)"),
         }
-        let w = calls.remove(id).ok_or("unknown call")?;
-        Ok((w.call, (id.to_owned(), round)))
+        calls.remove(id).map(|w| w.call).ok_or("unknown call")
     }
 }
 
@@ -439,23 +499,35 @@ impl Round {
                 // A new call: its params go on untouched (a server that reads
                 // `inputResponses` itself, for stateless retries, still sees them).
                 let call = Call::start(self.gw.clone(), client, self.id.clone(), params, parent, binding);
-                (call, None)
+                (Driving::Here(call), None)
             }
             // Not the gateway's: a 2026-07-28 server's own state, for it to check.
             Some(Value::String(s)) if !s.starts_with(STATE_PREFIX) => {
                 let call = Call::start(self.gw.clone(), client, self.id.clone(), params, parent, binding);
-                (call, None)
+                (Driving::Here(call), None)
             }
-            Some(Value::String(s)) => match self.parked.resume(&s, &binding) {
-                Ok((mut call, previous)) => {
-                    call.answer(responses.as_ref());
-                    (call, Some(previous))
+            Some(Value::String(s)) => {
+                let taken = self.parked.verify(&s, &binding).and_then(|(id, round)| {
+                    if self.parked.is_here(&id) {
+                        let mut call = self.parked.take(&id, round, &binding)?;
+                        call.answer(responses.as_ref());
+                        Ok((Driving::Here(call), Some((id, round))))
+                    } else {
+                        // Parked on another replica: it drives the call, this one relays.
+                        let remote =
+                            super::remote::Remote::resume(&self.parked, &id, round, &binding, responses.as_ref())
+                                .ok_or("the call's replica is not named in its state")?;
+                        Ok((Driving::There(remote, binding.clone()), Some((id, round))))
+                    }
+                });
+                match taken {
+                    Ok(t) => t,
+                    Err(reason) => {
+                        tracing::warn!(%method, reason, "requestState refused");
+                        return Err(invalid_state());
+                    }
                 }
-                Err(reason) => {
-                    tracing::warn!(%method, reason, "requestState refused");
-                    return Err(invalid_state());
-                }
-            },
+            }
             Some(_) => {
                 tracing::warn!(%method, "requestState refused: not a string");
                 return Err(invalid_state());
@@ -475,20 +547,45 @@ impl Round {
                 };
                 let out = match step {
                     Step::Related(m) => return Some(((false, m), Some((call, previous)))),
-                    Step::Done(out) => round.finish.apply(out.unwrap_or_else(|| {
-                        Error::client(code::REQUEST_CANCELLED, "request cancelled").into()
-                    })),
-                    Step::InputRequired(requests) => match round.parked.park(call, previous) {
-                        Some(state) => round.finish.input_required(requests, state),
-                        None => Error::gateway(
-                            "the server asked for input, but too many calls are waiting for input in mcp-gateway; try again later",
-                        )
-                        .into(),
-                    },
+                    Step::Done(out) => round.finish.apply(
+                        out.unwrap_or_else(|| Error::client(code::REQUEST_CANCELLED, "request cancelled").into()),
+                    ),
+                    Step::InputRequired(requests) => {
+                        let state = match call {
+                            Driving::Here(call) => round.parked.park(call, previous),
+                            // Its replica keeps it parked as the next round; the state is
+                            // minted here, with the key every replica shares.
+                            Driving::There(_, binding) => {
+                                previous.map(|(id, r)| round.parked.mint(&id, r + 1, &binding))
+                            }
+                        };
+                        match state {
+                            Some(state) => round.finish.input_required(requests, state),
+                            None => Error::gateway(
+                                "the server asked for input, but too many calls are waiting for input in mcp-gateway; try again later",
+                            )
+                            .into(),
+                        }
+                    }
                 };
                 Some(((true, Bytes::from(message::response(&round.id, &out))), None))
             }
         }))
+    }
+}
+
+/// A round's call: parked here, or on another replica that drives it for this one.
+enum Driving {
+    Here(Call),
+    There(super::remote::Remote, Binding),
+}
+
+impl Driving {
+    async fn next(&mut self) -> Step {
+        match self {
+            Driving::Here(call) => call.next().await,
+            Driving::There(remote, _) => remote.next().await,
+        }
     }
 }
 
@@ -566,7 +663,7 @@ mod tests {
 
     #[tokio::test]
     async fn states_verify_once_for_their_binding_only() {
-        let parked = Parked::new(Duration::from_secs(60));
+        let parked = Parked::new(Duration::from_secs(60), None);
         let (c, _q, _d) = call();
         let state = parked.park(c, None).unwrap();
         // Tampered anywhere, or presented for another target or principal: refused, and
@@ -593,7 +690,7 @@ mod tests {
 
     #[tokio::test]
     async fn expired_calls_are_dropped() {
-        let parked = Parked::new(Duration::from_millis(50));
+        let parked = Parked::new(Duration::from_millis(50), None);
         let (c, qtx, _d) = call();
         let state = parked.park(c, None).unwrap();
         // The call is dropped at expiry: its question channel closes.

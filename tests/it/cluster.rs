@@ -336,3 +336,98 @@ async fn a_get_stream_on_any_replica_gets_its_sessions_notifications() {
     let m = stream.next(T).await.expect("list_changed");
     assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
 }
+
+/// A 2026-07-28 request (envelope in `_meta`, the headers a client sends): the last message.
+async fn stateless(gw: &Gateway, id: serde_json::Value, tool: &str, extra: serde_json::Value) -> serde_json::Value {
+    use serde_json::json;
+    let mut params = json!({"name": tool, "arguments": {"message": "name?"}, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "cluster-test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }});
+    if let serde_json::Value::Object(e) = extra {
+        for (k, v) in e {
+            params[k] = v;
+        }
+    }
+    let r = reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .json(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+        .send()
+        .await
+        .unwrap();
+    read_messages(r).await.into_iter().last().expect("a response")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_required_retry_resumes_its_parked_call_on_any_replica_once() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let gws = replicas(3, &redis, &two_way(), "");
+    let r = stateless(&gws[0], json!(1), "calc__ask_elicit", json!({})).await;
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let state = r["result"]["requestState"].as_str().unwrap().to_owned();
+    let key = r["result"]["inputRequests"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    // A retry on the second replica without the answer: asked again (the call stays
+    // parked on the first, as its next round).
+    let r = stateless(
+        &gws[1],
+        json!(2),
+        "calc__ask_elicit",
+        json!({"requestState": state, "inputResponses": {}}),
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let state2 = r["result"]["requestState"].as_str().unwrap().to_owned();
+    assert_ne!(state, state2);
+    // The first state was used: refused on every replica.
+    let again = stateless(
+        &gws[2],
+        json!(3),
+        "calc__ask_elicit",
+        json!({"requestState": state, "inputResponses": {}}),
+    )
+    .await;
+    assert_eq!(again["error"]["data"]["reason"], "invalid_request_state", "{again}");
+    // Tampered: refused.
+    let tampered = format!("{}0", &state2[..state2.len() - 1]);
+    let bad = stateless(
+        &gws[2],
+        json!(4),
+        "calc__ask_elicit",
+        json!({"requestState": tampered, "inputResponses": {}}),
+    )
+    .await;
+    assert_eq!(bad["error"]["data"]["reason"], "invalid_request_state", "{bad}");
+    // Answered through the third replica: the call, still on the first, finishes.
+    let answer = json!({key.clone(): {"action": "accept", "content": {"name": "Ada"}}});
+    let r = stateless(
+        &gws[2],
+        json!(5),
+        "calc__ask_elicit",
+        json!({"requestState": state2, "inputResponses": answer}),
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    let got: serde_json::Value = serde_json::from_str(&text(&r)).unwrap();
+    assert_eq!(got, json!({"action": "accept", "content": {"name": "Ada"}}), "{r}");
+    // Used: refused, even on the replica that holds nothing any more.
+    let r = stateless(
+        &gws[0],
+        json!(6),
+        "calc__ask_elicit",
+        json!({"requestState": state2, "inputResponses": answer}),
+    )
+    .await;
+    assert_eq!(r["error"]["data"]["reason"], "invalid_request_state", "{r}");
+}
