@@ -183,6 +183,13 @@ impl Cluster {
         }
     }
 
+    /// One PING, within [`REDIS_TIMEOUT`].
+    pub async fn ping(&self) -> redis::RedisResult<()> {
+        let mut conn = self.conn();
+        let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
+        self.track(r).map(|_| ())
+    }
+
     /// `/status`'s `cluster` object.
     pub fn status(&self) -> serde_json::Value {
         serde_json::json!({
@@ -210,6 +217,14 @@ fn default_replica_id() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "replica".into());
     format!("{host}-{}", std::process::id())
+}
+
+/// A Redis URL fit to show: without its user and password.
+pub fn display_url(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://****@{}", &url[at + 1..]),
+        _ => url.to_owned(),
+    }
 }
 
 /// `text` with `secret` (the Redis URL, which may hold a password) cut out.

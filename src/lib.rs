@@ -256,9 +256,29 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
         }
         return Ok((out, true));
     }
+    let mut ok = true;
+    if let Some(c) = &config.cluster {
+        let line = match cluster::Cluster::start(c) {
+            Ok(cluster) => match cluster.ping().await {
+                Ok(()) => format!("cluster: Redis at {} answers", cluster::display_url(c.redis.expose())),
+                Err(e) => {
+                    ok = false;
+                    format!(
+                        "cluster: DOWN: Redis at {} does not answer: {e}",
+                        cluster::display_url(c.redis.expose())
+                    )
+                }
+            },
+            Err(e) => {
+                ok = false;
+                format!("cluster: DOWN: {e}")
+            }
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
     let gw: Arc<Gateway> = Gateway::new(config);
     gw.start().await;
-    let mut ok = true;
     for s in &gw.topology().servers {
         let st = s.state();
         let line = match &st.status {

@@ -431,3 +431,32 @@ async fn an_input_required_retry_resumes_its_parked_call_on_any_replica_once() {
     .await;
     assert_eq!(r["error"]["data"]["reason"], "invalid_request_state", "{r}");
 }
+
+#[test]
+fn check_validates_the_cluster_table_and_with_connect_pings_redis() {
+    let redis = Redis::start();
+    let (run, _d) = check(&cluster_toml(&redis, ""), &["--connect"], &[]);
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("cluster: Redis at redis+unix://"), "{}", run.stdout);
+    // A password in the URL is never shown.
+    let down = "[cluster]\nredis = \"redis://user:hunter2-secret@127.0.0.1:1/0\"\nkey = \"${K}\"\n";
+    let (run, _d) = check(down, &["--connect"], &[("K", KEY)]);
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("cluster: DOWN"), "{}", run.stdout);
+    assert!(
+        !run.stdout.contains("hunter2") && !run.stderr.contains("hunter2"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+    // Without --connect the table is validated: a short key, a wrong scheme, a bad word.
+    let bad = "[cluster]\nredis = \"http://x\"\nkey = \"short\"\non_redis_down = \"panic\"\n";
+    let (run, _d) = check(bad, &[], &[]);
+    assert_eq!(run.code, Some(64), "an invalid config");
+    for needle in ["redis:// or rediss://", "at least 32", "on_redis_down"] {
+        assert!(run.stderr.contains(needle), "{needle}: {}", run.stderr);
+    }
+    let unset = "[cluster]\nredis = \"redis://127.0.0.1/0\"\nkey = \"${NOT_SET_ANYWHERE}\"\n";
+    let (run, _d) = check(unset, &[], &[]);
+    assert!(run.stderr.contains("NOT_SET_ANYWHERE"), "{}", run.stderr);
+}
