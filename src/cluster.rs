@@ -103,8 +103,8 @@ impl Cluster {
         derive(&self.root, purpose)
     }
 
-    /// Publishes `note` on the bus (best effort).
-    pub async fn publish(&self, to: bus::To<'_>, note: bus::Note) {
+    /// Publishes `note` on the bus (best effort); how many replicas received it.
+    pub async fn publish(&self, to: bus::To<'_>, note: bus::Note) -> Option<u64> {
         self.bus.publish(self, to, note).await
     }
 

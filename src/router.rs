@@ -14,6 +14,7 @@
 
 mod calls;
 mod forward;
+mod forwarded;
 mod initialize;
 mod lists;
 mod logging;
@@ -73,6 +74,10 @@ pub struct Gateway {
     announced: Mutex<HashMap<Bytes, Instant>>,
     /// Cluster mode: where notes about parked calls go (see `replicas::on_rounds`).
     rounds: std::sync::OnceLock<mpsc::UnboundedSender<crate::cluster::bus::Note>>,
+    /// Cluster mode: calls forwarded to another replica's session process, by correlation id.
+    forwarding: Mutex<HashMap<String, mpsc::Sender<crate::stateless::remote::Step>>>,
+    /// Cluster mode: calls another replica forwarded here, running, by correlation id.
+    serving: Mutex<HashMap<String, CancellationToken>>,
 }
 
 /// A request as the router takes it: its method parsed once, its params raw.
@@ -161,6 +166,8 @@ impl Gateway {
             ended: broadcast::channel(BROADCAST_QUEUE).0,
             announced: Mutex::new(HashMap::new()),
             rounds: std::sync::OnceLock::new(),
+            forwarding: Mutex::new(HashMap::new()),
+            serving: Mutex::new(HashMap::new()),
         })
     }
 

@@ -63,8 +63,18 @@ pub enum Note {
         corr: String,
         step: crate::stateless::remote::Step,
     },
-    /// The retry's client went away: drop the call.
+    /// The retry's (or forwarded call's) client went away: drop the call.
     Abandon { call: String },
+    /// To the replica holding session `sid`'s process of `server`: run this call on it
+    /// and send its steps to `reply_to` (see `router::forwarded`).
+    Forward {
+        corr: String,
+        reply_to: String,
+        sid: String,
+        server: String,
+        method: String,
+        params: String,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -119,8 +129,8 @@ impl Bus {
         rx
     }
 
-    /// Publishes `note`. Best effort: a Redis that is down loses it (and is tracked).
-    pub async fn publish(&self, cluster: &Cluster, to: To<'_>, note: Note) {
+    /// Publishes `note`; how many replicas received it (`None`: Redis failed, and lost it).
+    pub async fn publish(&self, cluster: &Cluster, to: To<'_>, note: Note) -> Option<u64> {
         let channel = match to {
             To::All => cluster.name("bus"),
             To::Replica(r) => cluster.name(&format!("r:{r}")),
@@ -138,7 +148,7 @@ impl Bus {
             .arg(payload)
             .query_async(&mut conn)
             .await;
-        let _ = cluster.track(r);
+        cluster.track(r).ok()
     }
 }
 

@@ -32,6 +32,17 @@ impl Gateway {
                 return self.limited(method, &l, &mut cx.info);
             }
         }
+        // Cluster mode: a session's own process may run on another replica.
+        if let Some(session) = cx.info.session.clone() {
+            if let Some(holder) = self.holder(s, &session).await {
+                let params = params.into_map();
+                return match Box::pin(self.forward_to(holder, cx, server, method, params.clone())).await {
+                    Some(out) => out,
+                    // The holder lost it: this replica claimed it, and runs it.
+                    None => Box::pin(self.forward(cx, server, method, params)).await,
+                };
+            }
+        }
         let conn = match &cx.info.session {
             // Boxed: starting a per-session process (probe, handshake, lists) is a large
             // future, and inline it would make every request's future that large.

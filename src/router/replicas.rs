@@ -54,7 +54,9 @@ impl Gateway {
 
     fn publish(&self, to: To<'static>, note: Note) {
         let Some(c) = self.cluster.get().cloned() else { return };
-        crate::background::spawn(async move { c.publish(to, note).await });
+        crate::background::spawn(async move {
+            c.publish(to, note).await;
+        });
     }
 
     /// Cluster mode: `line` for session `key` also goes to whichever replica holds its
@@ -173,7 +175,7 @@ impl Gateway {
         }
     }
 
-    async fn note(&self, note: Note) {
+    async fn note(self: &Arc<Self>, note: Note) {
         match note {
             Note::Deliver { sid, line } => {
                 if let Some(c) = self.live(&sid) {
@@ -227,7 +229,30 @@ impl Gateway {
                 }
             }
             Note::Subscription { server, uri, on } => self.subscribe_here(&server, &uri, on).await,
-            note @ (Note::Resume { .. } | Note::Step { .. } | Note::Abandon { .. }) => {
+            Note::Forward {
+                corr,
+                reply_to,
+                sid,
+                server,
+                method,
+                params,
+            } => self.serve_forwarded(corr, reply_to, sid, server, method, params),
+            Note::Step { corr, step } => {
+                // A forwarded call's, or else a parked call's (the stateless flow's).
+                if let Err(step) = self.forwarded_step(&corr, step) {
+                    if let Some(tx) = self.rounds.get() {
+                        let _ = tx.send(Note::Step { corr, step });
+                    }
+                }
+            }
+            Note::Abandon { call } => {
+                if !self.abandon_forwarded(&call) {
+                    if let Some(tx) = self.rounds.get() {
+                        let _ = tx.send(Note::Abandon { call });
+                    }
+                }
+            }
+            note @ Note::Resume { .. } => {
                 if let Some(tx) = self.rounds.get() {
                     let _ = tx.send(note);
                 }

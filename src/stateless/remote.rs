@@ -76,7 +76,7 @@ impl Remote {
         let owner = Parked::owner_of(id)?;
         let corr = random_id();
         let (tx, rx) = mpsc::channel(64);
-        crate::sync::lock(&parked.driving).insert(corr.clone(), tx);
+        crate::sync::lock(&parked.driving).insert(corr.clone(), tx.clone());
         let note = Note::Resume {
             corr: corr.clone(),
             reply_to: cluster.replica.clone(),
@@ -89,7 +89,14 @@ impl Remote {
         };
         let to = owner.clone();
         debug!(call = %id, replica = %owner, "resuming a call parked on another replica");
-        crate::background::spawn(async move { cluster.publish(To::Replica(&to), note).await });
+        let gone = tx;
+        crate::background::spawn(async move {
+            if cluster.publish(To::Replica(&to), note).await == Some(0) {
+                // Nobody listens there: the replica died, and the call with it.
+                let why = format!("its replica {to} is gone");
+                let _ = gone.try_send(Step::Gone { why });
+            }
+        });
         Some(Remote {
             rx,
             corr,
@@ -150,7 +157,9 @@ impl Drop for Remote {
         // cancels it downstream), as a local round would.
         if let Some(cluster) = self.parked.cluster.clone() {
             let (to, call) = (self.owner.clone(), self.call.clone());
-            crate::background::spawn(async move { cluster.publish(To::Replica(&to), Note::Abandon { call }).await });
+            crate::background::spawn(async move {
+                cluster.publish(To::Replica(&to), Note::Abandon { call }).await;
+            });
         }
     }
 }
@@ -207,7 +216,9 @@ async fn drive(
     let Some(cluster) = parked.cluster.clone() else { return };
     let send = |step: Step| {
         let (cluster, to, corr) = (cluster.clone(), reply_to.clone(), corr.clone());
-        async move { cluster.publish(To::Replica(&to), Note::Step { corr, step }).await }
+        async move {
+            cluster.publish(To::Replica(&to), Note::Step { corr, step }).await;
+        }
     };
     let mut call: Call = match parked.take(&id, round, &binding) {
         Ok(c) => c,

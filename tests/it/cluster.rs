@@ -460,3 +460,41 @@ fn check_validates_the_cluster_table_and_with_connect_pings_redis() {
     let (run, _d) = check(unset, &[], &[]);
     assert!(run.stderr.contains("NOT_SET_ANYWHERE"), "{}", run.stderr);
 }
+
+/// A per-session mock (`pid`, `counter`) as server `iso`.
+fn per_session() -> String {
+    server("iso", "iso", &["--per-process"], "isolation = \"session\"\n")
+}
+
+async fn counter(s: &Session) -> u64 {
+    let r = s.call("iso__counter", serde_json::json!({})).await;
+    text(&r).parse().unwrap_or_else(|_| panic!("{r}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_own_process_keeps_its_state_whichever_replica_the_call_lands_on() {
+    let redis = Redis::start();
+    let mut gws = replicas(3, &redis, &per_session(), "");
+    let a = gws[0].session().await;
+    let (b, c) = (via(&a, &gws[1]), via(&a, &gws[2]));
+    assert_eq!(
+        counter(&b).await,
+        1,
+        "its process starts on the first replica it needs it"
+    );
+    assert_eq!(counter(&a).await, 2, "and every call reaches that one process");
+    assert_eq!(counter(&c).await, 3);
+    assert_eq!(counter(&b).await, 4);
+    let pid = text(&c.call("iso__pid", serde_json::json!({})).await);
+    assert_eq!(pid, text(&a.call("iso__pid", serde_json::json!({})).await));
+    // Its replica dies, and the process with it: the next call gets a new one at once.
+    unsafe {
+        libc::kill(gws[1].child.id() as i32, libc::SIGKILL);
+    }
+    let _ = gws[1].child.wait();
+    let started = std::time::Instant::now();
+    assert_eq!(counter(&c).await, 1, "a new process, its state gone with the old one");
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert_eq!(counter(&a).await, 2);
+    drop(gws.remove(1));
+}

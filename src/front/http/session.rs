@@ -102,10 +102,11 @@ impl Http {
         if ids.is_empty() {
             return;
         }
-        let cluster = cluster.clone();
+        let (cluster, gw) = (cluster.clone(), self.gw.clone());
         let ttl = std::time::Duration::from_millis(idle);
         crate::background::spawn(async move {
             let _ = cluster.sessions.touch(&cluster, &ids, ttl).await;
+            gw.touch_processes(&ids).await;
         });
     }
 
