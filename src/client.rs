@@ -60,7 +60,7 @@ pub struct Question {
 }
 
 /// Six random base-36 characters, chosen once per process.
-fn process_tag() -> &'static str {
+pub(crate) fn process_tag() -> &'static str {
     static TAG: OnceLock<String> = OnceLock::new();
     TAG.get_or_init(|| {
         use rand::Rng;

@@ -329,7 +329,9 @@ impl Stateless {
         };
         static LISTENS: AtomicU64 = AtomicU64::new(1);
         let n = LISTENS.fetch_add(1, Ordering::Relaxed);
-        let client = self.client(format!("{}:listen-{n}", l.client), l.capabilities, None, l.identity);
+        // The process tag keeps two replicas' listen streams apart in the shared state.
+        let name = format!("{}:listen-{}-{n}", l.client, crate::client::process_tag());
+        let client = self.client(name, l.capabilities, None, l.identity);
         let cancel = CancellationToken::new();
         let tracked = self.track(l.key, || InFlight::Stop(cancel.clone()));
         Answer::Listen(listen::Listen {

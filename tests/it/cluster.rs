@@ -498,3 +498,77 @@ async fn a_sessions_own_process_keeps_its_state_whichever_replica_the_call_lands
     assert_eq!(counter(&a).await, 2);
     drop(gws.remove(1));
 }
+
+/// A 2026-07-28 request with the headers a client sends: the response, unread.
+async fn stateless_post(
+    gw: &Gateway,
+    id: serde_json::Value,
+    method: &str,
+    mut params: serde_json::Value,
+) -> reqwest::Response {
+    params["_meta"] = stateless_meta("cluster-test");
+    let mut req = reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(n) = params.get("name").and_then(serde_json::Value::as_str) {
+        req = req.header("mcp-name", n);
+    }
+    req.json(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_stream_on_one_replica_hears_changes_seen_by_another() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let gws = replicas(3, &redis, &two_way(), "");
+    let readme = "mock://calc/readme";
+    let r = stateless_post(
+        &gws[1],
+        json!(42),
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true, "resourceSubscriptions": [readme]}}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let mut s = Messages::new(r);
+    let ack = s.next(T).await.expect("acknowledged");
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    for gw in &gws {
+        assert!(
+            gw.wait_log(&format!("[mock] subscribe {readme}"), T).await,
+            "{}",
+            gw.logs()
+        );
+    }
+    let r = stateless_post(
+        &gws[2],
+        json!("c"),
+        "tools/call",
+        json!({"name": "calc__update_resource", "arguments": {"uri": readme}}),
+    )
+    .await;
+    let r = read_messages(r).await.into_iter().last().unwrap();
+    assert_eq!(text(&r), format!("updated {readme}"), "{r}");
+    let m = s.next(T).await.expect("resources/updated");
+    assert_eq!(m["method"], "notifications/resources/updated", "{m}");
+    assert_eq!(m["params"]["uri"], readme, "{m}");
+    assert_eq!(
+        m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 42,
+        "{m}"
+    );
+    let r = stateless_post(
+        &gws[0],
+        json!("d"),
+        "tools/call",
+        json!({"name": "calc__add_tool", "arguments": {"name": "fresh"}}),
+    )
+    .await;
+    let _ = read_messages(r).await;
+    let m = s.next(T).await.expect("list_changed");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+}
