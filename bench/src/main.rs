@@ -210,6 +210,11 @@ enum Mode {
     /// The `gateway` fixture and call, sent as a 2026-07-28 client sends it: no session,
     /// the `_meta` envelope and the `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` headers.
     Stateless,
+    /// The `gateway` case with `[cluster]`: one replica and a real `redis-server` (issue
+    /// #16's cost: no Redis round trip on a call without limits).
+    Cluster,
+    /// `cluster` with a `per_client` limit no call reaches: one Redis round trip per call.
+    ClusterLimited,
     Baseline,
     IdleRss,
     Sessions,
@@ -226,6 +231,8 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::Gateway => "gateway",
             Mode::Stateless => "stateless",
+            Mode::Cluster => "cluster",
+            Mode::ClusterLimited => "cluster-limited",
             Mode::Baseline => "baseline",
             Mode::IdleRss => "idle-rss",
             Mode::Sessions => "sessions",
@@ -1038,11 +1045,67 @@ async fn bench_gateway(args: &Args, mode: Mode, out: &mut Vec<CaseResult>) -> Re
         toml_str(&args.python),
         fargs.join(", ")
     );
+    let mut config = config;
+    let _redis = match mode {
+        Mode::Cluster | Mode::ClusterLimited => {
+            let redis = Redis::start(&dir)?;
+            config.push_str(&format!(
+                "\n[cluster]\nredis = \"{}\"\nkey = \"bench-cluster-key-0123456789abcdef0123456789\"\n",
+                redis.url
+            ));
+            if mode == Mode::ClusterLimited {
+                config.push_str("\n[rate_limits]\nper_client = \"1000000/s\"\n");
+            }
+            Some(redis)
+        }
+        _ => None,
+    };
     let config_path = dir.join("gateway.toml");
     std::fs::write(&config_path, config)?;
     let result = run_gateway(args, mode, &config_path, out).await;
+    drop(_redis);
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// A `redis-server` on a unix socket in `dir`, for the cluster cases; killed on drop.
+struct Redis {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Redis {
+    fn start(dir: &Path) -> Result<Redis> {
+        let sock = dir.join("redis.sock");
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", "0", "--save", "", "--appendonly", "no"])
+            .arg("--unixsocket")
+            .arg(&sock)
+            .arg("--dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("redis-server (the cluster cases need it: apt-get install redis-server)")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            if Instant::now() > deadline {
+                anyhow::bail!("redis-server did not start");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(Redis {
+            child,
+            url: format!("redis+unix://{}", sock.display()),
+        })
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn toml_str(s: &str) -> String {
@@ -2057,6 +2120,29 @@ fn call_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
             ratio >= 0.95,
         );
     }
+    // Issue #16: one replica plus Redis costs next to nothing.
+    for name in ["cluster", "cluster-limited"] {
+        if let (Some(g), Some(k)) = (find(rs, "gateway", 64), find(rs, name, 64)) {
+            let ratio = per(k.calls_per_sec, g.calls_per_sec);
+            target_row(
+                targets,
+                &format!("tools/call c=64: {name} / single-process throughput"),
+                "≥ 0.85×",
+                format!("{ratio:.2}× ({:.0} / {:.0} calls/s)", k.calls_per_sec, g.calls_per_sec),
+                ratio >= 0.85,
+            );
+        }
+        if let (Some(g), Some(k)) = (find(rs, "gateway", 1), find(rs, name, 1)) {
+            let added = k.p50_us - g.p50_us;
+            target_row(
+                targets,
+                &format!("tools/call c=1: {name} added p50 ({name} − single-process)"),
+                "≤ 100 us",
+                format!("{added:+.1} us ({:.1} − {:.1})", k.p50_us, g.p50_us),
+                added <= 100.0,
+            );
+        }
+    }
     if let (Some(g), Some(s)) = (find(rs, "gateway", 1), find(rs, "stateless", 1)) {
         let added = s.p50_us - g.p50_us;
         target_row(
@@ -2094,6 +2180,8 @@ fn find<'a>(rs: &'a [CaseResult], mode: &str, c: usize) -> Option<&'a CaseResult
 const PAIRS: &[(&str, &str)] = &[
     ("direct", "gateway"),
     ("gateway", "stateless"),
+    ("gateway", "cluster"),
+    ("gateway", "cluster-limited"),
     ("json-direct", "json-gateway"),
     ("sse-direct", "sse-gateway"),
 ];
@@ -2279,9 +2367,11 @@ async fn bench_main(mut args: Args) -> Result<()> {
         eprintln!("{}:", mode.name());
         let r = match mode {
             Mode::Direct => bench_direct(&args, &mut results).await,
-            Mode::Gateway | Mode::Stateless => bench_gateway(&args, mode, &mut results).await.map(|g| {
-                gw_info.get_or_insert(g);
-            }),
+            Mode::Gateway | Mode::Stateless | Mode::Cluster | Mode::ClusterLimited => {
+                bench_gateway(&args, mode, &mut results).await.map(|g| {
+                    gw_info.get_or_insert(g);
+                })
+            }
             Mode::Baseline => bench_baseline(&args, &mut results).await,
             Mode::IdleRss => bench_idle_rss(&args, &mut targets).await,
             Mode::Sessions => bench_sessions(&args, &mut targets).await,
