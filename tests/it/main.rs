@@ -18,6 +18,7 @@ mod core_http_input;
 mod core_quirks;
 mod core_stdio;
 mod docs;
+mod drain;
 mod hardening;
 mod hostile_http;
 mod hostile_message;
