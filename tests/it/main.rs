@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, unsafe_code)]
 
 mod auth;
+mod balancer;
 mod cli_start;
 mod cluster;
 mod common;
@@ -17,6 +18,7 @@ mod core_http;
 mod core_http_input;
 mod core_quirks;
 mod core_stdio;
+mod deploy;
 mod docs;
 mod drain;
 mod hardening;

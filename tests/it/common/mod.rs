@@ -10,6 +10,8 @@ use std::time::Duration;
 
 mod ext;
 pub use ext::*;
+mod nginx;
+pub use nginx::*;
 mod redis;
 pub use redis::*;
 mod remote;
