@@ -103,13 +103,24 @@ use tracing::info;
 const JANITOR_MIN: Duration = Duration::from_millis(100);
 const JANITOR_MAX: Duration = Duration::from_secs(60);
 
-/// Serves the HTTP endpoint until `shutdown` completes, then stops every server.
-pub async fn serve(
+/// Serves the HTTP endpoint until `shutdown` completes (SIGTERM), drains, then stops
+/// every server.
+///
+/// The drain: `/readyz` answers 503 at once while everything is still served for
+/// `gateway.drain_delay` (so a load balancer stops sending here before the listener
+/// closes), or until the future `shutdown` returned completes (a second signal). Then
+/// the listener closes, GET streams end, requests in flight get `shutdown_grace`, and
+/// the servers are stopped. With `drain_delay = "0s"` the listener closes at once.
+pub async fn serve<H>(
     config: Config,
     listen: Option<SocketAddr>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+    shutdown: impl Future<Output = H> + Send + 'static,
+) -> anyhow::Result<()>
+where
+    H: Future<Output = ()> + Send + 'static,
+{
     let grace = config.gateway.shutdown_grace;
+    let drain = config.gateway.drain_delay;
     let addr = listen.unwrap_or(config.gateway.listen);
     let path = config.gateway.path.clone();
     // The port first: a port in use is reported before any server is started.
@@ -164,24 +175,39 @@ pub async fn serve(
         header_timeout,
         stop_rx.clone(),
     ));
-    let deadline = tokio::select! {
+    let hurry = tokio::select! {
         r = &mut server => {
             r?;
-            tokio::time::Instant::now() + grace
+            None
         }
-        _ = shutdown => {
-            info!("shutting down");
-            let deadline = tokio::time::Instant::now() + grace;
-            let _ = stop_tx.send(true);
-            // GET streams never finish by themselves: each ends once its session has no
-            // call in flight (at once for most), not after the grace.
-            http.close_streams();
-            if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
-                info!("grace period over; closing open streams");
-            }
-            deadline
-        }
+        hurry = shutdown => Some(hurry),
     };
+    let mut served = hurry.is_none();
+    if let Some(hurry) = hurry {
+        if !drain.is_zero() {
+            http.drain();
+            info!("draining: /readyz is 503 for {drain:?}");
+            tokio::select! {
+                r = &mut server => {
+                    r?;
+                    served = true;
+                }
+                () = tokio::time::sleep(drain) => {}
+                () = hurry => info!("a second signal: the drain ends early"),
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    if !served {
+        info!("shutting down");
+        let _ = stop_tx.send(true);
+        // GET streams never finish by themselves: each ends once its session has no
+        // call in flight (at once for most), not after the grace.
+        http.close_streams();
+        if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
+            info!("grace period over; closing open streams");
+        }
+    }
     drop(stop_rx);
     janitor.abort();
     stop_servers(&gw, deadline).await;

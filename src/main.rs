@@ -97,15 +97,18 @@ fn main() -> ExitCode {
         let _rt = runtime.enter();
         mcp_gateway::init_telemetry(&config.telemetry, &log_filter())
     };
-    let grace = config.gateway.shutdown_grace;
+    let (grace, drain) = (config.gateway.shutdown_grace, config.gateway.drain_delay);
     let result = runtime.block_on(async move {
         match cli.command.unwrap_or(Cmd::Serve(cli.serve)) {
-            Cmd::Serve(ServeArgs { listen }) => mcp_gateway::serve(config, listen, shutdown_signal(grace))
+            Cmd::Serve(ServeArgs { listen }) => mcp_gateway::serve(config, listen, shutdown_signal(drain + grace))
                 .await
                 .map(|_| true),
-            Cmd::Stdio { client } => mcp_gateway::stdio(config, client, shutdown_signal(grace))
-                .await
-                .map(|_| true),
+            // Nothing balances a stdio client: no drain, and a second signal changes nothing.
+            Cmd::Stdio { client } => mcp_gateway::stdio(config, client, async move {
+                drop(shutdown_signal(grace).await);
+            })
+            .await
+            .map(|_| true),
             Cmd::Check { connect } => {
                 let (text, ok) = mcp_gateway::check(config, connect).await?;
                 print!("{text}"); // stdout-ok: check's report is its output
@@ -252,35 +255,66 @@ fn log_filter() -> String {
 }
 
 /// Completes on SIGINT or SIGTERM, and starts the last resort: if the process is still
-/// running `grace` (plus a moment for the exporter's flush) later, whatever the runtime is
-/// doing, every child is killed and the process exits.
-async fn shutdown_signal(grace: std::time::Duration) {
-    signal().await;
+/// running `limit` (`drain_delay + shutdown_grace` in serve mode, plus a moment for the
+/// exporter's flush) later, whatever the runtime is doing, every child is killed and the
+/// process exits. Its output completes on the next SIGINT or SIGTERM (which ends the
+/// drain early).
+async fn shutdown_signal(limit: std::time::Duration) -> impl std::future::Future<Output = ()> {
+    let mut signals = Signals::new();
+    signals.next().await;
     let _ = std::thread::Builder::new()
         .name("shutdown-deadline".into())
         .spawn(move || {
-            std::thread::sleep(grace + std::time::Duration::from_millis(500));
+            std::thread::sleep(limit + std::time::Duration::from_millis(500));
             let n = mcp_gateway::kill_servers();
-            eprintln!("mcp-gateway: still running {grace:?} after the shutdown signal; killed {n} servers and exiting");
+            eprintln!("mcp-gateway: still running {limit:?} after the shutdown signal; killed {n} servers and exiting");
             std::process::exit(1);
         });
+    async move { signals.next().await }
 }
 
-async fn signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT and SIGTERM, listened to from the start, so a second one is not missed
+/// however soon it follows the first.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals {
+                int: signal(SignalKind::interrupt()).ok(),
+                term: signal(SignalKind::terminate()).ok(),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.int) => {}
+                () = recv(&mut self.term) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -1040,7 +1040,7 @@ async fn bench_gateway(args: &Args, mode: Mode, out: &mut Vec<CaseResult>) -> Re
     let mut fargs = vec![toml_str(&fixture.to_string_lossy())];
     fargs.extend(args.fixture_args.iter().map(|a| toml_str(a)));
     let config = format!(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\n\n\
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\ndrain_delay = \"0s\"\n\n\
          [servers.{SERVER}]\ncommand = {}\nargs = [{}]\n",
         toml_str(&args.python),
         fargs.join(", ")
@@ -1155,7 +1155,8 @@ async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseR
         info.peak_rss_kib = Some(hwm);
     }
 
-    // Graceful stop: SIGTERM, then wait.
+    // Graceful stop: SIGTERM, then wait (drain_delay = "0s": no balancer to drain from,
+    // so the time is the shutdown's own).
     // SAFETY: kill(2) on our own child's pid.
     unsafe {
         libc::kill(pid as i32, libc::SIGTERM);
@@ -1519,7 +1520,7 @@ async fn start_gateway_toml(args: &Args, tag: &str, servers: &str, extra: &str) 
     let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut config = String::from(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\n",
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\ndrain_delay = \"0s\"\n",
     );
     config.push_str(extra);
     config.push_str(servers);

@@ -2,7 +2,7 @@
 //! server.
 
 use super::errors::Ctx;
-use super::values::{duration, name_char, size};
+use super::values::{duration, duration_or_zero, name_char, size};
 use serde::Deserialize;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
@@ -170,7 +170,7 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
         }
     }
     let shutdown_grace = duration(cx, g.shutdown_grace.as_ref(), "shutdown_grace", DEFAULT_SHUTDOWN_GRACE);
-    let drain_delay = duration(cx, g.drain_delay.as_ref(), "drain_delay", DEFAULT_DRAIN_DELAY);
+    let drain_delay = duration_or_zero(cx, g.drain_delay.as_ref(), "drain_delay", DEFAULT_DRAIN_DELAY);
     let max_body = size(cx, g.max_body.as_ref(), "max_body", "16MiB", DEFAULT_MAX_BODY);
     let max_sessions = g.max_sessions.map_or(DEFAULT_MAX_SESSIONS, Spanned::into_inner);
     Gateway {

@@ -62,6 +62,26 @@ fn durations_and_sizes() {
 }
 
 #[test]
+fn drain_delay_defaults_to_5s_and_may_be_0s() {
+    let none = |_: &str| None;
+    let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();
+    assert_eq!(c.gateway.drain_delay, Duration::from_secs(5));
+    for zero in ["0s", "0ms", "0.0s"] {
+        let src = format!("[gateway]\ndrain_delay = \"{zero}\"\n");
+        let c = Config::parse(Path::new("g.toml"), &src, &none).unwrap();
+        assert_eq!(c.gateway.drain_delay, Duration::ZERO, "{zero}");
+    }
+    let c = Config::parse(Path::new("g.toml"), "[gateway]\ndrain_delay = \"1500ms\"\n", &none).unwrap();
+    assert_eq!(c.gateway.drain_delay, Duration::from_millis(1500));
+    for bad in ["0", "-1s", "5"] {
+        let src = format!("[gateway]\ndrain_delay = \"{bad}\"\n");
+        assert!(Config::parse(Path::new("g.toml"), &src, &none).is_err(), "{bad}");
+    }
+    // Zero is for drain_delay only: a zero grace is still refused.
+    assert!(Config::parse(Path::new("g.toml"), "[gateway]\nshutdown_grace = \"0s\"\n", &none).is_err());
+}
+
+#[test]
 fn telemetry_table_and_otel_env() {
     let none = |_: &str| None;
     let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();

@@ -73,6 +73,24 @@ pub(super) fn duration(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str, def
     }
 }
 
+/// As [`duration`], for a key where zero (`"0s"`, in any unit) turns a step off.
+pub(super) fn duration_or_zero(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str, default: Duration) -> Duration {
+    match v {
+        Some(s) if is_zero_duration(s.get_ref()) => Duration::ZERO,
+        _ => duration(cx, v, key, default),
+    }
+}
+
+/// `"0s"`, `"0ms"`, `"0m"`, `"0h"` (and `"0.0s"`).
+fn is_zero_duration(s: &str) -> bool {
+    let s = s.trim();
+    let Some(split) = s.find(|c: char| !c.is_ascii_digit() && c != '.') else {
+        return false;
+    };
+    let (n, unit) = s.split_at(split);
+    n.parse::<f64>().is_ok_and(|n| n == 0.0) && matches!(unit.trim(), "ms" | "s" | "m" | "h")
+}
+
 /// Parses `"500ms"`, `"30s"`, `"2m"`, `"1h"`.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();

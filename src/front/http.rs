@@ -39,6 +39,7 @@ use axum::routing::get;
 use axum::Router;
 use dashmap::DashMap;
 use session::Session;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -79,6 +80,9 @@ pub struct Shared {
     shares: DashMap<Arc<str>, usize>,
     /// Cluster mode: when the records of sessions served here were last refreshed (ms).
     refreshed: std::sync::atomic::AtomicU64,
+    /// Set when the drain begins (SIGTERM with a `drain_delay`): `/readyz` answers 503
+    /// and responses carry `Connection: close`, while everything is still served.
+    draining: AtomicBool,
 }
 
 impl Http {
@@ -99,6 +103,7 @@ impl Http {
             stateless,
             shares: DashMap::new(),
             refreshed: std::sync::atomic::AtomicU64::new(0),
+            draining: AtomicBool::new(false),
         }));
         // Cluster mode: sessions another replica ended are forgotten here too.
         let weak = Arc::downgrade(&http.0);
@@ -120,6 +125,17 @@ impl Http {
     /// need the stream until its answers are in); called when shutdown begins.
     pub fn close_streams(&self) {
         self.closing.cancel();
+    }
+
+    /// Begins the drain: `/readyz` answers 503 from now on, and each response carries
+    /// `Connection: close`, so balancers (and clients holding a keep-alive connection)
+    /// move to other replicas while this one still serves everything.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     fn now_ms(&self) -> u64 {
@@ -237,17 +253,25 @@ pub async fn serve(
         let service = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
             if let Some(refused) = checks::host_problem(&req) {
-                return Either::Left(Either::Right(futures::future::ready(Ok(refused))));
+                return Either::Left(futures::future::ready(Ok(refused)));
             }
             let direct = req.method() == axum::http::Method::POST && req.uri().path() == &*path;
+            let close = http.draining();
             let req = req.map(Body::new);
-            if direct {
-                Either::Left(Either::Left(
-                    post::post(State(http.clone()), req).map(Ok::<_, std::convert::Infallible>),
-                ))
+            let answer = if direct {
+                Either::Left(post::post(State(http.clone()), req).map(Ok::<_, std::convert::Infallible>))
             } else {
                 Either::Right(app.clone().oneshot(req))
-            }
+            };
+            Either::Right(answer.map(move |r| {
+                r.map(|mut resp| {
+                    if close {
+                        resp.headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    resp
+                })
+            }))
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())

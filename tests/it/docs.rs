@@ -44,8 +44,12 @@ fn toml_blocks(text: &str) -> Vec<(usize, String)> {
 }
 
 /// `${VAR}` in an example resolves to a placeholder; the gateway's own variables
-/// (`OTEL_*`, `MCP_GATEWAY_*`) are unset, as on a machine that sets none.
+/// (`OTEL_*`, `MCP_GATEWAY_*`) are unset, as on a machine that sets none, except
+/// `MCP_GATEWAY_CLUSTER_KEY`, which every replica of a cluster has (docs/cluster.md).
 fn placeholder(name: &str) -> Option<String> {
+    if name == "MCP_GATEWAY_CLUSTER_KEY" {
+        return Some("0123456789abcdef".repeat(4));
+    }
     (!name.starts_with("OTEL_") && !name.starts_with("MCP_GATEWAY_"))
         .then(|| "placeholder-value-of-at-least-32-bytes-0123456789".to_owned())
 }

@@ -406,9 +406,7 @@ async fn python_sdk_call_in_flight_at_sigterm_gets_its_answer() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    unsafe {
-        libc::kill(gw.child.id() as i32, libc::SIGTERM);
-    }
+    gw.sigterm();
     let out = tokio::time::timeout(CLIENT_TIMEOUT, child.wait_with_output())
         .await
         .expect("the client ends")

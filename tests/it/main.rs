@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, unsafe_code)]
 
 mod auth;
+mod balancer;
 mod cli_start;
 mod cluster;
 mod common;
@@ -17,7 +18,9 @@ mod core_http;
 mod core_http_input;
 mod core_quirks;
 mod core_stdio;
+mod deploy;
 mod docs;
+mod drain;
 mod hardening;
 mod hostile_http;
 mod hostile_message;

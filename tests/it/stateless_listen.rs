@@ -186,9 +186,7 @@ async fn listen_survives_reload_and_closes_gracefully_on_shutdown() {
     assert_eq!(t["params"]["_meta"][SUB], 7);
 
     // Shutdown: the listen request gets its response, then the stream ends.
-    unsafe {
-        libc::kill(gw.child.id() as i32, libc::SIGTERM);
-    }
+    gw.sigterm();
     let (notes, done) = s.response(T).await;
     assert!(notes.is_empty(), "{notes:?}");
     assert_eq!(done["id"], 7, "{done}");

@@ -287,7 +287,7 @@ async fn sigterm_over_http_finishes_the_call_exits_0_and_leaves_no_process() {
         .expect("a progress notification");
     assert_eq!(first["method"], "notifications/progress", "{first}");
 
-    sigterm(gw.child.id());
+    gw.sigterm();
     let (_, resp) = call.response(Duration::from_secs(10)).await;
     assert_eq!(text(&resp), "done", "{resp}");
     let status = exited(&mut gw.child, Duration::from_secs(10)).await.expect("exit");
@@ -320,7 +320,7 @@ async fn sigterm_in_stdio_mode_finishes_the_call_exits_0_and_leaves_no_process()
 
 #[tokio::test]
 async fn shutdown_grace_bounds_the_wait_for_a_long_call() {
-    let grace = "[gateway]\nshutdown_grace = \"1s\"\n\n";
+    let grace = "[gateway]\nshutdown_grace = \"1s\"\ndrain_delay = \"0s\"\n\n";
 
     // HTTP.
     let name = unique("grace-http");

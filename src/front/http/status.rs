@@ -21,7 +21,9 @@ pub(super) async fn resource_metadata(State(http): State<Http>, headers: HeaderM
 }
 
 pub(super) async fn readyz(State(http): State<Http>) -> Response {
-    if http.gw.ready() {
+    if http.draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
+    } else if http.gw.ready() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 mod ext;
 pub use ext::*;
+mod nginx;
+pub use nginx::*;
 mod redis;
 pub use redis::*;
 mod remote;
@@ -129,13 +131,51 @@ impl Gateway {
         Session::open(&self.url).await
     }
 
-    /// Sends SIGTERM and waits for exit.
+    /// Sends SIGTERM and waits for exit, skipping the drain (see [`Gateway::sigterm`]).
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
+        self.sigterm();
         self.child.wait().expect("wait")
     }
+
+    /// Sends SIGTERM, and a second one once `/readyz` says `draining`, which ends the
+    /// drain at once: the shutdown then goes on as with `drain_delay = "0s"` (the listener
+    /// closes, requests in flight get `shutdown_grace`). Returns once the second signal is
+    /// sent, or once the listener is closed (no drain).
+    pub fn sigterm(&self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) on a pid this test spawned; no memory is touched.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let addr = self.base.trim_start_matches("http://").to_owned();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            match readyz_blocking(&addr) {
+                None => return,
+                Some(body) if body.contains("draining") => {
+                    // SAFETY: as above.
+                    unsafe {
+                        libc::kill(pid, libc::SIGTERM);
+                    }
+                    return;
+                }
+                Some(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+}
+
+/// `GET /readyz` on `addr` (`host:port`) over a new connection: the answer's text, or
+/// `None` when the connection is refused or cut (the listener is closed).
+fn readyz_blocking(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    (!out.is_empty()).then_some(out)
 }
 
 impl Drop for Gateway {
