@@ -47,6 +47,8 @@ pub struct Cluster {
     pub bus: bus::Bus,
     /// Session records (see [`sessions`]).
     pub sessions: sessions::Sessions,
+    /// Told each time Redis is reachable again after an outage (it may have lost its data).
+    recovered: tokio::sync::broadcast::Sender<()>,
 }
 
 /// Milliseconds since the Unix epoch (what every replica's clock agrees on, roughly).
@@ -83,6 +85,7 @@ impl Cluster {
             up: AtomicBool::new(true),
             warned: AtomicBool::new(false),
             replicas_seen: AtomicU64::new(0),
+            recovered: tokio::sync::broadcast::channel(4).0,
         });
         let weak = Arc::downgrade(&cluster);
         crate::background::spawn(async move {
@@ -138,7 +141,14 @@ impl Cluster {
         if !self.up.swap(true, Ordering::Relaxed) {
             info!(replica = %self.replica, "Redis is reachable again; shared state and limits are back");
             self.warned.store(false, Ordering::Relaxed);
+            let _ = self.recovered.send(());
         }
+    }
+
+    /// Told each time Redis is back after an outage: what this replica holds goes back
+    /// into it (a Redis that restarted empty has lost the sessions).
+    pub fn recovered(&self) -> tokio::sync::broadcast::Receiver<()> {
+        self.recovered.subscribe()
     }
 
     /// A Redis command failed: Redis counts as down until one succeeds. Warns once per

@@ -87,6 +87,21 @@ impl Sessions {
         cluster.track(out)
     }
 
+    /// Stores a record again unless one is there (after Redis lost its data).
+    pub async fn restore(&self, cluster: &Cluster, r: &Record, ttl: Duration) -> redis::RedisResult<()> {
+        let mut conn = cluster.conn();
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let out: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(Self::name(cluster, &r.id))
+            .arg(r.seal(&self.key))
+            .arg("NX")
+            .arg("PX")
+            .arg(ms)
+            .query_async(&mut conn)
+            .await;
+        cluster.track(out)
+    }
+
     /// The record of session `id`: `Ok(None)` when there is none, or it does not verify
     /// (logged: someone wrote to Redis who should not have).
     pub async fn load(&self, cluster: &Cluster, id: &str) -> redis::RedisResult<Option<Record>> {

@@ -105,6 +105,17 @@ impl Http {
             refreshed: std::sync::atomic::AtomicU64::new(0),
             draining: AtomicBool::new(false),
         }));
+        // Cluster mode: a Redis back from an outage gets this replica's sessions again.
+        if let Some(cluster) = http.gw.cluster() {
+            let mut recovered = cluster.recovered();
+            let weak = Arc::downgrade(&http.0);
+            crate::background::spawn(async move {
+                while recovered.recv().await.is_ok() {
+                    let Some(shared) = weak.upgrade() else { return };
+                    Http(shared).restore_records().await;
+                }
+            });
+        }
         // Cluster mode: sessions another replica ended are forgotten here too.
         let weak = Arc::downgrade(&http.0);
         crate::background::spawn(async move {

@@ -572,3 +572,94 @@ async fn a_listen_stream_on_one_replica_hears_changes_seen_by_another() {
     let m = s.next(T).await.expect("list_changed");
     assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
 }
+
+/// Polls `/status` until its cluster object says Redis is `state`.
+async fn redis_state(gw: &Gateway, state: &str) {
+    for _ in 0..200 {
+        if gw.get_json("/status").await["cluster"]["redis"] == state {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("Redis never showed as {state}: {}", gw.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_ride_out_redis_going_away_and_coming_back_empty() {
+    use serde_json::json;
+    let mut redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    assert_eq!(text(&b.call("calc__add", json!({"a": 1, "b": 2})).await), "3");
+    redis.kill();
+    for gw in &gws {
+        redis_state(gw, "down").await;
+    }
+    // on_redis_down = "local": what each replica holds goes on.
+    for s in [&a, &b, &a, &b] {
+        assert_eq!(text(&s.call("calc__add", json!({"a": 2, "b": 2})).await), "4");
+    }
+    let during = gws[0].session().await;
+    assert_eq!(text(&during.call("calc__add", json!({"a": 3, "b": 3})).await), "6");
+    for gw in &gws {
+        assert_eq!(
+            gw.logs().matches("Redis is unreachable").count(),
+            1,
+            "warned once: {}",
+            gw.logs()
+        );
+    }
+    // Redis comes back empty: the replicas put their sessions back, so a replica that
+    // never saw them serves them.
+    redis.restart();
+    for gw in &gws {
+        redis_state(gw, "up").await;
+    }
+    let mut restored = false;
+    for _ in 0..100 {
+        if redis.cli(&["KEYS", "mcpgw:session:*"]).lines().count() == 2 {
+            restored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(restored, "{}", redis.cli(&["KEYS", "*"]));
+    let fresh = replicas(1, &redis, &two_way(), "replica_id = \"gw-new\"");
+    for s in [&a, &during] {
+        let r = via(s, &fresh[0]).call("calc__add", json!({"a": 5, "b": 5})).await;
+        assert_eq!(text(&r), "10", "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_refuse_a_session_needing_redis_gets_503_while_it_is_down() {
+    let mut redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "on_redis_down = \"refuse\"");
+    let a = gws[0].session().await;
+    redis.kill();
+    for gw in &gws {
+        redis_state(gw, "down").await;
+    }
+    // The replica that holds the session serves it; the other cannot look it up.
+    assert_eq!(
+        text(&a.call("calc__add", serde_json::json!({"a": 1, "b": 1})).await),
+        "2"
+    );
+    let (status, body) = via(&a, &gws[1])
+        .post_text(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#)
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("on_redis_down"), "{body}");
+    let resp = reqwest::Client::new()
+        .post(&gws[0].url)
+        .header("accept", "application/json, text/event-stream")
+        .json(
+            &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503, "no new session without Redis");
+}

@@ -42,6 +42,17 @@ pub(super) struct Session {
 }
 
 impl Session {
+    /// What another replica needs to serve it (cluster mode).
+    pub(super) fn record(&self, id: &str) -> crate::cluster::sessions::Record {
+        crate::cluster::sessions::Record {
+            id: id.to_owned(),
+            owner: self.owner.clone(),
+            share: self.share.to_string(),
+            protocol_version: self.protocol_version.clone(),
+            capabilities: crate::sync::read(&self.client.capabilities).clone(),
+        }
+    }
+
     pub(super) fn replay(&self) -> Arc<Replay> {
         self.replay.get_or_init(Default::default).clone()
     }
@@ -108,6 +119,24 @@ impl Http {
             let _ = cluster.sessions.touch(&cluster, &ids, ttl).await;
             gw.touch_processes(&ids).await;
         });
+    }
+
+    /// Cluster mode: puts the records of the sessions this replica holds back into Redis
+    /// where they are missing (a Redis that restarted empty, or a session opened here
+    /// while Redis was down).
+    pub async fn restore_records(&self) {
+        let Some(cluster) = self.gw.cluster().cloned() else {
+            return;
+        };
+        let ttl = self.gw.config().gateway.session_idle;
+        let records: Vec<crate::cluster::sessions::Record> = self.sessions.iter().map(|s| s.record(s.key())).collect();
+        let n = records.len();
+        for r in records {
+            if cluster.sessions.restore(&cluster, &r, ttl).await.is_err() {
+                return;
+            }
+        }
+        tracing::debug!(sessions = n, "session records restored in Redis");
     }
 
     /// Ends a session: its requests are cancelled and its subscriptions dropped. In
@@ -309,35 +338,6 @@ pub(super) async fn initialize(
     let sid = new_session_id();
     let owner = who.as_ref().map(|i| i.name.clone());
     let client_name = owner.clone();
-    if let Some(cluster) = http.gw.cluster() {
-        let record = crate::cluster::sessions::Record {
-            id: sid.clone(),
-            owner: owner.clone(),
-            share: share.to_string(),
-            protocol_version: version.clone(),
-            capabilities: message::params_object(params)
-                .ok()
-                .and_then(|mut p| match p.remove("capabilities") {
-                    Some(Value::Object(c)) => Some(c),
-                    _ => None,
-                }),
-        };
-        let saved = cluster
-            .sessions
-            .save(cluster, &record, config.gateway.session_idle)
-            .await;
-        if saved.is_err() && cluster.on_redis_down == crate::config::OnRedisDown::Refuse {
-            http.release_share(&share);
-            return refuse(
-                id,
-                reject(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    code::INTERNAL_ERROR,
-                    "Redis is unreachable, so no session can be opened (cluster.on_redis_down = \"refuse\"); try again",
-                ),
-            );
-        }
-    }
     let session = Session {
         client: {
             let c = Arc::new(Client::new(sid.clone()));
@@ -356,6 +356,23 @@ pub(super) async fn initialize(
         priming: version.as_str() >= PRIMING_SINCE,
         counted: true,
     };
+    if let Some(cluster) = http.gw.cluster() {
+        let saved = cluster
+            .sessions
+            .save(cluster, &session.record(&sid), config.gateway.session_idle)
+            .await;
+        if saved.is_err() && cluster.on_redis_down == crate::config::OnRedisDown::Refuse {
+            http.release_share(&session.share);
+            return refuse(
+                id,
+                reject(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    code::INTERNAL_ERROR,
+                    "Redis is unreachable, so no session can be opened (cluster.on_redis_down = \"refuse\"); try again",
+                ),
+            );
+        }
+    }
     if http.gw.cluster().is_some() {
         // Other replicas deliver to it, answer its questions and cancel its calls by key.
         http.gw.remember(&session.client);
