@@ -12,6 +12,7 @@
 //! down, and `cluster.on_redis_down` decides what requests get meanwhile.
 
 pub mod bus;
+pub mod limits;
 pub mod sessions;
 
 use crate::config::{self, OnRedisDown};

@@ -28,8 +28,8 @@ impl Gateway {
         cx.info.server = Some(s.name.clone());
         if !matches!(method, Method::ToolsCall | Method::PromptsGet) {
             // Those two were checked with their names already.
-            if let Err(l) = topo.limits.check_server(server, None) {
-                return self.limited(method, &l, &mut cx.info);
+            if let Err(out) = self.spend_route(cx, method, server, None).await {
+                return out;
             }
         }
         // Cluster mode: a session's own process may run on another replica.
