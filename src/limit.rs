@@ -168,11 +168,21 @@ impl Limits {
 
     /// The limits of a call to server number `server` (and to its tool `tool`, when
     /// given), without spending them: `per_tool`'s first, then `per_server`'s.
-    pub fn of_server<'a>(&'a self, server: usize, tool: Option<&'a str>) -> impl Iterator<Item = (Which<'a>, &'a Rate)> {
+    pub fn of_server<'a>(
+        &'a self,
+        server: usize,
+        tool: Option<&'a str>,
+    ) -> impl Iterator<Item = (Which<'a>, &'a Rate)> {
         let s = self.servers.get(server);
         let per_tool = s.zip(tool).and_then(|(s, t)| {
             let (_, rate) = s.per_tool.get(t)?;
-            Some((Which::Tool { server: &s.name, tool: t }, rate))
+            Some((
+                Which::Tool {
+                    server: &s.name,
+                    tool: t,
+                },
+                rate,
+            ))
         });
         let per_server = s.and_then(|s| s.per_server.as_ref().map(|(_, r)| (Which::Server(&s.name), r)));
         per_tool.into_iter().chain(per_server)

@@ -69,61 +69,6 @@ return {0, 0}
     )
 });
 
-/// Drops expired sessions from both sets, checks both counts, adds the session.
-///
-/// `KEYS[1]`: `P:sessions`, `KEYS[2]`: `P:share:{..}`; `ARGV`: the session's member, the
-/// total maximum, the share's maximum, the TTL in ms. Returns 0 (taken, or already held
-/// and refreshed), 1 (the total is full) or 2 (the share is full).
-static TAKE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(&format!(
-        r"{SESSION_LUA}
-local member, ttl = ARGV[1], tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], member) then
-  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 1 end
-  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 2 end
-end
-local expiry = string.format('%.0f', now + ttl)
-redis.call('ZADD', KEYS[1], expiry, member)
-redis.call('ZADD', KEYS[2], expiry, member)
-keep(KEYS[1])
-keep(KEYS[2])
-return 0
-"
-    ))
-});
-
-/// Marks sessions alive until now + TTL (adding them again if Redis lost them).
-///
-/// `KEYS[1]`: `P:sessions`, `KEYS[1 + i]`: session i's share set; `ARGV[1]`: the TTL
-/// in ms, `ARGV[1 + i]`: session i's member.
-static TOUCH: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(&format!(
-        r"{SESSION_LUA}
-local expiry = string.format('%.0f', now + tonumber(ARGV[1]))
-for i = 2, #KEYS do
-  redis.call('ZADD', KEYS[1], expiry, ARGV[i])
-  redis.call('ZADD', KEYS[i], expiry, ARGV[i])
-  keep(KEYS[i])
-end
-keep(KEYS[1])
-return 0
-"
-    ))
-});
-
-/// What both session scripts start with: Redis's time in ms, and `keep(key)`, which
-/// makes a set expire with its last member.
-const SESSION_LUA: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function keep(key)
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last[2] then redis.call('PEXPIREAT', key, last[2]) end
-end
-";
-
 /// One rate-limit bucket to spend from.
 pub struct Bucket<'a> {
     /// Its Redis key (see [`Cluster::bucket_key`]).
@@ -135,32 +80,6 @@ pub struct Bucket<'a> {
 /// The failure is already recorded ([`Cluster::track`]): a warning once per outage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unreachable;
-
-/// Why a session could not be counted in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionLimit {
-    /// `gateway.max_sessions` sessions are open over all replicas.
-    Total { max: usize },
-    /// Its share (`client 'alice'`, `address …`) has `gateway.max_sessions_per_client`.
-    PerClient { max: usize },
-    /// Redis could not be asked: `cluster.on_redis_down` decides (count locally, or 503).
-    Unreachable,
-}
-
-impl SessionLimit {
-    /// What the client reads (the same wording as a single process's).
-    pub fn message(&self, share: &str) -> String {
-        match self {
-            SessionLimit::Total { max } => {
-                format!("the gateway has {max} open sessions, its limit (gateway.max_sessions); end one or try later")
-            }
-            SessionLimit::PerClient { max } => format!(
-                "{share} has {max} open sessions, its limit (gateway.max_sessions_per_client); end one or try later"
-            ),
-            SessionLimit::Unreachable => unreachable_message().to_owned(),
-        }
-    }
-}
 
 /// What a request refused because Redis is unreachable (`on_redis_down = "refuse"`) reads.
 pub fn unreachable_message() -> &'static str {
@@ -199,10 +118,6 @@ fn gcra(rate: &Rate) -> (u64, u32) {
     (period.div_ceil(count), burst.max(1))
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
 impl Cluster {
     /// The Redis key of the bucket of limit `which`.
     pub fn bucket_key(&self, which: &Which) -> String {
@@ -228,68 +143,8 @@ impl Cluster {
             call.key(&b.key).arg(interval).arg(burst);
         }
         let (i, wait): (usize, u64) = self.run(call).await?;
-        Ok(match i.checked_sub(1) {
-            None => None,
-            Some(i) => Some((i.min(buckets.len().saturating_sub(1)), Duration::from_micros(wait))),
-        })
-    }
-
-    /// Counts session `sid` of `share` (whose share of `max_sessions_per_client` it is:
-    /// `client 'alice'`, `address 10.0.0.7`) in, unless `max_total` sessions are open over
-    /// all replicas or `max_share` for that share; it counts until `ttl` from now unless
-    /// touched ([`Cluster::touch_sessions`]) or released. Taking a session already held
-    /// only refreshes it. Neither the id nor the share is stored: their SHA-256 is.
-    pub async fn take_session(
-        &self,
-        sid: &str,
-        share: &str,
-        max_total: usize,
-        max_share: usize,
-        ttl: Duration,
-    ) -> Result<(), SessionLimit> {
-        let mut call = TAKE.prepare_invoke();
-        call.key(self.name("sessions"))
-            .key(self.share_key(share))
-            .arg(session_member(sid))
-            .arg(max_total)
-            .arg(max_share)
-            .arg(ms(ttl));
-        match self.run::<u8>(call).await {
-            Ok(0) => Ok(()),
-            Ok(1) => Err(SessionLimit::Total { max: max_total }),
-            Ok(_) => Err(SessionLimit::PerClient { max: max_share }),
-            Err(Unreachable) => Err(SessionLimit::Unreachable),
-        }
-    }
-
-    /// Counts session `sid` of `share` out (it ended). Best effort: with Redis down it
-    /// expires by itself.
-    pub async fn release_session(&self, sid: &str, share: &str) {
-        let member = session_member(sid);
-        let mut pipe = redis::pipe();
-        pipe.zrem(self.name("sessions"), &member)
-            .ignore()
-            .zrem(self.share_key(share), &member)
-            .ignore();
-        let _ = self.run_pipe(&pipe).await;
-    }
-
-    /// Marks `sessions` (id, share) alive for `ttl` more, in one round trip; sessions
-    /// Redis lost (a restart) are counted again.
-    pub async fn touch_sessions(&self, sessions: &[(&str, &str)], ttl: Duration) {
-        if sessions.is_empty() {
-            return;
-        }
-        let mut call = TOUCH.prepare_invoke();
-        call.key(self.name("sessions")).arg(ms(ttl));
-        for (sid, share) in sessions {
-            call.key(self.share_key(share)).arg(session_member(sid));
-        }
-        let _ = self.run::<u8>(call).await;
-    }
-
-    fn share_key(&self, share: &str) -> String {
-        self.name(&format!("share:{}", digest(&[share])))
+        let last = buckets.len().saturating_sub(1);
+        Ok(i.checked_sub(1).map(|i| (i.min(last), Duration::from_micros(wait))))
     }
 
     /// Runs a script, bounded by [`REDIS_TIMEOUT`], recording Redis's health; not at all
@@ -300,15 +155,6 @@ impl Cluster {
         }
         let mut conn = self.conn();
         let r = tokio::time::timeout(REDIS_TIMEOUT, call.invoke_async(&mut conn)).await;
-        self.settle(r)
-    }
-
-    async fn run_pipe(&self, pipe: &redis::Pipeline) -> Result<(), Unreachable> {
-        if !self.is_up() {
-            return Err(Unreachable);
-        }
-        let mut conn = self.conn();
-        let r = tokio::time::timeout(REDIS_TIMEOUT, pipe.query_async::<()>(&mut conn)).await;
         self.settle(r)
     }
 
@@ -323,26 +169,196 @@ impl Cluster {
     }
 }
 
-/// A session's member in the session sets: the SHA-256 of its id.
-fn session_member(sid: &str) -> String {
-    digest(&["session", sid])
+/// `gateway.max_sessions` and `gateway.max_sessions_per_client` over all replicas. The
+/// HTTP front's session table calls these (until it does, only the tests do).
+#[cfg_attr(not(test), allow(dead_code))]
+mod sessions {
+    use super::{digest, unreachable_message, Cluster, Unreachable, REDIS_TIMEOUT};
+    use std::sync::LazyLock;
+    use std::time::Duration;
+
+    /// Drops expired sessions from both sets, checks both counts, adds the session.
+    ///
+    /// `KEYS[1]`: `P:sessions`, `KEYS[2]`: `P:share:{..}`; `ARGV`: the session's member, the
+    /// total maximum, the share's maximum, the TTL in ms. Returns 0 (taken, or already held
+    /// and refreshed), 1 (the total is full) or 2 (the share is full).
+    static TAKE: LazyLock<redis::Script> = LazyLock::new(|| {
+        redis::Script::new(&format!(
+            r"{SESSION_LUA}
+local member, ttl = ARGV[1], tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], member) then
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 1 end
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 2 end
+end
+local expiry = string.format('%.0f', now + ttl)
+redis.call('ZADD', KEYS[1], expiry, member)
+redis.call('ZADD', KEYS[2], expiry, member)
+keep(KEYS[1])
+keep(KEYS[2])
+return 0
+"
+        ))
+    });
+
+    /// Marks sessions alive until now + TTL (adding them again if Redis lost them).
+    ///
+    /// `KEYS[1]`: `P:sessions`, `KEYS[1 + i]`: session i's share set; `ARGV[1]`: the TTL
+    /// in ms, `ARGV[1 + i]`: session i's member.
+    static TOUCH: LazyLock<redis::Script> = LazyLock::new(|| {
+        redis::Script::new(&format!(
+            r"{SESSION_LUA}
+local expiry = string.format('%.0f', now + tonumber(ARGV[1]))
+for i = 2, #KEYS do
+  redis.call('ZADD', KEYS[1], expiry, ARGV[i])
+  redis.call('ZADD', KEYS[i], expiry, ARGV[i])
+  keep(KEYS[i])
+end
+keep(KEYS[1])
+return 0
+"
+        ))
+    });
+
+    /// What both session scripts start with: Redis's time in ms, and `keep(key)`, which
+    /// makes a set expire with its last member.
+    const SESSION_LUA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function keep(key)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIREAT', key, last[2]) end
+end
+";
+
+    /// Why a session could not be counted in.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum SessionLimit {
+        /// `gateway.max_sessions` sessions are open over all replicas.
+        Total { max: usize },
+        /// Its share (`client 'alice'`, `address …`) has `gateway.max_sessions_per_client`.
+        PerClient { max: usize },
+        /// Redis could not be asked: `cluster.on_redis_down` decides (count locally, or 503).
+        Unreachable,
+    }
+
+    impl SessionLimit {
+        /// What the client reads (the same wording as a single process's).
+        pub fn message(&self, share: &str) -> String {
+            match self {
+                SessionLimit::Total { max } => {
+                    format!(
+                        "the gateway has {max} open sessions, its limit (gateway.max_sessions); end one or try later"
+                    )
+                }
+                SessionLimit::PerClient { max } => format!(
+                "{share} has {max} open sessions, its limit (gateway.max_sessions_per_client); end one or try later"
+            ),
+                SessionLimit::Unreachable => unreachable_message().to_owned(),
+            }
+        }
+    }
+
+    fn ms(d: Duration) -> u64 {
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    }
+
+    impl Cluster {
+        /// Counts session `sid` of `share` (whose share of `max_sessions_per_client` it is:
+        /// `client 'alice'`, `address 10.0.0.7`) in, unless `max_total` sessions are open over
+        /// all replicas or `max_share` for that share; it counts until `ttl` from now unless
+        /// touched ([`Cluster::touch_sessions`]) or released. Taking a session already held
+        /// only refreshes it. Neither the id nor the share is stored: their SHA-256 is.
+        pub async fn take_session(
+            &self,
+            sid: &str,
+            share: &str,
+            max_total: usize,
+            max_share: usize,
+            ttl: Duration,
+        ) -> Result<(), SessionLimit> {
+            let mut call = TAKE.prepare_invoke();
+            call.key(self.name("sessions"))
+                .key(self.share_key(share))
+                .arg(session_member(sid))
+                .arg(max_total)
+                .arg(max_share)
+                .arg(ms(ttl));
+            match self.run::<u8>(call).await {
+                Ok(0) => Ok(()),
+                Ok(1) => Err(SessionLimit::Total { max: max_total }),
+                Ok(_) => Err(SessionLimit::PerClient { max: max_share }),
+                Err(Unreachable) => Err(SessionLimit::Unreachable),
+            }
+        }
+
+        /// Counts session `sid` of `share` out (it ended). Best effort: with Redis down it
+        /// expires by itself.
+        pub async fn release_session(&self, sid: &str, share: &str) {
+            let member = session_member(sid);
+            let mut pipe = redis::pipe();
+            pipe.zrem(self.name("sessions"), &member)
+                .ignore()
+                .zrem(self.share_key(share), &member)
+                .ignore();
+            let _ = self.run_pipe(&pipe).await;
+        }
+
+        /// Marks `sessions` (id, share) alive for `ttl` more, in one round trip; sessions
+        /// Redis lost (a restart) are counted again.
+        pub async fn touch_sessions(&self, sessions: &[(&str, &str)], ttl: Duration) {
+            if sessions.is_empty() {
+                return;
+            }
+            let mut call = TOUCH.prepare_invoke();
+            call.key(self.name("sessions")).arg(ms(ttl));
+            for (sid, share) in sessions {
+                call.key(self.share_key(share)).arg(session_member(sid));
+            }
+            let _ = self.run::<u8>(call).await;
+        }
+
+        fn share_key(&self, share: &str) -> String {
+            self.name(&format!("share:{}", digest(&[share])))
+        }
+
+        async fn run_pipe(&self, pipe: &redis::Pipeline) -> Result<(), Unreachable> {
+            if !self.is_up() {
+                return Err(Unreachable);
+            }
+            let mut conn = self.conn();
+            let r = tokio::time::timeout(REDIS_TIMEOUT, pipe.query_async::<()>(&mut conn)).await;
+            self.settle(r)
+        }
+    }
+
+    /// A session's member in the session sets: the SHA-256 of its id.
+    pub(super) fn session_member(sid: &str) -> String {
+        digest(&["session", sid])
+    }
 }
+
+#[cfg_attr(not(test), allow(unused_imports))]
+pub use sessions::SessionLimit;
 
 /// Against a real `redis-server` (Debian's, or Valkey's) on a unix socket.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use super::sessions::session_member;
     use super::*;
     use crate::config::{self, OnRedisDown, Secret};
     use std::process::{Child, Command, Stdio};
     use std::sync::Arc;
 
-    struct Server {
+    /// A `redis-server` of its own, killed on drop.
+    pub(crate) struct Server {
         child: Child,
         dir: tempfile::TempDir,
     }
 
     impl Server {
-        fn start() -> Server {
+        pub(crate) fn start() -> Server {
             let dir = tempfile::tempdir().unwrap();
             let sock = dir.path().join("redis.sock");
             let bin = ["redis-server", "valkey-server"]
@@ -367,7 +383,8 @@ mod tests {
             Server { child, dir }
         }
 
-        fn cluster(&self) -> Arc<Cluster> {
+        /// A new replica's handle on it.
+        pub(crate) fn cluster(&self) -> Arc<Cluster> {
             let url = format!("redis+unix://{}", self.dir.path().join("redis.sock").display());
             Cluster::start(&config::Cluster {
                 redis: Secret::new(url),
@@ -400,16 +417,31 @@ mod tests {
         let server = Server::start();
         let c = server.cluster();
         let (five, two) = (rate("5/m"), rate("2/m"));
-        let wide = Bucket { key: c.name("rl:a"), rate: &five };
-        let narrow = || Bucket { key: c.name("rl:b"), rate: &two };
-        let both = [Bucket { key: c.name("rl:a"), rate: &five }, narrow()];
+        let wide = Bucket {
+            key: c.name("rl:a"),
+            rate: &five,
+        };
+        let narrow = || Bucket {
+            key: c.name("rl:b"),
+            rate: &two,
+        };
+        let both = [
+            Bucket {
+                key: c.name("rl:a"),
+                rate: &five,
+            },
+            narrow(),
+        ];
         assert_eq!(c.spend(&both).await, Ok(None));
         assert_eq!(c.spend(&both).await, Ok(None));
         // The narrow bucket is empty: nothing is spent from the wide one either.
         for _ in 0..3 {
             let (i, wait) = c.spend(&both).await.unwrap().unwrap();
             assert_eq!(i, 1, "the 2/m bucket binds");
-            assert!(wait > Duration::from_secs(25) && wait <= Duration::from_secs(30), "{wait:?}");
+            assert!(
+                wait > Duration::from_secs(25) && wait <= Duration::from_secs(30),
+                "{wait:?}"
+            );
         }
         // The wide bucket still has its 3 of 5.
         for _ in 0..3 {
@@ -423,7 +455,10 @@ mod tests {
         let server = Server::start();
         let c = server.cluster();
         let r = rate("20/s burst 2");
-        let b = [Bucket { key: c.name("rl:r"), rate: &r }];
+        let b = [Bucket {
+            key: c.name("rl:r"),
+            rate: &r,
+        }];
         assert_eq!(c.spend(&b).await, Ok(None));
         assert_eq!(c.spend(&b).await, Ok(None));
         let (_, wait) = c.spend(&b).await.unwrap().unwrap();
@@ -461,10 +496,16 @@ mod tests {
         assert_eq!(x.take_session("e1", y, 10, 2, short).await, Ok(()));
         assert_eq!(x.take_session("e2", y, 10, 2, short).await, Ok(()));
         x.touch_sessions(&[("e2", y)], ttl).await;
-        assert_eq!(x.take_session("e3", y, 10, 2, ttl).await, Err(SessionLimit::PerClient { max: 2 }));
+        assert_eq!(
+            x.take_session("e3", y, 10, 2, ttl).await,
+            Err(SessionLimit::PerClient { max: 2 })
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert_eq!(x.take_session("e3", y, 10, 2, ttl).await, Ok(()), "e1 expired");
-        assert_eq!(x.take_session("e4", y, 10, 2, ttl).await, Err(SessionLimit::PerClient { max: 2 }));
+        assert_eq!(
+            x.take_session("e4", y, 10, 2, ttl).await,
+            Err(SessionLimit::PerClient { max: 2 })
+        );
         assert_eq!(
             SessionLimit::PerClient { max: 2 }.message(y),
             "address 10.0.0.1 has 2 open sessions, its limit (gateway.max_sessions_per_client); end one or try later"
@@ -501,7 +542,10 @@ mod tests {
         let mut server = Server::start();
         let c = server.cluster();
         let r = rate("5/s");
-        let b = [Bucket { key: c.name("rl:x"), rate: &r }];
+        let b = [Bucket {
+            key: c.name("rl:x"),
+            rate: &r,
+        }];
         assert_eq!(c.spend(&b).await, Ok(None));
         server.kill();
         let started = std::time::Instant::now();
@@ -534,7 +578,11 @@ mod tests {
         .unwrap();
         let started = std::time::Instant::now();
         assert_eq!(silent.spend(&b).await, Err(Unreachable));
-        assert!(started.elapsed() < REDIS_TIMEOUT + Duration::from_millis(300), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < REDIS_TIMEOUT + Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
         held.abort();
     }
 }

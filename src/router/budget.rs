@@ -89,7 +89,9 @@ impl Gateway {
 
     /// `initialize` as a configured client, counted against its limits over the cluster
     /// (`[rate_limits] per_client` by name and its own `rate_limit`), in one round trip;
-    /// without a cluster exactly [`Gateway::admit_initialize`].
+    /// without a cluster exactly [`Gateway::admit_initialize`]. For the HTTP front's
+    /// `initialize` once it is async (it calls the sync one until then).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub async fn admit_initialize_shared(&self, identity: Option<&Identity>) -> Result<(), Outcome> {
         let (Some(c), Some(identity)) = (self.cluster(), identity) else {
             return self.admit_initialize(identity);
@@ -164,5 +166,74 @@ pub(crate) async fn spend(
                 }
             }
         },
+    }
+}
+
+/// The cluster path in-process: two gateways (replicas) joined to one real Redis.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::limits::tests::Server;
+    use crate::config::Config;
+    use crate::message::Id;
+    use crate::router::{Client, Request};
+    use std::sync::Arc;
+
+    fn replica(toml: &str, redis: &Server) -> Arc<Gateway> {
+        let none = |_: &str| None;
+        let gw = Gateway::new(Config::parse(std::path::Path::new("g.toml"), toml, &none).unwrap());
+        gw.join(redis.cluster());
+        gw
+    }
+
+    fn alice() -> Arc<Identity> {
+        Arc::new(Identity {
+            name: "alice".into(),
+            policy: None,
+        })
+    }
+
+    async fn ask(gw: &Gateway, client: &Arc<Client>, method: &str) -> String {
+        let id = Id::from(1u64);
+        let params = Some(crate::message::to_raw(&serde_json::json!({})));
+        match gw.request(client, Request::new(&id, method, params), None, None).await {
+            Some(Outcome::Result(r)) => r.get().to_owned(),
+            Some(Outcome::Error(e)) => e.get().to_owned(),
+            None => "cancelled".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn replicas_share_a_client_s_budget_initialize_included() {
+        let redis = Server::start();
+        let toml = "[rate_limits]\nper_client = \"4/m\"\n";
+        let (a, b) = (replica(toml, &redis), replica(toml, &redis));
+        let who = alice();
+        assert!(a.admit_initialize_shared(Some(&who)).await.is_ok());
+        assert!(b.admit_initialize_shared(Some(&who)).await.is_ok());
+        let (ca, cb) = (Arc::new(Client::new("s1")), Arc::new(Client::new("s2")));
+        ca.set_identity(Some(who.clone()));
+        cb.set_identity(Some(who.clone()));
+        assert_eq!(ask(&a, &ca, "ping").await, "{}");
+        assert_eq!(ask(&b, &cb, "ping").await, "{}");
+        // 4/m spent over two replicas: both refuse now, naming the limit.
+        for (gw, c) in [(&a, &ca), (&b, &cb)] {
+            let e = ask(gw, c, "tools/list").await;
+            assert!(e.contains("-32029") && e.contains("per_client limit 4/m"), "{e}");
+        }
+        let refused = b.admit_initialize_shared(Some(&who)).await;
+        assert!(matches!(refused, Err(Outcome::Error(_))));
+        // A call that never reaches a server (no such tool) still spends its budget
+        // (here a session's: no identity), after it is answered.
+        let anon = Arc::new(Client::new("s3"));
+        for gw in [&a, &b, &a, &b] {
+            let e = ask(gw, &anon, "tools/call").await;
+            assert!(e.contains("-32602"), "{e}");
+        }
+        let r = ask(&a, &anon, "tools/call").await;
+        assert!(
+            r.contains("\"isError\":true") && r.contains("per_client limit 4/m"),
+            "{r}"
+        );
     }
 }

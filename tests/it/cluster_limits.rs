@@ -213,11 +213,24 @@ async fn per_client_holds_across_three_replicas() {
     refill().await;
     let t = burst(&alice, "per_client limit 10/s").await;
     assert_about(&t, 10, "per_client over 3 replicas");
+    // Another request of hers, on any replica: -32029 with when to retry, as on one process.
+    let r = alice[2]
+        .post(json!({"jsonrpc":"2.0","id":5,"method":"prompts/list"}))
+        .await;
+    let m = read_messages(r).await.pop().unwrap();
+    assert_eq!(error_of(&m)["code"], -32029, "{m}");
+    assert_eq!(error_of(&m)["data"]["limit"], "per_client limit 10/s", "{m}");
+    let ms = error_of(&m)["data"]["retryAfterMs"].as_u64().unwrap();
+    assert!(ms > 0 && ms <= 100, "10/s refills one every 100 ms, not {ms}");
     // Keys name the client by a digest, never by a token.
     let keys = redis.cli(&["--scan", "--pattern", "mcpgw:rl:*"]);
     let key = keys.lines().find(|k| k.starts_with("mcpgw:rl:c:"));
     assert!(!keys.contains(ALICE) && !keys.contains("alice"), "{keys}");
-    let ttl: i64 = redis.cli(&["PTTL", key.expect("a per_client key")]).trim().parse().unwrap();
+    let ttl: i64 = redis
+        .cli(&["PTTL", key.expect("a per_client key")])
+        .trim()
+        .parse()
+        .unwrap();
     assert!(ttl > 0 && ttl <= 2100, "a TTL just over the bucket's period: {ttl} ms");
 }
 
@@ -321,12 +334,19 @@ async fn with_redis_down_local_limits_apply_per_replica_and_global_ones_come_bac
     for gw in &gws {
         assert!(gw.wait_log("Redis is unreachable", Duration::from_secs(5)).await);
         let logs = gw.logs();
-        assert_eq!(logs.matches("Redis is unreachable").count(), 1, "one warning per outage: {logs}");
+        assert_eq!(
+            logs.matches("Redis is unreachable").count(),
+            1,
+            "one warning per outage: {logs}"
+        );
         assert!(logs.contains("own state and limits"), "{logs}");
     }
 
     redis.restart();
-    assert!(redis_state_everywhere(&gws, "up").await, "every replica sees Redis again");
+    assert!(
+        redis_state_everywhere(&gws, "up").await,
+        "every replica sees Redis again"
+    );
     refill().await;
     assert_about(&burst(&alice, "per_client limit 10/s").await, 10, "with Redis back");
 }
