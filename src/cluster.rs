@@ -48,6 +48,8 @@ pub struct Cluster {
     pub bus: bus::Bus,
     /// Session records (see [`sessions`]).
     pub sessions: sessions::Sessions,
+    /// When the shared limits last failed to reach Redis (see [`limits`]).
+    limits: limits::Health,
 }
 
 /// Milliseconds since the Unix epoch (what every replica's clock agrees on, roughly).
@@ -84,6 +86,7 @@ impl Cluster {
             up: AtomicBool::new(true),
             warned: AtomicBool::new(false),
             replicas_seen: AtomicU64::new(0),
+            limits: limits::Health::default(),
         });
         let weak = Arc::downgrade(&cluster);
         crate::background::spawn(async move {

@@ -122,6 +122,8 @@ pub(crate) struct Call<'a> {
     pub info: CallInfo,
     /// Cluster mode: the client's limits, until spent with the route's (see [`budget`]).
     pub budget: Option<budget::Budget<'a>>,
+    /// The limits of its route (`per_server`, `per_tool`) were spent (or it has none).
+    pub route_spent: bool,
 }
 
 impl Call<'_> {
@@ -320,6 +322,7 @@ impl Gateway {
                 ..CallInfo::default()
             },
             budget: None,
+            route_spent: false,
         };
         // Once clients are configured, a client is its name: all its sessions share a budget.
         let rate_key = identity.as_ref().map_or(client.id.as_str(), |i| i.name.as_str());

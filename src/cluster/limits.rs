@@ -24,14 +24,15 @@
 //! A bucket's key holds its GCRA theoretical arrival time (TAT, Redis microseconds) and
 //! expires just after it, when the bucket is full again and the key means nothing.
 //!
-//! Every call here is bounded by [`REDIS_TIMEOUT`] as a whole, and is not tried at all
-//! while Redis is known to be down (the heartbeat finds out, at most [`super::HEARTBEAT`]
-//! later, when it is back): a Redis that does not answer never holds a request longer
-//! than the timeout, and `cluster.on_redis_down` decides what the request gets.
+//! Every call here is bounded by [`REDIS_TIMEOUT`] as a whole, and while Redis is down
+//! only one call per [`RETRY`] is tried (the others fail at once): a Redis that does
+//! not answer never holds a request longer than the timeout, and `cluster.on_redis_down`
+//! decides what the request gets.
 
-use super::{Cluster, REDIS_TIMEOUT};
+use super::{digest, Cluster, REDIS_TIMEOUT};
 use crate::config::{Per, Rate};
 use crate::limit::Which;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -69,6 +70,20 @@ return {0, 0}
     )
 });
 
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// While Redis is down, how long after a failed call the next one is tried.
+pub const RETRY: Duration = Duration::from_millis(100);
+
+/// This replica's record of its limits calls' failures.
+#[derive(Default)]
+pub struct Health {
+    /// When the last one failed (ms since the epoch, this replica's clock).
+    failed_at: AtomicU64,
+}
+
 /// One rate-limit bucket to spend from.
 pub struct Bucket<'a> {
     /// Its Redis key (see [`Cluster::bucket_key`]).
@@ -85,26 +100,6 @@ pub struct Unreachable;
 pub fn unreachable_message() -> &'static str {
     "Redis is unreachable and cluster.on_redis_down = \"refuse\": the limits replicas share cannot be checked; try again shortly"
 }
-
-/// The lowercase hex SHA-256 of `parts`, joined by NUL: what stands for a secret or
-/// personal value (a session id, a client's name from a token claim) in Redis.
-pub fn digest(parts: &[&str]) -> String {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            ctx.update(b"\0");
-        }
-        ctx.update(p.as_bytes());
-    }
-    let mut out = String::with_capacity(64);
-    for b in ctx.finish().as_ref() {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    out
-}
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// A rate's GCRA parameters: one call's interval in µs (rounded up) and the burst.
 fn gcra(rate: &Rate) -> (u64, u32) {
@@ -124,7 +119,7 @@ impl Cluster {
         match which {
             Which::PerClient { key, named } => {
                 let kind = if *named { "client" } else { "session" };
-                self.name(&format!("rl:c:{}", digest(&[kind, key])))
+                self.name(&format!("rl:c:{}", digest(&format!("{kind}:{key}"))))
             }
             Which::Client(name) => self.name(&format!("rl:id:{name}")),
             Which::Tool { server, tool } => self.name(&format!("rl:t:{server}:{tool}")),
@@ -147,15 +142,24 @@ impl Cluster {
         Ok(i.checked_sub(1).map(|i| (i.min(last), Duration::from_micros(wait))))
     }
 
-    /// Runs a script, bounded by [`REDIS_TIMEOUT`], recording Redis's health; not at all
-    /// while Redis is known to be down.
+    /// Runs a script, bounded by [`REDIS_TIMEOUT`], recording Redis's health (see
+    /// [`Cluster::try_now`]).
     async fn run<T: redis::FromRedisValue>(&self, call: redis::ScriptInvocation<'_>) -> Result<T, Unreachable> {
-        if !self.is_up() {
-            return Err(Unreachable);
-        }
+        self.try_now()?;
         let mut conn = self.conn();
         let r = tokio::time::timeout(REDIS_TIMEOUT, call.invoke_async(&mut conn)).await;
         self.settle(r)
+    }
+
+    /// While Redis is down, calls within [`RETRY`] of this replica's last failed one are
+    /// not tried: an outage costs a request nothing, and the first call after it (or the
+    /// heartbeat's) finds Redis back.
+    fn try_now(&self) -> Result<(), Unreachable> {
+        let since = super::now_ms().saturating_sub(self.limits.failed_at.load(Ordering::Relaxed));
+        if !self.is_up() && since < ms(RETRY) {
+            return Err(Unreachable);
+        }
+        Ok(())
     }
 
     fn settle<T>(&self, r: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>) -> Result<T, Unreachable> {
@@ -165,7 +169,11 @@ impl Cluster {
                 format!("no answer within {} ms", REDIS_TIMEOUT.as_millis()),
             )))
         });
-        self.track(r).map_err(|_| Unreachable)
+        self.track(r).map_err(|e| {
+            self.limits.failed_at.store(super::now_ms(), Ordering::Relaxed);
+            tracing::debug!(error = %e, "a shared limits call failed");
+            Unreachable
+        })
     }
 }
 
@@ -173,7 +181,7 @@ impl Cluster {
 /// HTTP front's session table calls these (until it does, only the tests do).
 #[cfg_attr(not(test), allow(dead_code))]
 mod sessions {
-    use super::{digest, unreachable_message, Cluster, Unreachable, REDIS_TIMEOUT};
+    use super::{digest, ms, unreachable_message, Cluster, Unreachable, REDIS_TIMEOUT};
     use std::sync::LazyLock;
     use std::time::Duration;
 
@@ -260,10 +268,6 @@ end
         }
     }
 
-    fn ms(d: Duration) -> u64 {
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-    }
-
     impl Cluster {
         /// Counts session `sid` of `share` (whose share of `max_sessions_per_client` it is:
         /// `client 'alice'`, `address 10.0.0.7`) in, unless `max_total` sessions are open over
@@ -320,7 +324,7 @@ end
         }
 
         fn share_key(&self, share: &str) -> String {
-            self.name(&format!("share:{}", digest(&[share])))
+            self.name(&format!("share:{}", digest(share)))
         }
 
         async fn run_pipe(&self, pipe: &redis::Pipeline) -> Result<(), Unreachable> {
@@ -333,9 +337,10 @@ end
         }
     }
 
-    /// A session's member in the session sets: the SHA-256 of its id.
+    /// A session's member in the session sets: the SHA-256 of its id (as in every other
+    /// key that names a session, [`super::digest`]).
     pub(super) fn session_member(sid: &str) -> String {
-        digest(&["session", sid])
+        digest(sid)
     }
 }
 

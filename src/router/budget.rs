@@ -62,6 +62,7 @@ impl Gateway {
         server: usize,
         tool: Option<&str>,
     ) -> Result<(), Outcome> {
+        cx.route_spent = true;
         match self.cluster() {
             None => cx
                 .topo
