@@ -56,6 +56,12 @@ impl Identity {
         self.policy.as_ref().map_or(Ok(()), |p| p.check_rate())
     }
 
+    /// The client's own `rate_limit` and its `[clients.NAME]` name, without spending it.
+    pub fn rate_limit(&self) -> Option<(&str, &Rate)> {
+        let p = self.policy.as_deref()?;
+        p.limiter.as_ref().map(|(_, r)| (p.name.as_str(), r))
+    }
+
     /// The list results this identity sees; `None` when it sees the catalog's own.
     pub fn views(&self, catalog: &Arc<Catalog>) -> Option<Arc<Views>> {
         self.policy.as_ref().and_then(|p| p.views(catalog))
@@ -113,7 +119,7 @@ impl Policy {
             return Ok(());
         };
         l.check().map_err(|n| Limited {
-            what: format!("client '{}' limit {rate}", self.name),
+            what: crate::limit::Which::Client(&self.name).what(rate),
             retry_after: n.wait_time_from(DefaultClock::default().now()),
         })
     }

@@ -12,6 +12,7 @@
 //! down, and `cluster.on_redis_down` decides what requests get meanwhile.
 
 pub mod bus;
+pub mod limits;
 pub mod sessions;
 
 use crate::config::{self, OnRedisDown};
@@ -49,6 +50,8 @@ pub struct Cluster {
     pub sessions: sessions::Sessions,
     /// Told each time Redis is reachable again after an outage (it may have lost its data).
     recovered: tokio::sync::broadcast::Sender<()>,
+    /// When the shared limits last failed to reach Redis (see [`limits`]).
+    limits: limits::Health,
 }
 
 /// Milliseconds since the Unix epoch (what every replica's clock agrees on, roughly).
@@ -86,6 +89,7 @@ impl Cluster {
             warned: AtomicBool::new(false),
             replicas_seen: AtomicU64::new(0),
             recovered: tokio::sync::broadcast::channel(4).0,
+            limits: limits::Health::default(),
         });
         let weak = Arc::downgrade(&cluster);
         crate::background::spawn(async move {

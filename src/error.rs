@@ -28,6 +28,9 @@ pub mod code {
     pub const UNSUPPORTED_VERSION: i64 = -32022;
     /// A rate limit was hit; `data.retryAfterMs` says when to try again.
     pub const RATE_LIMITED: i64 = -32029;
+    /// The gateway cannot serve the request for now: what it needs is unreachable (a
+    /// cluster's Redis, with `cluster.on_redis_down = "refuse"`). HTTP 503.
+    pub const UNAVAILABLE: i64 = -32030;
     /// The request was cancelled (LSP's code, which the SDKs use).
     pub const REQUEST_CANCELLED: i64 = -32800;
 }
@@ -122,6 +125,17 @@ impl Error {
         }
     }
 
+    /// The gateway cannot serve the request for now (-32030, HTTP 503): try again later.
+    pub fn unavailable(message: impl Into<String>) -> Error {
+        Error {
+            code: code::UNAVAILABLE,
+            message: message.into(),
+            data: None,
+            source: Source::Gateway,
+            http_status: Some(503),
+        }
+    }
+
     pub fn with_data(mut self, data: Value) -> Error {
         self.data = Some(Box::new(data));
         self
@@ -168,6 +182,7 @@ impl Error {
         match self.code {
             code::PARSE_ERROR | code::INVALID_REQUEST => 400,
             code::UNSUPPORTED_VERSION..=code::HEADER_MISMATCH => 400,
+            code::UNAVAILABLE => 503,
             _ => 200,
         }
     }

@@ -38,6 +38,32 @@ impl Limited {
     }
 }
 
+/// Which limit a [`Limited`] names: its wording, on one process and on a cluster alike.
+#[derive(Debug, Clone, Copy)]
+pub enum Which<'a> {
+    /// `[rate_limits] per_client`, counted under `key`: a client's name when `named`,
+    /// else its session id.
+    PerClient { key: &'a str, named: bool },
+    /// A `[clients.NAME]` table's own `rate_limit`.
+    Client(&'a str),
+    /// A server's `per_tool` limit for one of its tools (by the server's own name).
+    Tool { server: &'a str, tool: &'a str },
+    /// A server's `per_server` limit.
+    Server(&'a str),
+}
+
+impl Which<'_> {
+    /// What a client reads: `per_client limit 20/s`, `server 'github' limit 100/m` ...
+    pub fn what(&self, rate: &Rate) -> String {
+        match self {
+            Which::PerClient { .. } => format!("per_client limit {rate}"),
+            Which::Client(name) => format!("client '{name}' limit {rate}"),
+            Which::Tool { server, tool } => format!("server '{server}' limit for tool {tool} {rate}"),
+            Which::Server(server) => format!("server '{server}' limit {rate}"),
+        }
+    }
+}
+
 /// Every limiter of the gateway.
 pub struct Limits {
     per_client: Option<(DefaultKeyedRateLimiter<String>, Rate)>,
@@ -93,8 +119,13 @@ impl Limits {
         let Some((l, rate)) = &self.per_client else {
             return Ok(());
         };
-        l.check_key(&client.to_owned())
-            .map_err(|n| limited(format!("per_client limit {rate}"), n.wait_time_from(l.clock().now())))
+        l.check_key(&client.to_owned()).map_err(|n| {
+            let which = Which::PerClient {
+                key: client,
+                named: false,
+            };
+            limited(which.what(rate), n.wait_time_from(l.clock().now()))
+        })
     }
 
     /// Checks the pre-parse limit for an address.
@@ -119,17 +150,42 @@ impl Limits {
         if let Some((l, rate)) = per_tool {
             l.check().map_err(|n| {
                 let tool = tool.unwrap_or_default();
-                limited(
-                    format!("server '{}' limit for tool {tool} {rate}", s.name),
-                    n.wait_time_from(now),
-                )
+                let which = Which::Tool { server: &s.name, tool };
+                limited(which.what(rate), n.wait_time_from(now))
             })?;
         }
         if let Some((l, rate)) = &s.per_server {
             l.check()
-                .map_err(|n| limited(format!("server '{}' limit {rate}", s.name), n.wait_time_from(now)))?;
+                .map_err(|n| limited(Which::Server(&s.name).what(rate), n.wait_time_from(now)))?;
         }
         Ok(())
+    }
+
+    /// `[rate_limits] per_client`, if set.
+    pub fn per_client(&self) -> Option<&Rate> {
+        self.per_client.as_ref().map(|(_, r)| r)
+    }
+
+    /// The limits of a call to server number `server` (and to its tool `tool`, when
+    /// given), without spending them: `per_tool`'s first, then `per_server`'s.
+    pub fn of_server<'a>(
+        &'a self,
+        server: usize,
+        tool: Option<&'a str>,
+    ) -> impl Iterator<Item = (Which<'a>, &'a Rate)> {
+        let s = self.servers.get(server);
+        let per_tool = s.zip(tool).and_then(|(s, t)| {
+            let (_, rate) = s.per_tool.get(t)?;
+            Some((
+                Which::Tool {
+                    server: &s.name,
+                    tool: t,
+                },
+                rate,
+            ))
+        });
+        let per_server = s.and_then(|s| s.per_server.as_ref().map(|(_, r)| (Which::Server(&s.name), r)));
+        per_tool.into_iter().chain(per_server)
     }
 
     /// Forgets clients and addresses that have not been seen for a while.

@@ -12,6 +12,7 @@
 //! changes, [`initialize`] answers the handshake. What the gateway keeps across
 //! sessions has one owner, [`crate::shared::Shared`].
 
+mod budget;
 mod calls;
 mod forward;
 mod forwarded;
@@ -119,6 +120,10 @@ pub(crate) struct Call<'a> {
     /// Where related notifications go; taken by the one call that goes downstream.
     pub sink: Option<Sink>,
     pub info: CallInfo,
+    /// Cluster mode: the client's limits, until spent with the route's (see [`budget`]).
+    pub budget: Option<budget::Budget<'a>>,
+    /// The limits of its route (`per_server`, `per_tool`) were spent (or it has none).
+    pub route_spent: bool,
 }
 
 impl Call<'_> {
@@ -316,11 +321,29 @@ impl Gateway {
                 session: topo.isolated.then(|| client.id.clone()),
                 ..CallInfo::default()
             },
+            budget: None,
+            route_spent: false,
         };
         // Once clients are configured, a client is its name: all its sessions share a budget.
         let rate_key = identity.as_ref().map_or(client.id.as_str(), |i| i.name.as_str());
-        let out = match check_client_rates(&topo, rate_key, identity.as_deref()) {
-            Err(l) => Some(self.limited(parsed, &l, &mut call.info)),
+        let admitted = match self.cluster() {
+            None => check_client_rates(&topo, rate_key, identity.as_deref())
+                .map_err(|l| self.limited(parsed, &l, &mut call.info)),
+            // A cluster spends the client's limits with the route's, in one round trip.
+            Some(_) => {
+                call.budget = Some(budget::Budget {
+                    key: rate_key,
+                    identity: identity.as_deref(),
+                });
+                if budget::defers(parsed) {
+                    Ok(())
+                } else {
+                    self.spend_budget(&mut call, parsed).await
+                }
+            }
+        };
+        let out = match admitted {
+            Err(out) => Some(out),
             Ok(()) => {
                 // The span is current while dispatching: forward() parents its child on it.
                 let work = async {
@@ -329,7 +352,15 @@ impl Gateway {
                         _ = token.cancelled() => None,
                     }
                 };
-                work.instrument(span.clone()).await
+                let out = work.instrument(span.clone()).await;
+                match out {
+                    // Answered before any route spent the budget (an unknown name...).
+                    Some(out) if call.budget.is_some() => Some(match self.spend_budget(&mut call, parsed).await {
+                        Ok(()) => out,
+                        Err(refused) => refused,
+                    }),
+                    out => out,
+                }
             }
         };
         let info = call.info;

@@ -60,11 +60,11 @@ impl Gateway {
         // Known from here on, so a limited call counts under its server too.
         let server = &topo.servers[route.server];
         cx.info.server = Some(server.name.clone());
-        if let Err(l) = topo
-            .limits
-            .check_server(route.server, tool.then_some(route.name.as_str()))
+        if let Err(out) = self
+            .spend_route(cx, method, route.server, tool.then_some(route.name.as_str()))
+            .await
         {
-            return self.limited(method, &l, &mut cx.info);
+            return out;
         }
         p.insert_str("name", &route.name);
         // A task-augmented call goes as one only to a server that declared it can.

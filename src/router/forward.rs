@@ -26,10 +26,11 @@ impl Gateway {
         let topo = cx.topo;
         let s = &topo.servers[server];
         cx.info.server = Some(s.name.clone());
-        if !matches!(method, Method::ToolsCall | Method::PromptsGet) {
-            // Those two were checked with their names already.
-            if let Err(l) = topo.limits.check_server(server, None) {
-                return self.limited(method, &l, &mut cx.info);
+        if !cx.route_spent {
+            // tools/call and prompts/get were checked with their names already (and a
+            // call forwarded here from another replica was checked there).
+            if let Err(out) = self.spend_route(cx, method, server, None).await {
+                return out;
             }
         }
         // Cluster mode: a session's own process may run on another replica.

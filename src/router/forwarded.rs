@@ -261,6 +261,9 @@ impl Gateway {
                         session: Some(client.id.clone()),
                         ..CallInfo::default()
                     },
+                    // Its limits were spent on the replica it landed on.
+                    budget: None,
+                    route_spent: true,
                 };
                 gw.forward(&mut cx, index, method, params).await
             };

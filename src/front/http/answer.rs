@@ -68,6 +68,21 @@ pub(super) fn stateless_json(answer: bytes::Bytes) -> Response {
     (status, json_response(answer)).into_response()
 }
 
+/// Whether `answer` is the gateway's -32030 (unavailable: a cluster's Redis is down and
+/// `cluster.on_redis_down = "refuse"`), which is HTTP 503.
+fn unavailable(answer: &message::Answer) -> bool {
+    let message::Answer::Whole(v) = answer else {
+        return false;
+    };
+    if memchr::memmem::find(v, b"-32030").is_none() {
+        return false;
+    }
+    matches!(
+        Kind::parse(v),
+        Ok(Kind::Response { outcome: Outcome::Error(e), .. }) if message::error_summary(&e).0 == code::UNAVAILABLE
+    )
+}
+
 /// Runs one request; answers with JSON if nothing else has to be sent first, else SSE.
 /// With `session`, an SSE answer is resumable (see [`session_sse`]); `sse_ok`: its Accept
 /// admits `text/event-stream`, so a slow call of a 2025-11-25 session may switch to SSE.
@@ -85,6 +100,8 @@ pub(super) async fn request(
     let (sink, mut related) = mpsc::channel::<bytes::Bytes>(SINK_QUEUE);
     let gw = http.gw.clone();
     let stateless = finish.is_some();
+    // Only a cluster's requests may be refused for Redis (503); one process never looks.
+    let clustered = gw.cluster().is_some();
     let mut task = Detached(Some(Box::pin(async move {
         let out = gw
             .request(
@@ -139,6 +156,9 @@ pub(super) async fn request(
         First::Answer(answer) => {
             task.0 = None;
             match related.try_recv() {
+                Err(_) if clustered && unavailable(&answer) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, json_response(answer_body(answer))).into_response()
+                }
                 // (A large answer is a result, never one of the errors that change the status.)
                 Err(_) if stateless && matches!(answer, message::Answer::Whole(_)) => {
                     stateless_json(answer.into_vec().into())
