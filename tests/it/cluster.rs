@@ -663,3 +663,61 @@ async fn with_refuse_a_session_needing_redis_gets_503_while_it_is_down() {
         .unwrap();
     assert_eq!(resp.status(), 503, "no new session without Redis");
 }
+
+/// `initialize` on `gw`: its HTTP status, and the session id when it opened one.
+async fn try_open(gw: &Gateway) -> (u16, Option<String>, String) {
+    let resp = reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .json(
+            &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let id = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, id, resp.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_sessions_holds_over_all_replicas() {
+    let redis = Redis::start();
+    let gws = replicas(
+        3,
+        &redis,
+        &format!(
+            "[gateway]\nmax_sessions = 2\nmax_sessions_per_client = 2\n\n{}",
+            two_way()
+        ),
+        "",
+    );
+    let (s0, first, _) = try_open(&gws[0]).await;
+    let (s1, _, _) = try_open(&gws[1]).await;
+    assert_eq!((s0, s1), (200, 200));
+    let (s2, _, body) = try_open(&gws[2]).await;
+    assert_eq!(s2, 503, "{body}");
+    assert!(body.contains("gateway.max_sessions"), "{body}");
+    // One ends (DELETE on another replica than its own): room for one more.
+    let first = first.unwrap();
+    let del = reqwest::Client::new()
+        .delete(&gws[1].url)
+        .header("mcp-session-id", &first)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 200);
+    let mut opened = false;
+    for _ in 0..100 {
+        if try_open(&gws[2]).await.0 == 200 {
+            opened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(opened);
+}
