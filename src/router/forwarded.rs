@@ -162,7 +162,9 @@ impl Gateway {
             guard.over = true;
             drop(guard);
             debug!(server = %s.name, %holder, "the replica holding the session's process is gone; starting one here");
-            self.claim(&s.name, &cx.client.id).await;
+            if s.cfg.isolation == crate::config::Isolation::Session {
+                self.claim(&s.name, &cx.client.id).await;
+            }
             return None;
         }
         let sink = cx.sink.take();
@@ -202,7 +204,9 @@ impl Gateway {
                     guard.over = true;
                     drop(guard);
                     debug!(server = %s.name, %holder, "the holder no longer serves the session; starting its process here");
-                    self.claim(&s.name, &cx.client.id).await;
+                    if s.cfg.isolation == crate::config::Isolation::Session {
+                        self.claim(&s.name, &cx.client.id).await;
+                    }
                     return None;
                 }
             }

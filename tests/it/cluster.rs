@@ -721,3 +721,34 @@ async fn max_sessions_holds_over_all_replicas() {
     }
     assert!(opened);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_reached_from_every_replica_by_its_session_only() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let jobs = format!(
+        "[servers.jobs]\ncommand = \"python3\"\nargs = [\"tests/fixtures/task_server.py\"]\ncwd = {:?}\n",
+        repo().display().to_string()
+    );
+    let gws = replicas(2, &redis, &jobs, "");
+    let a = gws[0].session().await;
+    let created = a
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"seconds": 0.3, "text": "hi"}, "task": {"ttl": 60000}}),
+        )
+        .await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    let b = via(&a, &gws[1]);
+    let got = b.request(json!(2), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["taskId"], id.as_str(), "{got}");
+    let result = b.request(json!(3), "tasks/result", json!({"taskId": id})).await;
+    assert_eq!(text(&result), "hi", "{result}");
+    let other = gws[1].session().await;
+    let foreign = other.request(json!(4), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(foreign["error"]["code"], -32602, "{foreign}");
+}
