@@ -469,19 +469,24 @@ impl Gateway {
                 }
             }
             Method::RootsListChanged => {
-                // The servers this session's calls went to may cache its roots.
-                let used: Vec<Arc<str>> = crate::sync::lock(&client.used).iter().cloned().collect();
-                let topo = self.topology();
-                for s in topo.servers.iter().filter(|s| used.contains(&s.name)) {
-                    if let Ok(conn) = s.connection() {
-                        crate::background::spawn(
-                            async move { conn.notify(Method::RootsListChanged.as_str(), None).await },
-                        );
-                    }
-                }
+                self.roots_changed(client);
+                // Cluster mode: its calls on other replicas reached their children.
+                self.roots_changed_elsewhere(client);
             }
             Method::Initialized | Method::Progress => {}
             _ => debug!(session = %client.id, method, "ignoring client notification"),
+        }
+    }
+
+    /// Tells the servers this session's calls went to (here) that its roots changed: they
+    /// may cache them.
+    fn roots_changed(&self, client: &Client) {
+        let used: Vec<Arc<str>> = crate::sync::lock(&client.used).iter().cloned().collect();
+        let topo = self.topology();
+        for s in topo.servers.iter().filter(|s| used.contains(&s.name)) {
+            if let Ok(conn) = s.connection() {
+                crate::background::spawn(async move { conn.notify(Method::RootsListChanged.as_str(), None).await });
+            }
         }
     }
 

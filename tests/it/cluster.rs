@@ -752,3 +752,20 @@ async fn a_task_is_reached_from_every_replica_by_its_session_only() {
     let foreign = other.request(json!(4), "tasks/get", json!({"taskId": id})).await;
     assert_eq!(foreign["error"]["code"], -32602, "{foreign}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roots_list_changed_reaches_the_servers_a_sessions_calls_reached_on_any_replica() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    // Its calls reach the first replica's child only.
+    assert_eq!(
+        text(&a.call("calc__add", serde_json::json!({"a": 1, "b": 1})).await),
+        "2"
+    );
+    assert!(!b.tool_names().await.is_empty());
+    b.notify("notifications/roots/list_changed", serde_json::json!({}))
+        .await;
+    assert!(gws[0].wait_log("[mock] roots changed", T).await, "{}", gws[0].logs());
+}
