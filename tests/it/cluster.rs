@@ -769,3 +769,19 @@ async fn roots_list_changed_reaches_the_servers_a_sessions_calls_reached_on_any_
         .await;
     assert!(gws[0].wait_log("[mock] roots changed", T).await, "{}", gws[0].logs());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_sharing_an_id_are_told_so() {
+    let redis = Redis::start();
+    let gws = replicas(
+        2,
+        &redis,
+        "",
+        "replica_id = \"same\"\nadvertise = \"http://10.0.0.5:8080\"",
+    );
+    assert!(
+        gws[0].wait_log("another running replica has this replica id", T).await
+            || gws[1].wait_log("another running replica has this replica id", T).await
+    );
+    assert!(gws[0].wait_log("cluster.advertise is not used", T).await);
+}
