@@ -35,6 +35,9 @@ struct StoredTask {
     replica: String,
 }
 
+/// The sealing key's purpose (see `Cluster::derive`).
+const TASK_PURPOSE: &str = "task-route/1";
+
 /// How long a task's route is kept in Redis (tasks outliving this are not found elsewhere).
 const TASK_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 
@@ -259,7 +262,10 @@ impl Shared {
                 owner: digest(owner),
                 replica: c.replica.clone(),
             };
+            // Sealed: a task's route decides whose its results are.
             let json = serde_json::to_string(&stored).unwrap_or_default();
+            let tag = ring::hmac::sign(&c.derive(TASK_PURPOSE), format!("{public}\n{json}").as_bytes());
+            let json = format!("{}.{json}", crate::cluster::hex(tag.as_ref()));
             let r: redis::RedisResult<()> = redis::cmd("SET")
                 .arg(c.name(&format!("task:{}", digest(&public))))
                 .arg(json)
@@ -280,7 +286,20 @@ impl Shared {
         }
         let c = self.cluster.get()?;
         let r: redis::RedisResult<Option<String>> = c.conn().get(c.name(&format!("task:{}", digest(public)))).await;
-        let stored: StoredTask = serde_json::from_str(&c.track(r).ok()??).ok()?;
+        let text = c.track(r).ok()??;
+        let (tag, json) = text.split_once('.')?;
+        let key = c.derive(TASK_PURPOSE);
+        if ring::hmac::verify(
+            &key,
+            format!("{public}\n{json}").as_bytes(),
+            &crate::cluster::unhex(tag)?,
+        )
+        .is_err()
+        {
+            tracing::warn!("a task route in Redis does not verify with the cluster key; refusing it");
+            return None;
+        }
+        let stored: StoredTask = serde_json::from_str(json).ok()?;
         (stored.owner == digest(owner)).then(|| TaskRoute {
             server: stored.server.into(),
             task_id: stored.task_id,

@@ -751,6 +751,16 @@ async fn a_task_is_reached_from_every_replica_by_its_session_only() {
     let other = gws[1].session().await;
     let foreign = other.request(json!(4), "tasks/get", json!({"taskId": id})).await;
     assert_eq!(foreign["error"]["code"], -32602, "{foreign}");
+    // Whoever can write to Redis cannot hand the task to another session.
+    let key = redis.cli(&["KEYS", "mcpgw:task:*"]).trim().to_owned();
+    let route = redis.cli(&["GET", &key]);
+    let (_, json) = route.trim().split_once('.').unwrap();
+    let mut stored: serde_json::Value = serde_json::from_str(json).unwrap();
+    stored["owner"] = json!(crate::common::sha256_hex(&other.id));
+    redis.cli(&["SET", &key, &format!("{}.{stored}", route.split_once('.').unwrap().0)]);
+    let stolen = other.request(json!(5), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(stolen["error"]["code"], -32602, "{stolen}");
+    assert!(gws[1].wait_log("task route in Redis does not verify", T).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

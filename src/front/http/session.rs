@@ -225,7 +225,9 @@ pub(super) async fn session(
             }
             Ok((id.to_owned(), s.clone()))
         }
-        None if http.gw.cluster().is_some() => adopt(http, id, who).await,
+        // Boxed: the lookup in Redis is a large future, and inline it would make every
+        // request's future that large.
+        None if http.gw.cluster().is_some() => Box::pin(adopt(http, id, who)).await,
         _ => Err(unknown_session()),
     }
 }
