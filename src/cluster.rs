@@ -293,6 +293,14 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// 128 random bits in hex: correlation ids of the bus's requests.
+pub fn random_id() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    hex(&b)
+}
+
 /// SHA-256 of `s`, in hex: how bearer-like values (session ids, client shares) name keys.
 pub fn digest(s: &str) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, s.as_bytes()).as_ref())

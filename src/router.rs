@@ -494,16 +494,8 @@ impl Gateway {
     /// nobody else needs, and end its per-session processes.
     pub async fn forget_client(&self, client: &Client) {
         let unneeded = self.shared.forget_session(&client.id).await;
-        crate::sync::lock(&self.live).remove(&self.shared.key(&client.id));
-        let topo = self.topology();
-        for s in topo
-            .servers
-            .iter()
-            .filter(|s| s.cfg.isolation == crate::config::Isolation::Session)
-        {
-            s.end_session(&client.id).await;
-        }
-        self.unsubscribe_unneeded(&topo, unneeded).await;
+        self.forget_copy(client).await;
+        self.unsubscribe_unneeded(&self.topology(), unneeded).await;
     }
 }
 

@@ -132,12 +132,7 @@ impl Gateway {
     ) -> Option<Outcome> {
         let c = self.cluster.get()?.clone();
         let s = cx.topo.servers.get(server)?;
-        let corr = {
-            use rand::RngCore;
-            let mut b = [0u8; 16];
-            rand::rng().fill_bytes(&mut b);
-            crate::cluster::hex(&b)
-        };
+        let corr = crate::cluster::random_id();
         let (tx, mut rx) = mpsc::channel(64);
         crate::sync::lock(&self.forwarding).insert(corr.clone(), tx);
         let guard = Pending {

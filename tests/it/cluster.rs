@@ -151,16 +151,7 @@ async fn a_session_is_its_owners_on_every_replica_and_a_forged_record_is_refused
             )
             .build()
             .unwrap();
-        let resp = http
-            .post(&url)
-            .header("accept", "application/json, text/event-stream")
-            .json(
-                &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-                "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
-            )
-            .send()
-            .await
-            .unwrap();
+        let resp = initialize(&http, &url).await;
         let id = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
         Session {
             http,
@@ -651,8 +642,12 @@ async fn with_refuse_a_session_needing_redis_gets_503_while_it_is_down() {
         .await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("on_redis_down"), "{body}");
-    let resp = reqwest::Client::new()
-        .post(&gws[0].url)
+    assert_eq!(try_open(&gws[0]).await.0, 503, "no new session without Redis");
+}
+
+/// POSTs an `initialize` to `url` with `http`.
+async fn initialize(http: &reqwest::Client, url: &str) -> reqwest::Response {
+    http.post(url)
         .header("accept", "application/json, text/event-stream")
         .json(
             &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
@@ -660,22 +655,12 @@ async fn with_refuse_a_session_needing_redis_gets_503_while_it_is_down() {
         )
         .send()
         .await
-        .unwrap();
-    assert_eq!(resp.status(), 503, "no new session without Redis");
+        .unwrap()
 }
 
 /// `initialize` on `gw`: its HTTP status, and the session id when it opened one.
 async fn try_open(gw: &Gateway) -> (u16, Option<String>, String) {
-    let resp = reqwest::Client::new()
-        .post(&gw.url)
-        .header("accept", "application/json, text/event-stream")
-        .json(
-            &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-            "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = initialize(&reqwest::Client::new(), &gw.url).await;
     let status = resp.status().as_u16();
     let id = resp
         .headers()
