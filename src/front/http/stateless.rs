@@ -11,7 +11,7 @@ use crate::error::code;
 use crate::message::{self, Kind};
 use crate::stateless::{self, Answer, Headers, Sent};
 use axum::body::Body;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use std::sync::Arc;
@@ -19,7 +19,18 @@ use tokio::sync::mpsc;
 
 impl Headers for HeaderMap {
     fn header(&self, name: &str) -> Option<&[u8]> {
-        self.get(name).map(|v| v.as_bytes())
+        // The flow's own names are parsed once: looking a header up by `&str` parses and
+        // validates the name every time (a few hundred instructions per lookup).
+        static KNOWN: [HeaderName; 3] = [
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderName::from_static("mcp-method"),
+            HeaderName::from_static("mcp-name"),
+        ];
+        match KNOWN.iter().find(|k| k.as_str() == name) {
+            Some(k) => self.get(k),
+            None => self.get(name),
+        }
+        .map(|v| v.as_bytes())
     }
 }
 
