@@ -84,11 +84,50 @@ fn status_json(http: &Http) -> Value {
     for s in http.sessions.iter() {
         *by_version.entry(s.protocol_version.clone()).or_default() += 1;
     }
-    let mut out = json!({ "servers": servers, "sessions": http.sessions.len(), "sessionsByVersion": by_version });
+    let profiles = profiles_json(http, &topo);
+    let mut out = json!({
+        "servers": servers,
+        "sessions": http.sessions.len(),
+        "sessionsByVersion": by_version,
+        "profiles": profiles,
+    });
     if let Some(c) = http.gw.cluster() {
         out["cluster"] = c.status();
     }
     out
+}
+
+/// Each profile: its endpoint, its servers, what it shows, and its open sessions.
+fn profiles_json(http: &Http, topo: &crate::router::Topology) -> Vec<Value> {
+    topo.views
+        .profiles()
+        .map(|v| {
+            let [tools, prompts, resources, templates] = v.counts;
+            let servers: Vec<&str> = topo
+                .servers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| v.has_server(*i))
+                .map(|(_, s)| &*s.name)
+                .collect();
+            let name = match &v.key {
+                crate::catalog::view::ViewKey::Profile(n) => n.to_string(),
+                other => other.to_string(),
+            };
+            let sessions = http.sessions.iter().filter(|s| s.client.view() == Some(&v.key)).count();
+            json!({
+                "name": name,
+                "path": format!("{}/{name}", http.base),
+                "servers": servers,
+                "tools": tools,
+                "prompts": prompts,
+                "resources": resources,
+                "resourceTemplates": templates,
+                "search": v.search,
+                "sessions": sessions,
+            })
+        })
+        .collect()
 }
 
 pub(super) async fn status(State(http): State<Http>) -> Response {
