@@ -105,6 +105,22 @@ async fn next_is(stream: &mut Messages, method: &str, wait: Duration) -> bool {
     }
 }
 
+/// Reads `stream` until `method` arrives (within [`T`]), then whatever follows within
+/// [`QUIET`]: every method heard.
+async fn heard(stream: &mut Messages, method: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + T;
+    while !out.contains(method) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let Some(m) = stream.next(left).await else { break };
+        out.insert(m["method"].as_str().unwrap_or_default().to_owned());
+    }
+    while let Some(m) = stream.next(QUIET).await {
+        out.insert(m["method"].as_str().unwrap_or_default().to_owned());
+    }
+    out
+}
+
 #[tokio::test]
 async fn a_profile_has_its_own_paged_lists_and_hears_only_of_its_own_changes() {
     let cfg =
@@ -570,4 +586,53 @@ async fn the_python_and_typescript_sdk_clients_list_and_call_through_a_profile_u
             assert_eq!(out["protocolVersion"], version, "{what}: {out}");
         }
     }
+}
+
+#[tokio::test]
+async fn profiles_follow_a_reload() {
+    let (na, nb) = (unique("ra"), unique("rb"));
+    let base = format!("{}{}", server("a", &na, &[], ""), server("b", &nb, &[], ""));
+    let gw = Gateway::start(&format!("{base}[profiles.p]\nservers = [\"a\"]\n"));
+    let p = Session::open(&format!("{}/p", gw.url)).await;
+    let mut p_get = p.get_stream().await;
+    let reloads = gw.logs().matches("reload done").count();
+    // p gains b, q is new.
+    std::fs::write(
+        gw.config_path(),
+        format!("{base}[profiles.p]\nservers = [\"a\", \"b\"]\n\n[profiles.q]\nservers = [\"b\"]\n"),
+    )
+    .unwrap();
+    let log = gw.stderr.clone();
+    assert!(until(T, || log.lock().unwrap().matches("reload done").count() > reloads).await);
+    let all: BTreeSet<String> = ["tools", "prompts", "resources"]
+        .map(|k| format!("notifications/{k}/list_changed"))
+        .into();
+    assert_eq!(
+        heard(&mut p_get, "notifications/tools/list_changed").await,
+        all,
+        "p's lists changed"
+    );
+    assert_eq!(
+        names(&p.list("tools/list", "tools").await, "name"),
+        tools_of(&["a", "b"])
+    );
+    let q = Session::open(&format!("{}/q", gw.url)).await;
+    assert_eq!(names(&q.list("tools/list", "tools").await, "name"), tools_of(&["b"]));
+    // p goes: its path is 404, its open stream is told.
+    std::fs::write(gw.config_path(), format!("{base}[profiles.q]\nservers = [\"b\"]\n")).unwrap();
+    assert!(until(T, || log.lock().unwrap().matches("reload done").count() > reloads + 1).await);
+    assert_eq!(
+        heard(&mut p_get, "notifications/tools/list_changed").await,
+        all,
+        "p is gone"
+    );
+    let (status, r) = post_as(
+        &format!("{}/p", gw.url),
+        Some(&p.id),
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}),
+    )
+    .await;
+    assert_eq!(status, 404, "{r}");
+    assert_eq!(r["error"]["data"]["profiles"], json!(["q"]), "{r}");
+    assert_eq!(q.tool_names().await.len(), MOCK_TOOLS.len());
 }

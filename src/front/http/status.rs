@@ -163,6 +163,35 @@ pub(super) async fn status_page(State(http): State<Http>) -> Response {
             err = cell("lastError"),
         ));
     }
+    let mut profiles = String::new();
+    for p in status["profiles"].as_array().into_iter().flatten() {
+        let cell = |k: &str| match &p[k] {
+            Value::String(v) => html_escape(v),
+            other => html_escape(&other.to_string()),
+        };
+        let servers: Vec<String> = p["servers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(html_escape)
+            .collect();
+        profiles.push_str(&format!(
+            "<tr><td>{name}</td><td><code>{path}</code></td><td>{servers}</td><td>{tools}</td><td>{prompts}</td><td>{resources}</td><td>{sessions}</td></tr>\n",
+            name = cell("name"),
+            path = cell("path"),
+            servers = servers.join(", "),
+            tools = cell("tools"),
+            prompts = cell("prompts"),
+            resources = cell("resources"),
+            sessions = cell("sessions"),
+        ));
+    }
+    if !profiles.is_empty() {
+        profiles = format!(
+            "<h2>Profiles</h2>\n<table><tr><th>profile</th><th>endpoint</th><th>servers</th><th>tools</th><th>prompts</th><th>resources</th><th>sessions</th></tr>\n{profiles}</table>\n"
+        );
+    }
     let page = format!(
         r#"<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5"><title>mcp-gateway</title>
@@ -171,7 +200,8 @@ tr.ready td:nth-child(2){{color:#070}}tr.down td:nth-child(2){{color:#b00}}</sty
 <body><h1>mcp-gateway {version}</h1>
 <p>Endpoint <code>{path}</code> · {sessions} session(s) · <a href="/status">/status</a> · <a href="/metrics">/metrics</a> · <a href="/readyz">/readyz</a></p>
 <table><tr><th>server</th><th>state</th><th>transport</th><th>pid</th><th>uptime (s)</th><th>tools</th><th>prompts</th><th>resources</th><th>restarts</th><th>last error</th></tr>
-{rows}</table></body></html>
+{rows}</table>
+{profiles}</body></html>
 "#,
         version = env!("CARGO_PKG_VERSION"),
         path = html_escape(&http.gw.config().gateway.path),
