@@ -6,8 +6,8 @@
 //! Every error names the file, line and column it comes from.
 //!
 //! Each table has its own file beside this one, with its serde form, its validated form,
-//! its defaults and its `parse`: `gateway`, `servers`, `rate_limits`, `telemetry` and
-//! `clients` (`[clients.*]` and `[auth]`). `tables` reads one table of the TOML document,
+//! its defaults and its `parse`: `gateway`, `servers`, `rate_limits`, `telemetry`,
+//! `clients` (`[clients.*]` and `[auth]`) and `profiles`. `tables` reads one table of the TOML document,
 //! `errors` locates and words the problems, `values` holds what tables share.
 
 mod clients;

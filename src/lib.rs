@@ -4,7 +4,7 @@
 //! explains the two bridges between protocol eras):
 //! - **Config**: [`config`] turns gateway.toml into a validated [`config::Config`], one
 //!   file per table (`config/gateway.rs`, `servers.rs`, `clients.rs`, `rate_limits.rs`,
-//!   `telemetry.rs`); it is the only reader of the environment. `reload` watches the file
+//!   `telemetry.rs`, `profiles.rs`); it is the only reader of the environment. `reload` watches the file
 //!   (and SIGHUP) and hands each new version to the router.
 //! - **Fronts**: `front::http` (Streamable HTTP: POST in `http/post.rs`, sessions in
 //!   `http/session.rs`, GET streams in `http/get.rs`, transport checks in `http/checks.rs`,
@@ -26,7 +26,9 @@
 //! - **Cross-session state**, one owner: `shared` (subscriptions, log levels, tasks, by
 //!   session id; async methods, so a second implementation can sit over a shared store).
 //! - **The catalog**: `catalog`, the merged tools, prompts and resources; public name ↔
-//!   (server, name) by lookup table.
+//!   (server, name) by lookup table. `catalog/view.rs`: the views of profiles and `?tags=`
+//!   queries (a filter over the catalog with its own cached lists), and whom a
+//!   list_changed reaches.
 //! - **One server's life**: `supervisor` (start, watch, restart, stop), with the handshake
 //!   and era probe in `supervisor/handshake.rs`, lists in `lists.rs`, a 2026-07-28 server's
 //!   listen stream in `listen.rs`, and the per-session processes in `pool.rs`.

@@ -251,6 +251,10 @@ pub fn app(http: Http) -> Router {
             &format!("{}{path}", auth::METADATA_PATH),
             get(status::resource_metadata),
         )
+        .route(
+            &format!("{}{profiles}", auth::METADATA_PATH),
+            get(status::resource_metadata),
+        )
         .layer(DefaultBodyLimit::max(limit))
         .with_state(http)
 }

@@ -165,6 +165,12 @@ async fn a_profile_has_its_own_paged_lists_and_hears_only_of_its_own_changes() {
     }
     let r = p.request(json!(5), "prompts/get", json!({"name": "b__greet"})).await;
     assert_eq!(r["error"]["code"], -32602, "{r}");
+    let complete =
+        |name: &str| json!({"ref": {"type": "ref/prompt", "name": name}, "argument": {"name": "name", "value": "a"}});
+    let r = p.request(json!(8), "completion/complete", complete("b__greet")).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let r = p.request(json!(9), "completion/complete", complete("a__greet")).await;
+    assert_eq!(r["result"]["completion"]["values"], json!(["alice"]), "{r}");
     let b_readme = m
         .list("resources/list", "resources")
         .await

@@ -99,6 +99,15 @@ fn status_json(http: &Http) -> Value {
 
 /// Each profile: its endpoint, its servers, what it shows, and its open sessions.
 fn profiles_json(http: &Http, topo: &crate::router::Topology) -> Vec<Value> {
+    if topo.config.profiles.is_empty() {
+        return Vec::new();
+    }
+    let mut open: std::collections::HashMap<crate::catalog::view::ViewKey, usize> = std::collections::HashMap::new();
+    for s in http.sessions.iter() {
+        if let Some(k) = s.client.view() {
+            *open.entry(k.clone()).or_default() += 1;
+        }
+    }
     topo.views
         .profiles()
         .map(|v| {
@@ -114,7 +123,7 @@ fn profiles_json(http: &Http, topo: &crate::router::Topology) -> Vec<Value> {
                 crate::catalog::view::ViewKey::Profile(n) => n.to_string(),
                 other => other.to_string(),
             };
-            let sessions = http.sessions.iter().filter(|s| s.client.view() == Some(&v.key)).count();
+            let sessions = open.get(&v.key).copied().unwrap_or(0);
             json!({
                 "name": name,
                 "path": format!("{}/{name}", http.base),
