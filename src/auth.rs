@@ -16,14 +16,14 @@
 
 mod oauth;
 
+use crate::catalog::view::{filter_result, Results, View};
 use crate::catalog::Catalog;
 use crate::config::{self, Filter, OAuth, Rate, TokenDigest};
 use crate::limit::{quota, Limited};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, RateLimiter};
 use oauth::{looks_like_jwt, Jwt};
-use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
@@ -62,19 +62,46 @@ impl Identity {
         p.limiter.as_ref().map(|(_, r)| (p.name.as_str(), r))
     }
 
-    /// The list results this identity sees; `None` when it sees the catalog's own.
-    pub fn views(&self, catalog: &Arc<Catalog>) -> Option<Arc<Views>> {
-        self.policy.as_ref().and_then(|p| p.views(catalog))
+    /// The list results this identity sees in `view` (none: the whole catalog); `None`
+    /// when it sees the view's (or the catalog's) own.
+    pub fn views(&self, catalog: &Arc<Catalog>, view: Option<&Arc<View>>) -> Option<Arc<Views>> {
+        self.policy.as_ref().and_then(|p| p.views(catalog, view))
     }
 }
+
+/// Filtered list results kept by a policy: at most this many (catalog, view) pairs.
+const KEPT_VIEWS: usize = 16;
 
 /// What one `[clients.NAME]` table says about its client.
 pub struct Policy {
     pub name: String,
     filter: Filter,
     limiter: Option<(DefaultDirectRateLimiter, Rate)>,
-    /// Filtered list results for the catalog they were made from.
-    views: Mutex<Option<(Weak<Catalog>, Arc<Views>)>>,
+    /// Filtered list results, by the catalog and the view (none: the whole catalog) they
+    /// were made from.
+    views: Mutex<Vec<Kept>>,
+}
+
+/// One entry of [`Policy::views`]'s cache.
+struct Kept {
+    catalog: Weak<Catalog>,
+    view: Option<Weak<View>>,
+    lists: Arc<Views>,
+}
+
+impl Kept {
+    fn of(&self, catalog: &Arc<Catalog>, view: Option<&Arc<View>>) -> bool {
+        std::ptr::eq(self.catalog.as_ptr(), Arc::as_ptr(catalog))
+            && match (&self.view, view) {
+                (None, None) => true,
+                (Some(w), Some(v)) => std::ptr::eq(w.as_ptr(), Arc::as_ptr(v)),
+                _ => false,
+            }
+    }
+
+    fn alive(&self) -> bool {
+        self.catalog.strong_count() > 0 && self.view.as_ref().is_none_or(|w| w.strong_count() > 0)
+    }
 }
 
 impl std::fmt::Debug for Policy {
@@ -87,14 +114,8 @@ impl std::fmt::Debug for Policy {
     }
 }
 
-/// A catalog's four list results as one restricted client sees them.
-#[derive(Debug)]
-pub struct Views {
-    pub tools: Box<RawValue>,
-    pub prompts: Box<RawValue>,
-    pub resources: Box<RawValue>,
-    pub templates: Box<RawValue>,
-}
+/// A catalog's (or a view's) four list results as one restricted client sees them.
+pub type Views = Results;
 
 impl Policy {
     fn new(spec: &config::ClientSpec) -> Policy {
@@ -102,7 +123,7 @@ impl Policy {
             name: spec.name.clone(),
             filter: spec.filter.clone(),
             limiter: spec.rate_limit.clone().map(|r| (RateLimiter::direct(quota(&r)), r)),
-            views: Mutex::new(None),
+            views: Mutex::new(Vec::new()),
         }
     }
 
@@ -124,40 +145,47 @@ impl Policy {
         })
     }
 
-    /// The filtered lists, made once per catalog; `None` when nothing is filtered.
-    pub fn views(&self, catalog: &Arc<Catalog>) -> Option<Arc<Views>> {
+    /// The filtered lists of `view` (none: the whole catalog), made once per catalog
+    /// and view: the intersection of the view and the allowlist. `None` when nothing is
+    /// filtered.
+    pub fn views(&self, catalog: &Arc<Catalog>, view: Option<&Arc<View>>) -> Option<Arc<Views>> {
         if !self.restricted() {
             return None;
         }
         let mut cached = crate::sync::lock(&self.views);
-        if let Some((of, v)) = cached.as_ref() {
-            if std::ptr::eq(of.as_ptr(), Arc::as_ptr(catalog)) {
-                return Some(v.clone());
-            }
+        if let Some(k) = cached.iter().find(|k| k.of(catalog, view)) {
+            return Some(k.lists.clone());
         }
+        let [tools, prompts, resources, templates] = match view {
+            Some(v) => [
+                &*v.lists.tools,
+                &*v.lists.prompts,
+                &*v.lists.resources,
+                &*v.lists.templates,
+            ],
+            None => Results::of_catalog(catalog),
+        };
+        let f = &self.filter;
+        let field = |name: &'static str| {
+            move |_: usize, item: &Value| item.get(name).and_then(Value::as_str).is_some_and(|n| f.permits(n))
+        };
         let v = Arc::new(Views {
-            tools: filter_list(&catalog.tools_result, "tools", "name", &self.filter),
-            prompts: filter_list(&catalog.prompts_result, "prompts", "name", &self.filter),
-            resources: filter_list(&catalog.resources_result, "resources", "uri", &self.filter),
-            templates: filter_list(
-                &catalog.templates_result,
-                "resourceTemplates",
-                "uriTemplate",
-                &self.filter,
-            ),
+            tools: filter_result(tools, "tools", field("name")),
+            prompts: filter_result(prompts, "prompts", field("name")),
+            resources: filter_result(resources, "resources", field("uri")),
+            templates: filter_result(templates, "resourceTemplates", field("uriTemplate")),
         });
-        *cached = Some((Arc::downgrade(catalog), v.clone()));
+        cached.retain(Kept::alive);
+        if cached.len() >= KEPT_VIEWS {
+            cached.remove(0);
+        }
+        cached.push(Kept {
+            catalog: Arc::downgrade(catalog),
+            view: view.map(Arc::downgrade),
+            lists: v.clone(),
+        });
         Some(v)
     }
-}
-
-/// `{key: [items]}` keeping the items whose `field` the filter permits.
-fn filter_list(result: &RawValue, key: &str, field: &str, filter: &Filter) -> Box<RawValue> {
-    let mut m: Map<String, Value> = serde_json::from_str(result.get()).unwrap_or_default();
-    if let Some(Value::Array(items)) = m.get_mut(key) {
-        items.retain(|i| i.get(field).and_then(Value::as_str).is_some_and(|n| filter.permits(n)));
-    }
-    crate::message::to_raw(&Value::Object(m))
 }
 
 /// Why a request was refused. The text is for logs and the 401 body; it never holds
@@ -345,6 +373,8 @@ mod tests {
     use crate::config::{ClientSpec, Filter};
     use indexmap::IndexMap;
     use serde_json::json;
+    use serde_json::value::RawValue;
+    use serde_json::Map;
 
     fn spec(name: &str, token: Option<&str>, allow: &[&str], deny: &[&str]) -> ClientSpec {
         ClientSpec {
@@ -437,7 +467,7 @@ mod tests {
             spec("open", None, &[], &[]),
         ]);
         let alice = a.client("alice").unwrap();
-        let v = alice.views(&catalog).unwrap();
+        let v = alice.views(&catalog, None).unwrap();
         let names = |raw: &RawValue, key: &str, field: &str| -> Vec<String> {
             let v: Value = serde_json::from_str(raw.get()).unwrap();
             v[key]
@@ -452,11 +482,28 @@ mod tests {
         assert_eq!(names(&v.resources, "resources", "uri"), ["docs://a"]);
         assert!(names(&v.templates, "resourceTemplates", "uriTemplate").is_empty());
         assert!(v.tools.get().contains("inputSchema"));
-        assert!(Arc::ptr_eq(&v, &alice.views(&catalog).unwrap()));
+        assert!(Arc::ptr_eq(&v, &alice.views(&catalog, None).unwrap()));
         let rebuilt = Arc::new(Catalog::build("__", &sources));
-        assert!(!Arc::ptr_eq(&v, &alice.views(&rebuilt).unwrap()));
+        assert!(!Arc::ptr_eq(&v, &alice.views(&rebuilt, None).unwrap()));
         assert!(alice.permits("calc__add") && !alice.permits("calc__delete") && !alice.permits("mem://x"));
-        assert!(a.client("open").unwrap().views(&catalog).is_none());
+        // In a view: the intersection of the view and the allowlist, kept per view.
+        let only_search = Filter {
+            allow: vec!["calc__search".into(), "calc__delete".into()],
+            deny: vec![],
+        };
+        let view = Arc::new(View::build(
+            crate::catalog::view::ViewKey::Profile("p".into()),
+            vec![true],
+            only_search,
+            false,
+            &catalog,
+        ));
+        let in_view = alice.views(&catalog, Some(&view)).unwrap();
+        assert_eq!(names(&in_view.tools, "tools", "name"), ["calc__search"]);
+        assert_eq!(names(&in_view.prompts, "prompts", "name"), ["calc__greet"]);
+        assert!(Arc::ptr_eq(&in_view, &alice.views(&catalog, Some(&view)).unwrap()));
+        assert!(Arc::ptr_eq(&v, &alice.views(&catalog, None).unwrap()), "both kept");
+        assert!(a.client("open").unwrap().views(&catalog, None).is_none());
     }
 
     #[test]

@@ -16,6 +16,7 @@
 
 mod overrides;
 mod template;
+pub mod view;
 
 pub use template::Template;
 

@@ -3,6 +3,7 @@
 //! log level and its own channel for messages meant for it alone.
 
 use crate::auth::Identity;
+use crate::catalog::view::ViewKey;
 use crate::downstream::Sink;
 use crate::error::{code, Error};
 use crate::message::{self, id_key, Id, Outcome};
@@ -49,6 +50,9 @@ pub struct Client {
     pub(crate) questions: Option<tokio::sync::mpsc::Sender<Question>>,
     /// No log messages at all (a stateless request without `logLevel`).
     pub(crate) silent: bool,
+    /// The view of its endpoint (a profile, a tag query); none: the whole catalog. Fixed
+    /// for the session's life: a session belongs to the endpoint that opened it.
+    pub(crate) view: Option<ViewKey>,
 }
 
 /// A server's question during a stateless call, for the client: what the call's rounds
@@ -222,7 +226,19 @@ impl Client {
             stateless: false,
             questions: None,
             silent: false,
+            view: None,
         }
+    }
+
+    /// Makes it a client of the endpoint of `view` (none: the whole catalog).
+    pub fn in_view(mut self, view: Option<ViewKey>) -> Client {
+        self.view = view;
+        self
+    }
+
+    /// The view of its endpoint; none: the whole catalog.
+    pub fn view(&self) -> Option<&ViewKey> {
+        self.view.as_ref()
     }
 
     /// Makes this a 2026-07-28 (stateless) client with the capabilities its request's

@@ -6,14 +6,15 @@
 //! Every error names the file, line and column it comes from.
 //!
 //! Each table has its own file beside this one, with its serde form, its validated form,
-//! its defaults and its `parse`: `gateway`, `servers`, `rate_limits`, `telemetry` and
-//! `clients` (`[clients.*]` and `[auth]`). `tables` reads one table of the TOML document,
+//! its defaults and its `parse`: `gateway`, `servers`, `rate_limits`, `telemetry`,
+//! `clients` (`[clients.*]` and `[auth]`) and `profiles`. `tables` reads one table of the TOML document,
 //! `errors` locates and words the problems, `values` holds what tables share.
 
 mod clients;
 mod cluster;
 mod errors;
 mod gateway;
+mod profiles;
 mod rate_limits;
 mod servers;
 mod tables;
@@ -29,6 +30,7 @@ pub use gateway::{
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_SEPARATOR, DEFAULT_SESSION_IDLE, DEFAULT_SHUTDOWN_GRACE,
     SESSIONS_PER_CLIENT_DIVISOR,
 };
+pub use profiles::{profile_char, Profile, RESERVED_PROFILES};
 pub use rate_limits::{Per, Rate, RateLimits};
 pub use servers::{
     Era, HttpMode, HttpSpec, Isolation, Override, Restart, Server, StdioSpec, Transport, DEFAULT_ENABLED,
@@ -86,6 +88,7 @@ struct RawConfig {
     clients: IndexMap<Spanned<String>, clients::RawClient>,
     auth: clients::RawAuth,
     cluster: Option<cluster::RawCluster>,
+    profiles: IndexMap<Spanned<String>, profiles::RawProfile>,
 }
 
 /// The keys allowed at the top of the file.
@@ -97,6 +100,7 @@ const TOP_KEYS: &[&str] = &[
     "clients",
     "auth",
     "cluster",
+    "profiles",
 ];
 
 /// Parses the file into a spanned TOML document, then deserializes each table on its own
@@ -127,6 +131,7 @@ fn read_tables(cx: &mut Ctx, src: &str) -> Option<RawConfig> {
             "cluster" => raw.cluster = Some(table(cx, &[key], item).map(|t| t.0).unwrap_or_default()),
             "servers" => raw.servers = named(cx, key, item, servers::RawServer::removed),
             "clients" => raw.clients = named(cx, key, item, |_: &mut clients::RawClient, _| {}),
+            "profiles" => raw.profiles = named(cx, key, item, |_: &mut profiles::RawProfile, _| {}),
             other => {
                 let at = key_span(root, other).map_or(0, |s| s.start);
                 cx.at(at, unknown_key(&[], other, TOP_KEYS));
@@ -154,6 +159,8 @@ pub struct Config {
     pub auth: Auth,
     /// `[cluster]`: replicas sharing state through Redis. `None`: one process.
     pub cluster: Option<Cluster>,
+    /// `[profiles.*]` in file order: endpoints at `{gateway.path}/{NAME}` over some servers.
+    pub profiles: Vec<Profile>,
 }
 
 impl Config {
@@ -190,7 +197,15 @@ impl Config {
         let rate_limits = rate_limits::parse(&mut cx, &raw.rate_limits);
         let telemetry = telemetry::parse(&mut cx, raw.telemetry, env);
         let auth = clients::parse(&mut cx, raw.clients, raw.auth, env);
+        // Every server named in the file, with its tags, for the profiles' checks (one
+        // with problems of its own is reported once, not again by each profile naming it).
+        let known: Vec<(String, Vec<String>)> = raw
+            .servers
+            .iter()
+            .map(|(n, s)| (n.get_ref().clone(), s.tag_names()))
+            .collect();
         let servers = servers::parse(&mut cx, raw.servers, &gateway, &folder(path), env);
+        let profiles = profiles::parse(&mut cx, raw.profiles, &known);
         let cluster = cluster::parse(&mut cx, raw.cluster, env);
         if !cx.errors.is_empty() {
             return Err(ConfigErrors(cx.errors));
@@ -203,7 +218,13 @@ impl Config {
             telemetry,
             auth,
             cluster,
+            profiles,
         })
+    }
+
+    /// The `[profiles.NAME]` of that name.
+    pub fn profile(&self, name: &str) -> Option<&Profile> {
+        self.profiles.iter().find(|p| p.name == name)
     }
 }
 

@@ -4,7 +4,7 @@
 //! explains the two bridges between protocol eras):
 //! - **Config**: [`config`] turns gateway.toml into a validated [`config::Config`], one
 //!   file per table (`config/gateway.rs`, `servers.rs`, `clients.rs`, `rate_limits.rs`,
-//!   `telemetry.rs`); it is the only reader of the environment. `reload` watches the file
+//!   `telemetry.rs`, `profiles.rs`); it is the only reader of the environment. `reload` watches the file
 //!   (and SIGHUP) and hands each new version to the router.
 //! - **Fronts**: `front::http` (Streamable HTTP: POST in `http/post.rs`, sessions in
 //!   `http/session.rs`, GET streams in `http/get.rs`, transport checks in `http/checks.rs`,
@@ -26,7 +26,9 @@
 //! - **Cross-session state**, one owner: `shared` (subscriptions, log levels, tasks, by
 //!   session id; async methods, so a second implementation can sit over a shared store).
 //! - **The catalog**: `catalog`, the merged tools, prompts and resources; public name ↔
-//!   (server, name) by lookup table.
+//!   (server, name) by lookup table. `catalog/view.rs`: the views of profiles and `?tags=`
+//!   queries (a filter over the catalog with its own cached lists), and whom a
+//!   list_changed reaches.
 //! - **One server's life**: `supervisor` (start, watch, restart, stop), with the handshake
 //!   and era probe in `supervisor/handshake.rs`, lists in `lists.rs`, a 2026-07-28 server's
 //!   listen stream in `listen.rs`, and the per-session processes in `pool.rs`.
@@ -226,14 +228,21 @@ async fn stop_servers(gw: &Gateway, deadline: tokio::time::Instant) {
 }
 
 /// Serves MCP over this process's stdin/stdout until stdin ends or `shutdown` completes,
-/// as the configured client `client` (see [`stdio_client`]).
-pub async fn stdio(config: Config, client: Option<String>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// as the configured client `client` (see [`stdio_client`]), showing `[profiles.NAME]`
+/// `profile` (see [`stdio_profile`]) or, without one, the whole catalog.
+pub async fn stdio(
+    config: Config,
+    client: Option<String>,
+    profile: Option<String>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let gw = Gateway::new(config);
     gw.start().await;
     reload::spawn(&gw, gw.config().file.clone());
     let grace = gw.config().gateway.shutdown_grace;
     let (stdin, stdout) = (tokio::io::stdin(), tokio::io::stdout());
-    front::stdio::serve(gw.clone(), stdin, stdout, shutdown, grace, client).await;
+    let view = profile.map(|p| catalog::view::ViewKey::Profile(p.into()));
+    front::stdio::serve(gw.clone(), stdin, stdout, shutdown, grace, client, view).await;
     stop_servers(&gw, tokio::time::Instant::now() + grace).await;
     Ok(())
 }
@@ -250,6 +259,26 @@ pub fn stdio_client(config: &Config, name: Option<&str>) -> Result<(), String> {
             "{} has [clients.*] tables: name the client with --client NAME (or MCP_GATEWAY_CLIENT)",
             config.file.display()
         )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks `stdio --profile NAME` against the config: the name must have a
+/// `[profiles.NAME]` table.
+pub fn stdio_profile(config: &Config, name: Option<&str>) -> Result<(), String> {
+    match name {
+        Some(n) if config.profile(n).is_none() => {
+            let names: Vec<&str> = config.profiles.iter().map(|p| p.name.as_str()).collect();
+            Err(format!(
+                "--profile {n}: no [profiles.{n}] in {} (profiles: {})",
+                config.file.display(),
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ))
+        }
         _ => Ok(()),
     }
 }
@@ -272,6 +301,15 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
             out.push_str(&format!("; OAuth tokens from {} for audience {}", o.issuer, o.audience));
         }
         out.push('\n');
+    }
+    if !config.profiles.is_empty() {
+        let base = config.gateway.path.trim_end_matches('/');
+        let shown: Vec<String> = config
+            .profiles
+            .iter()
+            .map(|p| format!("{} at {base}/{}", p.name, p.name))
+            .collect();
+        out.push_str(&format!("profiles: {}\n", shown.join(", ")));
     }
     let overrides: usize = config.servers.iter().map(|s| s.overrides.len()).sum();
     if !connect {
@@ -339,6 +377,34 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
             "{:<9} {:<w$}  {:<16} {}\n",
             e.kind, e.public, e.server, e.original
         ));
+    }
+    let topo = gw.topology();
+    let profiles: Vec<_> = topo.views.profiles().collect();
+    if !profiles.is_empty() {
+        let w = topo.views.names().iter().map(|n| n.len()).max().unwrap_or(0).max(7);
+        out.push_str(&format!(
+            "\n{:<w$}  {:>5} {:>7} {:>9} {:>9}  SERVERS\n",
+            "PROFILE", "TOOLS", "PROMPTS", "RESOURCES", "TEMPLATES"
+        ));
+        for v in profiles {
+            let servers: Vec<&str> = topo
+                .servers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| v.has_server(*i))
+                .map(|(_, s)| &*s.name)
+                .collect();
+            let name = match &v.key {
+                catalog::view::ViewKey::Profile(n) => n.to_string(),
+                other => other.to_string(),
+            };
+            let [tools, prompts, resources, templates] = v.counts;
+            out.push_str(&format!(
+                "{name:<w$}  {tools:>5} {prompts:>7} {resources:>9} {templates:>9}  {}{}\n",
+                servers.join(", "),
+                if v.search { " (search)" } else { "" }
+            ));
+        }
     }
     if !catalog.notes.is_empty() {
         out.push_str("\nnotes:\n");

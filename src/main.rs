@@ -44,6 +44,9 @@ enum Cmd {
         /// gateway.toml has [clients.*] tables.
         #[arg(long, env = "MCP_GATEWAY_CLIENT")]
         client: Option<String>,
+        /// Serve [profiles.NAME] (its servers and tools) instead of the whole catalog.
+        #[arg(long, env = "MCP_GATEWAY_PROFILE")]
+        profile: Option<String>,
     },
     /// Validate the config; with --connect, start every server and print the catalog.
     Check {
@@ -78,8 +81,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if let Some(Cmd::Stdio { client }) = &cli.command {
-        if let Err(e) = mcp_gateway::stdio_client(&config, client.as_deref()) {
+    if let Some(Cmd::Stdio { client, profile }) = &cli.command {
+        if let Err(e) = mcp_gateway::stdio_client(&config, client.as_deref())
+            .and_then(|()| mcp_gateway::stdio_profile(&config, profile.as_deref()))
+        {
             eprintln!("mcp-gateway: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
@@ -104,7 +109,7 @@ fn main() -> ExitCode {
                 .await
                 .map(|_| true),
             // Nothing balances a stdio client: no drain, and a second signal changes nothing.
-            Cmd::Stdio { client } => mcp_gateway::stdio(config, client, async move {
+            Cmd::Stdio { client, profile } => mcp_gateway::stdio(config, client, profile, async move {
                 drop(shutdown_signal(grace).await);
             })
             .await

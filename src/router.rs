@@ -29,6 +29,7 @@ pub use initialize::{server_info, SUPPORTED_VERSIONS};
 pub use topology::Topology;
 
 use crate::auth::Identity;
+use crate::catalog::view::{Announcement, View};
 use crate::client::Unregister;
 use crate::config::Config;
 use crate::downstream::Sink;
@@ -55,8 +56,9 @@ const BROADCAST_QUEUE: usize = 256;
 /// The gateway's shared state: the current topology, and the fan-out of notifications.
 pub struct Gateway {
     topo: RwLock<Arc<Topology>>,
-    /// Server-initiated notifications for every session (list_changed).
-    broadcast: broadcast::Sender<Bytes>,
+    /// Server-initiated notifications for sessions (list_changed), each with the views
+    /// it is about.
+    broadcast: broadcast::Sender<Announcement>,
     pub metrics: Metrics,
     /// Where supervisors report; cloned for servers a reload adds.
     events: mpsc::Sender<Event>,
@@ -117,6 +119,9 @@ pub(crate) struct Call<'a> {
     pub topo: &'a Topology,
     pub client: &'a Arc<Client>,
     pub identity: Option<&'a Identity>,
+    /// The view of the client's endpoint (a profile, a tag query); none: the whole
+    /// catalog. Everything outside it is answered as if it did not exist.
+    pub view: Option<Arc<View>>,
     /// Where related notifications go; taken by the one call that goes downstream.
     pub sink: Option<Sink>,
     pub info: CallInfo,
@@ -131,6 +136,25 @@ impl Call<'_> {
     /// like one that does not exist.
     pub fn visible(&self, name: &str) -> bool {
         self.identity.is_none_or(|i| i.permits(name))
+    }
+
+    /// Whether the caller sees `name` (a public tool or prompt name, a resource URI) of
+    /// server `server`: its allowlist and its view (with a profile's tool globs when
+    /// `tool`) both show it. Anything else is answered like a name that does not exist.
+    pub fn sees(&self, name: &str, server: usize, tool: bool) -> bool {
+        self.visible(name)
+            && self.view.as_ref().is_none_or(|v| {
+                if tool {
+                    v.has_tool(name, server)
+                } else {
+                    v.has_server(server)
+                }
+            })
+    }
+
+    /// Whether server `server` is in the caller's view.
+    pub fn in_view(&self, server: usize) -> bool {
+        self.view.as_ref().is_none_or(|v| v.has_server(server))
     }
 }
 
@@ -222,8 +246,9 @@ impl Gateway {
         self.topology().catalog.clone()
     }
 
-    /// Server-initiated messages for sessions (list_changed), as serialized lines.
-    pub fn subscribe(&self) -> broadcast::Receiver<Bytes> {
+    /// Server-initiated messages for sessions (list_changed), as serialized lines with
+    /// whom they are for ([`Announcement::reaches`]).
+    pub fn subscribe(&self) -> broadcast::Receiver<Announcement> {
         self.broadcast.subscribe()
     }
 
@@ -316,6 +341,8 @@ impl Gateway {
             topo: &topo,
             client,
             identity: identity.as_deref(),
+            // The whole catalog (nearly every request): no lookup at all.
+            view: client.view.as_ref().map(|k| topo.view(k)),
             sink,
             info: CallInfo {
                 session: topo.isolated.then(|| client.id.clone()),

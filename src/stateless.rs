@@ -33,6 +33,7 @@ pub use envelope::Headers;
 pub use results::Finish;
 
 use crate::auth::Identity;
+use crate::catalog::view::ViewKey;
 use crate::error::Error;
 use crate::message::{self, id_key, Id, Outcome};
 use crate::method::Method;
@@ -83,6 +84,9 @@ pub struct Request<'a> {
     pub parent: Option<opentelemetry::Context>,
     /// The transport can answer with a stream (over HTTP: Accept admits it).
     pub streams: bool,
+    /// The view of the endpoint it came to (a profile, a tag query); none: the whole
+    /// catalog.
+    pub view: Option<ViewKey>,
 }
 
 /// What the front sends for a request.
@@ -156,6 +160,7 @@ struct Listening {
     streams: bool,
     /// Its key in the table of requests in flight.
     key: Option<String>,
+    view: Option<ViewKey>,
 }
 
 /// One thing a call's rounds send: a related message, or (last) the response.
@@ -214,16 +219,21 @@ impl Stateless {
             client,
             parent,
             streams,
+            view,
         } = r;
         let m = Method::parse(&method);
         let topo = self.gw.topology();
-        // A tool the caller's allowlist hides is not looked at (it is answered as unknown);
-        // a schema is given only when it asks for param headers.
+        let shown = view.as_ref().map(|k| topo.view(k));
+        // A tool the caller's allowlist or view hides is not looked at (it is answered as
+        // unknown); a schema is given only when it asks for param headers.
         let tool_schema = |name: &str| -> Option<Value> {
             if !identity.as_ref().is_none_or(|i| i.permits(name)) {
                 return None;
             }
             let route = topo.catalog.tools.get(name)?;
+            if !shown.as_ref().is_none_or(|v| v.has_tool(name, route.server)) {
+                return None;
+            }
             let state = topo.servers.get(route.server)?.state();
             let tool = state
                 .lists
@@ -240,7 +250,7 @@ impl Stateless {
         };
         let private = topo.auth.required();
         if m == Method::ServerDiscover {
-            let init = self.gw.initialize_result_for(None, identity.as_deref());
+            let init = self.gw.initialize_result_for(None, identity.as_deref(), view.as_ref());
             return Answer::Now(id, results::discover(&init, private));
         }
         let key = self.transport.cancel_by_id.then(|| id_key(&id));
@@ -268,10 +278,17 @@ impl Stateless {
                 finish,
                 streams,
                 key,
+                view,
             };
             return self.listen(listen);
         }
-        let client = self.client(client, env.capabilities, env.log_rank, identity);
+        // A call parked on one endpoint is resumed on the same endpoint only: its state
+        // is issued for the principal there.
+        let principal = match &view {
+            None => principal,
+            Some(k) => format!("{principal} at {}", k.encode()),
+        };
+        let client = self.client(client, env.capabilities, env.log_rank, identity, view);
         if m.may_ask() {
             let stop = key.is_some().then(CancellationToken::new);
             let held = stop
@@ -337,7 +354,7 @@ impl Stateless {
         let n = LISTENS.fetch_add(1, Ordering::Relaxed);
         // The process tag keeps two replicas' listen streams apart in the shared state.
         let name = format!("{}:listen-{}-{n}", l.client, crate::client::process_tag());
-        let client = self.client(name, l.capabilities, None, l.identity);
+        let client = self.client(name, l.capabilities, None, l.identity, l.view);
         let cancel = CancellationToken::new();
         let tracked = self.track(l.key, || InFlight::Stop(cancel.clone()));
         Answer::Listen(listen::Listen {
@@ -368,10 +385,12 @@ impl Stateless {
         capabilities: serde_json::Map<String, Value>,
         log_rank: Option<usize>,
         identity: Option<Arc<Identity>>,
+        view: Option<ViewKey>,
     ) -> Client {
         let client = Client::new(id)
             .transport(self.transport.name)
-            .stateless(capabilities, log_rank);
+            .stateless(capabilities, log_rank)
+            .in_view(view);
         let _ = client.protocol_version.set(VERSION.to_owned());
         client.set_identity(identity);
         client

@@ -126,9 +126,9 @@ pub struct Server {
 #[derive(Debug)]
 pub enum Event {
     /// A server's lists changed (or it became ready); the catalog must be rebuilt.
-    /// `announced`: the kind the server itself said changed (a list_changed of its own),
-    /// passed on to clients even when the merged list looks the same.
-    ListsChanged { announced: Option<ListKind> },
+    /// `announced`: the server and the kind it said changed (a list_changed of its own),
+    /// passed on to the clients that see the server even when the merged list looks the same.
+    ListsChanged { announced: Option<(Arc<str>, ListKind)> },
     /// A server was started again, or a Streamable HTTP server initialized again after
     /// forgetting its session: what sessions asked of the old one (resource
     /// subscriptions, the log level) must be asked again.
@@ -415,7 +415,9 @@ impl Server {
                 kind = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
                     relisting = None;
                     let _ = events
-                        .send(Event::ListsChanged { announced: Some(kind) })
+                        .send(Event::ListsChanged {
+                            announced: Some((self.name.clone(), kind)),
+                        })
                         .await;
                     continue;
                 }

@@ -26,14 +26,29 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 /// Messages from the bus waiting for the gateway to handle them.
 const INBOX: usize = 1024;
 
+/// Whom a list_changed is for (`catalog::view::Reach`), views by their encoded keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct WireReach {
+    pub main: bool,
+    #[serde(default)]
+    pub changed: Vec<String>,
+    #[serde(default)]
+    pub known: Vec<String>,
+}
+
 /// What replicas tell each other.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum Note {
     /// A message for session `sid`'s own stream (its GET stream), wherever it is held.
     Deliver { sid: String, line: String },
-    /// A message for every session's stream (list_changed).
-    All { line: String },
+    /// A message for every session's stream (list_changed), or, with `reach`, for the
+    /// sessions of the views it names.
+    All {
+        line: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reach: Option<WireReach>,
+    },
     /// A client's answer to a question a server asked it (a JSON-RPC response).
     Answer { sid: String, line: String },
     /// `notifications/cancelled` of session `sid` (its params).

@@ -28,6 +28,10 @@ pub struct Record {
     /// The capabilities of the client's `initialize`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub capabilities: Option<Map<String, Value>>,
+    /// The view of the endpoint it was opened on (`ViewKey::encode`); none: the whole
+    /// catalog. The session is served on that endpoint only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub view: Option<String>,
 }
 
 /// The sealing key's purpose (see [`Cluster::derive`]).
@@ -159,6 +163,7 @@ mod tests {
             share: "client 'alice'".into(),
             protocol_version: "2025-11-25".into(),
             capabilities: None,
+            view: Some("profile:frontend".into()),
         };
         let sealed = r.seal(&key);
         assert_eq!(Record::open(&key, "s1", &sealed), Some(r.clone()));

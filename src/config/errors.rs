@@ -129,7 +129,7 @@ fn expected(path: &[String]) -> Option<String> {
         ) => r#"a duration string like "60s" (or "500ms", "2m", "1h")"#.into(),
         (_, "max_body" | "max_line") => r#"a size string like "16MiB" (or "512KiB", "1GiB", "1048576")"#.into(),
         (_, "per_client" | "per_ip" | "per_server" | "rate_limit") => RATE.into(),
-        (_, "enabled" | "record_payloads") => format!("a boolean: {key} = true or {key} = false"),
+        (_, "enabled" | "record_payloads" | "search") => format!("a boolean: {key} = true or {key} = false"),
         (_, "max_sessions" | "max_sessions_per_client" | "page_size" | "max_in_flight" | "worker_threads") => {
             format!("a whole number like {key} = 100")
         }
@@ -140,6 +140,11 @@ fn expected(path: &[String]) -> Option<String> {
         (_, "env" | "headers" | "per_tool") => format!(r#"a table of strings like {key} = {{ NAME = "value" }}"#),
         ("servers", _) if n == 2 => r#"a table like [servers.NAME] with command = "..." or url = "...""#.into(),
         ("clients", _) if n == 2 => r#"a table like [clients.NAME] with token = "${TOKEN}""#.into(),
+        ("profiles", _) if n == 2 => {
+            r#"a table like [profiles.NAME] with servers = ["github"] or tags = ["web"]"#.into()
+        }
+        (_, "servers") if n == 3 => r#"a list of server names like ["github", "figma"]"#.into(),
+        (_, "tags") => r#"a list of tags like ["web", "db"]"#.into(),
         (_, "tools") => r#"a table like tools = { allow = ["*"], deny = ["delete_*"] }"#.into(),
         (_, "rate_limits") => r#"a table like rate_limits = { per_server = "10/s" }"#.into(),
         (_, "gateway" | "telemetry" | "auth" | "oauth") => format!("a table like [{}]", path.join(".")),

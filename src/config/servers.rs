@@ -64,6 +64,9 @@ pub(super) struct RawServer {
     /// `[servers.NAME.overrides.TOOL]`, by the server's own tool name.
     #[serde(default)]
     overrides: IndexMap<String, RawOverride>,
+    /// Labels that `[profiles.*] tags` and `?tags=` choose servers by.
+    #[serde(default)]
+    tags: Vec<Spanned<String>>,
     /// `command` or `url` was there but of the wrong type (already reported): whether it
     /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
     #[serde(skip)]
@@ -96,6 +99,11 @@ impl RawServer {
     /// its `command` or `url`, what kind of server it is stays unknown.
     pub(super) fn removed(&mut self, removed: &[String]) {
         self.kind_unknown = removed.iter().any(|k| k == "command" || k == "url");
+    }
+
+    /// Its tags as written, for the profiles' checks.
+    pub(super) fn tag_names(&self) -> Vec<String> {
+        self.tags.iter().map(|t| t.get_ref().clone()).collect()
     }
 }
 
@@ -138,6 +146,8 @@ pub struct Server {
     pub protocol: Era,
     /// Tool overrides, by the server's own tool name.
     pub overrides: IndexMap<String, Override>,
+    /// Labels that `[profiles.*] tags` and `?tags=` choose servers by (`[A-Za-z0-9_.-]+`).
+    pub tags: Vec<String>,
 }
 
 /// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
@@ -316,6 +326,18 @@ pub(super) fn parse(
             ],
         );
         let overrides = parse_overrides(cx, &name, &s.overrides);
+        let mut tags: Vec<String> = Vec::new();
+        for t in &s.tags {
+            let tag = t.get_ref();
+            if tag.is_empty() || !tag.chars().all(name_char) {
+                cx.at(
+                    t.span().start,
+                    format!("servers.{name}.tags: {tag:?} may only use [A-Za-z0-9_.-] and must not be empty"),
+                );
+            } else if !tags.contains(tag) {
+                tags.push(tag.clone());
+            }
+        }
         let server = |transport| Server {
             name: name.clone(),
             prefix: prefix.clone(),
@@ -334,6 +356,7 @@ pub(super) fn parse(
             max_sessions: s.max_sessions.unwrap_or(DEFAULT_SERVER_MAX_SESSIONS).max(1),
             protocol,
             overrides: overrides.clone(),
+            tags: tags.clone(),
         };
         let command = match (s.command, s.url) {
             (Some(_), Some(url)) => {

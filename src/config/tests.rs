@@ -236,3 +236,54 @@ fn errors_are_located_and_secret_free() {
     assert!(!format!("{ok:?}").contains("value"));
     assert_eq!(ok.servers[0].prefix, "b");
 }
+
+#[test]
+fn profiles_choose_servers_by_name_and_tag_and_keep_search() {
+    let none = |_: &str| None;
+    let src = "[servers.github]\ncommand = \"x\"\ntags = [\"web\", \"vcs\", \"web\"]\n\
+               [servers.db]\ncommand = \"x\"\ntags = [\"db\"]\n\
+               [servers.figma]\ncommand = \"x\"\n\
+               [profiles.frontend]\nservers = [\"figma\"]\ntags = [\"web\"]\n\
+               tools = { allow = [\"github__*\", \"figma__*\"], deny = [\"*delete*\"] }\nsearch = true\n\
+               [profiles.all]\n";
+    let c = Config::parse(Path::new("g.toml"), src, &none).unwrap();
+    assert_eq!(c.servers[0].tags, ["web", "vcs"], "deduplicated");
+    let f = c.profile("frontend").unwrap();
+    assert!(f.search);
+    assert!(f.tools.permits("github__x") && !f.tools.permits("github__delete_x"));
+    let chosen: Vec<&str> = c
+        .servers
+        .iter()
+        .filter(|s| f.includes(s))
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(chosen, ["github", "figma"]);
+    let all = c.profile("all").unwrap();
+    assert!(!all.search);
+    assert!(
+        c.servers.iter().all(|s| all.includes(s)),
+        "neither servers nor tags: every server"
+    );
+}
+
+#[test]
+fn profile_errors_are_located() {
+    let none = |_: &str| None;
+    let src = "[servers.github]\ncommand = \"x\"\ntags = [\"web\", \"a b\"]\n\
+               [profiles.\"bad name\"]\n\
+               [profiles.status]\n\
+               [profiles.ok]\nservers = [\"github\", \"gitlab\"]\ntags = [\"wbe\"]\nsearch = \"yes\"\n\
+               [profiles.other]\nnope = 1\n";
+    let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err().to_string();
+    for want in [
+        "g.toml:3:16: servers.github.tags: \"a b\" may only use [A-Za-z0-9_.-]",
+        "g.toml:4:11: profile name \"bad name\" may only use [A-Za-z0-9_-]",
+        "g.toml:5:11: profile name \"status\" is reserved",
+        "g.toml:7:22: profiles.ok.servers: no [servers.gitlab] in this file (servers: github)",
+        "g.toml:8:9: profiles.ok.tags: no server has the tag \"wbe\" (tags: web)",
+        "profiles.ok.search: expected a boolean",
+        "profiles.other: unknown key \"nope\"; expected one of servers, tags, tools, search",
+    ] {
+        assert!(e.contains(want), "{want}\nnot in:\n{e}");
+    }
+}

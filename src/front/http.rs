@@ -28,7 +28,8 @@ mod stateless;
 mod status;
 
 use crate::auth;
-use crate::error::Error;
+use crate::catalog::view::{tags_param, TagRefusal, ViewKey};
+use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};
 use crate::router::Gateway;
 use axum::body::Body;
@@ -83,6 +84,10 @@ pub struct Shared {
     /// Set when the drain begins (SIGTERM with a `drain_delay`): `/readyz` answers 503
     /// and responses carry `Connection: close`, while everything is still served.
     draining: AtomicBool,
+    /// `gateway.path` (read at start; a change needs a restart): the whole catalog's
+    /// endpoint. Profiles are served below it, at `{base}/{NAME}`.
+    path: Arc<str>,
+    base: Arc<str>,
 }
 
 impl Http {
@@ -95,6 +100,8 @@ impl Http {
         };
         let stateless = crate::stateless::Stateless::new(gw.clone(), transport, closing.clone());
         let mut ended = gw.ended();
+        let path: Arc<str> = gw.config().gateway.path.as_str().into();
+        let base: Arc<str> = path.trim_end_matches('/').into();
         let http = Http(Arc::new(Shared {
             gw,
             sessions: Arc::new(DashMap::default()),
@@ -104,6 +111,8 @@ impl Http {
             shares: DashMap::new(),
             refreshed: std::sync::atomic::AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            path,
+            base,
         }));
         // Cluster mode: a Redis back from an outage gets this replica's sessions again.
         if let Some(cluster) = http.gw.cluster() {
@@ -156,6 +165,67 @@ impl Http {
     pub fn gateway(&self) -> &Arc<Gateway> {
         &self.gw
     }
+
+    /// Whether `path` is an MCP endpoint: the whole catalog's, or one below it (a profile's).
+    fn is_endpoint(&self, path: &str) -> bool {
+        path == &*self.path
+            || path
+                .strip_prefix(&*self.base)
+                .and_then(|p| p.strip_prefix('/'))
+                .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+    }
+
+    /// Which view the endpoint of `uri` shows: none for `{gateway.path}` itself (a
+    /// string comparison, nothing looked up: nearly every request), a profile's for
+    /// `{gateway.path}/{NAME}` (a hash lookup), a tag query's for `?tags=`. An unknown
+    /// profile or tag is 404, its body naming the profiles or tags there are.
+    fn endpoint(&self, uri: &axum::http::Uri) -> Result<Option<ViewKey>, Error> {
+        let tags = uri.query().and_then(tags_param);
+        if uri.path() == &*self.path {
+            let Some(raw) = tags else { return Ok(None) };
+            let topo = self.gw.topology();
+            return match topo.views.tags(raw, &topo.config.servers, &topo.catalog) {
+                Ok(v) => Ok(Some(v.key.clone())),
+                Err(TagRefusal::Malformed(why)) => Err(reject(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, why)),
+                Err(TagRefusal::Unknown(why)) => Err(reject(
+                    StatusCode::NOT_FOUND,
+                    code::INVALID_REQUEST,
+                    format!("?tags=: {why}"),
+                )),
+            };
+        }
+        let name = uri
+            .path()
+            .strip_prefix(&*self.base)
+            .and_then(|p| p.strip_prefix('/'))
+            .unwrap_or_default();
+        let topo = self.gw.topology();
+        let Some(view) = topo.views.profile(name) else {
+            let names = topo.views.names();
+            let shown = if names.is_empty() {
+                "there are none".to_owned()
+            } else {
+                format!("the profiles are {}", names.join(", "))
+            };
+            return Err(reject(
+                StatusCode::NOT_FOUND,
+                code::INVALID_REQUEST,
+                format!("unknown profile {name:?}: {shown} (at {}/NAME)", self.base),
+            )
+            .with_data(serde_json::json!({ "profiles": names })));
+        };
+        if tags.is_some() {
+            return Err(reject(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                format!(
+                    "?tags= applies to {} only; a profile chooses its servers in [profiles.{name}]",
+                    self.path
+                ),
+            ));
+        }
+        Ok(Some(view.key.clone()))
+    }
 }
 
 /// The axum app: the MCP endpoint at the configured path plus health routes.
@@ -166,8 +236,11 @@ pub fn app(http: Http) -> Router {
         .get(get::get_stream)
         .post(post::post)
         .delete(session::delete);
+    // Profiles: `{path}/{NAME}`, the same handlers (they read the name from the URI).
+    let profiles = format!("{}/{{profile}}", path.trim_end_matches('/'));
     Router::new()
-        .route(&path, mcp)
+        .route(&path, mcp.clone())
+        .route(&profiles, mcp)
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(status::readyz))
         .route("/status", get(status::status))
@@ -176,6 +249,10 @@ pub fn app(http: Http) -> Router {
         .route(auth::METADATA_PATH, get(status::resource_metadata))
         .route(
             &format!("{}{path}", auth::METADATA_PATH),
+            get(status::resource_metadata),
+        )
+        .route(
+            &format!("{}{profiles}", auth::METADATA_PATH),
             get(status::resource_metadata),
         )
         .layer(DefaultBodyLimit::max(limit))
@@ -233,7 +310,6 @@ pub async fn serve(
     use futures::future::{Either, FutureExt};
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tower::ServiceExt;
-    let path: Arc<str> = http.gw.config().gateway.path.as_str().into();
     let app = app(http.clone());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -260,13 +336,13 @@ pub async fn serve(
             _ = stop.wait_for(|s| *s) => break,
         };
         let _ = stream.set_nodelay(true);
-        let (app, http, path) = (app.clone(), http.clone(), path.clone());
+        let (app, http) = (app.clone(), http.clone());
         let service = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
             if let Some(refused) = checks::host_problem(&req) {
                 return Either::Left(futures::future::ready(Ok(refused)));
             }
-            let direct = req.method() == axum::http::Method::POST && req.uri().path() == &*path;
+            let direct = req.method() == axum::http::Method::POST && http.is_endpoint(req.uri().path());
             let close = http.draining();
             let req = req.map(Body::new);
             let answer = if direct {

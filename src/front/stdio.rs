@@ -9,6 +9,7 @@
 //! notifications as lines tagged with the subscription id until cancelled; at the end of
 //! input or shutdown each stream gets its graceful response.
 
+use crate::catalog::view::ViewKey;
 use crate::downstream::stdio::{LineReader, Next};
 use crate::downstream::Sink;
 use crate::error::Error;
@@ -35,6 +36,8 @@ fn refuse(id: &Id, e: Error) -> Bytes {
 /// Serves MCP on `input`/`output` until `input` ends or `shutdown` completes; then
 /// waits up to `grace` for requests still in flight. With `as_client`, the session is
 /// that `[clients.NAME]`: its allowlist and limits apply, as of the config in force.
+/// With `view`, it sees that view (`stdio --profile NAME`), as the HTTP endpoint of the
+/// profile does.
 pub async fn serve<R, W>(
     gw: Arc<Gateway>,
     input: R,
@@ -42,6 +45,7 @@ pub async fn serve<R, W>(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
     as_client: Option<String>,
+    view: Option<ViewKey>,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -51,16 +55,17 @@ pub async fn serve<R, W>(
     // parts, so their result is written from its own buffer (see `message::Answer`).
     let (large_tx, large_rx) = mpsc::channel::<message::Answer>(4);
     let writer = crate::background::spawn(write_lines(output, out_rx, large_rx));
-    let client = Arc::new(Client::new("stdio").transport("pipe"));
+    let client = Arc::new(Client::new("stdio").transport("pipe").in_view(view.clone()));
 
     // list_changed for everyone, and this session's own messages (resource updates).
     let mut changes = gw.subscribe();
     let mut own = client.subscribe_own();
     let fwd = out_tx.clone();
+    let sees = view.clone();
     let notifier = crate::background::spawn(async move {
         loop {
             let next = tokio::select! {
-                m = changes.recv() => m,
+                m = crate::catalog::view::recv_for(&mut changes, sees.as_ref()) => m,
                 m = own.recv() => m,
             };
             match next {
@@ -145,13 +150,14 @@ pub async fn serve<R, W>(
                     client: "stdio".to_owned(),
                     parent: None,
                     streams: true,
+                    view: view.clone(),
                 };
                 send_stateless(&gw, flow.serve(request), &out_tx, &large_tx).await;
             }
             Kind::Request { id, method, params } if method == "initialize" => {
                 client.set_capabilities(params.as_deref());
                 let identity = client_identity(&gw, as_client.as_deref()).ok().flatten();
-                let out = gw.initialize_result_for(params.as_deref(), identity.as_deref());
+                let out = gw.initialize_result_for(params.as_deref(), identity.as_deref(), view.as_ref());
                 if let Outcome::Result(r) = &out {
                     if let Ok(v) = serde_json::from_str::<Value>(r.get()) {
                         if let Some(version) = v.get("protocolVersion").and_then(Value::as_str) {

@@ -45,11 +45,11 @@ impl Gateway {
             let e = format!("{method}: params.arguments must be an object when present, not {kind}");
             return Error::invalid_params(e).into();
         }
-        let Some(route) = table.get(name).filter(|_| cx.visible(name)) else {
+        let Some(route) = table.get(name).filter(|r| cx.sees(name, r.server, tool)) else {
             // A name under the prefix of a server that is down is that server's problem,
             // not an unknown name: say so (unless the name is hidden).
-            if let Some(e) = down_server_for(topo, name).filter(|_| cx.visible(name)) {
-                return Outcome::Error(e.to_error_object());
+            if let Some(e) = down_server_for(topo, name).filter(|(s, _)| cx.sees(name, *s, tool)) {
+                return Outcome::Error(e.1.to_error_object());
             }
             let e = Error::invalid_params(format!("unknown {what}: {name}")).with_data(json!({ what: name }));
             return e.into();
@@ -93,7 +93,13 @@ impl Gateway {
         let server = match r.get("type").and_then(Value::as_str) {
             Some("ref/prompt") => {
                 let name = r.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-                let Some(route) = cx.topo.catalog.prompts.get(&name).filter(|_| cx.visible(&name)) else {
+                let Some(route) = cx
+                    .topo
+                    .catalog
+                    .prompts
+                    .get(&name)
+                    .filter(|r| cx.sees(&name, r.server, false))
+                else {
                     return Error::invalid_params(format!("unknown prompt: {name}")).into();
                 };
                 r.insert("name".into(), Value::String(route.name.clone()));
@@ -101,7 +107,7 @@ impl Gateway {
             }
             Some("ref/resource") => {
                 let uri = r.get("uri").and_then(Value::as_str).unwrap_or_default().to_owned();
-                match resource_owner(cx.topo, &uri).filter(|_| cx.visible(&uri)) {
+                match resource_owner(cx, &uri).filter(|&s| cx.sees(&uri, s, false)) {
                     Some(s) => s,
                     None => return Error::invalid_params(format!("unknown resource: {uri}")).into(),
                 }
@@ -127,10 +133,10 @@ fn not_an_object(raw: &str) -> Option<&'static str> {
     })
 }
 
-/// The error of a server that is not ready and whose prefix `name` carries.
-fn down_server_for(topo: &Topology, name: &str) -> Option<DsError> {
+/// The server (its index) that is not ready and whose prefix `name` carries, and its error.
+fn down_server_for(topo: &Topology, name: &str) -> Option<(usize, DsError)> {
     let sep = &topo.config.gateway.separator;
-    topo.servers.iter().find_map(|s| {
+    topo.servers.iter().enumerate().find_map(|(i, s)| {
         let prefix = s.settings().prefix.clone();
         let prefixed = !prefix.is_empty()
             && name
@@ -139,6 +145,6 @@ fn down_server_for(topo: &Topology, name: &str) -> Option<DsError> {
         if !prefixed {
             return None;
         }
-        s.connection().err()
+        s.connection().err().map(|e| (i, e))
     })
 }

@@ -255,6 +255,7 @@ impl Gateway {
                     topo: &topo,
                     client: &client,
                     identity: identity.as_deref(),
+                    view: client.view().map(|k| topo.view(k)),
                     sink: Some(sink),
                     info: CallInfo {
                         session: Some(client.id.clone()),

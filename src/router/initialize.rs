@@ -3,6 +3,7 @@
 use super::tasks::supports_tasks;
 use super::Gateway;
 use crate::auth::Identity;
+use crate::catalog::view::ViewKey;
 use crate::message::{self, Outcome};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -17,17 +18,25 @@ pub fn server_info() -> Value {
 }
 
 impl Gateway {
-    /// The `initialize` result as `identity` sees it: the instructions of a server whose
-    /// tools, prompts and resources its allowlist hides entirely are left out.
-    pub fn initialize_result_for(&self, params: Option<&RawValue>, identity: Option<&Identity>) -> Outcome {
+    /// The `initialize` result as `identity` sees it on the endpoint of `view` (none:
+    /// the whole catalog): the instructions of a server outside the view, or whose tools,
+    /// prompts and resources its allowlist hides entirely, are left out.
+    pub fn initialize_result_for(
+        &self,
+        params: Option<&RawValue>,
+        identity: Option<&Identity>,
+        view: Option<&ViewKey>,
+    ) -> Outcome {
         let topo = self.topology();
-        let shown = |server: &str| {
-            identity.is_none_or(|i| {
-                topo.catalog
-                    .entries
-                    .iter()
-                    .any(|e| &*e.server == server && i.permits(&e.public))
-            })
+        let view = view.map(|k| topo.view(k));
+        let shown = |index: usize, server: &str| {
+            view.as_ref().is_none_or(|v| v.has_server(index))
+                && identity.is_none_or(|i| {
+                    topo.catalog
+                        .entries
+                        .iter()
+                        .any(|e| &*e.server == server && i.permits(&e.public))
+                })
         };
         let requested = message::params_object(params)
             .ok()
@@ -62,7 +71,7 @@ impl Gateway {
                 json!({ "list": {}, "cancel": {}, "requests": { "tools": { "call": {} } } }),
             );
         }
-        for s in &topo.servers {
+        for (index, s) in topo.servers.iter().enumerate() {
             let state = s.state();
             let Some(info) = &state.info else { continue };
             for (cap, value) in [("completions", json!({})), ("logging", json!({}))] {
@@ -73,7 +82,7 @@ impl Gateway {
             if let Some(text) = info
                 .instructions
                 .as_deref()
-                .filter(|t| !t.trim().is_empty() && shown(&s.name))
+                .filter(|t| !t.trim().is_empty() && shown(index, &s.name))
             {
                 if !instructions.is_empty() {
                     instructions.push_str("\n\n");

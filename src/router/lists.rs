@@ -1,5 +1,5 @@
-//! The four list methods, answered from the merged catalog (as the caller's allowlist
-//! shows it), one page at a time.
+//! The four list methods, answered from the merged catalog (as the caller's view and
+//! allowlist show it), one page at a time.
 
 use super::{Call, Gateway};
 use crate::error::Error;
@@ -12,16 +12,15 @@ impl Gateway {
     /// tools/list, prompts/list, resources/list, resources/templates/list.
     pub(super) fn list(&self, cx: &Call<'_>, method: Method, params: Option<Box<RawValue>>) -> Outcome {
         let catalog = &cx.topo.catalog;
-        let views = cx.identity.and_then(|i| i.views(catalog));
-        let result = match (method, &views) {
-            (Method::ToolsList, Some(v)) => &v.tools,
-            (Method::ToolsList, None) => &catalog.tools_result,
-            (Method::PromptsList, Some(v)) => &v.prompts,
-            (Method::PromptsList, None) => &catalog.prompts_result,
-            (Method::ResourcesList, Some(v)) => &v.resources,
-            (Method::ResourcesList, None) => &catalog.resources_result,
-            (_, Some(v)) => &v.templates,
-            (_, None) => &catalog.templates_result,
+        // The allowlist's lists of the view (or of the whole catalog), else the view's own.
+        let allowed = cx.identity.and_then(|i| i.views(catalog, cx.view.as_ref()));
+        let result = match (method, &allowed, &cx.view) {
+            (m, Some(a), _) => a.of(m),
+            (m, None, Some(v)) => v.lists.of(m),
+            (Method::ToolsList, None, None) => &catalog.tools_result,
+            (Method::PromptsList, None, None) => &catalog.prompts_result,
+            (Method::ResourcesList, None, None) => &catalog.resources_result,
+            (_, None, None) => &catalog.templates_result,
         };
         match message::params_object(params.as_deref()) {
             Ok(p) => page(

@@ -3,7 +3,8 @@
 //! on the bus by their [`crate::shared::Shared::key`] (a digest, never the id).
 
 use super::Gateway;
-use crate::cluster::bus::{Note, To};
+use crate::catalog::view::{Announcement, Reach, ViewKey};
+use crate::cluster::bus::{Note, To, WireReach};
 use crate::cluster::Cluster;
 use crate::downstream::{Params, LOG_LEVELS};
 use crate::message::{self, Kind};
@@ -77,16 +78,24 @@ impl Gateway {
         );
     }
 
-    /// Cluster mode: a list_changed for every session goes to every replica's streams.
-    pub(super) fn announce_elsewhere(&self, line: &Bytes) {
+    /// Cluster mode: a list_changed goes to every replica's streams (of the sessions it
+    /// reaches).
+    pub(super) fn announce_elsewhere(&self, line: &Bytes, reach: &Reach) {
         if self.cluster.get().is_none() {
             return;
         }
-        crate::sync::lock(&self.announced).insert(line.clone(), Instant::now());
+        let wire = wire(reach);
+        crate::sync::lock(&self.announced).insert(same_change(line, &wire), Instant::now());
         let Ok(line) = String::from_utf8(line.to_vec()) else {
             return;
         };
-        self.publish(To::All, Note::All { line });
+        self.publish(
+            To::All,
+            Note::All {
+                line,
+                reach: Some(wire),
+            },
+        );
     }
 
     /// Cluster mode: a client's answer to a question no call here asked goes to the
@@ -192,15 +201,17 @@ impl Gateway {
                     let _ = c.own.send(Bytes::from(line));
                 }
             }
-            Note::All { line } => {
+            Note::All { line, reach } => {
                 let line = Bytes::from(line);
                 let recent = {
                     let mut seen = crate::sync::lock(&self.announced);
                     seen.retain(|_, t| t.elapsed() < SAME_CHANGE);
-                    seen.contains_key(&line)
+                    seen.contains_key(&same_change(&line, &reach.clone().unwrap_or_default()))
                 };
                 if !recent {
-                    let _ = self.broadcast.send(line);
+                    // A note without `reach` (a replica that knows no views) is for everyone.
+                    let reach = reach.map(|w| Arc::new(unwire(&w)));
+                    let _ = self.broadcast.send(Announcement { line, reach });
                 }
             }
             Note::Answer { sid, line } => {
@@ -299,4 +310,34 @@ impl Gateway {
             warn!(server = %s.name, %uri, error = %e, "following another replica's {method} failed");
         }
     }
+}
+
+/// A [`Reach`] as it rides the bus.
+fn wire(r: &Reach) -> WireReach {
+    let mut changed: Vec<String> = r.changed.iter().map(ViewKey::encode).collect();
+    let mut known: Vec<String> = r.known.iter().map(ViewKey::encode).collect();
+    changed.sort();
+    known.sort();
+    WireReach {
+        main: r.main,
+        changed,
+        known,
+    }
+}
+
+fn unwire(w: &WireReach) -> Reach {
+    let keys = |v: &[String]| v.iter().filter_map(|k| ViewKey::decode(k)).collect();
+    Reach {
+        main: w.main,
+        changed: keys(&w.changed),
+        known: keys(&w.known),
+    }
+}
+
+/// What makes two list_changed the same change: the line and whom it reaches.
+fn same_change(line: &Bytes, w: &WireReach) -> Bytes {
+    let mut key = line.to_vec();
+    key.push(b'\n');
+    key.extend_from_slice(format!("{}|{}|{}", w.main, w.changed.join(","), w.known.join(",")).as_bytes());
+    Bytes::from(key)
 }

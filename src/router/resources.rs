@@ -31,7 +31,7 @@ impl Gateway {
         let Some(uri) = p.get("uri").and_then(Value::as_str) else {
             return Error::invalid_params("resources/read needs params.uri").into();
         };
-        match resource_owner(cx.topo, uri).filter(|_| cx.visible(uri)) {
+        match resource_owner(cx, uri).filter(|&s| cx.sees(uri, s, false)) {
             Some(server) => self.forward(cx, server, Method::ResourcesRead, p).await,
             None => unknown(uri),
         }
@@ -52,7 +52,7 @@ impl Gateway {
         let Some(uri) = p.get("uri").and_then(Value::as_str).map(str::to_owned) else {
             return Error::invalid_params(format!("{method} needs params.uri")).into();
         };
-        let Some(server) = resource_owner(cx.topo, &uri).filter(|_| cx.visible(&uri)) else {
+        let Some(server) = resource_owner(cx, &uri).filter(|&s| cx.sees(&uri, s, false)) else {
             return unknown(&uri);
         };
         let s = &cx.topo.servers[server];
@@ -175,11 +175,15 @@ impl Gateway {
     }
 }
 
-/// A URI's server: listed URIs, then templates; failing both, the only server that
-/// offers resources at all (servers may serve URIs they do not list).
-pub(super) fn resource_owner(topo: &Topology, uri: &str) -> Option<usize> {
+/// A URI's server: listed URIs, then templates; failing both, the only server of the
+/// caller's view that offers resources at all (servers may serve URIs they do not list).
+pub(super) fn resource_owner(cx: &Call<'_>, uri: &str) -> Option<usize> {
+    let topo = cx.topo;
     topo.catalog.resource_owner(uri).or_else(|| {
-        let mut offering = topo.servers.iter().enumerate().filter(|(_, s)| {
+        let mut offering = topo.servers.iter().enumerate().filter(|&(i, s)| {
+            if !cx.in_view(i) {
+                return false;
+            }
             let st = s.state();
             st.status == Status::Ready && st.info.as_ref().is_some_and(|i| i.has("resources"))
         });

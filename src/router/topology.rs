@@ -3,6 +3,7 @@
 
 use super::Gateway;
 use crate::auth::Authenticator;
+use crate::catalog::view::{Announcement, Reach, Results, View, ViewKey, Views};
 use crate::catalog::{Catalog, Source};
 use crate::config::{Config, Isolation};
 use crate::limit::Limits;
@@ -22,6 +23,8 @@ pub struct Topology {
     pub limits: Arc<Limits>,
     /// `[clients.*]` and `[auth.oauth]`: tokens to identities, identities to policies.
     pub auth: Arc<Authenticator>,
+    /// The profiles' and tag queries' views of `catalog`.
+    pub views: Arc<Views>,
 }
 
 impl Topology {
@@ -37,10 +40,21 @@ impl Topology {
             isolated: any_isolated(&servers),
             limits: Arc::new(limits_for(&config)),
             auth: Arc::new(Authenticator::new(&config.auth)),
+            views: Arc::new(Views::build(
+                &config.profiles,
+                &config.servers,
+                &Catalog::default(),
+                &[],
+            )),
             config: Arc::new(config),
             servers,
             catalog: Arc::new(Catalog::default()),
         }
+    }
+
+    /// The view `key` names, now (a hash lookup for a profile).
+    pub fn view(&self, key: &ViewKey) -> Arc<View> {
+        self.views.get(key, &self.config.servers, &self.catalog)
     }
 
     /// The index of the server named `name`.
@@ -105,22 +119,24 @@ impl Gateway {
             info!("[clients] or [auth.oauth] changed");
             Arc::new(Authenticator::new(&config.auth))
         };
-        let (old_catalog, catalog) = {
+        let (before, after) = {
             // The catalog routes by position in `servers`: both change in one swap.
             let mut topo = crate::sync::write(&self.topo);
             let catalog = Arc::new(build_catalog(&config, &servers));
-            let old = topo.catalog.clone();
+            let views = Views::build(&config.profiles, &config.servers, &catalog, &topo.views.tag_keys());
+            let before = topo.clone();
             *topo = Arc::new(Topology {
                 isolated: any_isolated(&servers),
                 config: Arc::new(config),
                 servers,
-                catalog: catalog.clone(),
+                catalog,
                 limits,
                 auth,
+                views: Arc::new(views),
             });
-            (old, catalog)
+            (before, topo.clone())
         };
-        self.announce(&old_catalog, &catalog, true, None);
+        self.announce(&before, &after, true, None);
         // A changed server's new process takes over its sessions' subscriptions and log level.
         for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
             self.restore(s.name.clone()).await;
@@ -153,50 +169,101 @@ impl Gateway {
     /// [`Gateway::rebuild_catalog`]; a server's own list_changed (`announced`) is passed on
     /// even when the merged list looks the same (the server may have changed and changed
     /// back: its clients should look again).
-    fn rebuild(&self, notify: bool, announced: Option<ListKind>) {
-        let (old, new) = {
+    fn rebuild(&self, notify: bool, announced: Option<(Arc<str>, ListKind)>) {
+        let (before, after) = {
             // Built under the lock, so a concurrent reload or rebuild cannot be lost.
             let mut topo = crate::sync::write(&self.topo);
-            let new = Arc::new(build_catalog(&topo.config, &topo.servers));
-            let old = topo.catalog.clone();
+            let catalog = Arc::new(build_catalog(&topo.config, &topo.servers));
+            let views = Views::build(
+                &topo.config.profiles,
+                &topo.config.servers,
+                &catalog,
+                &topo.views.tag_keys(),
+            );
+            let before = topo.clone();
             *topo = Arc::new(Topology {
                 isolated: topo.isolated,
                 config: topo.config.clone(),
                 servers: topo.servers.clone(),
-                catalog: new.clone(),
+                catalog,
                 limits: topo.limits.clone(),
                 auth: topo.auth.clone(),
+                views: Arc::new(views),
             });
-            (old, new)
+            (before, topo.clone())
         };
-        self.announce(&old, &new, notify, announced);
+        self.announce(&before, &after, notify, announced);
     }
 
-    /// Logs a new catalog's notes and, with `notify`, tells every session which lists changed.
-    fn announce(&self, old: &Catalog, new: &Catalog, notify: bool, announced: Option<ListKind>) {
-        for note in new.notes.iter().chain(&new.problems) {
+    /// Logs a new catalog's notes and, with `notify`, tells each session which of the
+    /// lists it sees changed: the whole catalog's, or its view's.
+    fn announce(&self, old: &Topology, new: &Topology, notify: bool, announced: Option<(Arc<str>, ListKind)>) {
+        for note in new.catalog.notes.iter().chain(&new.catalog.problems) {
             warn!("{note}");
         }
         if !notify {
             return;
         }
-        let changes = [
-            (ListKind::Tools, old.tools_result.get() != new.tools_result.get()),
-            (ListKind::Prompts, old.prompts_result.get() != new.prompts_result.get()),
-            (
-                ListKind::Resources,
-                old.resources_result.get() != new.resources_result.get()
-                    || old.templates_result.get() != new.templates_result.get(),
-            ),
-        ];
-        for (kind, changed) in changes {
-            if changed || announced == Some(kind) {
-                info!(notification = kind.notification(), "catalog changed; notifying clients");
+        let (by, said) = match &announced {
+            Some((server, kind)) => (new.server_index(server), Some(*kind)),
+            None => (None, None),
+        };
+        let (old_main, new_main) = (Results::of_catalog(&old.catalog), Results::of_catalog(&new.catalog));
+        let new_views = new.views.all();
+        for kind in [ListKind::Tools, ListKind::Prompts, ListKind::Resources] {
+            let mut reach = Reach {
+                main: differs(old_main, new_main, kind) || said == Some(kind),
+                ..Reach::default()
+            };
+            for v in &new_views {
+                let before = old.views.kept(&v.key);
+                let changed = before.is_none_or(|b| differs(lists(&b.lists), lists(&v.lists), kind))
+                    || (said == Some(kind) && by.is_some_and(|i| v.has_server(i)));
+                reach.known.insert(v.key.clone());
+                if changed {
+                    reach.changed.insert(v.key.clone());
+                }
+            }
+            // A profile a reload removed: its sessions see nothing now.
+            let gone: Vec<&Arc<View>> = old.views.profiles().filter(|v| !reach.known.contains(&v.key)).collect();
+            for gone in gone {
+                let empty = View::empty(gone.key.clone());
+                reach.known.insert(gone.key.clone());
+                if differs(lists(&gone.lists), lists(&empty.lists), kind) {
+                    reach.changed.insert(gone.key.clone());
+                }
+            }
+            if reach.main || !reach.changed.is_empty() {
+                info!(
+                    notification = kind.notification(),
+                    whole = reach.main,
+                    views = reach.changed.len(),
+                    "catalog changed; notifying clients"
+                );
                 let line = Bytes::from(message::notification(kind.notification(), None));
-                self.announce_elsewhere(&line);
-                let _ = self.broadcast.send(line);
+                let reach = Arc::new(reach);
+                self.announce_elsewhere(&line, &reach);
+                let _ = self.broadcast.send(Announcement {
+                    line,
+                    reach: Some(reach),
+                });
             }
         }
+    }
+}
+
+/// A [`Results`]' four lists, as [`Results::of_catalog`] gives a catalog's.
+fn lists(r: &Results) -> [&serde_json::value::RawValue; 4] {
+    [&r.tools, &r.prompts, &r.resources, &r.templates]
+}
+
+/// Whether the list (or lists: resources and templates) of `kind` differ.
+fn differs(a: [&serde_json::value::RawValue; 4], b: [&serde_json::value::RawValue; 4], kind: ListKind) -> bool {
+    let at = |i: usize| a[i].get() != b[i].get();
+    match kind {
+        ListKind::Tools => at(0),
+        ListKind::Prompts => at(1),
+        ListKind::Resources => at(2) || at(3),
     }
 }
 

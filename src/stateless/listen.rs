@@ -19,6 +19,7 @@
 
 use super::results::Finish;
 use super::{Counted, Tracked};
+use crate::catalog::view::recv_for;
 use crate::client::Client;
 use crate::message::{self, Id, Outcome};
 use crate::router::Gateway;
@@ -192,7 +193,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
                 let _ = out.send(frame(&message::response(&l.id, &done))).await;
                 return;
             }
-            m = changes.recv() => m,
+            m = recv_for(&mut changes, l.client.view()) => m,
             m = own.recv() => m,
             () = idle => {
                 if let Some((_, comment)) = &keepalive {

@@ -34,6 +34,7 @@ mod isolation;
 mod operations;
 mod overrides;
 mod pagination;
+mod profiles;
 mod reload;
 mod remote;
 mod remote_interop;

@@ -358,14 +358,20 @@ pub(super) fn check_version(headers: &HeaderMap) -> Result<(), Error> {
 
 /// The checks every bodyless MCP request passes first (GET, DELETE): the per-IP limit,
 /// Origin and Host, and who the caller is. Returns its headers and identity.
-pub(super) async fn admit_bodyless(
-    http: &Http,
-    req: axum::extract::Request,
-) -> Result<(HeaderMap, Option<Arc<Identity>>), Response> {
+pub(super) async fn admit_bodyless(http: &Http, req: axum::extract::Request) -> Result<Admitted, Response> {
     let (parts, _) = req.into_parts();
     let (headers, extensions) = (parts.headers, parts.extensions);
     per_ip(http, &extensions)?;
     check_origin_host(&http.gw, &headers).map_err(IntoResponse::into_response)?;
     let who = identify(http, &headers, b"").await?;
-    Ok((headers, who))
+    let view = http.endpoint(&parts.uri).map_err(IntoResponse::into_response)?;
+    Ok(Admitted { headers, who, view })
+}
+
+/// A GET or DELETE past [`admit_bodyless`]'s checks.
+pub(super) struct Admitted {
+    pub(super) headers: HeaderMap,
+    pub(super) who: Option<Arc<Identity>>,
+    /// The view of its endpoint; none: the whole catalog.
+    pub(super) view: Option<crate::catalog::view::ViewKey>,
 }

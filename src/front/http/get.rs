@@ -5,6 +5,7 @@ use super::answer::{live_body, sse_response};
 use super::checks::{accepted, admit_bodyless, check_version};
 use super::session::{session, Session};
 use super::{reject, Http, KEEPALIVE};
+use crate::catalog::view::recv_for;
 use crate::error::code;
 use crate::front::replay::{self, Replay, Resumed};
 use axum::body::Body;
@@ -19,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 /// GET: the session's stream of server-initiated messages (list_changed), or with
 /// `Last-Event-ID` the rest of the stream that id belongs to (see [`replay`]).
 pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Request) -> Response {
-    let (headers, who) = match admit_bodyless(&http, req).await {
-        Ok(a) => a,
+    let (headers, who, view) = match admit_bodyless(&http, req).await {
+        Ok(a) => (a.headers, a.who, a.view),
         Err(resp) => return resp,
     };
     if !accepted(&headers).is_some_and(|a| a.sse) {
@@ -31,7 +32,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
         )
         .into_response();
     }
-    let (sid, session) = match session(&http, &headers, who.as_ref()).await {
+    let (sid, session) = match session(&http, &headers, who.as_ref(), view.as_ref()).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
@@ -131,7 +132,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
             let next = tokio::select! {
                 () = drained => return None,
                 () = ended.cancelled() => return None,
-                next = tokio::time::timeout(KEEPALIVE, rx.recv()) => next,
+                next = tokio::time::timeout(KEEPALIVE, recv_for(&mut rx, open.0.client.view())) => next,
                 // This session's own messages (resources it subscribed to).
                 next = own.recv() => Ok(next),
             };

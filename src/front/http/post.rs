@@ -39,7 +39,7 @@ async fn drain(body: &mut Body, max: usize) -> bool {
 pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response {
     // Taken apart, not extracted: the `HeaderMap` and `Extensions` extractors clone.
     let (parts, body) = req.into_parts();
-    let (headers, extensions) = (parts.headers, parts.extensions);
+    let (headers, extensions, uri) = (parts.headers, parts.extensions, parts.uri);
     if let Err(r) = per_ip(&http, &extensions) {
         return r;
     }
@@ -97,11 +97,22 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
         Ok(w) => w,
         Err(resp) => return resp,
     };
+    // After the credential: who may not call learns no profile names.
+    let view = match http.endpoint(&uri) {
+        Ok(v) => v,
+        Err(e) => {
+            let id = match Kind::parse(&body) {
+                Ok(Kind::Request { id, .. }) => id,
+                _ => Id::NULL,
+            };
+            return refuse(&id, e);
+        }
+    };
     let is_array = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
     let mut version = None;
     if is_array && headers.contains_key(&SESSION_HEADER) {
         // A batch: JSON-RPC batching is part of 2025-03-26 only.
-        let (_, session) = match session(&http, &headers, who.as_ref()).await {
+        let (_, session) = match session(&http, &headers, who.as_ref(), view.as_ref()).await {
             Ok(s) => s,
             Err(r) => return r.into_response(),
         };
@@ -135,7 +146,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
             let peer = extensions
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|c| c.0.ip());
-            return super::stateless::serve(http, &headers, accept, msg, who, peer).await;
+            return super::stateless::serve(http, &headers, accept, msg, who, peer, view).await;
         }
     }
     if let Kind::Request { id, method, params } = &msg {
@@ -144,14 +155,14 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|c| c.0.ip());
             // Boxed, like every rare path: its Redis calls would grow every request's future.
-            return Box::pin(initialize(&http, id, params.as_deref(), who, peer)).await;
+            return Box::pin(initialize(&http, id, params.as_deref(), who, peer, view)).await;
         }
     }
     let id = match &msg {
         Kind::Request { id, .. } => id.clone(),
         _ => Id::NULL,
     };
-    let (sid, session) = match session(&http, &headers, who.as_ref()).await {
+    let (sid, session) = match session(&http, &headers, who.as_ref(), view.as_ref()).await {
         Ok(s) => s,
         Err(r) => return refuse(&id, r),
     };

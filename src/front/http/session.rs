@@ -4,6 +4,7 @@
 use super::checks::admit_bodyless;
 use super::{json_response, refuse, reject, Http, SESSION_HEADER};
 use crate::auth::Identity;
+use crate::catalog::view::ViewKey;
 use crate::error::{code, Error};
 use crate::front::replay::Replay;
 use crate::message::{self, Id, Outcome};
@@ -50,6 +51,7 @@ impl Session {
             share: self.share.to_string(),
             protocol_version: self.protocol_version.clone(),
             capabilities: crate::sync::read(&self.client.capabilities).clone(),
+            view: self.client.view().map(ViewKey::encode),
         }
     }
 
@@ -201,13 +203,16 @@ impl Http {
     }
 }
 
-/// Finds the session a request names: 400 without the header, 404 when unknown or
-/// when it belongs to another identity (not found, for them). In cluster mode a session
-/// this replica does not know is looked up in Redis once, and served from its record.
+/// Finds the session a request names: 400 without the header, 404 when unknown, when
+/// it belongs to another identity, or when it was opened on another endpoint (`view`:
+/// the request's; a session of `/mcp/a` is not found at `/mcp/b` or `/mcp`). In cluster
+/// mode a session this replica does not know is looked up in Redis once, and served
+/// from its record.
 pub(super) async fn session(
     http: &Http,
     headers: &HeaderMap,
     who: Option<&Arc<Identity>>,
+    view: Option<&ViewKey>,
 ) -> Result<(String, Arc<Session>), Error> {
     let Some(id) = headers.get(&SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
         return Err(reject(
@@ -217,7 +222,7 @@ pub(super) async fn session(
         ));
     };
     match http.sessions.get(id) {
-        Some(s) if s.owner.as_deref() == who.map(|i| i.name.as_str()) => {
+        Some(s) if s.owner.as_deref() == who.map(|i| i.name.as_str()) && s.client.view() == view => {
             s.last_seen.store(http.now_ms(), Ordering::Relaxed);
             if who.is_some() {
                 // The same name, with the policy of the config now in force.
@@ -227,7 +232,7 @@ pub(super) async fn session(
         }
         // Boxed: the lookup in Redis is a large future, and inline it would make every
         // request's future that large.
-        None if http.gw.cluster().is_some() => Box::pin(adopt(http, id, who)).await,
+        None if http.gw.cluster().is_some() => Box::pin(adopt(http, id, who, view)).await,
         _ => Err(unknown_session()),
     }
 }
@@ -237,7 +242,12 @@ fn unknown_session() -> Error {
 }
 
 /// Cluster mode: serves a session another replica opened, from its record in Redis.
-async fn adopt(http: &Http, id: &str, who: Option<&Arc<Identity>>) -> Result<(String, Arc<Session>), Error> {
+async fn adopt(
+    http: &Http,
+    id: &str,
+    who: Option<&Arc<Identity>>,
+    view: Option<&ViewKey>,
+) -> Result<(String, Arc<Session>), Error> {
     let Some(cluster) = http.gw.cluster() else {
         return Err(unknown_session());
     };
@@ -259,11 +269,17 @@ async fn adopt(http: &Http, id: &str, who: Option<&Arc<Identity>>) -> Result<(St
             })
         }
     };
-    if record.owner.as_deref() != who.map(|i| i.name.as_str()) {
+    // The endpoint it was opened on; a record naming a view this replica cannot read
+    // (a newer replica's) is not served here.
+    let opened_at = match record.view.as_deref() {
+        None => None,
+        Some(text) => Some(ViewKey::decode(text).ok_or_else(unknown_session)?),
+    };
+    if record.owner.as_deref() != who.map(|i| i.name.as_str()) || opened_at.as_ref() != view {
         return Err(unknown_session());
     }
     let level = http.gw.session_log_level(id).await;
-    let client = Arc::new(Client::new(id.to_owned()));
+    let client = Arc::new(Client::new(id.to_owned()).in_view(view.cloned()));
     *crate::sync::write(&client.capabilities) = record.capabilities.clone();
     *crate::sync::write(&client.log_level) = level;
     let _ = client.protocol_version.set(record.protocol_version.clone());
@@ -312,6 +328,7 @@ pub(super) async fn initialize(
     params: Option<&serde_json::value::RawValue>,
     who: Option<Arc<Identity>>,
     peer: Option<std::net::IpAddr>,
+    view: Option<ViewKey>,
 ) -> Response {
     // Like any other request of the client: over its rate limits, the same -32029.
     // In cluster mode, over every replica's requests (one Redis round trip).
@@ -360,7 +377,7 @@ pub(super) async fn initialize(
             }
         }
     }
-    let outcome = http.gw.initialize_result_for(params, who.as_deref());
+    let outcome = http.gw.initialize_result_for(params, who.as_deref(), view.as_ref());
     let version = match &outcome {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get())
             .ok()
@@ -372,7 +389,7 @@ pub(super) async fn initialize(
     let client_name = owner.clone();
     let session = Session {
         client: {
-            let c = Arc::new(Client::new(sid.clone()));
+            let c = Arc::new(Client::new(sid.clone()).in_view(view.clone()));
             c.set_capabilities(params);
             let _ = c.protocol_version.set(version.clone());
             c.set_identity(who);
@@ -411,9 +428,10 @@ pub(super) async fn initialize(
         http.gw.remember(&session.client);
     }
     http.sessions.insert(sid.clone(), Arc::new(session));
+    let endpoint = view.as_ref().map_or(String::new(), ViewKey::to_string);
     match &client_name {
-        Some(client) => info!(session = %sid, %version, %client, "session opened"),
-        None => info!(session = %sid, %version, "session opened"),
+        Some(client) => info!(session = %sid, %version, %client, %endpoint, "session opened"),
+        None => info!(session = %sid, %version, %endpoint, "session opened"),
     }
     let mut resp = json_response(message::response(id, &outcome));
     if let Ok(v) = HeaderValue::from_str(&sid) {
@@ -423,11 +441,11 @@ pub(super) async fn initialize(
 }
 
 pub(super) async fn delete(State(http): State<Http>, req: axum::extract::Request) -> Response {
-    let (headers, who) = match admit_bodyless(&http, req).await {
-        Ok(a) => a,
+    let (headers, who, view) = match admit_bodyless(&http, req).await {
+        Ok(a) => (a.headers, a.who, a.view),
         Err(resp) => return resp,
     };
-    let (sid, _) = match session(&http, &headers, who.as_ref()).await {
+    let (sid, _) = match session(&http, &headers, who.as_ref(), view.as_ref()).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };

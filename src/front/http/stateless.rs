@@ -6,6 +6,7 @@ use super::answer::{self, answer_body, event, sse_answer, sse_response, stateles
 use super::checks::Accepted;
 use super::{json_response, refuse, reject, Http, KEEPALIVE};
 use crate::auth::Identity;
+use crate::catalog::view::ViewKey;
 use crate::downstream::SINK_QUEUE;
 use crate::error::code;
 use crate::message::{self, Kind};
@@ -43,6 +44,7 @@ pub(super) async fn serve(
     msg: Kind,
     who: Option<Arc<Identity>>,
     peer: Option<std::net::IpAddr>,
+    view: Option<ViewKey>,
 ) -> Response {
     let (id, method, params) = match msg {
         Kind::Request { id, method, params } => (id, method, params),
@@ -72,6 +74,7 @@ pub(super) async fn serve(
         principal,
         parent: crate::telemetry::from_headers(headers),
         streams: accept.is_some_and(|a| a.sse),
+        view,
     };
     match http.stateless.serve(request) {
         Answer::Refused(id, e) => refuse(&id, e),

@@ -84,11 +84,59 @@ fn status_json(http: &Http) -> Value {
     for s in http.sessions.iter() {
         *by_version.entry(s.protocol_version.clone()).or_default() += 1;
     }
-    let mut out = json!({ "servers": servers, "sessions": http.sessions.len(), "sessionsByVersion": by_version });
+    let profiles = profiles_json(http, &topo);
+    let mut out = json!({
+        "servers": servers,
+        "sessions": http.sessions.len(),
+        "sessionsByVersion": by_version,
+        "profiles": profiles,
+    });
     if let Some(c) = http.gw.cluster() {
         out["cluster"] = c.status();
     }
     out
+}
+
+/// Each profile: its endpoint, its servers, what it shows, and its open sessions.
+fn profiles_json(http: &Http, topo: &crate::router::Topology) -> Vec<Value> {
+    if topo.config.profiles.is_empty() {
+        return Vec::new();
+    }
+    let mut open: std::collections::HashMap<crate::catalog::view::ViewKey, usize> = std::collections::HashMap::new();
+    for s in http.sessions.iter() {
+        if let Some(k) = s.client.view() {
+            *open.entry(k.clone()).or_default() += 1;
+        }
+    }
+    topo.views
+        .profiles()
+        .map(|v| {
+            let [tools, prompts, resources, templates] = v.counts;
+            let servers: Vec<&str> = topo
+                .servers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| v.has_server(*i))
+                .map(|(_, s)| &*s.name)
+                .collect();
+            let name = match &v.key {
+                crate::catalog::view::ViewKey::Profile(n) => n.to_string(),
+                other => other.to_string(),
+            };
+            let sessions = open.get(&v.key).copied().unwrap_or(0);
+            json!({
+                "name": name,
+                "path": format!("{}/{name}", http.base),
+                "servers": servers,
+                "tools": tools,
+                "prompts": prompts,
+                "resources": resources,
+                "resourceTemplates": templates,
+                "search": v.search,
+                "sessions": sessions,
+            })
+        })
+        .collect()
 }
 
 pub(super) async fn status(State(http): State<Http>) -> Response {
@@ -124,6 +172,35 @@ pub(super) async fn status_page(State(http): State<Http>) -> Response {
             err = cell("lastError"),
         ));
     }
+    let mut profiles = String::new();
+    for p in status["profiles"].as_array().into_iter().flatten() {
+        let cell = |k: &str| match &p[k] {
+            Value::String(v) => html_escape(v),
+            other => html_escape(&other.to_string()),
+        };
+        let servers: Vec<String> = p["servers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(html_escape)
+            .collect();
+        profiles.push_str(&format!(
+            "<tr><td>{name}</td><td><code>{path}</code></td><td>{servers}</td><td>{tools}</td><td>{prompts}</td><td>{resources}</td><td>{sessions}</td></tr>\n",
+            name = cell("name"),
+            path = cell("path"),
+            servers = servers.join(", "),
+            tools = cell("tools"),
+            prompts = cell("prompts"),
+            resources = cell("resources"),
+            sessions = cell("sessions"),
+        ));
+    }
+    if !profiles.is_empty() {
+        profiles = format!(
+            "<h2>Profiles</h2>\n<table><tr><th>profile</th><th>endpoint</th><th>servers</th><th>tools</th><th>prompts</th><th>resources</th><th>sessions</th></tr>\n{profiles}</table>\n"
+        );
+    }
     let page = format!(
         r#"<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5"><title>mcp-gateway</title>
@@ -132,7 +209,8 @@ tr.ready td:nth-child(2){{color:#070}}tr.down td:nth-child(2){{color:#b00}}</sty
 <body><h1>mcp-gateway {version}</h1>
 <p>Endpoint <code>{path}</code> · {sessions} session(s) · <a href="/status">/status</a> · <a href="/metrics">/metrics</a> · <a href="/readyz">/readyz</a></p>
 <table><tr><th>server</th><th>state</th><th>transport</th><th>pid</th><th>uptime (s)</th><th>tools</th><th>prompts</th><th>resources</th><th>restarts</th><th>last error</th></tr>
-{rows}</table></body></html>
+{rows}</table>
+{profiles}</body></html>
 "#,
         version = env!("CARGO_PKG_VERSION"),
         path = html_escape(&http.gw.config().gateway.path),
