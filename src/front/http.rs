@@ -83,6 +83,8 @@ pub struct Shared {
     /// Set when the drain begins (SIGTERM with a `drain_delay`): `/readyz` answers 503
     /// and responses carry `Connection: close`, while everything is still served.
     draining: AtomicBool,
+    /// Cluster mode: this process's part of SSE event ids (see [`crate::front::replay`]).
+    origin: Option<Arc<str>>,
 }
 
 impl Http {
@@ -95,6 +97,7 @@ impl Http {
         };
         let stateless = crate::stateless::Stateless::new(gw.clone(), transport, closing.clone());
         let mut ended = gw.ended();
+        let origin = gw.cluster().is_some().then(crate::front::replay::new_origin);
         let http = Http(Arc::new(Shared {
             gw,
             sessions: Arc::new(DashMap::default()),
@@ -104,6 +107,7 @@ impl Http {
             shares: DashMap::new(),
             refreshed: std::sync::atomic::AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            origin,
         }));
         // Cluster mode: a Redis back from an outage gets this replica's sessions again.
         if let Some(cluster) = http.gw.cluster() {
