@@ -48,6 +48,9 @@ pub struct Cluster {
     pub bus: bus::Bus,
     /// Session records (see [`sessions`]).
     pub sessions: sessions::Sessions,
+    /// This process's mark in its heartbeat: a replica id two processes share is noticed.
+    nonce: String,
+    duplicate: AtomicBool,
     /// Told each time Redis is reachable again after an outage (it may have lost its data).
     recovered: tokio::sync::broadcast::Sender<()>,
     /// When the shared limits last failed to reach Redis (see [`limits`]).
@@ -89,6 +92,13 @@ impl Cluster {
             warned: AtomicBool::new(false),
             replicas_seen: AtomicU64::new(0),
             recovered: tokio::sync::broadcast::channel(4).0,
+            nonce: {
+                use rand::RngCore;
+                let mut b = [0u8; 8];
+                rand::rng().fill_bytes(&mut b);
+                hex(&b)
+            },
+            duplicate: AtomicBool::new(false),
             limits: limits::Health::default(),
         });
         let weak = Arc::downgrade(&cluster);
@@ -102,6 +112,9 @@ impl Cluster {
             }
         });
         info!(replica = %cluster.replica, "cluster mode: state shared through Redis");
+        if cfg.advertise.is_some() {
+            warn!("cluster.advertise is not used: replicas reach each other through Redis (docs/cluster.md)");
+        }
         Ok(cluster)
     }
 
@@ -183,17 +196,27 @@ impl Cluster {
         let key = self.name("replicas");
         let now = now_ms();
         let gone = now.saturating_sub(u64::try_from(REPLICA_GONE.as_millis()).unwrap_or(u64::MAX));
+        let nonces = self.name("replica-nonces");
         let mut conn = self.conn();
-        let r: redis::RedisResult<(u64,)> = redis::pipe()
+        let r: redis::RedisResult<(Option<u64>, Option<String>, u64)> = redis::pipe()
+            .zscore(&key, &self.replica)
+            .hget(&nonces, &self.replica)
             .zadd(&key, &self.replica, now)
+            .ignore()
+            .hset(&nonces, &self.replica, &self.nonce)
             .ignore()
             .zrembyscore(&key, "-inf", format!("({gone}"))
             .ignore()
             .zcard(&key)
             .query_async(&mut conn)
             .await;
-        if let Ok((n,)) = self.track(r) {
+        if let Ok((seen, nonce, n)) = self.track(r) {
             self.replicas_seen.store(n, Ordering::Relaxed);
+            // Another live process wrote a heartbeat under this id since ours.
+            let other = nonce.is_some_and(|x| x != self.nonce) && seen.is_some_and(|t| t >= gone);
+            if other && !self.duplicate.swap(true, Ordering::Relaxed) {
+                warn!(replica = %self.replica, "another running replica has this replica id: give each its own cluster.replica_id (or leave it unset)");
+            }
         }
     }
 
@@ -268,6 +291,14 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+/// 128 random bits in hex: correlation ids of the bus's requests.
+pub fn random_id() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    hex(&b)
 }
 
 /// SHA-256 of `s`, in hex: how bearer-like values (session ids, client shares) name keys.

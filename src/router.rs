@@ -469,19 +469,24 @@ impl Gateway {
                 }
             }
             Method::RootsListChanged => {
-                // The servers this session's calls went to may cache its roots.
-                let used: Vec<Arc<str>> = crate::sync::lock(&client.used).iter().cloned().collect();
-                let topo = self.topology();
-                for s in topo.servers.iter().filter(|s| used.contains(&s.name)) {
-                    if let Ok(conn) = s.connection() {
-                        crate::background::spawn(
-                            async move { conn.notify(Method::RootsListChanged.as_str(), None).await },
-                        );
-                    }
-                }
+                self.roots_changed(client);
+                // Cluster mode: its calls on other replicas reached their children.
+                self.roots_changed_elsewhere(client);
             }
             Method::Initialized | Method::Progress => {}
             _ => debug!(session = %client.id, method, "ignoring client notification"),
+        }
+    }
+
+    /// Tells the servers this session's calls went to (here) that its roots changed: they
+    /// may cache them.
+    fn roots_changed(&self, client: &Client) {
+        let used: Vec<Arc<str>> = crate::sync::lock(&client.used).iter().cloned().collect();
+        let topo = self.topology();
+        for s in topo.servers.iter().filter(|s| used.contains(&s.name)) {
+            if let Ok(conn) = s.connection() {
+                crate::background::spawn(async move { conn.notify(Method::RootsListChanged.as_str(), None).await });
+            }
         }
     }
 
@@ -489,16 +494,8 @@ impl Gateway {
     /// nobody else needs, and end its per-session processes.
     pub async fn forget_client(&self, client: &Client) {
         let unneeded = self.shared.forget_session(&client.id).await;
-        crate::sync::lock(&self.live).remove(&self.shared.key(&client.id));
-        let topo = self.topology();
-        for s in topo
-            .servers
-            .iter()
-            .filter(|s| s.cfg.isolation == crate::config::Isolation::Session)
-        {
-            s.end_session(&client.id).await;
-        }
-        self.unsubscribe_unneeded(&topo, unneeded).await;
+        self.forget_copy(client).await;
+        self.unsubscribe_unneeded(&self.topology(), unneeded).await;
     }
 }
 

@@ -22,7 +22,24 @@ pub struct TaskRoute {
     pub task_id: String,
     /// The session that created it.
     pub owner: String,
+    /// Cluster mode: the replica whose downstream holds it (`None`: this one).
+    pub replica: Option<String>,
 }
+
+/// A task's route as Redis keeps it (cluster mode): the session as its digest.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredTask {
+    server: String,
+    task_id: String,
+    owner: String,
+    replica: String,
+}
+
+/// The sealing key's purpose (see `Cluster::derive`).
+const TASK_PURPOSE: &str = "task-route/1";
+
+/// How long a task's route is kept in Redis (tasks outliving this are not found elsewhere).
+const TASK_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// The public id of a downstream's task: its own, namespaced by its server. It is a key
 /// in the task table, never split to route.
@@ -234,14 +251,61 @@ impl Shared {
             server: server.clone(),
             task_id: task_id.to_owned(),
             owner: owner.to_owned(),
+            replica: None,
         };
         self.inner().tasks.insert(public.clone(), route);
+        if let Some(c) = self.cluster.get() {
+            // Other replicas reach it through this one (its downstream holds it).
+            let stored = StoredTask {
+                server: server.to_string(),
+                task_id: task_id.to_owned(),
+                owner: digest(owner),
+                replica: c.replica.clone(),
+            };
+            // Sealed: a task's route decides whose its results are.
+            let json = serde_json::to_string(&stored).unwrap_or_default();
+            let tag = ring::hmac::sign(&c.derive(TASK_PURPOSE), format!("{public}\n{json}").as_bytes());
+            let json = format!("{}.{json}", crate::cluster::hex(tag.as_ref()));
+            let r: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(c.name(&format!("task:{}", digest(&public))))
+                .arg(json)
+                .arg("PX")
+                .arg(TASK_TTL_MS)
+                .query_async(&mut c.conn())
+                .await;
+            let _ = c.track(r);
+        }
         public
     }
 
     /// The task `public` of session `owner`, if it exists and is that session's.
     pub async fn task(&self, public: &str, owner: &str) -> Option<TaskRoute> {
-        self.inner().tasks.get(public).filter(|r| r.owner == owner).cloned()
+        let here = self.inner().tasks.get(public).filter(|r| r.owner == owner).cloned();
+        if here.is_some() {
+            return here;
+        }
+        let c = self.cluster.get()?;
+        let r: redis::RedisResult<Option<String>> = c.conn().get(c.name(&format!("task:{}", digest(public)))).await;
+        let text = c.track(r).ok()??;
+        let (tag, json) = text.split_once('.')?;
+        let key = c.derive(TASK_PURPOSE);
+        if ring::hmac::verify(
+            &key,
+            format!("{public}\n{json}").as_bytes(),
+            &crate::cluster::unhex(tag)?,
+        )
+        .is_err()
+        {
+            tracing::warn!("a task route in Redis does not verify with the cluster key; refusing it");
+            return None;
+        }
+        let stored: StoredTask = serde_json::from_str(json).ok()?;
+        (stored.owner == digest(owner)).then(|| TaskRoute {
+            server: stored.server.into(),
+            task_id: stored.task_id,
+            owner: owner.to_owned(),
+            replica: (stored.replica != c.replica).then_some(stored.replica),
+        })
     }
 
     /// The route of a downstream's task, by its server and own id.

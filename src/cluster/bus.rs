@@ -38,6 +38,8 @@ pub enum Note {
     Answer { sid: String, line: String },
     /// `notifications/cancelled` of session `sid` (its params).
     Cancel { sid: String, params: Option<String> },
+    /// Session `sid` sent `notifications/roots/list_changed`.
+    RootsChanged { sid: String },
     /// Session `sid` ended (DELETE, expiry): replicas forget their copy.
     Ended { sid: String },
     /// Session `sid` chose log level `rank`.

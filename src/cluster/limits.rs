@@ -397,6 +397,7 @@ pub(crate) mod tests {
                 on_redis_down: OnRedisDown::Local,
                 prefix: "t".into(),
                 replica_id: Some("r".into()),
+                advertise: None,
             })
             .unwrap()
         }
@@ -579,6 +580,7 @@ pub(crate) mod tests {
             on_redis_down: OnRedisDown::Refuse,
             prefix: "t".into(),
             replica_id: None,
+            advertise: None,
         })
         .unwrap();
         let started = std::time::Instant::now();

@@ -22,6 +22,7 @@ pub(super) struct RawCluster {
     on_redis_down: Option<Spanned<String>>,
     prefix: Option<Spanned<String>>,
     replica_id: Option<Spanned<String>>,
+    advertise: Option<Spanned<String>>,
 }
 
 /// What a replica does while Redis cannot be reached.
@@ -47,6 +48,9 @@ pub struct Cluster {
     pub prefix: String,
     /// This replica's name in Redis and on `/status`; default: the host name and pid.
     pub replica_id: Option<String>,
+    /// Accepted and unused: replicas reach each other through Redis, never directly
+    /// (a warning says so at start).
+    pub advertise: Option<String>,
 }
 
 /// `None` without the table (or with errors, reported in `cx`).
@@ -105,11 +109,21 @@ pub(super) fn parse(cx: &mut Ctx, raw: Option<RawCluster>, env: &dyn Fn(&str) ->
         cx.at(at, format!("cluster.prefix: {prefix:?} may only use [A-Za-z0-9_.-]"));
     }
     let replica_id = raw.replica_id.map(Spanned::into_inner);
+    if let Some(r) = &replica_id {
+        if r.is_empty() || r.len() > 128 || !r.chars().all(|c| c.is_ascii_graphic()) {
+            let at = 0;
+            cx.at(
+                at,
+                format!("cluster.replica_id: {r:?} must be 1 to 128 visible ASCII characters"),
+            );
+        }
+    }
     Some(Cluster {
         redis: Secret::new(redis?),
         key: Secret::new(key?),
         on_redis_down,
         prefix,
         replica_id,
+        advertise: raw.advertise.map(Spanned::into_inner),
     })
 }

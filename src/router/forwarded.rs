@@ -132,12 +132,7 @@ impl Gateway {
     ) -> Option<Outcome> {
         let c = self.cluster.get()?.clone();
         let s = cx.topo.servers.get(server)?;
-        let corr = {
-            use rand::RngCore;
-            let mut b = [0u8; 16];
-            rand::rng().fill_bytes(&mut b);
-            crate::cluster::hex(&b)
-        };
+        let corr = crate::cluster::random_id();
         let (tx, mut rx) = mpsc::channel(64);
         crate::sync::lock(&self.forwarding).insert(corr.clone(), tx);
         let guard = Pending {
@@ -162,7 +157,9 @@ impl Gateway {
             guard.over = true;
             drop(guard);
             debug!(server = %s.name, %holder, "the replica holding the session's process is gone; starting one here");
-            self.claim(&s.name, &cx.client.id).await;
+            if s.cfg.isolation == crate::config::Isolation::Session {
+                self.claim(&s.name, &cx.client.id).await;
+            }
             return None;
         }
         let sink = cx.sink.take();
@@ -202,7 +199,9 @@ impl Gateway {
                     guard.over = true;
                     drop(guard);
                     debug!(server = %s.name, %holder, "the holder no longer serves the session; starting its process here");
-                    self.claim(&s.name, &cx.client.id).await;
+                    if s.cfg.isolation == crate::config::Isolation::Session {
+                        self.claim(&s.name, &cx.client.id).await;
+                    }
                     return None;
                 }
             }

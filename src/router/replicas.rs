@@ -112,6 +112,16 @@ impl Gateway {
         self.publish(To::All, Note::Cancel { sid, params });
     }
 
+    /// Cluster mode: the servers a session's calls reached on other replicas hear that its
+    /// roots changed.
+    pub(super) fn roots_changed_elsewhere(&self, client: &super::Client) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let sid = self.shared.key(&client.id);
+        self.publish(To::All, Note::RootsChanged { sid });
+    }
+
     /// Cluster mode: tells the other replicas that session `id` ended.
     pub fn ended_elsewhere(&self, id: &str) {
         if self.cluster.get().is_none() {
@@ -211,6 +221,11 @@ impl Gateway {
                 if let Some(t) = token {
                     debug!(session = %c.id, request = %id, "a client cancelled a request through another replica");
                     t.cancel();
+                }
+            }
+            Note::RootsChanged { sid } => {
+                if let Some(c) = self.live(&sid) {
+                    self.roots_changed(&c);
                 }
             }
             Note::Ended { sid } => {

@@ -44,7 +44,16 @@ impl Gateway {
             return Error::invalid_params(format!("unknown task: {public}")).into();
         };
         p.insert("taskId".into(), Value::String(route.task_id));
-        match self.forward(cx, server, method, p).await {
+        // Cluster mode: the task is in another replica's downstream; it answers.
+        let out = match route.replica {
+            Some(replica) => Box::pin(self.forward_to(replica, cx, server, method, p.clone())).await,
+            None => None,
+        };
+        let out = match out {
+            Some(out) => out,
+            None => self.forward(cx, server, method, p).await,
+        };
+        match out {
             Outcome::Result(r) => {
                 let mut body = open(r.get());
                 rewrite_task_object(&mut body, &route.server);

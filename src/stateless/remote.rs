@@ -56,13 +56,6 @@ pub struct Remote {
     over: bool,
 }
 
-fn random_id() -> String {
-    use rand::RngCore;
-    let mut b = [0u8; 16];
-    rand::rng().fill_bytes(&mut b);
-    crate::cluster::hex(&b)
-}
-
 impl Remote {
     /// Asks the replica holding call `id` to resume round `round` with `responses`.
     pub fn resume(
@@ -74,7 +67,7 @@ impl Remote {
     ) -> Option<Remote> {
         let cluster = parked.cluster.clone()?;
         let owner = Parked::owner_of(id)?;
-        let corr = random_id();
+        let corr = crate::cluster::random_id();
         let (tx, rx) = mpsc::channel(64);
         crate::sync::lock(&parked.driving).insert(corr.clone(), tx.clone());
         let note = Note::Resume {

@@ -27,6 +27,7 @@
 use super::results::{invalid_state, Finish};
 use super::Tracked;
 use crate::client::Client;
+use crate::cluster::{hex, unhex};
 use crate::downstream::{Sink, SINK_QUEUE};
 use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};
@@ -287,20 +288,6 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 impl Parked {

@@ -151,16 +151,7 @@ async fn a_session_is_its_owners_on_every_replica_and_a_forged_record_is_refused
             )
             .build()
             .unwrap();
-        let resp = http
-            .post(&url)
-            .header("accept", "application/json, text/event-stream")
-            .json(
-                &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-                "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
-            )
-            .send()
-            .await
-            .unwrap();
+        let resp = initialize(&http, &url).await;
         let id = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
         Session {
             http,
@@ -651,8 +642,12 @@ async fn with_refuse_a_session_needing_redis_gets_503_while_it_is_down() {
         .await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("on_redis_down"), "{body}");
-    let resp = reqwest::Client::new()
-        .post(&gws[0].url)
+    assert_eq!(try_open(&gws[0]).await.0, 503, "no new session without Redis");
+}
+
+/// POSTs an `initialize` to `url` with `http`.
+async fn initialize(http: &reqwest::Client, url: &str) -> reqwest::Response {
+    http.post(url)
         .header("accept", "application/json, text/event-stream")
         .json(
             &serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
@@ -660,8 +655,130 @@ async fn with_refuse_a_session_needing_redis_gets_503_while_it_is_down() {
         )
         .send()
         .await
+        .unwrap()
+}
+
+/// `initialize` on `gw`: its HTTP status, and the session id when it opened one.
+async fn try_open(gw: &Gateway) -> (u16, Option<String>, String) {
+    let resp = initialize(&reqwest::Client::new(), &gw.url).await;
+    let status = resp.status().as_u16();
+    let id = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, id, resp.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_sessions_holds_over_all_replicas() {
+    let redis = Redis::start();
+    let gws = replicas(
+        3,
+        &redis,
+        &format!(
+            "[gateway]\nmax_sessions = 2\nmax_sessions_per_client = 2\n\n{}",
+            two_way()
+        ),
+        "",
+    );
+    let (s0, first, _) = try_open(&gws[0]).await;
+    let (s1, _, _) = try_open(&gws[1]).await;
+    assert_eq!((s0, s1), (200, 200));
+    let (s2, _, body) = try_open(&gws[2]).await;
+    assert_eq!(s2, 503, "{body}");
+    assert!(body.contains("gateway.max_sessions"), "{body}");
+    // One ends (DELETE on another replica than its own): room for one more.
+    let first = first.unwrap();
+    let del = reqwest::Client::new()
+        .delete(&gws[1].url)
+        .header("mcp-session-id", &first)
+        .send()
+        .await
         .unwrap();
-    assert_eq!(resp.status(), 503, "no new session without Redis");
+    assert_eq!(del.status(), 200);
+    let mut opened = false;
+    for _ in 0..100 {
+        if try_open(&gws[2]).await.0 == 200 {
+            opened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(opened);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_reached_from_every_replica_by_its_session_only() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let jobs = format!(
+        "[servers.jobs]\ncommand = \"python3\"\nargs = [\"tests/fixtures/task_server.py\"]\ncwd = {:?}\n",
+        repo().display().to_string()
+    );
+    let gws = replicas(2, &redis, &jobs, "");
+    let a = gws[0].session().await;
+    let created = a
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"seconds": 0.3, "text": "hi"}, "task": {"ttl": 60000}}),
+        )
+        .await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    let b = via(&a, &gws[1]);
+    let got = b.request(json!(2), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["taskId"], id.as_str(), "{got}");
+    let result = b.request(json!(3), "tasks/result", json!({"taskId": id})).await;
+    assert_eq!(text(&result), "hi", "{result}");
+    let other = gws[1].session().await;
+    let foreign = other.request(json!(4), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(foreign["error"]["code"], -32602, "{foreign}");
+    // Whoever can write to Redis cannot hand the task to another session.
+    let key = redis.cli(&["KEYS", "mcpgw:task:*"]).trim().to_owned();
+    let route = redis.cli(&["GET", &key]);
+    let (_, json) = route.trim().split_once('.').unwrap();
+    let mut stored: serde_json::Value = serde_json::from_str(json).unwrap();
+    stored["owner"] = json!(crate::common::sha256_hex(&other.id));
+    redis.cli(&["SET", &key, &format!("{}.{stored}", route.split_once('.').unwrap().0)]);
+    let stolen = other.request(json!(5), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(stolen["error"]["code"], -32602, "{stolen}");
+    assert!(gws[1].wait_log("task route in Redis does not verify", T).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roots_list_changed_reaches_the_servers_a_sessions_calls_reached_on_any_replica() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    // Its calls reach the first replica's child only.
+    assert_eq!(
+        text(&a.call("calc__add", serde_json::json!({"a": 1, "b": 1})).await),
+        "2"
+    );
+    assert!(!b.tool_names().await.is_empty());
+    b.notify("notifications/roots/list_changed", serde_json::json!({}))
+        .await;
+    assert!(gws[0].wait_log("[mock] roots changed", T).await, "{}", gws[0].logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_sharing_an_id_are_told_so() {
+    let redis = Redis::start();
+    let gws = replicas(
+        2,
+        &redis,
+        "",
+        "replica_id = \"same\"\nadvertise = \"http://10.0.0.5:8080\"",
+    );
+    assert!(
+        gws[0].wait_log("another running replica has this replica id", T).await
+            || gws[1].wait_log("another running replica has this replica id", T).await
+    );
+    assert!(gws[0].wait_log("cluster.advertise is not used", T).await);
 }
 
 /// GET with `Last-Event-ID` and the session's headers.

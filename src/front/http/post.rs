@@ -143,7 +143,8 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
             let peer = extensions
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|c| c.0.ip());
-            return initialize(&http, id, params.as_deref(), who, peer).await;
+            // Boxed, like every rare path: its Redis calls would grow every request's future.
+            return Box::pin(initialize(&http, id, params.as_deref(), who, peer)).await;
         }
     }
     let id = match &msg {

@@ -107,12 +107,12 @@ impl Http {
     /// last refresh (and of those with a GET stream open here), in the background.
     fn refresh_records(&self, cluster: &Arc<crate::cluster::Cluster>, now: u64, idle: u64) {
         let since = self.refreshed.swap(now, Ordering::Relaxed);
-        let ids: Vec<String> = self
+        let (ids, shares): (Vec<String>, Vec<Arc<str>>) = self
             .sessions
             .iter()
             .filter(|s| s.get_open.load(Ordering::Relaxed) || s.last_seen.load(Ordering::Relaxed) >= since)
-            .map(|s| s.key().clone())
-            .collect();
+            .map(|s| (s.key().clone(), s.share.clone()))
+            .unzip();
         if ids.is_empty() {
             return;
         }
@@ -120,6 +120,12 @@ impl Http {
         let ttl = std::time::Duration::from_millis(idle);
         crate::background::spawn(async move {
             let _ = cluster.sessions.touch(&cluster, &ids, ttl).await;
+            let counted: Vec<(&str, &str)> = ids
+                .iter()
+                .map(String::as_str)
+                .zip(shares.iter().map(|s| &**s))
+                .collect();
+            cluster.touch_sessions(&counted, ttl).await;
             gw.touch_processes(&ids).await;
         });
     }
@@ -145,14 +151,19 @@ impl Http {
     /// Ends a session: its requests are cancelled and its subscriptions dropped. In
     /// cluster mode every replica forgets it, and its record goes.
     pub fn end_session(&self, sid: &str) {
+        let removed = self.sessions.remove(sid);
         if let Some(cluster) = self.gw.cluster().cloned() {
             self.gw.ended_elsewhere(sid);
             let sid = sid.to_owned();
+            let share = removed.as_ref().map(|(_, s)| s.share.clone());
             crate::background::spawn(async move {
                 let _ = cluster.sessions.delete(&cluster, &sid).await;
+                if let Some(share) = share {
+                    cluster.release_session(&sid, &share).await;
+                }
             });
         }
-        if let Some((_, s)) = self.sessions.remove(sid) {
+        if let Some((_, s)) = removed {
             if s.counted {
                 self.release_share(&s.share);
             }
@@ -217,7 +228,9 @@ pub(super) async fn session(
             }
             Ok((id.to_owned(), s.clone()))
         }
-        None if http.gw.cluster().is_some() => adopt(http, id, who).await,
+        // Boxed: the lookup in Redis is a large future, and inline it would make every
+        // request's future that large.
+        None if http.gw.cluster().is_some() => Box::pin(adopt(http, id, who)).await,
         _ => Err(unknown_session()),
     }
 }
@@ -304,7 +317,8 @@ pub(super) async fn initialize(
     peer: Option<std::net::IpAddr>,
 ) -> Response {
     // Like any other request of the client: over its rate limits, the same -32029.
-    if let Err(limited) = http.gw.admit_initialize(who.as_deref()) {
+    // In cluster mode, over every replica's requests (one Redis round trip).
+    if let Err(limited) = http.gw.admit_initialize_shared(who.as_deref()).await {
         return json_response(message::response(id, &limited));
     }
     let config = http.gw.config();
@@ -330,6 +344,25 @@ pub(super) async fn initialize(
             ),
         ));
     }
+    let sid = new_session_id();
+    if let Some(cluster) = http.gw.cluster() {
+        // The limits hold over every replica's sessions.
+        use crate::cluster::limits::SessionLimit;
+        let ttl = config.gateway.session_idle;
+        match cluster.take_session(&sid, &share, max, per_client, ttl).await {
+            Ok(()) => {}
+            Err(SessionLimit::Unreachable) if cluster.on_redis_down == crate::config::OnRedisDown::Local => {}
+            Err(limit) => {
+                http.release_share(&share);
+                let e = reject(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    code::INTERNAL_ERROR,
+                    limit.message(&share),
+                );
+                return refuse(id, e);
+            }
+        }
+    }
     let outcome = http.gw.initialize_result_for(params, who.as_deref());
     let version = match &outcome {
         Outcome::Result(r) => serde_json::from_str::<Value>(r.get())
@@ -338,7 +371,6 @@ pub(super) async fn initialize(
             .unwrap_or_default(),
         Outcome::Error(_) => String::new(),
     };
-    let sid = new_session_id();
     let owner = who.as_ref().map(|i| i.name.clone());
     let client_name = owner.clone();
     let session = Session {
@@ -366,6 +398,7 @@ pub(super) async fn initialize(
             .await;
         if saved.is_err() && cluster.on_redis_down == crate::config::OnRedisDown::Refuse {
             http.release_share(&session.share);
+            cluster.release_session(&sid, &session.share).await;
             return refuse(
                 id,
                 reject(

@@ -99,3 +99,20 @@ impl Drop for Redis {
         self.kill();
     }
 }
+
+/// SHA-256 of `s` in hex (coreutils' `sha256sum`): how the gateway names sessions in Redis.
+pub fn sha256_hex(s: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sha256sum");
+    child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
