@@ -134,8 +134,7 @@ pub fn parse_id(id: &str, origin: Option<&str>) -> Result<EventId, Refused> {
 
 /// A random origin for this process's ids (cluster mode): 8 hex characters.
 pub fn new_origin() -> Arc<str> {
-    let n: u32 = rand::random();
-    format!("{n:08x}").into()
+    crate::cluster::hex(&rand::random::<[u8; 4]>()).into()
 }
 
 /// One JSON-RPC message as an SSE `message` event, with the id `id` if given.
