@@ -94,8 +94,8 @@ pub enum Answer {
     /// A call to the router, run by the front.
     Call(Call),
     /// A call whose server may ask questions: what to send, in order (related messages,
-    /// then the response, flagged `true`). Dropping it before its end cancels the call.
-    Rounds(std::pin::Pin<Box<dyn futures::Stream<Item = (bool, bytes::Bytes)> + Send>>),
+    /// then the response). Dropping it before its end cancels the call.
+    Rounds(std::pin::Pin<Box<dyn futures::Stream<Item = Sent> + Send>>),
     /// A `subscriptions/listen` stream, for [`listen::run`].
     Listen(listen::Listen),
 }
@@ -156,6 +156,12 @@ struct Listening {
     streams: bool,
     /// Its key in the table of requests in flight.
     key: Option<String>,
+}
+
+/// One thing a call's rounds send: a related message, or (last) the response.
+pub enum Sent {
+    Related(bytes::Bytes),
+    Answer(crate::message::Answer),
 }
 
 /// The flow's state on one front: calls parked between rounds, open listen streams,

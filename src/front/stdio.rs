@@ -146,7 +146,7 @@ pub async fn serve<R, W>(
                     parent: None,
                     streams: true,
                 };
-                send_stateless(&gw, flow.serve(request), &out_tx).await;
+                send_stateless(&gw, flow.serve(request), &out_tx, &large_tx).await;
             }
             Kind::Request { id, method, params } if method == "initialize" => {
                 client.set_capabilities(params.as_deref());
@@ -227,8 +227,13 @@ pub async fn serve<R, W>(
 
 /// Sends what the stateless flow answered: at once, or from a task of its own (a call,
 /// its rounds, a listen stream), each message as a line.
-async fn send_stateless(gw: &Arc<Gateway>, answer: Answer, out: &mpsc::Sender<Bytes>) {
-    let out = out.clone();
+async fn send_stateless(
+    gw: &Arc<Gateway>,
+    answer: Answer,
+    out: &mpsc::Sender<Bytes>,
+    large: &mpsc::Sender<message::Answer>,
+) {
+    let (out, large) = (out.clone(), large.clone());
     match answer {
         Answer::Refused(id, e) => {
             let _ = out.send(refuse(&id, e)).await;
@@ -251,17 +256,36 @@ async fn send_stateless(gw: &Arc<Gateway>, answer: Answer, out: &mpsc::Sender<By
                 drop(call.held);
                 // A cancelled request gets no answer.
                 if let Some(result) = result {
-                    let result = call.finish.apply(result);
-                    let _ = out.send(Bytes::from(message::response(&call.id, &result))).await;
+                    match call.finish.answer(&call.id, result) {
+                        message::Answer::Whole(line) => {
+                            let _ = out.send(Bytes::from(line)).await;
+                        }
+                        parts => {
+                            let _ = large.send(parts).await;
+                        }
+                    }
                 }
             });
         }
         Answer::Rounds(mut rounds) => {
             crate::background::spawn(async move {
                 // Cancelled: the rounds end, which cancels the call; no answer.
-                while let Some((last, m)) = futures::StreamExt::next(&mut rounds).await {
-                    if out.send(m).await.is_err() || last {
-                        break;
+                while let Some(sent) = futures::StreamExt::next(&mut rounds).await {
+                    match sent {
+                        stateless::Sent::Related(m) => {
+                            if out.send(m).await.is_err() {
+                                break;
+                            }
+                        }
+                        // A large result is written from its own buffer, like a session's.
+                        stateless::Sent::Answer(message::Answer::Whole(line)) => {
+                            let _ = out.send(Bytes::from(line)).await;
+                            break;
+                        }
+                        stateless::Sent::Answer(parts) => {
+                            let _ = large.send(parts).await;
+                            break;
+                        }
                     }
                 }
             });
@@ -344,10 +368,11 @@ async fn write_unbroken<W: AsyncWrite + Unpin>(out: &mut W, m: &[u8]) -> std::io
 async fn write_answer<W: AsyncWrite + Unpin>(out: &mut W, a: message::Answer) -> std::io::Result<()> {
     match a {
         message::Answer::Whole(line) => write_line(out, &line).await,
-        message::Answer::Parts(head, result) => {
+        message::Answer::Parts(head, result, tail) => {
             write_unbroken(out, &head).await?;
             write_unbroken(out, &result).await?;
-            out.write_all(b"}\n").await
+            write_unbroken(out, &tail).await?;
+            out.write_all(b"\n").await
         }
     }
 }

@@ -109,31 +109,49 @@ pub const LARGE_RESULT: usize = 64 * 1024;
 
 /// A response ready to send. A large result goes out in parts: the head
 /// (`{"jsonrpc":"2.0","id":…,"result":`), the result's own bytes (moved, not copied),
-/// then `}`.
+/// then the tail: `}`, or members spliced into the result before its closing brace and
+/// then `}}` (see [`Answer::spliced`]).
 pub enum Answer {
     Whole(Vec<u8>),
-    /// The head and the result; `}` follows.
-    Parts(Vec<u8>, bytes::Bytes),
+    /// The head, the result (or all of it but its closing brace) and the tail.
+    Parts(Vec<u8>, bytes::Bytes, bytes::Bytes),
 }
 
 impl Answer {
     pub fn new(id: &Id, outcome: Outcome) -> Answer {
         match outcome {
-            Outcome::Result(r) if r.get().len() >= LARGE_RESULT => {
-                Answer::Parts(response_head(id, "result", 0), r.bytes())
-            }
+            Outcome::Result(r) if r.get().len() >= LARGE_RESULT => Answer::Parts(
+                response_head(id, "result", 0),
+                r.bytes(),
+                bytes::Bytes::from_static(b"}"),
+            ),
             o => Answer::Whole(response(id, &o)),
         }
+    }
+
+    /// A large result with members added: its first `keep` bytes (all of it up to its
+    /// closing brace, shared, not copied), then `rest` (the members and the result's
+    /// closing brace), then the response's `}`.
+    pub fn spliced(id: &Id, result: &Raw, keep: usize, rest: &str) -> Answer {
+        let mut tail = Vec::with_capacity(rest.len() + 1);
+        tail.extend_from_slice(rest.as_bytes());
+        tail.push(b'}');
+        let bytes = result.bytes();
+        Answer::Parts(
+            response_head(id, "result", 0),
+            bytes.slice(..keep.min(bytes.len())),
+            bytes::Bytes::from(tail),
+        )
     }
 
     /// The whole response in one buffer (a copy, for a large result).
     pub fn into_vec(self) -> Vec<u8> {
         match self {
             Answer::Whole(v) => v,
-            Answer::Parts(mut head, body) => {
-                head.reserve_exact(body.len() + 1);
+            Answer::Parts(mut head, body, tail) => {
+                head.reserve_exact(body.len() + tail.len());
                 head.extend_from_slice(&body);
-                head.push(b'}');
+                head.extend_from_slice(&tail);
                 head
             }
         }
@@ -153,12 +171,12 @@ mod tests {
         let Kind::Response { outcome, .. } = Kind::parse_shared(&line).unwrap() else {
             panic!("not a response")
         };
-        let Answer::Parts(head, body) = Answer::new(&Id::string("c"), outcome) else {
+        let Answer::Parts(head, body, tail) = Answer::new(&Id::string("c"), outcome) else {
             panic!("a large result was framed whole")
         };
         let inside = line.as_ptr() as usize..line.as_ptr() as usize + line.len();
         assert!(inside.contains(&(body.as_ptr() as usize)), "the result was copied");
-        let v: Value = serde_json::from_slice(&Answer::Parts(head, body).into_vec()).unwrap();
+        let v: Value = serde_json::from_slice(&Answer::Parts(head, body, tail).into_vec()).unwrap();
         assert_eq!(v["id"], "c");
         assert_eq!(v["result"]["text"].as_str(), Some(text.as_str()));
         // A small result is copied, so it does not keep a large buffer alive.
@@ -182,10 +200,10 @@ mod tests {
         let raw = RawValue::from_string(big.clone()).unwrap();
         let at = raw.get().as_ptr();
         match Answer::new(&Id::from(7), Outcome::Result(raw.into())) {
-            Answer::Parts(head, body) => {
+            Answer::Parts(head, body, tail) => {
                 assert_eq!(head, br#"{"jsonrpc":"2.0","id":7,"result":"#);
                 assert_eq!(body.as_ptr(), at, "the result's bytes were copied");
-                let whole = Answer::Parts(head, body).into_vec();
+                let whole = Answer::Parts(head, body, tail).into_vec();
                 let v: Value = serde_json::from_slice(&whole).unwrap();
                 assert_eq!(v["result"]["text"].as_str().map(str::len), Some(LARGE_RESULT));
             }

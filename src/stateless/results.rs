@@ -10,7 +10,7 @@
 
 use crate::catalog::Hint;
 use crate::error::{code, Error};
-use crate::message::{self, Outcome};
+use crate::message::{self, Id, Outcome};
 use crate::method::Method;
 use serde_json::{json, Map, Value};
 
@@ -28,6 +28,21 @@ pub struct Finish {
 }
 
 impl Finish {
+    /// The response as the revision sends it. A large result of the usual case goes out
+    /// in parts, its own bytes shared (as on the session path), the revision's members
+    /// after them: see [`message::Answer::spliced`].
+    pub fn answer(&self, id: &Id, out: Outcome) -> message::Answer {
+        if let Outcome::Result(r) = &out {
+            let usual = self.hint.is_none() && !self.method.is_cacheable();
+            if usual && r.get().len() >= message::LARGE_RESULT {
+                if let Some((keep, rest)) = splice_at(r.get(), "", "") {
+                    return message::Answer::spliced(id, r, keep, &rest);
+                }
+            }
+        }
+        message::Answer::new(id, self.apply(out))
+    }
+
     /// The outcome as the revision sends it.
     pub fn apply(&self, out: Outcome) -> Outcome {
         match out {
@@ -134,6 +149,17 @@ pub fn discover(init: &Outcome, private: bool) -> Outcome {
 /// [`complete`] must decide. Other members stay as written, as on the session path (a
 /// member repeated included, where the tree would keep the last value only).
 fn splice(result: &str, head: &str, tail: &str) -> Option<String> {
+    let (keep, rest) = splice_at(result, head, tail)?;
+    let mut out = String::with_capacity(keep + rest.len());
+    out.push_str(&result[..keep]);
+    out.push_str(&rest);
+    Some(out)
+}
+
+/// [`splice`] without the copy: how many bytes of `result` to keep (up to, not including,
+/// its closing brace; all of `{` when it is empty) and what follows them (the members
+/// added, then `}`).
+fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
     /// Whether a member is there, whatever its value (`null` included).
     #[derive(Default)]
     struct Seen(bool);
@@ -164,18 +190,21 @@ fn splice(result: &str, head: &str, tail: &str) -> Option<String> {
         let meta = json!({ META_SERVER_INFO: server_info() });
         format!(r#""resultType":"complete","_meta":{meta}"#)
     });
-    let mut out = String::with_capacity(text.len() + head.len() + middle.len() + tail.len() + 2);
-    if inner.trim().is_empty() {
-        out.push('{');
+    // Offsets in `result` itself (its leading whitespace stays, its trailing goes).
+    let open = result.len() - result.trim_start().len();
+    let close = open + text.len() - 1;
+    let mut rest = String::with_capacity(head.len() + middle.len() + tail.len() + 2);
+    let keep = if inner.trim().is_empty() {
+        open + 1
     } else {
-        out.push_str(&text[..text.len() - 1]);
-        out.push(',');
-    }
-    out.push_str(head);
-    out.push_str(middle);
-    out.push_str(tail);
-    out.push('}');
-    Some(out)
+        rest.push(',');
+        close
+    };
+    rest.push_str(head);
+    rest.push_str(middle);
+    rest.push_str(tail);
+    rest.push('}');
+    Some((keep, rest))
 }
 
 /// The error for a `requestState` that does not verify (the reason goes to the log only).
@@ -217,6 +246,34 @@ fn complete(method: Method, mut v: Value, info: &Value, private: bool) -> Outcom
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_large_result_is_answered_from_its_own_bytes_with_the_revisions_members_after() {
+        let finish = Finish {
+            method: Method::ToolsCall,
+            private: false,
+            uri: None,
+            hint: None,
+        };
+        for big in [
+            format!(
+                "{{\"content\":[{{\"type\":\"text\",\"text\":\"{}\"}}]}}",
+                "x".repeat(message::LARGE_RESULT)
+            ),
+            format!("  {{\"text\":\"{}\"}}\n", "y".repeat(message::LARGE_RESULT)),
+        ] {
+            let raw = message::Raw::written(big.clone());
+            let at = raw.get().as_ptr();
+            let answer = finish.answer(&Id::from(5), Outcome::Result(raw));
+            let message::Answer::Parts(head, body, tail) = answer else {
+                panic!("a large result was copied into one buffer")
+            };
+            assert_eq!(body.as_ptr(), at, "the result's bytes were copied");
+            let whole = message::Answer::Parts(head, body, tail).into_vec();
+            let want = message::response(&Id::from(5), &finish.apply(Outcome::Result(message::Raw::written(big))));
+            assert_eq!(String::from_utf8(whole).unwrap(), String::from_utf8(want).unwrap());
+        }
+    }
 
     /// What `complete` makes of a tools/call result.
     fn through_tree(result: &str) -> String {

@@ -469,7 +469,7 @@ impl Round {
         params: Option<Box<RawValue>>,
         retry: super::envelope::Retry,
         parent: Option<opentelemetry::Context>,
-    ) -> Result<impl futures::Stream<Item = (bool, Bytes)> + Send, Error> {
+    ) -> Result<impl futures::Stream<Item = super::Sent> + Send, Error> {
         let method = self.finish.method;
         let super::envelope::Retry {
             target,
@@ -533,10 +533,13 @@ impl Round {
                     },
                 };
                 let out = match step {
-                    Step::Related(m) => return Some(((false, m), Some((call, previous)))),
-                    Step::Done(out) => round.finish.apply(
-                        out.unwrap_or_else(|| Error::client(code::REQUEST_CANCELLED, "request cancelled").into()),
-                    ),
+                    Step::Related(m) => return Some((super::Sent::Related(m), Some((call, previous)))),
+                    Step::Done(out) => {
+                        let out =
+                            out.unwrap_or_else(|| Error::client(code::REQUEST_CANCELLED, "request cancelled").into());
+                        // A large result's bytes go on shared, as on the session path.
+                        return Some((super::Sent::Answer(round.finish.answer(&round.id, out)), None));
+                    }
                     Step::InputRequired(requests) => {
                         let state = match call {
                             Driving::Here(call) => round.parked.park(call, previous),
@@ -555,7 +558,7 @@ impl Round {
                         }
                     }
                 };
-                Some(((true, Bytes::from(message::response(&round.id, &out))), None))
+                Some((super::Sent::Answer(message::Answer::new(&round.id, out)), None))
             }
         }))
     }

@@ -112,11 +112,10 @@ pub(super) async fn request(
             )
             .await;
         let out = out.unwrap_or_else(cancelled);
-        let out = match finish {
-            Some(f) => f.apply(out),
-            None => out,
-        };
-        message::Answer::new(&id, out)
+        match finish {
+            Some(f) => f.answer(&id, out),
+            None => message::Answer::new(&id, out),
+        }
     })));
     // The request runs right here, without a task of its own, until the first thing to
     // send is known: the answer (the usual case: plain JSON), or a related message (then
@@ -245,14 +244,10 @@ struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = messag
 
 /// A JSON answer's body. A large result goes to the socket from its own buffer, after the
 /// head and before the closing brace, with its length known (Content-Length).
-fn answer_body(answer: message::Answer) -> Body {
+pub(super) fn answer_body(answer: message::Answer) -> Body {
     match answer {
         message::Answer::Whole(v) => Body::from(v),
-        message::Answer::Parts(head, result) => Body::new(Chunks::new([
-            bytes::Bytes::from(head),
-            result,
-            bytes::Bytes::from_static(b"}"),
-        ])),
+        message::Answer::Parts(head, result, tail) => Body::new(Chunks::new([bytes::Bytes::from(head), result, tail])),
     }
 }
 

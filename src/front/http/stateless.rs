@@ -2,16 +2,16 @@
 //! of that revision gives the flow its headers, and its answer goes back as JSON, or as
 //! SSE (related messages first, a listen stream).
 
-use super::answer::{self, event, sse_answer, sse_response, stateless_json, task_failed};
+use super::answer::{self, answer_body, event, sse_answer, sse_response, stateless_json, task_failed};
 use super::checks::Accepted;
 use super::{json_response, refuse, reject, Http, KEEPALIVE};
 use crate::auth::Identity;
 use crate::downstream::SINK_QUEUE;
 use crate::error::code;
 use crate::message::{self, Kind};
-use crate::stateless::{self, Answer, Headers};
+use crate::stateless::{self, Answer, Headers, Sent};
 use axum::body::Body;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use std::sync::Arc;
@@ -19,7 +19,18 @@ use tokio::sync::mpsc;
 
 impl Headers for HeaderMap {
     fn header(&self, name: &str) -> Option<&[u8]> {
-        self.get(name).map(|v| v.as_bytes())
+        // The flow's own names are parsed once: looking a header up by `&str` parses and
+        // validates the name every time (a few hundred instructions per lookup).
+        static KNOWN: [HeaderName; 3] = [
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderName::from_static("mcp-method"),
+            HeaderName::from_static("mcp-name"),
+        ];
+        match KNOWN.iter().find(|k| k.as_str() == name) {
+            Some(k) => self.get(k),
+            None => self.get(name),
+        }
+        .map(|v| v.as_bytes())
     }
 }
 
@@ -80,8 +91,16 @@ pub(super) async fn serve(
         }
         // Closing the response cancels the call.
         Answer::Rounds(mut rounds) => match rounds.next().await {
-            Some((true, answer)) => stateless_json(answer),
-            Some((false, first)) => sse_answer(first, rounds.map(|(_, m)| m)),
+            Some(Sent::Answer(message::Answer::Whole(answer))) => stateless_json(answer.into()),
+            // A large result, never an error that changes the status.
+            Some(Sent::Answer(parts)) => json_response(answer_body(parts)),
+            Some(Sent::Related(first)) => sse_answer(
+                first,
+                rounds.map(|s| match s {
+                    Sent::Related(m) => m,
+                    Sent::Answer(a) => bytes::Bytes::from(a.into_vec()),
+                }),
+            ),
             None => task_failed(),
         },
         // An SSE stream with keep-alive comments; it ends gracefully at shutdown.
