@@ -88,6 +88,8 @@ pub struct Shared {
     /// endpoint. Profiles are served below it, at `{base}/{NAME}`.
     path: Arc<str>,
     base: Arc<str>,
+    /// Cluster mode: this process's part of SSE event ids (see [`crate::front::replay`]).
+    origin: Option<Arc<str>>,
 }
 
 impl Http {
@@ -102,6 +104,7 @@ impl Http {
         let mut ended = gw.ended();
         let path: Arc<str> = gw.config().gateway.path.as_str().into();
         let base: Arc<str> = path.trim_end_matches('/').into();
+        let origin = gw.cluster().is_some().then(crate::front::replay::new_origin);
         let http = Http(Arc::new(Shared {
             gw,
             sessions: Arc::new(DashMap::default()),
@@ -113,6 +116,7 @@ impl Http {
             draining: AtomicBool::new(false),
             path,
             base,
+            origin,
         }));
         // Cluster mode: a Redis back from an outage gets this replica's sessions again.
         if let Some(cluster) = http.gw.cluster() {
@@ -299,6 +303,11 @@ const MAX_CONNECTIONS: usize = 16_384;
 /// finish, and returns once every connection has closed. A client gets `header_timeout`
 /// to send its request headers.
 ///
+/// Stopping loses no request a client has sent: a connection the kernel completed before
+/// the stop (still in the listener's queue, or accepted but its request not read yet) is
+/// served its first request, answered with `Connection: close`. Only a connection idle
+/// between two requests is closed at once, as HTTP/1.1 allows (its client retries).
+///
 /// A POST to the MCP path, nearly all of the traffic, goes straight to its handler; the
 /// axum router serves everything else.
 pub async fn serve(
@@ -307,11 +316,14 @@ pub async fn serve(
     header_timeout: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    use futures::future::{Either, FutureExt};
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use tower::ServiceExt;
-    let app = app(http.clone());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
+    let conns = Connections {
+        app: app(http.clone()),
+        http,
+        header_timeout,
+        stop: stop.clone(),
+        open,
+    };
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         // A slot before each accept: past MAX_CONNECTIONS new connections wait in the
@@ -335,15 +347,141 @@ pub async fn serve(
             },
             _ = stop.wait_for(|s| *s) => break,
         };
+        conns.serve(stream, peer, Some(slot));
+    }
+    // Connections the kernel completed meanwhile wait in the listener's queue: closing it
+    // would reset them, requests sent included. Each is served its first request. New
+    // connection attempts are refused first (Linux), so none completes between the last
+    // accept and the close; handshakes under way get a moment to complete and queue.
+    #[cfg(target_os = "linux")]
+    match refuse_new_connections(&listener) {
+        Ok(()) => tokio::time::sleep(HANDSHAKES).await,
+        Err(e) => debug!(error = %e, "cannot refuse new connections before closing the listener"),
+    }
+    let listener = listener.into_std()?;
+    let mut late = 0usize;
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                late += 1;
+                let stream = stream
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpStream::from_std(stream));
+                match stream {
+                    Ok(stream) => conns.serve(stream, peer, None),
+                    Err(e) => debug!(error = %e, "a connection queued at shutdown is lost"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    drop(listener);
+    if late > 0 {
+        debug!(
+            connections = late,
+            "served the connections queued when the listener closed"
+        );
+    }
+    drop(conns);
+    // Every connection's task holds a sender: all are gone once every connection closed.
+    let _ = all_closed.recv().await;
+    Ok(())
+}
+
+/// How long a handshake under way when the listener stops taking new ones has to
+/// complete: a round trip between the balancer and this replica, with room to spare.
+#[cfg(target_os = "linux")]
+const HANDSHAKES: Duration = Duration::from_millis(25);
+
+/// Drops every new connection attempt to `listener` from now on, with a socket filter
+/// that discards TCP segments with SYN set and ACK not, while the handshakes under way
+/// complete and queue. A client whose SYN was dropped sends it again a second later, gets
+/// a reset from the closed port, and (a balancer) tries another replica: its request is
+/// never sent here, so it is not lost. Without this, a connection completing between the
+/// last accept and the close would be reset with its request sent.
+#[cfg(target_os = "linux")]
+fn refuse_new_connections(listener: &tokio::net::TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // Classic BPF; a TCP socket's filter sees the segment from its TCP header, whose
+    // byte 13 holds the flags (0x02 SYN, 0x10 ACK).
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let mut program = [
+        op(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 13),
+        op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K, 0, 0, 0x12),
+        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 1, 0x02),
+        // A SYN: dropped (0 bytes kept).
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
+        // Anything else: kept whole.
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, u32::MAX),
+    ];
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: setsockopt(2) on a descriptor `listener` owns, with a pointer to a
+    // sock_fprog and its size; the kernel copies the program before returning.
+    let r = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// What each connection's task needs (see [`serve`]).
+struct Connections {
+    app: Router,
+    http: Http,
+    header_timeout: Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+    /// Held by every connection's task until its connection closes.
+    open: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Connections {
+    /// Serves one connection on its own task, holding `slot` while it is open.
+    fn serve(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: std::net::SocketAddr,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        use futures::future::{Either, FutureExt};
+        use hyper_util::rt::{TokioIo, TokioTimer};
+        use tower::ServiceExt;
         let _ = stream.set_nodelay(true);
-        let (app, http) = (app.clone(), http.clone());
+        let (app, http) = (self.app.clone(), self.http.clone());
+        // Set (and notified, once) when the connection's first request arrives.
+        let asked = Arc::new((AtomicBool::new(false), tokio::sync::Notify::new()));
+        let first = asked.clone();
+        let mut stop = self.stop.clone();
+        let stopping = self.stop.clone();
         let service = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+            if !first.0.swap(true, Ordering::AcqRel) {
+                first.1.notify_one();
+            }
             req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
             if let Some(refused) = checks::host_problem(&req) {
                 return Either::Left(futures::future::ready(Ok(refused)));
             }
             let direct = req.method() == axum::http::Method::POST && http.is_endpoint(req.uri().path());
-            let close = http.draining();
+            // Draining, or stopping: this connection closes after its answer.
+            let close = http.draining() || *stopping.borrow();
             let req = req.map(Body::new);
             let answer = if direct {
                 Either::Left(post::post(State(http.clone()), req).map(Ok::<_, std::convert::Infallible>))
@@ -362,18 +500,41 @@ pub async fn serve(
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
+            .header_read_timeout(self.header_timeout)
             .keep_alive(true)
             .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
+        let open = self.open.clone();
         crate::background::spawn(async move {
-            if let Err(e) = conn.await {
+            let mut conn = std::pin::pin!(conn);
+            let ended = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stop.wait_for(|s| *s).map(drop) => {
+                    // hyper's graceful shutdown closes a connection that has not read a
+                    // byte yet at once, though its client may have sent a request already
+                    // (it was accepted a moment ago): that request would be lost, unanswered
+                    // and not retried. So such a connection gets its first request
+                    // (within header_timeout), answered with `Connection: close`.
+                    let early = if asked.0.load(Ordering::Acquire) {
+                        None
+                    } else {
+                        tokio::select! {
+                            r = conn.as_mut() => Some(r),
+                            () = asked.1.notified() => None,
+                        }
+                    };
+                    match early {
+                        Some(r) => r,
+                        None => {
+                            conn.as_mut().graceful_shutdown();
+                            conn.await
+                        }
+                    }
+                }
+            };
+            if let Err(e) = ended {
                 debug!(error = %e, "connection ended with an error");
             }
-            drop(slot);
+            drop((slot, open));
         });
     }
-    drop(listener);
-    graceful.shutdown().await;
-    Ok(())
 }

@@ -4,12 +4,18 @@
 //! bounded number for a bounded time per session, so a GET with `Last-Event-ID` replays
 //! what came after that id on that stream, then follows the stream live.
 //!
+//! In cluster mode the events stay in the replica that sent them, so an id also names
+//! that replica's process and the stream's kind: `ORIGIN.gSTREAM-SEQ` for a GET stream,
+//! `ORIGIN.pSTREAM-SEQ` for a POST answer, ORIGIN being random per process. A replica
+//! then tells an id of its own from another's (whose stream numbers mean nothing here),
+//! and a GET stream another replica held from a call's answer it cannot replay.
+//!
 //! A session has a [`Replay`] only once it has sent an SSE stream: a call answered as
 //! plain JSON has no id and keeps nothing.
 
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -26,6 +32,8 @@ pub const RETRY_MS: u64 = 1000;
 #[derive(Default)]
 pub struct Replay {
     inner: Mutex<Inner>,
+    /// This process's part of the ids, in cluster mode (see the module's doc).
+    origin: Option<Arc<str>>,
 }
 
 #[derive(Default)]
@@ -84,25 +92,58 @@ pub enum Resumed {
 /// connection (not its events: it resumes from its last id).
 const LIVE_QUEUE: usize = 256;
 
-/// `STREAM-SEQ` taken apart.
-pub fn parse_id(id: &str) -> Result<(u64, u64), Refused> {
+/// A `Last-Event-ID` taken apart.
+#[derive(Debug, PartialEq)]
+pub struct EventId {
+    /// An id this process sent (false: another replica's, or an earlier process's).
+    pub here: bool,
+    /// The kind of its stream, when the id says (cluster mode): a GET stream or not.
+    pub get: Option<bool>,
+    pub stream: u64,
+    pub seq: u64,
+}
+
+/// Takes `id` apart, for a process whose ids carry `origin` (cluster mode) or none.
+pub fn parse_id(id: &str, origin: Option<&str>) -> Result<EventId, Refused> {
     let (s, n) = id.trim().split_once('-').ok_or(Refused::Malformed)?;
-    Ok((
-        s.parse().map_err(|_| Refused::Malformed)?,
-        n.parse().map_err(|_| Refused::Malformed)?,
-    ))
+    let seq = n.parse().map_err(|_| Refused::Malformed)?;
+    let number = |s: &str| s.parse::<u64>().map_err(|_| Refused::Malformed);
+    let Some((from, rest)) = s.split_once('.') else {
+        return Ok(EventId {
+            here: true,
+            get: None,
+            stream: number(s)?,
+            seq,
+        });
+    };
+    let get = match rest.as_bytes().first() {
+        Some(b'g') => true,
+        Some(b'p') => false,
+        _ => return Err(Refused::Malformed),
+    };
+    if from.is_empty() || !from.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(Refused::Malformed);
+    }
+    Ok(EventId {
+        here: origin == Some(from),
+        get: Some(get),
+        stream: number(&rest[1..])?,
+        seq,
+    })
 }
 
-/// One JSON-RPC message as an SSE `message` event with an id.
-pub fn frame(stream: u64, seq: u64, json: &[u8]) -> Vec<u8> {
-    message_event(Some((stream, seq)), json)
+/// A random origin for this process's ids (cluster mode): 8 hex characters.
+pub fn new_origin() -> Arc<str> {
+    crate::cluster::hex(&rand::random::<[u8; 4]>()).into()
 }
 
-/// One JSON-RPC message as an SSE `message` event, with the id `STREAM-SEQ` if given.
-pub fn message_event(id: Option<(u64, u64)>, json: &[u8]) -> Vec<u8> {
+/// One JSON-RPC message as an SSE `message` event, with the id `id` if given.
+pub fn message_event(id: Option<&str>, json: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(json.len() + 48);
-    if let Some((stream, seq)) = id {
-        out.extend_from_slice(format!("id: {stream}-{seq}\n").as_bytes());
+    if let Some(id) = id {
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(id.as_bytes());
+        out.push(b'\n');
     }
     out.extend_from_slice(b"event: message\n");
     for line in json.split(|&b| b == b'\n') {
@@ -115,8 +156,24 @@ pub fn message_event(id: Option<(u64, u64)>, json: &[u8]) -> Vec<u8> {
 }
 
 impl Replay {
+    /// The replay of a session; its ids carry `origin` (cluster mode).
+    pub fn new(origin: Option<Arc<str>>) -> Replay {
+        Replay {
+            origin,
+            ..Replay::default()
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         crate::sync::lock(&self.inner)
+    }
+
+    /// The id of event `seq` of `stream` (a GET stream if `get`).
+    fn id(&self, stream: u64, seq: u64, get: bool) -> String {
+        match &self.origin {
+            Some(o) => format!("{o}.{}{stream}-{seq}", if get { 'g' } else { 'p' }),
+            None => format!("{stream}-{seq}"),
+        }
     }
 
     /// A new POST answer stream; its events go to the returned receiver while that lives.
@@ -151,8 +208,9 @@ impl Replay {
     /// The priming event of `stream` for a connection starting now: its id (the last
     /// event sent, so a resume from it misses nothing), `retry` and empty data.
     pub fn priming(&self, stream: u64) -> Bytes {
-        let last = self.lock().streams.get(&stream).map_or(0, |s| s.last);
-        Bytes::from(format!("id: {stream}-{last}\nretry: {RETRY_MS}\ndata: \n\n"))
+        let (last, get) = self.lock().streams.get(&stream).map_or((0, false), |s| (s.last, s.get));
+        let id = self.id(stream, last, get);
+        Bytes::from(format!("id: {id}\nretry: {RETRY_MS}\ndata: \n\n"))
     }
 
     /// Frames `json` as the next event of `stream`, keeps it, and sends it on the stream's
@@ -165,8 +223,9 @@ impl Replay {
         };
         s.last += 1;
         s.kept += 1;
-        let seq = s.last;
-        let frame = Bytes::from(frame(stream, seq, json));
+        let (seq, get) = (s.last, s.get);
+        let id = self.id(stream, seq, get);
+        let frame = Bytes::from(message_event(Some(&id), json));
         if let Some(tx) = &s.live {
             if tx.try_send(frame.clone()).is_err() {
                 // Gone, or too far behind: it resumes from its last id.
@@ -273,10 +332,46 @@ mod tests {
         assert_eq!(frames.len(), 1);
         assert!(frames[0].starts_with(format!("id: {a}-2\n").as_bytes()));
         assert!(live.is_some());
-        assert_eq!(parse_id(&format!("{b}-1")), Ok((b, 1)));
-        assert_eq!(parse_id("x"), Err(Refused::Malformed));
+        let id = parse_id(&format!("{b}-1"), None);
+        assert_eq!(
+            id,
+            Ok(EventId {
+                here: true,
+                get: None,
+                stream: b,
+                seq: 1
+            })
+        );
+        assert_eq!(parse_id("x", None), Err(Refused::Malformed));
         assert!(matches!(r.resume(99, 0), Err(Refused::Gone)));
         assert!(matches!(r.resume(a, 7), Err(Refused::Gone)));
+    }
+
+    #[test]
+    fn cluster_ids_name_their_process_and_the_kind_of_their_stream() {
+        let r = Replay::new(Some("0a1b2c3d".into()));
+        let (a, _rx) = r.open_post();
+        let b = r.open_get();
+        assert!(r.priming(b).starts_with(format!("id: 0a1b2c3d.g{b}-0\n").as_bytes()));
+        let frame = r.record(a, b"{}");
+        assert!(frame.starts_with(format!("id: 0a1b2c3d.p{a}-1\n").as_bytes()));
+        let mine = parse_id(&format!("0a1b2c3d.g{b}-4"), Some("0a1b2c3d"));
+        assert_eq!(
+            mine,
+            Ok(EventId {
+                here: true,
+                get: Some(true),
+                stream: b,
+                seq: 4
+            })
+        );
+        // Another replica's: its numbers mean nothing here, its kind does.
+        let theirs = parse_id(&format!("99999999.p{a}-1"), Some("0a1b2c3d")).unwrap();
+        assert_eq!((theirs.here, theirs.get), (false, Some(false)));
+        for bad in ["0a1b2c3d.x1-1", ".g1-1", "0a1b2c3d.g-1", "0a:b.g1-1"] {
+            assert_eq!(parse_id(bad, Some("0a1b2c3d")), Err(Refused::Malformed), "{bad}");
+        }
+        assert_eq!(new_origin().len(), 8);
     }
 
     #[test]

@@ -780,3 +780,59 @@ async fn two_replicas_sharing_an_id_are_told_so() {
     );
     assert!(gws[0].wait_log("cluster.advertise is not used", T).await);
 }
+
+/// GET with `Last-Event-ID` and the session's headers.
+async fn resume(s: &Session, last: &str) -> reqwest::Response {
+    s.http
+        .get(&s.url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &s.id)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("last-event-id", last)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Event ids name the replica that keeps their events, and their stream's kind: a GET
+/// stream one replica held, resumed on another (its replica gone, as an SDK client
+/// reconnects), is opened anew there, live; a call's stream another replica sent is
+/// refused, never confused with a stream of the same number here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_stream_resumed_on_another_replica_is_opened_anew_there() {
+    use serde_json::json;
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    // On the second replica: a call's stream, numbered as the first replica numbers its
+    // GET stream (both are the session's first stream there).
+    let slow =
+        json!({"name": "calc__slow", "arguments": {"seconds": 0.2, "steps": 2}, "_meta": {"progressToken": "p"}});
+    let mut call = b.start(json!(1), "tools/call", slow.clone()).await;
+    call.response(T).await;
+    let mut stream = a.get_stream().await;
+    assert_eq!(text(&a.call("calc__add_tool", json!({"name": "one"})).await), "added");
+    let m = stream.next(T).await.expect("list_changed");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+    let get_id = stream.last_id.clone().unwrap();
+    let mut call = a.start(json!(2), "tools/call", slow).await;
+    call.response(T).await;
+    let post_id = call.last_id.clone().unwrap();
+    assert_ne!(get_id.split_once('.'), None, "{get_id}: ids carry their origin");
+    drop(stream);
+    // The first replica's call stream: its events are there, not here.
+    let r = resume(&b, &post_id).await;
+    assert_eq!(r.status(), 410);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("another replica"), "{body}");
+    // Its GET stream: a new one here, which the session's notifications reach.
+    let r = resume(&b, &get_id).await;
+    assert_eq!(r.status(), 200);
+    let mut again = Messages::new(r);
+    assert_eq!(text(&a.call("calc__add_tool", json!({"name": "two"})).await), "added");
+    let m = again.next(T).await.expect("list_changed on the reopened stream");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+    let new_id = again.last_id.clone().unwrap();
+    assert_ne!(new_id.split_once('.').map(|p| p.0), get_id.split_once('.').map(|p| p.0));
+}

@@ -184,3 +184,29 @@ fn stdio_mode_does_not_drain() {
     assert!(termed.elapsed() < Duration::from_secs(5), "took {:?}", termed.elapsed());
     assert!(!gw.logs().contains("draining"), "{}", gw.logs());
 }
+
+/// A connection the gateway accepted (or still has queued) when its listener closes, its
+/// request not sent yet, as a balancer's connection right before the close: the request
+/// it then sends is answered, with `Connection: close`, not dropped unanswered (hyper's
+/// graceful shutdown closes a connection that has not read a byte at once).
+#[tokio::test]
+async fn a_connection_open_when_the_listener_closes_gets_its_request_answered() {
+    use std::io::{Read, Write};
+    let config = "[gateway]\ndrain_delay = \"0s\"\n";
+    let mut gw = Gateway::start(config);
+    wait_ready(&gw).await;
+    let mut early = std::net::TcpStream::connect(addr(&gw)).unwrap();
+    early.set_read_timeout(Some(T)).unwrap();
+    signal(&gw, libc::SIGTERM);
+    let pid = gw.child.id();
+    assert!(gw.wait_log("shutting down", T).await, "{}", gw.logs());
+    assert!(until(T, || listening_port(pid).is_none()).await, "the listener closed");
+    write!(early, "GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", addr(&gw)).unwrap();
+    let mut answer = String::new();
+    let _ = early.read_to_string(&mut answer);
+    let head = answer.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "answered: {answer:?}");
+    assert!(head.contains("connection: close"), "{answer:?}");
+    let status = exited(&mut gw, T).await.expect("the gateway exits");
+    assert_eq!(status.code(), Some(0), "{}", gw.logs());
+}

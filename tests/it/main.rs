@@ -10,6 +10,7 @@ mod auth;
 mod balancer;
 mod cli_start;
 mod cluster;
+mod cluster_e2e;
 mod cluster_limits;
 mod common;
 mod compose;

@@ -169,7 +169,7 @@ pub(super) async fn request(
                     let answer = answer.into_vec().into();
                     let rest = futures::stream::iter(rest.chain(std::iter::once(answer)));
                     match session {
-                        Some((s, _)) => session_sse(s, Some(m), rest),
+                        Some((s, _)) => session_sse(&http, s, Some(m), rest),
                         None => sse_answer(m, rest),
                     }
                 }
@@ -188,7 +188,7 @@ pub(super) async fn request(
             };
             let rest = outgoing(related, done).map(|(_, m)| m);
             match (session, m) {
-                (Some((s, _)), m) => session_sse(s, m, rest),
+                (Some((s, _)), m) => session_sse(&http, s, m, rest),
                 (None, Some(m)) => sse_answer(m, rest),
                 (None, None) => task_failed(),
             }
@@ -202,11 +202,12 @@ pub(super) async fn request(
 /// until answered (or its server's timeout, or the session's end), its events kept, and
 /// a GET with `Last-Event-ID` picks the stream up where the client lost it.
 fn session_sse(
+    http: &Http,
     session: &Arc<Session>,
     first: Option<bytes::Bytes>,
     rest: impl futures::Stream<Item = bytes::Bytes> + Send + 'static,
 ) -> Response {
-    let replay = session.replay();
+    let replay = session.replay(http);
     let (stream, live) = replay.open_post();
     let priming = session.priming.then(|| replay.priming(stream));
     crate::background::spawn(async move {

@@ -40,10 +40,12 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
         return r.into_response();
     }
     let mut resumed = None;
+    // A GET resuming a GET stream that cannot be resumed here: opened anew instead.
+    let mut reopened = false;
     if let Some(last) = headers.get(header::HeaderName::from_static("last-event-id")) {
         let last = String::from_utf8_lossy(last.as_bytes());
         let refused = |why: String| reject(StatusCode::GONE, code::INVALID_REQUEST, why).into_response();
-        let Ok((stream, after)) = replay::parse_id(&last) else {
+        let Ok(event) = replay::parse_id(&last, http.origin.as_deref()) else {
             return reject(
                 StatusCode::BAD_REQUEST,
                 code::INVALID_REQUEST,
@@ -51,13 +53,31 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
             )
             .into_response();
         };
-        let kept = session.replay.get().map(|r| r.resume(stream, after));
+        let kept = match event.here {
+            true => session.replay.get().map(|r| r.resume(event.stream, event.seq)),
+            false => None,
+        };
         match kept {
             Some(Ok(Resumed::Post { frames, live })) => {
-                let priming = session.priming.then(|| session.replay().priming(stream));
+                let priming = session.priming.then(|| session.replay(&http).priming(event.stream));
                 return sse_response(Body::from_stream(live_body(priming, frames, live)));
             }
             Some(Ok(Resumed::Get { stream, frames })) => resumed = Some((stream, frames)),
+            // The session's GET stream, held by another replica (gone, or draining) or
+            // with its events no longer kept: a new one. What was sent on the old one
+            // since that id is not sent again (cluster mode; notifications are
+            // delivered at most once, and SDK clients reconnect with the id they last
+            // read, so a refusal would end their GET stream for good).
+            _ if event.get == Some(true) => {
+                tracing::debug!(session = %sid, %last, "a GET stream resumed that is not kept here: opened anew");
+                reopened = true;
+            }
+            _ if !event.here => {
+                return refused(format!(
+                    "cannot resume after event {last}: another replica sent that stream and keeps its events; \
+                     start over"
+                ))
+            }
             _ => {
                 return refused(format!(
                     "cannot resume after event {last}: its stream is unknown or its events are no longer kept \
@@ -74,7 +94,9 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
     {
         let mut current = crate::sync::lock(&session.get_conn);
         match current.take() {
-            Some((_, old)) if resumed.is_some() => old.cancel(),
+            // A client resuming its GET stream: the connection it lost, if this replica
+            // has not noticed yet, ends.
+            Some((_, old)) if resumed.is_some() || reopened => old.cancel(),
             Some(old) => {
                 *current = Some(old);
                 return reject(
@@ -89,7 +111,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
         *current = Some((conn, ended.clone()));
         session.get_open.store(true, Ordering::Release);
     }
-    let replay = session.replay();
+    let replay = session.replay(&http);
     let (stream, frames) = match resumed {
         Some((stream, frames)) => {
             replay.reopen(stream);

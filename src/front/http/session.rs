@@ -55,8 +55,11 @@ impl Session {
         }
     }
 
-    pub(super) fn replay(&self) -> Arc<Replay> {
-        self.replay.get_or_init(Default::default).clone()
+    /// Its replay, made on first use with `http`'s id origin.
+    pub(super) fn replay(&self, http: &Http) -> Arc<Replay> {
+        self.replay
+            .get_or_init(|| Arc::new(Replay::new(http.origin.clone())))
+            .clone()
     }
 }
 

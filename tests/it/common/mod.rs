@@ -79,7 +79,15 @@ impl Gateway {
     }
 
     pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Gateway {
-        let (dir, mut cmd) = gateway_command(config, &["serve", "--listen", "127.0.0.1:0"], env);
+        Self::start_listening(config, "127.0.0.1:0", env)
+    }
+
+    /// As [`Gateway::start_with_env`], listening on `listen` (`--listen`): a fixed port, for
+    /// a replica that must come back where a balancer's fixed upstream expects it. Hold
+    /// the port with a [`ReservedPort`] meanwhile, so nothing else takes it (the gateway
+    /// binds it with `SO_REUSEADDR`, which a bound socket that does not listen allows).
+    pub fn start_listening(config: &str, listen: &str, env: &[(&str, &str)]) -> Gateway {
+        let (dir, mut cmd) = gateway_command(config, &["serve", "--listen", listen], env);
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn gateway");
         let stderr = child.stderr.take().expect("stderr");
