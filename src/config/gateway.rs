@@ -66,6 +66,8 @@ pub(super) struct RawGateway {
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
     worker_threads: Option<Spanned<usize>>,
+    #[serde(default)]
+    trusted_proxies: Vec<Spanned<String>>,
 }
 
 /// `[gateway]`: the public endpoint and defaults.
@@ -114,6 +116,48 @@ pub struct Gateway {
     /// Async runtime worker threads; `None`: half the CPUs, at least one (or
     /// `TOKIO_WORKER_THREADS`). Read at start only.
     pub worker_threads: Option<usize>,
+    /// Balancers whose `X-Forwarded-For` is believed (addresses or CIDR blocks). A request
+    /// from one of them counts as from the address it names, for `per_ip` and for the
+    /// sessions' shares; from anyone else the header is ignored.
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+/// An address block, `10.0.0.0/8` or one address (`/32`, `/128`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a.parse::<std::net::IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
+            None => (s.parse::<std::net::IpAddr>().ok()?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Cidr { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr::{V4, V6};
+        let ip = match ip {
+            V6(v6) => v6.to_ipv4_mapped().map_or(V6(v6), V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (V4(net), V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (V6(net), V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
 }
 
 /// `[gateway]`, each key checked and each problem reported; defaults stand in for what
@@ -195,5 +239,42 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
         body_timeout,
         max_line,
         worker_threads: g.worker_threads.map(Spanned::into_inner),
+        trusted_proxies: g
+            .trusted_proxies
+            .iter()
+            .filter_map(|p| {
+                let c = Cidr::parse(p.get_ref().trim());
+                if c.is_none() {
+                    cx.at(
+                        p.span().start,
+                        format!(
+                            "trusted_proxies: {:?} is not an address or CIDR block like \"10.0.0.0/8\"",
+                            p.get_ref()
+                        ),
+                    );
+                }
+                c
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod cidr_tests {
+    use super::Cidr;
+
+    #[test]
+    fn blocks_contain_their_addresses_only() {
+        let net = Cidr::parse("10.1.0.0/16").unwrap();
+        assert!(net.contains("10.1.200.3".parse().unwrap()));
+        assert!(!net.contains("10.2.0.1".parse().unwrap()));
+        assert!(net.contains("::ffff:10.1.0.9".parse().unwrap()), "v4-mapped v6");
+        let one = Cidr::parse("127.0.0.1").unwrap();
+        assert!(one.contains("127.0.0.1".parse().unwrap()) && !one.contains("127.0.0.2".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        assert!(Cidr::parse("fd00::/8").unwrap().contains("fd12::1".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "x", "10.0.0.0/", "::/129"] {
+            assert!(Cidr::parse(bad).is_none(), "{bad}");
+        }
     }
 }

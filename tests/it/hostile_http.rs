@@ -463,3 +463,52 @@ async fn without_auth_the_share_is_per_address() {
     let (status, sid, v) = initialize(&gw, &two, None).await;
     assert_eq!((status, sid.is_some()), (200, true), "{v}");
 }
+
+/// `initialize` from 127.0.0.1 naming `forwarded` in `X-Forwarded-For`.
+async fn initialize_via(gw: &Gateway, forwarded: &str) -> u16 {
+    reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("x-forwarded-for", forwarded)
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn a_trusted_proxys_x_forwarded_for_names_the_caller_and_nobody_elses_does() {
+    // Behind a trusted balancer, each caller has a share (and a per_ip budget) of its own.
+    let gw = gateway(
+        "max_sessions_per_client = 1\ntrusted_proxies = [\"127.0.0.0/8\", \"10.9.0.0/16\"]",
+        "[rate_limits]\nper_ip = \"3/m\"\n",
+    );
+    assert_eq!(initialize_via(&gw, "203.0.113.7").await, 200);
+    assert_eq!(initialize_via(&gw, "203.0.113.7").await, 503, "its one share is taken");
+    // The hop the balancer added is read from the right, past other trusted proxies;
+    // what the caller wrote to the left of it counts for nothing.
+    assert_eq!(initialize_via(&gw, "1.1.1.1, 203.0.113.8, 10.9.0.4").await, 200);
+    assert_eq!(
+        initialize_via(&gw, "6.6.6.6, 203.0.113.8").await,
+        503,
+        "the same caller"
+    );
+    // per_ip counts by that address too: 203.0.113.7 spent 2 of its 3, 203.0.113.9 none.
+    assert_eq!(initialize_via(&gw, "203.0.113.7").await, 503);
+    assert_eq!(initialize_via(&gw, "203.0.113.7").await, 429);
+    assert_eq!(initialize_via(&gw, "203.0.113.9").await, 200);
+    // Without trusted_proxies the header is ignored: every request is 127.0.0.1's.
+    let plain = gateway("max_sessions_per_client = 1", "");
+    assert_eq!(initialize_via(&plain, "203.0.113.7").await, 200);
+    assert_eq!(initialize_via(&plain, "203.0.113.8").await, 503);
+    // A malformed hop is not believed: the walk stops at the balancer itself.
+    let strict = gateway("max_sessions_per_client = 1\ntrusted_proxies = [\"127.0.0.1\"]", "");
+    assert_eq!(initialize_via(&strict, "nonsense").await, 200);
+    assert_eq!(
+        initialize_via(&strict, "also, nonsense").await,
+        503,
+        "both count as 127.0.0.1"
+    );
+}

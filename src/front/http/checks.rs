@@ -18,10 +18,9 @@ use tracing::debug;
 /// A refusal here is a whole 429 response (axum's `Response` is past clippy's size
 /// threshold for an `Err`); it is the cold path.
 #[allow(clippy::result_large_err)]
-pub(super) fn per_ip(http: &Http, extensions: &axum::http::Extensions) -> Result<(), Response> {
-    let peer = extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
-    if let Some(axum::extract::ConnectInfo(addr)) = peer {
-        if let Err(l) = http.gw.topology().limits.check_ip(addr.ip()) {
+pub(super) fn per_ip(http: &Http, headers: &HeaderMap, extensions: &axum::http::Extensions) -> Result<(), Response> {
+    if let Some(ip) = client_ip(http, headers, extensions) {
+        if let Err(l) = http.gw.topology().limits.check_ip(ip) {
             http.gw.metrics.rate_limited(&l.what);
             let secs = l.retry_after.as_secs_f64().ceil().max(1.0);
             let mut resp = reject(StatusCode::TOO_MANY_REQUESTS, code::RATE_LIMITED, l.message()).into_response();
@@ -32,6 +31,46 @@ pub(super) fn per_ip(http: &Http, extensions: &axum::http::Extensions) -> Result
         }
     }
     Ok(())
+}
+
+/// The caller's address: the connection's peer, or, when the peer is one of
+/// `gateway.trusted_proxies`, the address its `X-Forwarded-For` names, read from the
+/// right (the hop the proxy added) past the other trusted proxies. A malformed hop stops
+/// the walk at the last address believed.
+pub(super) fn client_ip(
+    http: &Http,
+    headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
+) -> Option<std::net::IpAddr> {
+    let peer = extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())?;
+    let config = http.gw.config();
+    let trusted = &config.gateway.trusted_proxies;
+    if trusted.is_empty() || !trusted.iter().any(|c| c.contains(peer)) {
+        return Some(peer);
+    }
+    let mut believed = peer;
+    let values: Vec<&[u8]> = headers
+        .get_all(header::HeaderName::from_static("x-forwarded-for"))
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    for value in values.iter().rev() {
+        let Ok(value) = std::str::from_utf8(value) else {
+            return Some(believed);
+        };
+        for hop in value.rsplit(',') {
+            let Ok(ip) = hop.trim().parse::<std::net::IpAddr>() else {
+                return Some(believed);
+            };
+            believed = ip;
+            if !trusted.iter().any(|c| c.contains(ip)) {
+                return Some(ip);
+            }
+        }
+    }
+    Some(believed)
 }
 
 /// Headers an MCP request may carry at most once. A second copy is refused (400) rather
@@ -361,7 +400,7 @@ pub(super) fn check_version(headers: &HeaderMap) -> Result<(), Error> {
 pub(super) async fn admit_bodyless(http: &Http, req: axum::extract::Request) -> Result<Admitted, Response> {
     let (parts, _) = req.into_parts();
     let (headers, extensions) = (parts.headers, parts.extensions);
-    per_ip(http, &extensions)?;
+    per_ip(http, &headers, &extensions)?;
     check_origin_host(&http.gw, &headers).map_err(IntoResponse::into_response)?;
     let who = identify(http, &headers, b"").await?;
     let view = http.endpoint(&parts.uri).map_err(IntoResponse::into_response)?;

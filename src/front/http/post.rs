@@ -3,7 +3,9 @@
 //! session.
 
 use super::answer::{cancelled, request};
-use super::checks::{accepted, check_accept, check_content_type, check_origin_host, check_version, identify, per_ip};
+use super::checks::{
+    accepted, check_accept, check_content_type, check_origin_host, check_version, client_ip, identify, per_ip,
+};
 use super::session::{initialize, session, Session};
 use super::{json_response, refuse, reject, Http, SESSION_HEADER};
 use crate::error::code;
@@ -40,7 +42,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
     // Taken apart, not extracted: the `HeaderMap` and `Extensions` extractors clone.
     let (parts, body) = req.into_parts();
     let (headers, extensions, uri) = (parts.headers, parts.extensions, parts.uri);
-    if let Err(r) = per_ip(&http, &extensions) {
+    if let Err(r) = per_ip(&http, &headers, &extensions) {
         return r;
     }
     let accept = accepted(&headers);
@@ -143,17 +145,13 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
             _ => envelope::names_revision(&headers),
         };
         if stateless {
-            let peer = extensions
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|c| c.0.ip());
+            let peer = client_ip(&http, &headers, &extensions);
             return super::stateless::serve(http, &headers, accept, msg, who, peer, view).await;
         }
     }
     if let Kind::Request { id, method, params } = &msg {
         if method == "initialize" {
-            let peer = extensions
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|c| c.0.ip());
+            let peer = client_ip(&http, &headers, &extensions);
             // Boxed, like every rare path: its Redis calls would grow every request's future.
             return Box::pin(initialize(&http, id, params.as_deref(), who, peer, view)).await;
         }
