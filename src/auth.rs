@@ -460,6 +460,7 @@ mod tests {
             lists: &lists,
             filter: &all,
             overrides: &IndexMap::new(),
+            instructions: None,
         }];
         let catalog = Arc::new(Catalog::build("__", &sources));
         let a = auth(vec![

@@ -28,6 +28,13 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
 
+/// The gateway's own tools of tool search mode (`router/search.rs`). Their names are
+/// reserved, search mode or not: a server's tool that would be public under one of them
+/// (a server named `gateway` with a tool `search_tools`) gets the hashed form of rule 3.
+pub const SEARCH_TOOLS: &str = "gateway__search_tools";
+pub const CALL_TOOL: &str = "gateway__call_tool";
+pub const RESERVED_TOOLS: [&str; 2] = [SEARCH_TOOLS, CALL_TOOL];
+
 /// Longest public tool or prompt name clients accept (SEP-986).
 pub const MAX_NAME: usize = 64;
 const HASH_LEN: usize = 8;
@@ -113,6 +120,8 @@ pub struct Source<'a> {
     pub filter: &'a Filter,
     /// What the operator puts in place of some tools' names and descriptions.
     pub overrides: &'a IndexMap<String, Override>,
+    /// What the server said of itself at `initialize`, for tool search.
+    pub instructions: Option<&'a str>,
 }
 
 /// Where a public name leads.
@@ -157,9 +166,49 @@ pub struct Catalog {
     /// of its parts, private if any part is; a handshake-era server's part counts as
     /// `ttlMs` 0 (it promises nothing).
     pub hints: [Hint; 4],
+    /// Each server's name, prefix (with the separator) and instructions, for the index.
+    servers: Vec<ServerText>,
+    /// The tool search index, built on first use ([`Catalog::search_index`]).
+    search: std::sync::OnceLock<crate::search::Index>,
+}
+
+/// What tool search reads of a server besides its tools.
+#[derive(Debug)]
+struct ServerText {
+    name: String,
+    prefix: String,
+    instructions: Option<String>,
 }
 
 impl Catalog {
+    /// The tool search index of this catalog's tools: built on first use (one catalog is
+    /// built per change of the servers' lists), then shared by every session. Its
+    /// documents are the tools as listed, overrides applied, under public names.
+    pub fn search_index(&self) -> &crate::search::Index {
+        self.search.get_or_init(|| {
+            #[derive(serde::Deserialize)]
+            struct Tools<'a> {
+                #[serde(borrow)]
+                tools: Vec<crate::search::Listed<'a>>,
+            }
+            let listed =
+                serde_json::from_str::<Tools>(self.tools_result.get()).map_or_else(|_| Vec::new(), |t| t.tools);
+            let none = ServerText {
+                name: String::new(),
+                prefix: String::new(),
+                instructions: None,
+            };
+            crate::search::Index::build(listed.iter().map(|tool| {
+                let server = self
+                    .tools
+                    .get(tool.name())
+                    .and_then(|r| self.servers.get(r.server))
+                    .unwrap_or(&none);
+                tool.tool(&server.prefix, &server.name, server.instructions.as_deref())
+            }))
+        })
+    }
+
     /// The caching hint of a merged list method; `None` for any other method.
     pub fn hint(&self, method: &str) -> Option<Hint> {
         list_index(Method::parse(method)).map(|i| self.hints[i])
@@ -246,6 +295,15 @@ impl Catalog {
             entries,
             notes,
             problems,
+            servers: sources
+                .iter()
+                .map(|s| ServerText {
+                    name: s.server.to_owned(),
+                    prefix: join(s.prefix, separator, ""),
+                    instructions: s.instructions.map(str::to_owned),
+                })
+                .collect(),
+            search: std::sync::OnceLock::new(),
             hints: std::array::from_fn(|i| {
                 sources
                     .iter()
@@ -324,11 +382,16 @@ fn merge_named(
                     s.server
                 ));
             }
-            if let Some(owner) = table.get(&public) {
+            let reserved = filtered && RESERVED_TOOLS.contains(&public.as_str());
+            if reserved || table.contains_key(&public) {
                 let hashed = hashed_name(&sanitize(&join(s.prefix, separator, name)), s.server, name);
+                let owner = match table.get(&public) {
+                    Some(owner) => format!("server '{}'s {}", sources[owner.server].server, owner.name),
+                    None => "the gateway's own (tool search)".to_owned(),
+                };
                 notes.push(format!(
-                    "{kind} name collision: {public} is server '{}'s {}; server '{}'s {name} is public as {hashed}",
-                    sources[owner.server].server, owner.name, s.server
+                    "{kind} name collision: {public} is {owner}; server '{}'s {name} is public as {hashed}",
+                    s.server
                 ));
                 public = hashed;
                 if table.contains_key(&public) {
@@ -411,6 +474,7 @@ mod tests {
             lists,
             filter: &filter,
             overrides: &none,
+            instructions: None,
         };
         let both = Catalog::build("__", &[src(&a), src(&b)]);
         assert_eq!(
@@ -470,6 +534,7 @@ mod tests {
                     lists: &a,
                     filter: &only,
                     overrides: &IndexMap::new(),
+                    instructions: None,
                 },
                 Source {
                     server: "b",
@@ -477,6 +542,7 @@ mod tests {
                     lists: &b,
                     filter: &all,
                     overrides: &IndexMap::new(),
+                    instructions: None,
                 },
             ],
         );
@@ -519,6 +585,7 @@ mod tests {
                     lists: &a,
                     filter: &no_delete,
                     overrides: &IndexMap::new(),
+                    instructions: None,
                 },
                 Source {
                     server: "other",
@@ -526,6 +593,7 @@ mod tests {
                     lists: &b,
                     filter: &all,
                     overrides: &IndexMap::new(),
+                    instructions: None,
                 },
             ],
         );
@@ -567,6 +635,7 @@ mod tests {
                     lists: &a,
                     filter: &all,
                     overrides: &IndexMap::new(),
+                    instructions: None,
                 },
                 Source {
                     server: "b",
@@ -574,6 +643,7 @@ mod tests {
                     lists: &b,
                     filter: &all,
                     overrides: &IndexMap::new(),
+                    instructions: None,
                 },
             ],
         );

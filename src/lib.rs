@@ -29,6 +29,9 @@
 //!   (server, name) by lookup table. `catalog/view.rs`: the views of profiles and `?tags=`
 //!   queries (a filter over the catalog with its own cached lists), and whom a
 //!   list_changed reaches.
+//!   `search` is its tool search index (BM25F, built once
+//!   per catalog; `search/text.rs` for words, stems and synonyms, `search/eval.rs` for the
+//!   fixture's recall); `router/search.rs` serves search mode's two tools.
 //! - **One server's life**: `supervisor` (start, watch, restart, stop), with the handshake
 //!   and era probe in `supervisor/handshake.rs`, lists in `lists.rs`, a 2026-07-28 server's
 //!   listen stream in `listen.rs`, and the per-session processes in `pool.rs`.
@@ -65,6 +68,7 @@ pub(crate) mod method;
 pub(crate) mod metrics;
 pub(crate) mod reload;
 pub(crate) mod router;
+pub(crate) mod search;
 pub(crate) mod shared;
 pub(crate) mod sse;
 pub(crate) mod stateless;
@@ -90,6 +94,14 @@ pub mod fuzzing {
         Id, Kind, Members, Outcome,
     };
     pub use crate::sse::Parser;
+}
+
+/// Tool search and its fixture, for `mcp-gateway-bench --mode search`; not an API.
+#[doc(hidden)]
+pub mod searching {
+    pub use crate::catalog::Catalog;
+    pub use crate::search::eval::{recall, Fixture, Query, Recall, Server};
+    pub use crate::search::{Hit, Index, Tool, Tuning, FIELDS};
 }
 
 use anyhow::Context;

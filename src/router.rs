@@ -21,6 +21,7 @@ mod lists;
 mod logging;
 mod replicas;
 mod resources;
+mod search;
 mod tasks;
 mod topology;
 

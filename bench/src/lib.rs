@@ -4,6 +4,7 @@
 
 pub mod fixture;
 pub mod remote;
+pub mod search;
 
 /// A fixture server started by the bench stops when the bench closes its stdin.
 pub fn exit_when_stdin_closes() {

@@ -29,6 +29,11 @@
 //!   `url = …` to it (`json-gateway`, `sse-gateway`), alternating per concurrency level;
 //!   targets: added p50 at c=1 ≤ 100 µs, throughput at c=64 ≥ 0.9× direct.
 //!
+//! - `search`: the gateway's tool search in process (`search.rs`): recall@1 and @5 on the
+//!   fixture's tuned and held-out requests, search p50/p99 and index rebuild on a
+//!   1,000-tool catalog; targets: recall@5 ≥ 0.90, recall@1 ≥ 0.70, p50 ≤ 1 ms, rebuild
+//!   ≤ 20 ms.
+//!
 //! Each (mode, concurrency) case: warm up, then run for `--duration` (or `--calls`),
 //! with `concurrency` workers each keeping one request in flight. Latencies are kept
 //! whole (one `u64` per call) and sorted; percentiles are nearest-rank.
@@ -189,6 +194,8 @@ struct Args {
     /// default, half the CPUs).
     #[arg(long)]
     remote_gateway_threads: Option<usize>,
+    #[command(flatten)]
+    search: mcp_gateway_bench::search::Opts,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -223,6 +230,9 @@ enum Mode {
     Startup,
     RemoteJson,
     RemoteSse,
+    /// Tool search (issue #17), in process: recall on the fixture, search latency and
+    /// index rebuild on a 1,000-tool catalog.
+    Search,
 }
 
 impl Mode {
@@ -241,6 +251,7 @@ impl Mode {
             Mode::Startup => "startup",
             Mode::RemoteJson => "remote-json",
             Mode::RemoteSse => "remote-sse",
+            Mode::Search => "search",
         }
     }
 }
@@ -1906,6 +1917,43 @@ async fn bench_list(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     Ok(())
 }
 
+/// search: `mcp-gateway-search-bench` (beside this binary), which runs the gateway's tool
+/// search in process with the gateway's allocator; its target rows join ours.
+fn bench_search(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let me = std::env::current_exe()?;
+    let bin = me.with_file_name("mcp-gateway-search-bench");
+    let o = &args.search;
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg("--json")
+        .arg("--search-fixture")
+        .arg(&o.search_fixture)
+        .arg(format!("--search-rounds={}", o.search_rounds))
+        .arg(format!("--search-rebuilds={}", o.search_rebuilds));
+    if o.search_misses {
+        cmd.arg("--search-misses");
+    }
+    if o.tuned_only {
+        cmd.arg("--tuned-only");
+    }
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!("{} failed: {}", bin.display(), out.status);
+    }
+    let rows: Vec<mcp_gateway_bench::search::Row> = serde_json::from_slice(&out.stdout)?;
+    for r in rows {
+        targets.push(TargetRow {
+            target: r.target,
+            goal: r.goal,
+            measured: r.measured,
+            pass: r.pass,
+        });
+    }
+    Ok(())
+}
+
 /// startup: time from spawning the gateway to the first complete tools/list.
 async fn bench_startup(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     let n = args.startup_servers;
@@ -2359,6 +2407,8 @@ async fn bench_main(mut args: Args) -> Result<()> {
         args.sessions = args.sessions.min(1000);
         args.soak_calls = args.soak_calls.min(50_000);
         args.list_calls = args.list_calls.min(200);
+        args.search.search_rounds = args.search.search_rounds.min(2);
+        args.search.search_rebuilds = args.search.search_rebuilds.min(3);
     }
     let mut results = Vec::new();
     let mut targets = Vec::new();
@@ -2381,6 +2431,7 @@ async fn bench_main(mut args: Args) -> Result<()> {
             Mode::Startup => bench_startup(&args, &mut targets).await,
             Mode::RemoteJson => bench_remote(&args, false, &mut results, &mut targets).await,
             Mode::RemoteSse => bench_remote(&args, true, &mut results, &mut targets).await,
+            Mode::Search => bench_search(&args, &mut targets),
         };
         if let Err(e) = r {
             eprintln!("{} mode failed: {e:#}", mode.name());

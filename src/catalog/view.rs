@@ -549,6 +549,7 @@ mod tests {
             lists,
             filter: &all,
             overrides: &none,
+            instructions: None,
         };
         let catalog = Catalog::build("__", &[src("a", &a), src("b", &b)]);
         let tools = Filter {

@@ -68,6 +68,7 @@ pub(super) struct RawGateway {
     worker_threads: Option<Spanned<usize>>,
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
+    search: Option<bool>,
 }
 
 /// `[gateway]`: the public endpoint and defaults.
@@ -116,6 +117,10 @@ pub struct Gateway {
     /// Async runtime worker threads; `None`: half the CPUs, at least one (or
     /// `TOKIO_WORKER_THREADS`). Read at start only.
     pub worker_threads: Option<usize>,
+    /// Tool search mode on `path` and over stdio: `tools/list` shows only
+    /// `gateway__search_tools` and `gateway__call_tool` (every tool stays callable by name).
+    /// Default: off.
+    pub search: bool,
     /// Balancers whose `X-Forwarded-For` is believed (addresses or CIDR blocks). A request
     /// from one of them counts as from the address it names, for `per_ip` and for the
     /// sessions' shares; from anyone else the header is ignored.
@@ -239,6 +244,7 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
         body_timeout,
         max_line,
         worker_threads: g.worker_threads.map(Spanned::into_inner),
+        search: g.search.unwrap_or(false),
         trusted_proxies: g
             .trusted_proxies
             .iter()

@@ -205,6 +205,11 @@ impl Members {
         self.set(key, MemberValue::Written(text));
     }
 
+    /// Sets a member to JSON text read from parsed JSON (another member's value).
+    pub fn insert_raw(&mut self, key: &str, json: &str) {
+        self.set(key, MemberValue::Written(json.to_owned()));
+    }
+
     /// Sets a member to a value.
     pub fn insert_value(&mut self, key: &str, value: &Value) {
         self.set(key, MemberValue::Written(value.to_string()));

@@ -3,6 +3,7 @@
 //! it completes for).
 
 use super::resources::resource_owner;
+use super::search;
 use super::tasks::supports_tasks;
 use super::{Call, Gateway, Topology};
 use crate::downstream::DsError;
@@ -27,6 +28,19 @@ impl Gateway {
             Ok(p) => p,
             Err(e) => return Error::invalid_params(e).into(),
         };
+        if tool && search::search_mode(cx) {
+            let mut own = search::own_tool(p.get_str("name").as_deref());
+            if own == Some(search::Own::Call) {
+                if let Err(e) = search::unwrap_call(&mut p) {
+                    return e.into();
+                }
+                own = search::own_tool(p.get_str("name").as_deref());
+            }
+            if own == Some(search::Own::Search) {
+                cx.info.tool = Some(crate::catalog::SEARCH_TOOLS.to_owned());
+                return search::search_tools(cx, &p);
+            }
+        }
         let name = p.get_str("name");
         let Some(name) = name.as_deref() else {
             return Error::invalid_params(format!("{method} needs params.name")).into();

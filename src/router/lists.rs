@@ -12,9 +12,15 @@ impl Gateway {
     /// tools/list, prompts/list, resources/list, resources/templates/list.
     pub(super) fn list(&self, cx: &Call<'_>, method: Method, params: Option<Box<RawValue>>) -> Outcome {
         let catalog = &cx.topo.catalog;
-        // The allowlist's lists of the view (or of the whole catalog), else the view's own.
-        let allowed = cx.identity.and_then(|i| i.views(catalog, cx.view.as_ref()));
+        // Search mode: the two tools of the gateway's own, whoever asks. Otherwise the
+        // allowlist's lists of the view (or of the whole catalog), else the view's own.
+        let search = method == Method::ToolsList && super::search::search_mode(cx);
+        let allowed = cx
+            .identity
+            .filter(|_| !search)
+            .and_then(|i| i.views(catalog, cx.view.as_ref()));
         let result = match (method, &allowed, &cx.view) {
+            (Method::ToolsList, _, _) if search => super::search::tools_result(),
             (m, Some(a), _) => a.of(m),
             (m, None, Some(v)) => v.lists.of(m),
             (Method::ToolsList, None, None) => &catalog.tools_result,

@@ -136,6 +136,7 @@ impl Gateway {
             });
             (before, topo.clone())
         };
+        warm_search(&self.topology());
         self.announce(&before, &after, true, None);
         // A changed server's new process takes over its sessions' subscriptions and log level.
         for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
@@ -192,6 +193,7 @@ impl Gateway {
             });
             (before, topo.clone())
         };
+        warm_search(&self.topology());
         self.announce(&before, &after, notify, announced);
     }
 
@@ -267,6 +269,21 @@ fn differs(a: [&serde_json::value::RawValue; 4], b: [&serde_json::value::RawValu
     }
 }
 
+/// In search mode the index of a new catalog is built at once, so no search waits for it
+/// (and so the first search after a change costs what any other does).
+fn warm_search(topo: &Topology) {
+    let profiles = topo.config.profiles.iter().any(|p| p.search);
+    if topo.config.gateway.search || profiles {
+        let started = std::time::Instant::now();
+        let tools = topo.catalog.search_index().len();
+        debug!(
+            tools,
+            took_us = started.elapsed().as_micros() as u64,
+            "tool search index built"
+        );
+    }
+}
+
 fn limits_for(config: &Config) -> Limits {
     let per_server: Vec<_> = config
         .servers
@@ -293,16 +310,21 @@ fn any_isolated(servers: &[Arc<Server>]) -> bool {
 fn build_catalog(config: &Config, servers: &[Arc<Server>]) -> Catalog {
     let states: Vec<_> = servers
         .iter()
-        .map(|s| (s, s.settings(), s.state().lists.clone()))
+        .map(|s| {
+            let state = s.state();
+            let instructions = state.info.as_ref().and_then(|i| i.instructions.clone());
+            (s, s.settings(), state.lists.clone(), instructions)
+        })
         .collect();
     let sources: Vec<Source> = states
         .iter()
-        .map(|(s, settings, lists)| Source {
+        .map(|(s, settings, lists, instructions)| Source {
             server: &s.cfg.name,
             prefix: &settings.prefix,
             lists,
             filter: &settings.tools,
             overrides: &settings.overrides,
+            instructions: instructions.as_deref(),
         })
         .collect();
     Catalog::build(&config.gateway.separator, &sources)

@@ -18,12 +18,12 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(90);
 /// The SDK client's `server/discover` probe must not fall back by timeout (the SDK's is 10 s).
 const AUTO_MODE_BUDGET: Duration = Duration::from_secs(8);
 
-fn venv_python() -> PathBuf {
+pub(crate) fn venv_python() -> PathBuf {
     repo().join(".venv/bin/python")
 }
 
 /// Panics with setup instructions when a test dependency is missing.
-fn require_deps() {
+pub(crate) fn require_deps() {
     let setup = "run scripts/setup-test-deps (creates .venv and node_modules) before `cargo test --test it interop::`";
     let py = venv_python();
     assert!(py.exists(), "interop tests need {} — {setup}", py.display());
@@ -64,7 +64,12 @@ fn calls() -> Vec<(&'static str, Value, &'static str)> {
 }
 
 /// Runs a client command to completion; returns its one JSON output line and the wall time.
-async fn run_client(what: &str, program: &str, args: &[String], context: &dyn Fn() -> String) -> (Value, Duration) {
+pub(crate) async fn run_client(
+    what: &str,
+    program: &str,
+    args: &[String],
+    context: &dyn Fn() -> String,
+) -> (Value, Duration) {
     let start = Instant::now();
     let child = tokio::process::Command::new(program)
         .args(args)

@@ -40,6 +40,7 @@ mod reload;
 mod remote;
 mod remote_interop;
 mod remote_pool;
+mod search;
 mod smoke;
 mod sse_resume;
 mod stateless;
