@@ -399,17 +399,8 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
             "PROFILE", "TOOLS", "PROMPTS", "RESOURCES", "TEMPLATES"
         ));
         for v in profiles {
-            let servers: Vec<&str> = topo
-                .servers
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| v.has_server(*i))
-                .map(|(_, s)| &*s.name)
-                .collect();
-            let name = match &v.key {
-                catalog::view::ViewKey::Profile(n) => n.to_string(),
-                other => other.to_string(),
-            };
+            let servers = v.server_names(topo.servers.iter().map(|s| &*s.name));
+            let name = v.name();
             let [tools, prompts, resources, templates] = v.counts;
             out.push_str(&format!(
                 "{name:<w$}  {tools:>5} {prompts:>7} {resources:>9} {templates:>9}  {}{}\n",

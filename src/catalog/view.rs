@@ -210,6 +210,26 @@ pub struct View {
 }
 
 impl View {
+    /// Its name as `/status` and `check` show it: a profile's name, or the tag query.
+    pub fn name(&self) -> String {
+        match &self.key {
+            ViewKey::Profile(n) => n.to_string(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The names of `servers` (the topology's, in order) that are in the view.
+    pub fn server_names<'a>(&self, servers: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+        servers
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| self.has_server(*i))
+            .map(|(_, s)| s)
+            .collect()
+    }
+}
+
+impl View {
     /// The view of `catalog` with `servers` (by index) and `tools` (public-name globs).
     pub fn build(key: ViewKey, servers: Vec<bool>, tools: Filter, search: bool, catalog: &Catalog) -> View {
         let has = |i: usize| servers.get(i).copied().unwrap_or(false);

@@ -112,17 +112,8 @@ fn profiles_json(http: &Http, topo: &crate::router::Topology) -> Vec<Value> {
         .profiles()
         .map(|v| {
             let [tools, prompts, resources, templates] = v.counts;
-            let servers: Vec<&str> = topo
-                .servers
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| v.has_server(*i))
-                .map(|(_, s)| &*s.name)
-                .collect();
-            let name = match &v.key {
-                crate::catalog::view::ViewKey::Profile(n) => n.to_string(),
-                other => other.to_string(),
-            };
+            let servers = v.server_names(topo.servers.iter().map(|s| &*s.name));
+            let name = v.name();
             let sessions = open.get(&v.key).copied().unwrap_or(0);
             json!({
                 "name": name,
