@@ -97,7 +97,39 @@ pub enum Note {
 #[derive(Serialize, Deserialize)]
 struct Envelope {
     from: String,
+    /// When it was sent (ms since the epoch) and a random mark: a note seen before, or
+    /// older than [`FRESH`], is dropped, so one copied off the bus cannot be played again
+    /// (a forwarded call run twice, a question answered twice).
+    #[serde(default)]
+    at: u64,
+    #[serde(default)]
+    nonce: String,
     note: Note,
+}
+
+/// How far a note's time may be from this replica's clock (either way).
+const FRESH: Duration = Duration::from_secs(30);
+
+/// The notes seen in the last [`FRESH`], by nonce, to drop a replayed one.
+#[derive(Default)]
+struct Seen {
+    marks: std::collections::HashMap<String, u64>,
+    pruned: u64,
+}
+
+impl Seen {
+    /// False when `nonce` was seen already (or the note is stale); records it otherwise.
+    fn first(&mut self, nonce: &str, at: u64, now: u64) -> bool {
+        let window = u64::try_from(FRESH.as_millis()).unwrap_or(u64::MAX);
+        if nonce.is_empty() || at.abs_diff(now) > window {
+            return false;
+        }
+        if now.saturating_sub(self.pruned) > window {
+            self.marks.retain(|_, t| now.saturating_sub(*t) <= 2 * window);
+            self.pruned = now;
+        }
+        self.marks.insert(nonce.to_owned(), at).is_none()
+    }
 }
 
 /// The key's purpose (see [`Cluster::derive`]).
@@ -154,6 +186,8 @@ impl Bus {
         };
         let env = Envelope {
             from: cluster.replica.clone(),
+            at: super::now_ms(),
+            nonce: super::random_id(),
             note,
         };
         let json = serde_json::to_string(&env).unwrap_or_default();
@@ -184,6 +218,7 @@ async fn listen(cluster: &Cluster, key: &hmac::Key, tx: &mpsc::Sender<Note>) -> 
         .map_err(timeout)??;
     cluster.ok();
     debug!(replica = %cluster.replica, "listening on the bus");
+    let mut seen = Seen::default();
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -192,7 +227,7 @@ async fn listen(cluster: &Cluster, key: &hmac::Key, tx: &mpsc::Sender<Note>) -> 
                 let Some(msg) = msg else {
                     return Err(redis::RedisError::from((redis::ErrorKind::Io, "the bus connection closed")));
                 };
-                let Some(note) = open(key, &cluster.replica, msg.get_payload_bytes()) else { continue };
+                let Some(note) = open(key, &cluster.replica, msg.get_payload_bytes(), &mut seen) else { continue };
                 if tx.send(note).await.is_err() {
                     return Ok(());
                 }
@@ -209,7 +244,7 @@ async fn listen(cluster: &Cluster, key: &hmac::Key, tx: &mpsc::Sender<Note>) -> 
 }
 
 /// The note in `payload`, unless it fails to verify (logged), or is `replica`'s own.
-fn open(key: &hmac::Key, replica: &str, payload: &[u8]) -> Option<Note> {
+fn open(key: &hmac::Key, replica: &str, payload: &[u8], seen: &mut Seen) -> Option<Note> {
     let text = std::str::from_utf8(payload).ok()?;
     let verified = text.split_once('.').and_then(|(tag, json)| {
         let tag = super::unhex(tag)?;
@@ -220,7 +255,14 @@ fn open(key: &hmac::Key, replica: &str, payload: &[u8]) -> Option<Note> {
         warn!("a message on the bus does not verify with the cluster key; dropping it");
         return None;
     };
-    (env.from != replica).then_some(env.note)
+    if env.from == replica {
+        return None;
+    }
+    if !seen.first(&env.nonce, env.at, super::now_ms()) {
+        warn!(from = %env.from, "a note on the bus was seen before, or is stale; dropping it");
+        return None;
+    }
+    Some(env.note)
 }
 
 #[cfg(test)]
@@ -228,22 +270,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn notes_open_only_with_the_key_and_not_for_their_sender() {
+    fn notes_open_only_with_the_key_once_fresh_and_not_for_their_sender() {
         let key = hmac::Key::new(hmac::HMAC_SHA256, b"0123456789abcdef0123456789abcdef");
-        let env = Envelope {
-            from: "a".into(),
-            note: Note::Ended { sid: "s1".into() },
+        let seal = |at: u64, nonce: &str| {
+            let env = Envelope {
+                from: "a".into(),
+                at,
+                nonce: nonce.into(),
+                note: Note::Ended { sid: "s1".into() },
+            };
+            let json = serde_json::to_string(&env).unwrap();
+            let tag = super::super::hex(hmac::sign(&key, json.as_bytes()).as_ref());
+            format!("{tag}.{json}")
         };
-        let json = serde_json::to_string(&env).unwrap();
-        let tag = super::super::hex(hmac::sign(&key, json.as_bytes()).as_ref());
-        let payload = format!("{tag}.{json}");
+        let now = super::super::now_ms();
+        let payload = seal(now, "n1");
+        let mut seen = Seen::default();
         assert_eq!(
-            open(&key, "b", payload.as_bytes()),
+            open(&key, "b", payload.as_bytes(), &mut seen),
             Some(Note::Ended { sid: "s1".into() })
         );
-        assert_eq!(open(&key, "a", payload.as_bytes()), None, "its own");
-        let forged = payload.replace("s1", "s2");
-        assert_eq!(open(&key, "b", forged.as_bytes()), None);
-        assert_eq!(open(&key, "b", b"not a note"), None);
+        assert_eq!(open(&key, "b", payload.as_bytes(), &mut seen), None, "played again");
+        assert_eq!(open(&key, "a", seal(now, "n2").as_bytes(), &mut seen), None, "its own");
+        let stale = seal(now - 60_000, "n3");
+        assert_eq!(open(&key, "b", stale.as_bytes(), &mut seen), None, "stale");
+        assert_eq!(open(&key, "b", seal(now, "").as_bytes(), &mut seen), None, "no mark");
+        let forged = seal(now, "n4").replace("s1", "s2");
+        assert_eq!(open(&key, "b", forged.as_bytes(), &mut seen), None);
+        assert_eq!(open(&key, "b", b"not a note", &mut seen), None);
     }
 }
