@@ -55,6 +55,7 @@ pub(crate) mod catalog;
 pub(crate) mod client;
 pub(crate) mod cluster;
 pub mod config;
+pub(crate) mod console;
 pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod front;

@@ -168,6 +168,8 @@ pub struct CallInfo {
     /// The public tool name, for tools/call.
     pub tool: Option<String>,
     pub rate_limited: bool,
+    /// The limit that refused it, for the console.
+    pub limit: Option<String>,
     /// The client's progress token as it wrote it, read before its params were opened
     /// into a map (not for tools/call and prompts/get, whose params stay raw).
     pub progress: Option<Id>,
@@ -394,7 +396,9 @@ impl Gateway {
         if let Some(server) = &info.server {
             crate::sync::lock(&client.used).insert(server.clone());
         }
-        self.observe(parsed, &info, out.as_ref(), started.elapsed());
+        let ended = Instant::now();
+        self.observe(parsed, &info, out.as_ref(), ended.duration_since(started), ended);
+        console(client.stats.get(), parsed, &info, out.as_ref(), ended);
         telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
         out
     }
@@ -420,7 +424,14 @@ impl Gateway {
         }
     }
 
-    fn observe(&self, method: Method, info: &CallInfo, out: Option<&Outcome>, took: std::time::Duration) {
+    fn observe(
+        &self,
+        method: Method,
+        info: &CallInfo,
+        out: Option<&Outcome>,
+        took: std::time::Duration,
+        ended: Instant,
+    ) {
         let outcome = match (info.rate_limited, out) {
             (true, _) => metrics::Outcome::RateLimited,
             (false, None) => metrics::Outcome::Cancelled,
@@ -437,6 +448,7 @@ impl Gateway {
             info.tool.as_deref().unwrap_or(""),
             outcome,
             took,
+            ended,
         );
     }
 
@@ -445,12 +457,14 @@ impl Gateway {
     /// `data.retryAfterMs`.
     fn limited(&self, method: Method, l: &Limited, info: &mut CallInfo) -> Outcome {
         info.rate_limited = true;
+        info.limit = Some(l.what.clone());
         self.rate_limited(method, l)
     }
 
     fn rate_limited(&self, method: Method, l: &Limited) -> Outcome {
         debug!(%method, limit = %l.what, "rate limited");
         self.metrics.rate_limited(&l.what);
+        crate::console::events().burst("rate_limited", &l.what, None, format!("rate limited by {}", l.what));
         if method == Method::ToolsCall {
             Outcome::Result(
                 message::to_raw(&serde_json::json!({
@@ -535,6 +549,41 @@ fn check_client_rates(topo: &Topology, key: &str, identity: Option<&Identity>) -
 }
 
 /// The router in-process: a gateway with no servers, requests as a front would send them.
+/// A call as the console sees it: counted on the session's row (with the limit that
+/// refused it, or why it failed), and a server's failure as an event naming the server
+/// (one per burst). Only a failure reads the answer.
+fn console(
+    stats: Option<&Arc<crate::console::ClientStats>>,
+    method: Method,
+    info: &CallInfo,
+    out: Option<&Outcome>,
+    ended: Instant,
+) {
+    if let Some(stats) = stats {
+        stats.call(ended);
+        if let Some(limit) = &info.limit {
+            stats.limited(limit);
+            return;
+        }
+    }
+    let Some(Outcome::Error(e)) = out else { return };
+    let message = serde_json::from_str::<serde_json::Value>(e.get())
+        .ok()
+        .and_then(|v| v.get("message").and_then(serde_json::Value::as_str).map(str::to_owned))
+        .unwrap_or_default();
+    let what = match (&info.server, &info.tool) {
+        (Some(s), Some(t)) => format!("{method} {t} (server {s}): {message}"),
+        (Some(s), None) => format!("{method} (server {s}): {message}"),
+        _ => format!("{method}: {message}"),
+    };
+    if let Some(server) = &info.server {
+        crate::console::events().burst("error", &format!("error {server}"), Some(server), what.clone());
+    }
+    if let Some(stats) = stats {
+        stats.error(what);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

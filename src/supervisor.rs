@@ -113,6 +113,8 @@ pub struct Server {
     stop: CancellationToken,
     /// Start attempts after the first, failed ones included.
     pub restarts: AtomicU64,
+    /// Calls sent to it and not answered yet (the console's in-flight).
+    pub in_flight: std::sync::atomic::AtomicI64,
     /// With `isolation = "session"`: each client session's own process.
     pool: pool::Pool,
     /// A 2026-07-28 server: what its listen stream asks for.
@@ -165,6 +167,7 @@ impl Server {
             }),
             stop,
             restarts: AtomicU64::new(0),
+            in_flight: std::sync::atomic::AtomicI64::new(0),
             subscriptions: Default::default(),
             skip_probe: AtomicBool::new(false),
         }
@@ -308,6 +311,11 @@ impl Server {
                     // crash-looping server shows how often it was tried.
                     self.restarts.fetch_add(1, Ordering::Relaxed);
                     if incoming.is_some() {
+                        crate::console::events().push(
+                            "restart",
+                            Some(&self.name),
+                            format!("{} started again", self.name),
+                        );
                         let _ = events
                             .send(Event::Restarted {
                                 server: self.name.clone(),
@@ -361,6 +369,7 @@ impl Server {
                     self.state().last_error.clone().unwrap_or_default()
                 );
                 warn!(server = %self.name, "{why}");
+                crate::console::events().push("crash_loop", Some(&self.name), format!("{}: {why}", self.name));
                 self.update(|s| {
                     s.status = Status::Failed(why.clone());
                     s.last_error = Some(why);
@@ -387,6 +396,7 @@ impl Server {
         // The stderr lines were logged as they came; the log line need not repeat them.
         let logged = why.split_once(STDERR_TAIL).map_or(why.as_str(), |(w, _)| w);
         warn!(server = %self.name, error = %logged, "server unavailable");
+        crate::console::events().push("down", Some(&self.name), format!("{} unavailable: {why}", self.name));
         self.update(|s| {
             s.status = Status::Down(why.clone());
             s.last_error = Some(why);

@@ -66,6 +66,7 @@ pub(super) struct RawGateway {
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
     worker_threads: Option<Spanned<usize>>,
+    console: Option<bool>,
 }
 
 /// `[gateway]`: the public endpoint and defaults.
@@ -114,6 +115,9 @@ pub struct Gateway {
     /// Async runtime worker threads; `None`: half the CPUs, at least one (or
     /// `TOKIO_WORKER_THREADS`). Read at start only.
     pub worker_threads: Option<usize>,
+    /// The operator's console at `/` and `/status*` (default on; admins only with auth,
+    /// loopback peers only without).
+    pub console: bool,
 }
 
 /// `[gateway]`, each key checked and each problem reported; defaults stand in for what
@@ -195,5 +199,6 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
         body_timeout,
         max_line,
         worker_threads: g.worker_threads.map(Spanned::into_inner),
+        console: g.console.unwrap_or(true),
     }
 }

@@ -54,6 +54,7 @@ impl Gateway {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
+        let _busy = crate::console::Busy::new(&s.in_flight);
         let progress = params.take_progress().map(|t| cx.info.progress.take().unwrap_or(t));
         let sink = cx.sink.take();
         let stateless = s.state().info.as_ref().is_some_and(|i| i.stateless);

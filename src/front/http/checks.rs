@@ -23,6 +23,12 @@ pub(super) fn per_ip(http: &Http, extensions: &axum::http::Extensions) -> Result
     if let Some(axum::extract::ConnectInfo(addr)) = peer {
         if let Err(l) = http.gw.topology().limits.check_ip(addr.ip()) {
             http.gw.metrics.rate_limited(&l.what);
+            crate::console::events().burst(
+                "rate_limited",
+                &l.what,
+                None,
+                format!("{addr}: rate limited by {}", l.what),
+            );
             let secs = l.retry_after.as_secs_f64().ceil().max(1.0);
             let mut resp = reject(StatusCode::TOO_MANY_REQUESTS, code::RATE_LIMITED, l.message()).into_response();
             if let Ok(v) = HeaderValue::from_str(&format!("{secs:.0}")) {

@@ -166,6 +166,7 @@ impl Http {
             });
         }
         if let Some((_, s)) = removed {
+            crate::console::events().push("session_ended", None, format!("{} ended a session", s.share));
             if s.counted {
                 self.release_share(&s.share);
             }
@@ -396,6 +397,7 @@ pub(super) async fn initialize(
             c.set_capabilities(params);
             let _ = c.protocol_version.set(version.clone());
             c.set_identity(who);
+            let _ = c.stats.set(http.gw.metrics.clients.row(&share));
             c
         },
         owner,
@@ -430,8 +432,18 @@ pub(super) async fn initialize(
         // Other replicas deliver to it, answer its questions and cancel its calls by key.
         http.gw.remember(&session.client);
     }
+    let opened_by = session.share.clone();
     http.sessions.insert(sid.clone(), Arc::new(session));
     let endpoint = view.as_ref().map_or(String::new(), ViewKey::to_string);
+    crate::console::events().push(
+        "session_opened",
+        None,
+        format!(
+            "{} opened a session ({version}{}{endpoint})",
+            opened_by,
+            if endpoint.is_empty() { "" } else { ", " }
+        ),
+    );
     match &client_name {
         Some(client) => info!(session = %sid, %version, %client, %endpoint, "session opened"),
         None => info!(session = %sid, %version, %endpoint, "session opened"),
