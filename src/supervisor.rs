@@ -369,7 +369,7 @@ impl Server {
                     self.state().last_error.clone().unwrap_or_default()
                 );
                 warn!(server = %self.name, "{why}");
-                crate::console::events().push("crash_loop", Some(&self.name), format!("{}: {why}", self.name));
+                crate::console::events().push("crash_loop", Some(&self.name), why.clone());
                 self.update(|s| {
                     s.status = Status::Failed(why.clone());
                     s.last_error = Some(why);
@@ -396,7 +396,7 @@ impl Server {
         // The stderr lines were logged as they came; the log line need not repeat them.
         let logged = why.split_once(STDERR_TAIL).map_or(why.as_str(), |(w, _)| w);
         warn!(server = %self.name, error = %logged, "server unavailable");
-        crate::console::events().push("down", Some(&self.name), format!("{} unavailable: {why}", self.name));
+        crate::console::events().push("down", Some(&self.name), format!("unavailable: {why}"));
         self.update(|s| {
             s.status = Status::Down(why.clone());
             s.last_error = Some(why);

@@ -288,7 +288,13 @@ fn reload_summary(old: &Topology, new: &Config, added: &[Arc<Server>], gone: &[A
     if old.config.auth != new.auth {
         parts.push("[clients] or [auth] changed".to_owned());
     }
-    if !same_limits(&old.config, new) {
+    let retuned = new.servers.iter().any(|n| {
+        old.config
+            .servers
+            .iter()
+            .any(|o| o.name == n.name && o.rate_limits != n.rate_limits)
+    });
+    if old.config.rate_limits != new.rate_limits || retuned {
         parts.push("rate limits changed".to_owned());
     }
     let profiles = |c: &Config| c.profiles.iter().map(|p| p.name.clone()).collect::<Vec<_>>();

@@ -71,8 +71,11 @@ function spark(series, label) {
     const n = values.length;
     let pts = [];
     const flush = () => {
-      if (pts.length === 1) pts.push(pts[0].replace(/^([\d.]+)/, m => String(Number(m) + 1)));
-      if (pts.length) s.append(svg("polyline", { class: cls, points: pts.join(" ") }));
+      if (pts.length === 1) {
+        // A lone point (the first seconds of a series): a dot.
+        const [x, y] = pts[0].split(",");
+        s.append(svg("circle", { class: cls, cx: Math.min(Number(x), W - 2), cy: y, r: 2 }));
+      } else if (pts.length) s.append(svg("polyline", { class: cls, points: pts.join(" ") }));
       pts = [];
     };
     values.forEach((v, i) => {
