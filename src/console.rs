@@ -36,11 +36,12 @@ static START: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Seconds since the process started, from 1 (a bucket stamped 0 was never used).
 fn now_sec() -> u64 {
-    sec_of(Instant::now())
+    second(Instant::now())
 }
 
-/// [`now_sec`] at `at`: the call path passes the instant it read anyway, and reads no clock.
-fn sec_of(at: Instant) -> u64 {
+/// [`now_sec`] at `at`: the call path passes the instant it read anyway, and reads no
+/// clock; it computes this once per call for the server's ring and the client's row.
+pub fn second(at: Instant) -> u64 {
     at.saturating_duration_since(*START).as_secs() + 1
 }
 
@@ -52,7 +53,11 @@ pub fn unix_ms() -> u64 {
 }
 
 fn latency_bucket(took: Duration) -> usize {
-    let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+    // In u64 (`as_micros` is u128): past 584 000 years it saturates.
+    let us = took
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(took.subsec_micros()));
     let i = (u64::BITS - us.leading_zeros()) as usize;
     i.min(LATENCY_BUCKETS - 1)
 }
@@ -71,14 +76,13 @@ fn bucket_ms(i: usize) -> f64 {
 struct Bucket {
     /// The second (see [`now_sec`]) it holds.
     sec: AtomicU64,
-    calls: AtomicU32,
     errors: AtomicU32,
+    /// Calls by latency (their sum: the second's calls).
     latency: [AtomicU32; LATENCY_BUCKETS],
 }
 
 impl Bucket {
     fn clear(&self) {
-        self.calls.store(0, Ordering::Relaxed);
         self.errors.store(0, Ordering::Relaxed);
         for l in &self.latency {
             l.store(0, Ordering::Relaxed);
@@ -137,9 +141,9 @@ fn percentile(h: &[u64; LATENCY_BUCKETS], q: f64) -> Option<f64> {
 impl Series {
     /// Counts one call: a few atomic adds (and, for the first call of a second, the
     /// reset of the bucket it reuses).
-    /// `at`: when the call ended.
-    pub fn record(&self, at: Instant, error: bool, took: Duration) {
-        self.record_at(sec_of(at), error, took);
+    /// `sec`: the [`second`] the call ended in.
+    pub fn record(&self, sec: u64, error: bool, took: Duration) {
+        self.record_at(sec, error, took);
     }
 
     fn record_at(&self, now: u64, error: bool, took: Duration) {
@@ -154,7 +158,6 @@ impl Series {
         {
             b.clear();
         }
-        b.calls.fetch_add(1, Ordering::Relaxed);
         if error {
             b.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -185,7 +188,7 @@ impl Series {
             let sec = (now + 1 + k as u64).saturating_sub(SECONDS);
             if let Some(b) = self.buckets.get((sec % SECONDS) as usize).filter(|_| sec > 0) {
                 if b.sec.load(Ordering::Acquire) == sec {
-                    let calls = u64::from(b.calls.load(Ordering::Relaxed));
+                    let calls: u64 = b.latency.iter().map(|l| u64::from(l.load(Ordering::Relaxed))).sum();
                     let errors = u64::from(b.errors.load(Ordering::Relaxed));
                     out.calls += calls;
                     out.errors += errors;
@@ -219,8 +222,9 @@ pub struct ClientStats {
     pub key: Arc<str>,
     calls: AtomicU64,
     errors: AtomicU64,
-    /// Calls of the last few seconds: (second, count) by `second % len`.
-    recent: [(AtomicU64, AtomicU64); 16],
+    /// The reader's samples of `calls` (when, how many), for calls/s: the call path only
+    /// adds to `calls`.
+    samples: Mutex<VecDeque<(Instant, u64)>>,
     /// By the limit's description: how many requests it refused.
     limited: Mutex<Vec<(String, u64)>>,
     /// When (Unix ms) and what.
@@ -244,28 +248,15 @@ impl ClientStats {
             key,
             calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
-            recent: Default::default(),
+            samples: Mutex::new(VecDeque::new()),
             limited: Mutex::new(Vec::new()),
             last_error: Mutex::new(None),
         }
     }
 
-    /// Counts a call that ended `at` (atomics only).
-    pub fn call(&self, at: Instant) {
+    /// Counts a call: one atomic add.
+    pub fn call(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let now = sec_of(at);
-        let len = self.recent.len() as u64;
-        if let Some((sec, n)) = self.recent.get((now % len) as usize) {
-            let seen = sec.load(Ordering::Acquire);
-            if seen != now
-                && sec
-                    .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                n.store(0, Ordering::Relaxed);
-            }
-            n.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// A call that failed, and why.
@@ -286,22 +277,40 @@ impl ClientStats {
         }
     }
 
+    /// Its row. Calls/s: the calls since the oldest sample of the last
+    /// [`RATE_WINDOW`] seconds, over the time since (readers take a sample each time).
     pub fn row(&self) -> ClientRow {
-        let now = now_sec();
-        let recent: u64 = self
-            .recent
-            .iter()
-            .filter(|(sec, _)| {
-                let s = sec.load(Ordering::Acquire);
-                s < now && s + RATE_WINDOW >= now
-            })
-            .map(|(_, n)| n.load(Ordering::Relaxed))
-            .sum();
+        let now = Instant::now();
+        let calls = self.calls.load(Ordering::Relaxed);
+        let window = Duration::from_secs(RATE_WINDOW);
+        let calls_per_second = {
+            let mut samples = crate::sync::lock(&self.samples);
+            while samples.len() > 1 && samples.get(1).is_some_and(|(t, _)| now.duration_since(*t) >= window) {
+                samples.pop_front();
+            }
+            let rate = match samples.front() {
+                Some((t, n)) if now.duration_since(*t) >= Duration::from_millis(500) => {
+                    calls.saturating_sub(*n) as f64 / now.duration_since(*t).as_secs_f64()
+                }
+                _ => 0.0,
+            };
+            if samples
+                .back()
+                .is_none_or(|(t, _)| now.duration_since(*t) >= Duration::from_secs(1))
+            {
+                samples.push_back((now, calls));
+            }
+            // A sample a second at most, and only the window's kept: at most a dozen.
+            while samples.len() > RATE_WINDOW as usize + 2 {
+                samples.pop_front();
+            }
+            rate
+        };
         ClientRow {
             key: self.key.clone(),
-            calls: self.calls.load(Ordering::Relaxed),
+            calls,
             errors: self.errors.load(Ordering::Relaxed),
-            calls_per_second: recent as f64 / RATE_WINDOW as f64,
+            calls_per_second,
             limited: crate::sync::lock(&self.limited).clone(),
             last_error: crate::sync::lock(&self.last_error).clone(),
         }
@@ -500,7 +509,7 @@ mod tests {
     fn client_rows_are_bounded() {
         let c = Clients::default();
         for i in 0..(CLIENTS + 10) {
-            c.row(&Arc::from(format!("address 10.0.0.{i}"))).call(Instant::now());
+            c.row(&Arc::from(format!("address 10.0.0.{i}"))).call();
         }
         assert_eq!(c.rows().len(), CLIENTS + 1);
     }

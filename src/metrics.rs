@@ -135,8 +135,6 @@ pub struct Metrics {
     in_flight: AtomicI64,
     /// Rate-limited requests by the limit's description.
     rate_limited: DashMap<String, AtomicU64, RandomState>,
-    /// The console's last 15 minutes, by server (made on a server's first call).
-    series: DashMap<String, crate::console::Series, RandomState>,
     /// The console's client rows.
     pub clients: crate::console::Clients,
 }
@@ -175,17 +173,8 @@ impl Metrics {
         InFlight(self)
     }
 
-    /// Counts a request and its latency; it ended at `ended`. `method` is a [`Method`] or
-    /// its name.
-    pub fn record(
-        &self,
-        method: impl Into<Method>,
-        server: &str,
-        tool: &str,
-        outcome: Outcome,
-        took: Duration,
-        ended: std::time::Instant,
-    ) {
+    /// Counts a request and its latency. `method` is a [`Method`] or its name.
+    pub fn record(&self, method: impl Into<Method>, server: &str, tool: &str, outcome: Outcome, took: Duration) {
         let method = label(method.into());
         let key = (method, server, tool, Some(outcome));
         match self.requests.get(&key as &dyn Labels) {
@@ -205,22 +194,6 @@ impl Metrics {
                 .or_default()
                 .observe(took),
         }
-        if !server.is_empty() && outcome != Outcome::Cancelled {
-            let error = !matches!(outcome, Outcome::Ok);
-            match self.series.get(server) {
-                Some(s) => s.record(ended, error, took),
-                None => self
-                    .series
-                    .entry(server.to_owned())
-                    .or_default()
-                    .record(ended, error, took),
-            }
-        }
-    }
-
-    /// A server's last 15 minutes, for the console (`None`: no call yet).
-    pub fn summary(&self, server: &str) -> Option<crate::console::Summary> {
-        self.series.get(server).map(|s| s.summary())
     }
 
     pub fn rate_limited(&self, limit: &str) {
@@ -335,16 +308,8 @@ mod tests {
                 "calc__add",
                 Outcome::Ok,
                 Duration::from_micros(300),
-                std::time::Instant::now(),
             );
-            m.record(
-                "tools/call",
-                "calc",
-                "calc__add",
-                Outcome::Ok,
-                Duration::from_millis(2),
-                std::time::Instant::now(),
-            );
+            m.record("tools/call", "calc", "calc__add", Outcome::Ok, Duration::from_millis(2));
         }
         m.rate_limited("per_client limit 1/s");
         let text = m.render(&Snapshot {
@@ -368,38 +333,10 @@ mod tests {
     fn borrowed_lookups_find_owned_keys() {
         let m = Metrics::default();
         for _ in 0..3 {
-            m.record(
-                "tools/call",
-                "a",
-                "a__x",
-                Outcome::Ok,
-                Duration::from_micros(1),
-                std::time::Instant::now(),
-            );
-            m.record(
-                "tools/call",
-                "a",
-                "a__x",
-                Outcome::Error,
-                Duration::from_micros(1),
-                std::time::Instant::now(),
-            );
-            m.record(
-                "tools/call",
-                "a",
-                "",
-                Outcome::Ok,
-                Duration::from_micros(1),
-                std::time::Instant::now(),
-            );
-            m.record(
-                "tools/list",
-                "",
-                "",
-                Outcome::Ok,
-                Duration::from_micros(1),
-                std::time::Instant::now(),
-            );
+            m.record("tools/call", "a", "a__x", Outcome::Ok, Duration::from_micros(1));
+            m.record("tools/call", "a", "a__x", Outcome::Error, Duration::from_micros(1));
+            m.record("tools/call", "a", "", Outcome::Ok, Duration::from_micros(1));
+            m.record("tools/list", "", "", Outcome::Ok, Duration::from_micros(1));
         }
         assert_eq!(m.requests.len(), 4);
         assert_eq!(m.latency.len(), 2);
@@ -421,7 +358,6 @@ mod tests {
                 "",
                 Outcome::Error,
                 Duration::from_micros(1),
-                std::time::Instant::now(),
             );
         }
         // A notification's name sent as a request is no request method: `other` too.
@@ -431,7 +367,6 @@ mod tests {
             "",
             Outcome::Error,
             Duration::from_micros(1),
-            std::time::Instant::now(),
         );
         assert_eq!(m.requests.len(), 1);
         assert_eq!(m.latency.len(), 1);
@@ -443,22 +378,8 @@ mod tests {
             text.contains("mcp_gateway_requests_total{method=\"other\",server=\"\",tool=\"\",outcome=\"error\"} 1001")
         );
         // A known method is its own label, given by name or as a Method.
-        m.record(
-            "tools/call",
-            "",
-            "",
-            Outcome::Ok,
-            Duration::from_micros(1),
-            std::time::Instant::now(),
-        );
-        m.record(
-            Method::ToolsCall,
-            "",
-            "",
-            Outcome::Ok,
-            Duration::from_micros(1),
-            std::time::Instant::now(),
-        );
+        m.record("tools/call", "", "", Outcome::Ok, Duration::from_micros(1));
+        m.record(Method::ToolsCall, "", "", Outcome::Ok, Duration::from_micros(1));
         assert_eq!(m.requests.len(), 2);
     }
 }

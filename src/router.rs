@@ -163,13 +163,13 @@ impl Call<'_> {
 pub struct CallInfo {
     /// The server it went to.
     pub server: Option<Arc<str>>,
+    /// That server's index in the call's topology (its console ring is found by it).
+    pub index: Option<usize>,
     /// The session it came from (picks a server's per-session process).
     pub session: Option<String>,
     /// The public tool name, for tools/call.
     pub tool: Option<String>,
     pub rate_limited: bool,
-    /// The limit that refused it, for the console.
-    pub limit: Option<String>,
     /// The client's progress token as it wrote it, read before its params were opened
     /// into a map (not for tools/call and prompts/get, whose params stay raw).
     pub progress: Option<Id>,
@@ -357,7 +357,7 @@ impl Gateway {
         let rate_key = identity.as_ref().map_or(client.id.as_str(), |i| i.name.as_str());
         let admitted = match self.cluster() {
             None => check_client_rates(&topo, rate_key, identity.as_deref())
-                .map_err(|l| self.limited(parsed, &l, &mut call.info)),
+                .map_err(|l| self.limited(parsed, &l, &mut call.info, call.client)),
             // A cluster spends the client's limits with the route's, in one round trip.
             Some(_) => {
                 call.budget = Some(budget::Budget {
@@ -397,8 +397,15 @@ impl Gateway {
             crate::sync::lock(&client.used).insert(server.clone());
         }
         let ended = Instant::now();
-        self.observe(parsed, &info, out.as_ref(), ended.duration_since(started), ended);
-        console(client.stats.get(), parsed, &info, out.as_ref(), ended);
+        let took = ended.duration_since(started);
+        let outcome = self.observe(parsed, &info, out.as_ref(), took);
+        if let Some(s) = info.index.and_then(|i| topo.servers.get(i)) {
+            if outcome != metrics::Outcome::Cancelled {
+                let second = crate::console::second(ended);
+                s.series().record(second, outcome != metrics::Outcome::Ok, took);
+            }
+        }
+        console(client.stats.get(), parsed, &info, out.as_ref());
         telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
         out
     }
@@ -430,8 +437,7 @@ impl Gateway {
         info: &CallInfo,
         out: Option<&Outcome>,
         took: std::time::Duration,
-        ended: Instant,
-    ) {
+    ) -> metrics::Outcome {
         let outcome = match (info.rate_limited, out) {
             (true, _) => metrics::Outcome::RateLimited,
             (false, None) => metrics::Outcome::Cancelled,
@@ -448,16 +454,18 @@ impl Gateway {
             info.tool.as_deref().unwrap_or(""),
             outcome,
             took,
-            ended,
         );
+        outcome
     }
 
     /// The answer to a request over a rate limit, counted. A tool call gets a tool result
     /// with `isError`, whose text a model can act on; anything else a JSON-RPC error with
     /// `data.retryAfterMs`.
-    fn limited(&self, method: Method, l: &Limited, info: &mut CallInfo) -> Outcome {
+    fn limited(&self, method: Method, l: &Limited, info: &mut CallInfo, client: &Client) -> Outcome {
         info.rate_limited = true;
-        info.limit = Some(l.what.clone());
+        if let Some(stats) = client.stats.get() {
+            stats.limited(&l.what);
+        }
         self.rate_limited(method, l)
     }
 
@@ -552,19 +560,13 @@ fn check_client_rates(topo: &Topology, key: &str, identity: Option<&Identity>) -
 /// A call as the console sees it: counted on the session's row (with the limit that
 /// refused it, or why it failed), and a server's failure as an event naming the server
 /// (one per burst). Only a failure reads the answer.
-fn console(
-    stats: Option<&Arc<crate::console::ClientStats>>,
-    method: Method,
-    info: &CallInfo,
-    out: Option<&Outcome>,
-    ended: Instant,
-) {
+fn console(stats: Option<&Arc<crate::console::ClientStats>>, method: Method, info: &CallInfo, out: Option<&Outcome>) {
     if let Some(stats) = stats {
-        stats.call(ended);
-        if let Some(limit) = &info.limit {
-            stats.limited(limit);
-            return;
-        }
+        stats.call();
+    }
+    if info.rate_limited {
+        // Counted by the limit that refused it (`Gateway::limited`).
+        return;
     }
     let Some(Outcome::Error(e)) = out else { return };
     let message = serde_json::from_str::<serde_json::Value>(e.get())

@@ -115,6 +115,8 @@ pub struct Server {
     pub restarts: AtomicU64,
     /// Calls sent to it and not answered yet (the console's in-flight).
     pub in_flight: std::sync::atomic::AtomicI64,
+    /// The console's last 15 minutes of its calls, made on its first call.
+    series: std::sync::OnceLock<Box<crate::console::Series>>,
     /// With `isolation = "session"`: each client session's own process.
     pool: pool::Pool,
     /// A 2026-07-28 server: what its listen stream asks for.
@@ -168,6 +170,7 @@ impl Server {
             stop,
             restarts: AtomicU64::new(0),
             in_flight: std::sync::atomic::AtomicI64::new(0),
+            series: std::sync::OnceLock::new(),
             subscriptions: Default::default(),
             skip_probe: AtomicBool::new(false),
         }
@@ -197,6 +200,16 @@ impl Server {
     /// Stops the process of `session`, if it has one; none is started for it afterwards.
     pub async fn end_session(&self, session: &str) {
         self.pool.end(session).await;
+    }
+
+    /// Its console ring (allocated on first use).
+    pub fn series(&self) -> &crate::console::Series {
+        self.series.get_or_init(Box::default)
+    }
+
+    /// Its last 15 minutes, for the console (nothing is allocated for a server never called).
+    pub fn summary(&self) -> crate::console::Summary {
+        self.series.get().map(|s| s.summary()).unwrap_or_default()
     }
 
     /// How many session processes run (or are starting).

@@ -26,6 +26,7 @@ impl Gateway {
         let topo = cx.topo;
         let s = &topo.servers[server];
         cx.info.server = Some(s.name.clone());
+        cx.info.index = Some(server);
         if !cx.route_spent {
             // tools/call and prompts/get were checked with their names already (and a
             // call forwarded here from another replica was checked there).

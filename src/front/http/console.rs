@@ -275,7 +275,7 @@ pub(super) fn status_json(http: &Http) -> Value {
                 .info
                 .as_ref()
                 .map(|i| if i.stateless { "2026-07-28" } else { "handshake" });
-            let sum = http.gw.metrics.summary(&s.cfg.name).unwrap_or_default();
+            let sum = s.summary();
             let rate = if sum.calls == 0 {
                 0.0
             } else {
