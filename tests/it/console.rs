@@ -325,3 +325,60 @@ async fn the_console_can_be_switched_off() {
     }
     assert_eq!(get(&format!("{}/healthz", gw.base), None).await.0, 200);
 }
+
+/// A client over its limit: its row says which limit refused it and how often, and the
+/// burst is one event with a count (not one per refusal); with profiles, the catalog says
+/// which profile shows each tool.
+#[tokio::test]
+async fn rate_limits_show_on_the_clients_row_as_one_burst() {
+    let config = format!(
+        "[rate_limits]\nper_client = \"2/m\"\n\n[profiles.math]\nservers = [\"calc\"]\n\n{}",
+        two_servers()
+    );
+    let gw = Gateway::start(&config);
+    let s = gw.session().await;
+    let mut refused = 0;
+    for i in 0..8 {
+        let r = s.call("calc__add", json!({"a": i, "b": 1})).await;
+        if r["result"]["isError"] == true {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 5, "{refused} refused of 8 at 2/m");
+    let st = gw.get_json("/status").await;
+    let row = &st["clients"][0];
+    assert_eq!(row["name"], "address 127.0.0.1", "{st}");
+    assert_eq!(row["sessions"], 1, "{row}");
+    assert_eq!(row["calls"], 8, "{row}");
+    let limited = &row["rateLimited"][0];
+    assert!(
+        limited["limit"].as_str().is_some_and(|l| l.contains("per_client")),
+        "{row}"
+    );
+    assert_eq!(limited["count"], refused, "{row}");
+    let events = gw.get_json("/status/events").await;
+    let bursts: Vec<&Value> = events["events"]
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["kind"] == "rate_limited").collect())
+        .unwrap_or_default();
+    assert_eq!(bursts.len(), 1, "one event for the burst: {events}");
+    assert_eq!(bursts[0]["count"], refused, "{events}");
+    // A client's limit refuses before any server is chosen: calc counts only what reached it.
+    let calc = gw.server_status("calc").await;
+    assert_eq!(calc["calls"], 8 - refused, "{calc}");
+    assert_eq!(calc["errors"], 0, "{calc}");
+
+    let cat = gw.get_json("/status/catalog").await;
+    let item = |name: &str| {
+        cat["items"]
+            .as_array()
+            .and_then(|i| i.iter().find(|i| i["name"] == name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(item("calc__add")["profiles"], json!(["math"]), "{cat}");
+    assert_eq!(item("docs__add")["profiles"], json!([]), "{cat}");
+    assert_eq!(item("calc__add")["original"], "add");
+    assert_eq!(item("calc__add")["clients"], Value::Null, "no auth: everyone");
+    assert!(item("calc__add")["inputSchema"]["properties"]["a"].is_object(), "{cat}");
+}
