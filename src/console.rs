@@ -248,7 +248,8 @@ impl ClientStats {
             key,
             calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
-            samples: Mutex::new(VecDeque::new()),
+            // Its start counts as a sample: the first read already has a rate.
+            samples: Mutex::new(VecDeque::from([(Instant::now(), 0)])),
             limited: Mutex::new(Vec::new()),
             last_error: Mutex::new(None),
         }

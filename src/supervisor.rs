@@ -324,11 +324,7 @@ impl Server {
                     // crash-looping server shows how often it was tried.
                     self.restarts.fetch_add(1, Ordering::Relaxed);
                     if incoming.is_some() {
-                        crate::console::events().push(
-                            "restart",
-                            Some(&self.name),
-                            format!("{} started again", self.name),
-                        );
+                        crate::console::events().push("restart", Some(&self.name), "started again");
                         let _ = events
                             .send(Event::Restarted {
                                 server: self.name.clone(),
