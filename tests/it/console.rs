@@ -15,7 +15,7 @@ const USER: &str = "console-user-token-9c2e";
 /// Headless Chromium's DOM of `url` after its scripts ran: `--virtual-time-budget` lets
 /// the page's fetches and timers run before the dump. Asked again (up to 10 times) until
 /// the page says it rendered its data (`data-ready`), since a budget is no promise.
-fn dom(profile: &Path, url: &str) -> String {
+pub fn dom(profile: &Path, url: &str) -> String {
     let mut last = String::new();
     for _ in 0..10 {
         last = chromium(profile, &["--virtual-time-budget=3000", "--dump-dom", url]);
@@ -50,7 +50,7 @@ fn chromium(profile: &Path, args: &[&str]) -> String {
 }
 
 /// The markup of one server's card.
-fn card<'a>(dom: &'a str, name: &str) -> &'a str {
+pub fn card<'a>(dom: &'a str, name: &str) -> &'a str {
     let start = dom
         .find(&format!("data-server=\"{name}\""))
         .unwrap_or_else(|| panic!("no card for {name}:\n{dom}"));

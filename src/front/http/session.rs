@@ -166,7 +166,13 @@ impl Http {
             });
         }
         if let Some((_, s)) = removed {
-            crate::console::events().push("session_ended", None, format!("{} ended a session", s.share));
+            // One event per client's burst: 10 000 sessions ending must not flush the ring.
+            crate::console::events().burst(
+                "session_ended",
+                &format!("ended {}", s.share),
+                None,
+                format!("{} ended a session", s.share),
+            );
             if s.counted {
                 self.release_share(&s.share);
             }
@@ -435,8 +441,9 @@ pub(super) async fn initialize(
     let opened_by = session.share.clone();
     http.sessions.insert(sid.clone(), Arc::new(session));
     let endpoint = view.as_ref().map_or(String::new(), ViewKey::to_string);
-    crate::console::events().push(
+    crate::console::events().burst(
         "session_opened",
+        &format!("opened {opened_by}"),
         None,
         format!(
             "{} opened a session ({version}{}{endpoint})",

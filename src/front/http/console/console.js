@@ -102,6 +102,10 @@ function fact(label, value, cls) {
   return el("div", { class: cls }, el("span", {}, label), el("b", {}, value));
 }
 
+function seenOf(seen, total) {
+  return seen === total || total === undefined ? String(seen) : `${seen} of ${total}`;
+}
+
 function renderServer(s) {
   const ser = s.series || { calls: [], errors: [], p50Ms: [], p99Ms: [], step: 10 };
   const step = ser.step || 10;
@@ -120,7 +124,10 @@ function renderServer(s) {
       fact("p99", fmt.ms(s.p99Ms)),
       fact("in flight", s.inFlight),
       fact("restarts", s.restarts, s.restarts > 0 ? "warn" : ""),
-      fact("tools", s.tools),
+      // "2 of 9": clients see fewer than the server lists (its allow/deny, collisions).
+      fact("tools", seenOf(s.tools, s.toolsTotal)),
+      fact("prompts", seenOf(s.prompts, s.promptsTotal)),
+      fact("resources", seenOf(s.resources, s.resourcesTotal)),
       fact("uptime", fmt.up(s.uptimeSeconds)),
       fact("pid", fmt.n(s.pid))),
     el("div", { class: "charts" },
