@@ -192,8 +192,8 @@ async fn the_console_shows_servers_catalog_and_events_in_chromium() {
     if let Ok(to) = std::env::var("CONSOLE_SCREENSHOT") {
         std::fs::copy(&shot, to).unwrap();
     }
-    // Kept: the temp folder goes with the gateway, so the path is printed after a copy.
-    let kept = std::env::temp_dir().join(format!("mcp-gateway-console-{}.png", std::process::id()));
+    // The temp folder goes with the gateway: a copy stays (one file, each run overwrites it).
+    let kept = std::env::temp_dir().join("mcp-gateway-console.png");
     std::fs::copy(&shot, &kept).unwrap();
     println!("console screenshot: {} (kept at {})", shot.display(), kept.display());
 }
