@@ -43,6 +43,12 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// Whether it may read the console and `/status*`: its `[clients.NAME]` says
+    /// `admin = true` (an OAuth identity through the table of its name).
+    pub fn admin(&self) -> bool {
+        self.policy.as_ref().is_some_and(|p| p.admin)
+    }
+
     /// Whether it may see and use a public tool or prompt name, or a resource URI.
     pub fn permits(&self, name: &str) -> bool {
         match &self.policy {
@@ -77,6 +83,8 @@ pub struct Policy {
     pub name: String,
     filter: Filter,
     limiter: Option<(DefaultDirectRateLimiter, Rate)>,
+    /// `admin = true`: may read the console and `/status*`.
+    pub admin: bool,
     /// Filtered list results, by the catalog and the view (none: the whole catalog) they
     /// were made from.
     views: Mutex<Vec<Kept>>,
@@ -123,6 +131,7 @@ impl Policy {
             name: spec.name.clone(),
             filter: spec.filter.clone(),
             limiter: spec.rate_limit.clone().map(|r| (RateLimiter::direct(quota(&r)), r)),
+            admin: spec.admin,
             views: Mutex::new(Vec::new()),
         }
     }
@@ -250,6 +259,11 @@ impl Authenticator {
             oauth: auth.oauth.clone().map(Jwt::new),
             required: auth.required(),
         }
+    }
+
+    /// Every `[clients.*]` table's policy, in no particular order.
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        self.policies.values()
     }
 
     /// Whether every request must carry a bearer token.
@@ -385,6 +399,7 @@ mod tests {
                 deny: deny.iter().map(|s| s.to_string()).collect(),
             },
             rate_limit: None,
+            admin: false,
         }
     }
 

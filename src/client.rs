@@ -53,6 +53,8 @@ pub struct Client {
     /// The view of its endpoint (a profile, a tag query); none: the whole catalog. Fixed
     /// for the session's life: a session belongs to the endpoint that opened it.
     pub(crate) view: Option<ViewKey>,
+    /// Its row in the console (a session's: set when it opens); none: not shown.
+    pub(crate) stats: OnceLock<Arc<crate::console::ClientStats>>,
 }
 
 /// A server's question during a stateless call, for the client: what the call's rounds
@@ -227,6 +229,7 @@ impl Client {
             questions: None,
             silent: false,
             view: None,
+            stats: OnceLock::new(),
         }
     }
 

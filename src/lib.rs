@@ -8,7 +8,8 @@
 //!   (and SIGHUP) and hands each new version to the router.
 //! - **Fronts**: `front::http` (Streamable HTTP: POST in `http/post.rs`, sessions in
 //!   `http/session.rs`, GET streams in `http/get.rs`, transport checks in `http/checks.rs`,
-//!   `/status` `/metrics` `/healthz` `/readyz` in `http/status.rs`; resumable SSE in
+//!   `/metrics` `/healthz` `/readyz` in `http/status.rs`, the operator's console at `/`
+//!   and `/status*` in `http/console.rs` (its page in `http/console/`); resumable SSE in
 //!   `front/replay.rs`) and `front::stdio` (the gateway as a stdio server). They only adapt a
 //!   transport and render errors (`error::Error`) once each.
 //! - **The 2026-07-28 flow**, written once for every front: `stateless` (envelope and
@@ -42,13 +43,14 @@
 //! - **Messages**: `message` (the JSON-RPC envelope; params and results stay raw JSON), `method`
 //!   (the one list of methods and the era rules), `error` (the one error type, whose fault
 //!   it is, every code once), `sse` (event-stream parsing).
-//! - **Observability**: `metrics` (Prometheus text) and `telemetry` (the log subscriber;
-//!   spans and W3C trace context in `telemetry/spans.rs`).
+//! - **Observability**: `metrics` (Prometheus text), `console` (what the console shows:
+//!   per-server 15-minute rings, client rows, the events ring) and `telemetry` (the log
+//!   subscriber; spans and W3C trace context in `telemetry/spans.rs`).
 //! - **Plumbing**: `background` (every spawned task, tracked) and `sync` (std locks).
 //!
 //! Layers depend downward only: fronts → stateless → router → supervisor → downstream →
 //! telemetry → message/method/error/config. `client` and `shared` sit beside the router,
-//! below it; `metrics`, `sse`, `sync` and `background` are leaves anyone may use.
+//! below it; `metrics`, `console`, `sse`, `sync` and `background` are leaves anyone may use.
 //!
 //! [`serve`], [`stdio`] and [`check`] are the three ways to run it.
 
@@ -58,6 +60,7 @@ pub(crate) mod catalog;
 pub(crate) mod client;
 pub(crate) mod cluster;
 pub mod config;
+pub(crate) mod console;
 pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod front;

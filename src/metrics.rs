@@ -135,6 +135,8 @@ pub struct Metrics {
     in_flight: AtomicI64,
     /// Rate-limited requests by the limit's description.
     rate_limited: DashMap<String, AtomicU64, RandomState>,
+    /// The console's client rows.
+    pub clients: crate::console::Clients,
 }
 
 /// The method a request is counted under: its own if it is a request method the gateway

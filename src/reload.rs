@@ -52,6 +52,15 @@ pub async fn reload_from(gw: &Arc<Gateway>, path: &Path) {
             for e in &errors.0 {
                 error!("invalid config, keeping the running one: {e}");
             }
+            // The problems themselves stay in the log: they may quote the file's lines.
+            crate::console::events().push(
+                "reload",
+                None,
+                format!(
+                    "gateway.toml refused ({} problem(s), see the log); the running config is kept",
+                    errors.0.len()
+                ),
+            );
         }
     }
 }

@@ -164,6 +164,8 @@ impl Call<'_> {
 pub struct CallInfo {
     /// The server it went to.
     pub server: Option<Arc<str>>,
+    /// That server's index in the call's topology (its console ring is found by it).
+    pub index: Option<usize>,
     /// The session it came from (picks a server's per-session process).
     pub session: Option<String>,
     /// The public tool name, for tools/call.
@@ -356,7 +358,7 @@ impl Gateway {
         let rate_key = identity.as_ref().map_or(client.id.as_str(), |i| i.name.as_str());
         let admitted = match self.cluster() {
             None => check_client_rates(&topo, rate_key, identity.as_deref())
-                .map_err(|l| self.limited(parsed, &l, &mut call.info)),
+                .map_err(|l| self.limited(parsed, &l, &mut call.info, call.client)),
             // A cluster spends the client's limits with the route's, in one round trip.
             Some(_) => {
                 call.budget = Some(budget::Budget {
@@ -395,7 +397,16 @@ impl Gateway {
         if let Some(server) = &info.server {
             crate::sync::lock(&client.used).insert(server.clone());
         }
-        self.observe(parsed, &info, out.as_ref(), started.elapsed());
+        let ended = Instant::now();
+        let took = ended.duration_since(started);
+        let outcome = self.observe(parsed, &info, out.as_ref(), took);
+        if let Some(s) = info.index.and_then(|i| topo.servers.get(i)) {
+            if outcome != metrics::Outcome::Cancelled {
+                let second = crate::console::second(ended);
+                s.series().record(second, outcome != metrics::Outcome::Ok, took);
+            }
+        }
+        console(client.stats.get(), parsed, &info, out.as_ref());
         telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
         out
     }
@@ -421,7 +432,13 @@ impl Gateway {
         }
     }
 
-    fn observe(&self, method: Method, info: &CallInfo, out: Option<&Outcome>, took: std::time::Duration) {
+    fn observe(
+        &self,
+        method: Method,
+        info: &CallInfo,
+        out: Option<&Outcome>,
+        took: std::time::Duration,
+    ) -> metrics::Outcome {
         let outcome = match (info.rate_limited, out) {
             (true, _) => metrics::Outcome::RateLimited,
             (false, None) => metrics::Outcome::Cancelled,
@@ -439,19 +456,24 @@ impl Gateway {
             outcome,
             took,
         );
+        outcome
     }
 
     /// The answer to a request over a rate limit, counted. A tool call gets a tool result
     /// with `isError`, whose text a model can act on; anything else a JSON-RPC error with
     /// `data.retryAfterMs`.
-    fn limited(&self, method: Method, l: &Limited, info: &mut CallInfo) -> Outcome {
+    fn limited(&self, method: Method, l: &Limited, info: &mut CallInfo, client: &Client) -> Outcome {
         info.rate_limited = true;
+        if let Some(stats) = client.stats.get() {
+            stats.limited(&l.what);
+        }
         self.rate_limited(method, l)
     }
 
     fn rate_limited(&self, method: Method, l: &Limited) -> Outcome {
         debug!(%method, limit = %l.what, "rate limited");
         self.metrics.rate_limited(&l.what);
+        crate::console::events().burst("rate_limited", &l.what, None, format!("rate limited by {}", l.what));
         if method == Method::ToolsCall {
             Outcome::Result(
                 message::to_raw(&serde_json::json!({
@@ -536,6 +558,35 @@ fn check_client_rates(topo: &Topology, key: &str, identity: Option<&Identity>) -
 }
 
 /// The router in-process: a gateway with no servers, requests as a front would send them.
+/// A call as the console sees it: counted on the session's row (with the limit that
+/// refused it, or why it failed), and a server's failure as an event naming the server
+/// (one per burst). Only a failure reads the answer.
+fn console(stats: Option<&Arc<crate::console::ClientStats>>, method: Method, info: &CallInfo, out: Option<&Outcome>) {
+    if let Some(stats) = stats {
+        stats.call();
+    }
+    if info.rate_limited {
+        // Counted by the limit that refused it (`Gateway::limited`).
+        return;
+    }
+    let Some(Outcome::Error(e)) = out else { return };
+    let message = serde_json::from_str::<serde_json::Value>(e.get())
+        .ok()
+        .and_then(|v| v.get("message").and_then(serde_json::Value::as_str).map(str::to_owned))
+        .unwrap_or_default();
+    let what = match (&info.server, &info.tool) {
+        (Some(s), Some(t)) => format!("{method} {t} (server {s}): {message}"),
+        (Some(s), None) => format!("{method} (server {s}): {message}"),
+        _ => format!("{method}: {message}"),
+    };
+    if let Some(server) = &info.server {
+        crate::console::events().burst("error", &format!("error {server}"), Some(server), what.clone());
+    }
+    if let Some(stats) = stats {
+        stats.error(what);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

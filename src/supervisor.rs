@@ -113,6 +113,10 @@ pub struct Server {
     stop: CancellationToken,
     /// Start attempts after the first, failed ones included.
     pub restarts: AtomicU64,
+    /// Calls sent to it and not answered yet (the console's in-flight).
+    pub in_flight: std::sync::atomic::AtomicI64,
+    /// The console's last 15 minutes of its calls, made on its first call.
+    series: std::sync::OnceLock<Box<crate::console::Series>>,
     /// With `isolation = "session"`: each client session's own process.
     pool: pool::Pool,
     /// A 2026-07-28 server: what its listen stream asks for.
@@ -165,6 +169,8 @@ impl Server {
             }),
             stop,
             restarts: AtomicU64::new(0),
+            in_flight: std::sync::atomic::AtomicI64::new(0),
+            series: std::sync::OnceLock::new(),
             subscriptions: Default::default(),
             skip_probe: AtomicBool::new(false),
         }
@@ -194,6 +200,16 @@ impl Server {
     /// Stops the process of `session`, if it has one; none is started for it afterwards.
     pub async fn end_session(&self, session: &str) {
         self.pool.end(session).await;
+    }
+
+    /// Its console ring (allocated on first use).
+    pub fn series(&self) -> &crate::console::Series {
+        self.series.get_or_init(Box::default)
+    }
+
+    /// Its last 15 minutes, for the console (nothing is allocated for a server never called).
+    pub fn summary(&self) -> crate::console::Summary {
+        self.series.get().map(|s| s.summary()).unwrap_or_default()
     }
 
     /// How many session processes run (or are starting).
@@ -308,6 +324,7 @@ impl Server {
                     // crash-looping server shows how often it was tried.
                     self.restarts.fetch_add(1, Ordering::Relaxed);
                     if incoming.is_some() {
+                        crate::console::events().push("restart", Some(&self.name), "started again");
                         let _ = events
                             .send(Event::Restarted {
                                 server: self.name.clone(),
@@ -361,6 +378,7 @@ impl Server {
                     self.state().last_error.clone().unwrap_or_default()
                 );
                 warn!(server = %self.name, "{why}");
+                crate::console::events().push("crash_loop", Some(&self.name), why.clone());
                 self.update(|s| {
                     s.status = Status::Failed(why.clone());
                     s.last_error = Some(why);
@@ -387,6 +405,7 @@ impl Server {
         // The stderr lines were logged as they came; the log line need not repeat them.
         let logged = why.split_once(STDERR_TAIL).map_or(why.as_str(), |(w, _)| w);
         warn!(server = %self.name, error = %logged, "server unavailable");
+        crate::console::events().push("down", Some(&self.name), format!("unavailable: {why}"));
         self.update(|s| {
             s.status = Status::Down(why.clone());
             s.last_error = Some(why);

@@ -25,6 +25,8 @@ pub(super) struct RawClient {
     #[serde(default)]
     deny: Vec<String>,
     rate_limit: Option<Spanned<String>>,
+    #[serde(default)]
+    admin: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -74,6 +76,8 @@ pub struct ClientSpec {
     pub filter: Filter,
     /// The client's own limit, besides `[rate_limits] per_client`.
     pub rate_limit: Option<Rate>,
+    /// `admin = true`: may read the console and `/status*`.
+    pub admin: bool,
 }
 
 impl ClientSpec {
@@ -197,6 +201,7 @@ pub(super) fn parse(
                 deny: c.deny,
             },
             rate_limit,
+            admin: c.admin,
         });
     }
     let oauth = raw.oauth.map(|o| {

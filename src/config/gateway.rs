@@ -69,6 +69,7 @@ pub(super) struct RawGateway {
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
     search: Option<bool>,
+    console: Option<bool>,
 }
 
 /// `[gateway]`: the public endpoint and defaults.
@@ -117,6 +118,9 @@ pub struct Gateway {
     /// Async runtime worker threads; `None`: half the CPUs, at least one (or
     /// `TOKIO_WORKER_THREADS`). Read at start only.
     pub worker_threads: Option<usize>,
+    /// The operator's console at `/` and `/status*` (default on; admins only with auth,
+    /// loopback peers only without).
+    pub console: bool,
     /// Tool search mode on `path` and over stdio: `tools/list` shows only
     /// `gateway__search_tools` and `gateway__call_tool` (every tool stays callable by name).
     /// Default: off.
@@ -244,6 +248,7 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
         body_timeout,
         max_line,
         worker_threads: g.worker_threads.map(Spanned::into_inner),
+        console: g.console.unwrap_or(true),
         search: g.search.unwrap_or(false),
         trusted_proxies: g
             .trusted_proxies

@@ -17,10 +17,12 @@
 //! Origin/Host, media types, auth), `post` (a POST, batches), `session` (the session
 //! table, `initialize`, DELETE), `answer` (a request's answer as JSON or SSE), `get` (the
 //! session's GET stream and its resumption), `stateless` (the 2026-07-28 adapter),
-//! `status` (health, `/status`, `/metrics`, OAuth metadata).
+//! `status` (health, `/metrics`, OAuth metadata), `console` (the console at `/` and
+//! `/status*`).
 
 mod answer;
 mod checks;
+mod console;
 mod get;
 mod post;
 mod session;
@@ -247,8 +249,13 @@ pub fn app(http: Http) -> Router {
         .route(&profiles, mcp)
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(status::readyz))
-        .route("/status", get(status::status))
-        .route("/", get(status::status_page))
+        .route("/status", get(console::status))
+        .route("/status/events", get(console::events))
+        .route("/status/catalog", get(console::catalog))
+        .route("/status/stream", get(console::stream))
+        .route("/", get(console::page))
+        .route("/console.js", get(console::script))
+        .route("/console.css", get(console::style))
         .route("/metrics", get(status::metrics))
         .route(auth::METADATA_PATH, get(status::resource_metadata))
         .route(

@@ -68,12 +68,12 @@ impl Gateway {
                 .topo
                 .limits
                 .check_server(server, tool)
-                .map_err(|l| self.limited(method, &l, &mut cx.info)),
+                .map_err(|l| self.limited(method, &l, &mut cx.info, cx.client)),
             // Boxed: the one-process path's futures stay as small as they were.
             Some(c) => {
                 let budget = cx.budget.take();
                 let spent = Box::pin(spend(c, cx.topo, budget, Some((server, tool)))).await;
-                spent.map_err(|r| self.refused(method, r, &mut cx.info))
+                spent.map_err(|r| self.refused(method, r, &mut cx.info, cx.client))
             }
         }
     }
@@ -85,7 +85,7 @@ impl Gateway {
             return Ok(());
         };
         let spent = Box::pin(spend(c, cx.topo, Some(budget), None)).await;
-        spent.map_err(|r| self.refused(method, r, &mut cx.info))
+        spent.map_err(|r| self.refused(method, r, &mut cx.info, cx.client))
     }
 
     /// `initialize` as a configured client, counted against its limits over the cluster
@@ -109,9 +109,15 @@ impl Gateway {
         })
     }
 
-    fn refused(&self, method: Method, r: Refusal, info: &mut super::CallInfo) -> Outcome {
+    fn refused(
+        &self,
+        method: Method,
+        r: Refusal,
+        info: &mut super::CallInfo,
+        client: &crate::client::Client,
+    ) -> Outcome {
         match r {
-            Refusal::Limited(l) => self.limited(method, &l, info),
+            Refusal::Limited(l) => self.limited(method, &l, info, client),
             Refusal::Unavailable => Error::unavailable(unreachable_message()).into(),
         }
     }

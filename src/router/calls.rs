@@ -74,6 +74,7 @@ impl Gateway {
         // Known from here on, so a limited call counts under its server too.
         let server = &topo.servers[route.server];
         cx.info.server = Some(server.name.clone());
+        cx.info.index = Some(route.server);
         if let Err(out) = self
             .spend_route(cx, method, route.server, tool.then_some(route.name.as_str()))
             .await

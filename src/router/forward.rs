@@ -26,6 +26,7 @@ impl Gateway {
         let topo = cx.topo;
         let s = &topo.servers[server];
         cx.info.server = Some(s.name.clone());
+        cx.info.index = Some(server);
         if !cx.route_spent {
             // tools/call and prompts/get were checked with their names already (and a
             // call forwarded here from another replica was checked there).
@@ -54,6 +55,7 @@ impl Gateway {
             Ok(c) => c,
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
+        let _busy = crate::console::Busy::new(&s.in_flight);
         let progress = params.take_progress().map(|t| cx.info.progress.take().unwrap_or(t));
         let sink = cx.sink.take();
         let stateless = s.state().info.as_ref().is_some_and(|i| i.stateless);

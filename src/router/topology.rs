@@ -107,6 +107,7 @@ impl Gateway {
             "reloading gateway.toml"
         );
         self.start_servers(&added).await;
+        crate::console::events().push("reload", None, reload_summary(&old, &config, &added, &gone));
         let limits = if same_limits(&old.config, &config) {
             old.limits.clone()
         } else {
@@ -242,6 +243,16 @@ impl Gateway {
                     views = reach.changed.len(),
                     "catalog changed; notifying clients"
                 );
+                let whom = match (reach.main, reach.changed.len()) {
+                    (true, 0) => "the whole catalog's sessions".to_owned(),
+                    (true, n) => format!("the whole catalog's sessions and {n} view(s)"),
+                    (false, n) => format!("{n} view(s)"),
+                };
+                crate::console::events().push(
+                    "list_changed",
+                    announced.as_ref().map(|(s, _)| &**s),
+                    format!("{} sent to {whom}", kind.notification()),
+                );
                 let line = Bytes::from(message::notification(kind.notification(), None));
                 let reach = Arc::new(reach);
                 self.announce_elsewhere(&line, &reach);
@@ -251,6 +262,51 @@ impl Gateway {
                 });
             }
         }
+    }
+}
+
+/// What a reload changed, in a sentence for the console's events.
+fn reload_summary(old: &Topology, new: &Config, added: &[Arc<Server>], gone: &[Arc<Server>]) -> String {
+    let names = |v: &[Arc<Server>]| v.iter().map(|s| s.name.to_string()).collect::<Vec<_>>().join(", ");
+    let mut parts = Vec::new();
+    let (restarted, started): (Vec<Arc<Server>>, Vec<Arc<Server>>) = added
+        .iter()
+        .cloned()
+        .partition(|s| old.servers.iter().any(|o| o.name == s.name));
+    let stopped: Vec<Arc<Server>> = gone
+        .iter()
+        .filter(|s| !restarted.iter().any(|r| r.name == s.name))
+        .cloned()
+        .collect();
+    if !started.is_empty() {
+        parts.push(format!("started {}", names(&started)));
+    }
+    if !restarted.is_empty() {
+        parts.push(format!("restarted {} (changed)", names(&restarted)));
+    }
+    if !stopped.is_empty() {
+        parts.push(format!("stopped {}", names(&stopped)));
+    }
+    if old.config.auth != new.auth {
+        parts.push("[clients] or [auth] changed".to_owned());
+    }
+    let retuned = new.servers.iter().any(|n| {
+        old.config
+            .servers
+            .iter()
+            .any(|o| o.name == n.name && o.rate_limits != n.rate_limits)
+    });
+    if old.config.rate_limits != new.rate_limits || retuned {
+        parts.push("rate limits changed".to_owned());
+    }
+    let profiles = |c: &Config| c.profiles.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    if profiles(&old.config) != profiles(new) {
+        parts.push(format!("profiles now: {}", profiles(new).join(", ")));
+    }
+    if parts.is_empty() {
+        "gateway.toml reloaded: no server changed (settings retuned in place)".to_owned()
+    } else {
+        format!("gateway.toml reloaded: {}", parts.join("; "))
     }
 }
 

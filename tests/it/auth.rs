@@ -176,13 +176,16 @@ async fn bearer_tokens_are_required_and_checked() {
     .await;
     assert_eq!(assert_401(r, false).await.1["id"], 5);
 
-    // Health, status and metrics stay open (and never show a token).
-    for path in ["/healthz", "/readyz", "/status", "/metrics", "/"] {
+    // Health and metrics stay open, and so does the console's static page (and none
+    // shows a token); /status needs an admin's token (tests/it/console.rs).
+    for path in ["/healthz", "/readyz", "/metrics", "/"] {
         let r = reqwest::get(format!("{}{path}", gw.base)).await.unwrap();
         assert_eq!(r.status(), 200, "{path}");
         let body = r.text().await.unwrap();
         assert!(!body.contains(ALICE) && !body.contains(&sha256_hex(BOB)), "{path}");
     }
+    let r = reqwest::get(format!("{}/status", gw.base)).await.unwrap();
+    assert_eq!(r.status(), 401);
     // No OAuth: no metadata document.
     let r = reqwest::get(format!("{}/.well-known/oauth-protected-resource", gw.base))
         .await

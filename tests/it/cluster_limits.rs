@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 const ALICE: &str = "alice-limits-token-5c1d9e";
+/// An admin's token: it reads `/status`.
+const OPS: &str = "ops-limits-token-8a2f4b";
 const REPLICAS: usize = 3;
 const BURST: usize = 100;
 
@@ -41,9 +43,10 @@ fn start_replicas(redis: &Redis, n: usize, s: Setup) -> Vec<Gateway> {
     (0..n)
         .map(|i| {
             Gateway::start(&format!(
-                "{}\n{}\n[clients.alice]\ntoken_sha256 = \"{}\"\n{}\n\n{}\n",
+                "{}\n{}\n[clients.ops]\ntoken_sha256 = \"{}\"\nadmin = true\n\n[clients.alice]\ntoken_sha256 = \"{}\"\n{}\n\n{}\n",
                 cluster_toml(redis, &format!("replica_id = \"gw-{i}\"\n{}", s.cluster)),
                 server("calc", &name, &[], s.server),
+                sha256_hex(OPS),
                 sha256_hex(ALICE),
                 s.alice,
                 s.extra,
@@ -186,7 +189,7 @@ async fn redis_state_everywhere(gws: &[Gateway], want: &str) -> bool {
     loop {
         let mut all = true;
         for gw in gws {
-            all &= gw.get_json("/status").await["cluster"]["redis"] == want;
+            all &= gw.get_json_as("/status", OPS).await["cluster"]["redis"] == want;
         }
         if all {
             return true;

@@ -30,12 +30,12 @@ fn gateway(gateway: &str, rest: &str) -> Gateway {
 }
 
 /// `[clients.*]` tables for alice, bob and carol (tokens from the environment), with
-/// `alice` and `bob` as extra lines of their tables.
+/// `alice` and `bob` as extra lines of their tables; carol may read `/status`.
 fn clients(alice: &str, bob: &str) -> String {
     format!(
         "[clients.alice]\ntoken = \"${{ALICE_TOKEN}}\"\n{alice}\n\n\
          [clients.bob]\ntoken = \"${{BOB_TOKEN}}\"\n{bob}\n\n\
-         [clients.carol]\ntoken = \"${{CAROL_TOKEN}}\"\n"
+         [clients.carol]\ntoken = \"${{CAROL_TOKEN}}\"\nadmin = true\n"
     )
 }
 
@@ -149,7 +149,7 @@ async fn a_post_that_is_not_application_json_gets_415_saying_what_to_send() {
         .unwrap();
     assert_eq!(r.status(), 415);
     assert!(r.headers().get("mcp-session-id").is_none());
-    assert_eq!(gw.get_json("/status").await["sessions"], 1);
+    assert_eq!(gw.get_json_as("/status", CAROL).await["sessions"], 1);
     // The session still works.
     assert_eq!(s.request(json!(2), "ping", json!({})).await["result"], json!({}));
 }
@@ -222,7 +222,7 @@ async fn two_authorization_headers_are_400_whichever_comes_first() {
         // The tokens are not echoed.
         assert!(!v.to_string().contains(ALICE) && !v.to_string().contains(BOB), "{v}");
     }
-    assert_eq!(gw.get_json("/status").await["sessions"], 1);
+    assert_eq!(gw.get_json_as("/status", CAROL).await["sessions"], 1);
     assert!(!gw.logs().contains(ALICE) && !gw.logs().contains(BOB));
 }
 
@@ -397,7 +397,7 @@ async fn initialize_counts_against_the_clients_rate_limits() {
     // Nobody else paid for them.
     let (status, sid, v) = initialize(&gw, &http, Some(CAROL)).await;
     assert_eq!((status, sid.is_some()), (200, true), "carol: {v}");
-    assert_eq!(gw.get_json("/status").await["sessions"], 8);
+    assert_eq!(gw.get_json_as("/status", CAROL).await["sessions"], 8);
 }
 
 #[tokio::test]
@@ -436,7 +436,7 @@ async fn max_sessions_per_client_bounds_one_clients_share() {
     assert_eq!(r.status(), 200);
     assert_eq!(initialize(&gw, &http, Some(ALICE)).await.0, 200);
     assert_eq!(initialize(&gw, &http, Some(ALICE)).await.0, 503);
-    assert_eq!(gw.get_json("/status").await["sessions"], 4);
+    assert_eq!(gw.get_json_as("/status", CAROL).await["sessions"], 4);
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ mod cluster_limits;
 mod common;
 mod compose;
 mod config_cli;
+mod console;
 mod core_catalog;
 mod core_http;
 mod core_http_input;

@@ -22,6 +22,12 @@ pub(super) fn per_ip(http: &Http, headers: &HeaderMap, extensions: &axum::http::
     if let Some(ip) = client_ip(http, headers, extensions) {
         if let Err(l) = http.gw.topology().limits.check_ip(ip) {
             http.gw.metrics.rate_limited(&l.what);
+            crate::console::events().burst(
+                "rate_limited",
+                &l.what,
+                None,
+                format!("{ip}: rate limited by {}", l.what),
+            );
             let secs = l.retry_after.as_secs_f64().ceil().max(1.0);
             let mut resp = reject(StatusCode::TOO_MANY_REQUESTS, code::RATE_LIMITED, l.message()).into_response();
             if let Ok(v) = HeaderValue::from_str(&format!("{secs:.0}")) {

@@ -166,6 +166,13 @@ impl Http {
             });
         }
         if let Some((_, s)) = removed {
+            // One event per client's burst: 10 000 sessions ending must not flush the ring.
+            crate::console::events().burst(
+                "session_ended",
+                &format!("ended {}", s.share),
+                None,
+                format!("{} ended a session", s.share),
+            );
             if s.counted {
                 self.release_share(&s.share);
             }
@@ -396,6 +403,7 @@ pub(super) async fn initialize(
             c.set_capabilities(params);
             let _ = c.protocol_version.set(version.clone());
             c.set_identity(who);
+            let _ = c.stats.set(http.gw.metrics.clients.row(&share));
             c
         },
         owner,
@@ -430,8 +438,19 @@ pub(super) async fn initialize(
         // Other replicas deliver to it, answer its questions and cancel its calls by key.
         http.gw.remember(&session.client);
     }
+    let opened_by = session.share.clone();
     http.sessions.insert(sid.clone(), Arc::new(session));
     let endpoint = view.as_ref().map_or(String::new(), ViewKey::to_string);
+    crate::console::events().burst(
+        "session_opened",
+        &format!("opened {opened_by}"),
+        None,
+        format!(
+            "{} opened a session ({version}{}{endpoint})",
+            opened_by,
+            if endpoint.is_empty() { "" } else { ", " }
+        ),
+    );
     match &client_name {
         Some(client) => info!(session = %sid, %version, %client, %endpoint, "session opened"),
         None => info!(session = %sid, %version, %endpoint, "session opened"),

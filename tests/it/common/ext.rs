@@ -59,6 +59,20 @@ impl Gateway {
             .unwrap()
     }
 
+    /// GET on a path of the gateway as JSON, with `token` as the bearer (an admin's, for
+    /// `/status` once `[clients.*]` are configured).
+    pub async fn get_json_as(&self, path: &str, token: &str) -> Value {
+        reqwest::Client::new()
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// A state of a server by name from /status.
     pub async fn server_status(&self, name: &str) -> Value {
         let st = self.get_json("/status").await;

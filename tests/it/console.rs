@@ -1,0 +1,407 @@
+//! The operator's console at `/`, driven in real headless Chromium against the real
+//! binary: servers with their calls and charts, the catalog and its search, events after
+//! a reload; and who may read it (admins with auth, loopback peers without, nobody when
+//! it is off).
+
+use crate::common::{server, unique, Gateway};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const ADMIN: &str = "console-admin-token-5b1d";
+const USER: &str = "console-user-token-9c2e";
+
+/// Headless Chromium's DOM of `url` after its scripts ran: `--virtual-time-budget` lets
+/// the page's fetches and timers run before the dump. Asked again (up to 10 times) until
+/// the page says it rendered its data (`data-ready`), since a budget is no promise.
+pub fn dom(profile: &Path, url: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..10 {
+        last = chromium(profile, &["--virtual-time-budget=3000", "--dump-dom", url]);
+        // Rendered, or showing the login box (the token was missing or refused).
+        if last.contains("data-ready=\"1\"") || last.contains("<form id=\"login\">") {
+            return last;
+        }
+    }
+    panic!("the page never rendered its data:\n{last}");
+}
+
+fn chromium(profile: &Path, args: &[&str]) -> String {
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run chromium (scripts/setup-test-deps installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The markup of one server's card.
+pub fn card<'a>(dom: &'a str, name: &str) -> &'a str {
+    let start = dom
+        .find(&format!("data-server=\"{name}\""))
+        .unwrap_or_else(|| panic!("no card for {name}:\n{dom}"));
+    let rest = &dom[start..];
+    &rest[..rest.find("</article>").unwrap_or(rest.len())]
+}
+
+/// The number a card shows under `label`.
+fn fact(card: &str, label: &str) -> u64 {
+    let at = card
+        .find(&format!("<span>{label}</span><b>"))
+        .unwrap_or_else(|| panic!("no {label}: {card}"));
+    let rest = &card[at + label.len() + 16..];
+    rest[..rest.find('<').unwrap_or(0)]
+        .parse()
+        .unwrap_or_else(|_| panic!("{label} is not a number: {card}"))
+}
+
+async fn wait_for(timeout: Duration, what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn two_servers() -> String {
+    [
+        server("calc", &unique("console-calc"), &[], ""),
+        server("docs", &unique("console-docs"), &[], ""),
+    ]
+    .concat()
+}
+
+#[tokio::test]
+async fn the_console_shows_servers_catalog_and_events_in_chromium() {
+    let config = two_servers();
+    let gw = Gateway::start(&config);
+    let s = gw.session().await;
+    for i in 0..20 {
+        let r = s.call("calc__add", json!({"a": i, "b": 1})).await;
+        assert!(r.get("result").is_some(), "{r}");
+        let r = s.call("docs__echo", json!({"text": "hi"})).await;
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    // Some failing: tool errors, and a server that exits in the middle of a call (an
+    // error naming it, a restart).
+    for _ in 0..3 {
+        let r = s.call("calc__add", json!({"a": "x", "b": 1})).await;
+        assert_eq!(r["result"]["isError"], true, "{r}");
+    }
+    let r = s.call("docs__crash", json!({})).await;
+    assert!(r.get("error").is_some(), "{r}");
+    wait_for(Duration::from_secs(20), "docs back", async || {
+        let st = gw.server_status("docs").await;
+        st["state"] == "ready" && st["restarts"].as_u64() >= Some(1)
+    })
+    .await;
+    let profile = tempfile::tempdir().unwrap();
+
+    let page = dom(profile.path(), &format!("{}/", gw.base));
+    for name in ["calc", "docs"] {
+        let c = card(&page, name);
+        assert!(c.contains("state ready"), "{c}");
+        assert!(fact(c, "calls (15 min)") >= 21, "{c}");
+        assert!(c.contains("<svg class=\"spark\""), "no chart: {c}");
+        assert!(c.contains("<polyline class=\"calls\""), "no calls line: {c}");
+    }
+    assert!(
+        !card(&page, "calc").contains("error rate</span><b>0.0 %"),
+        "calc had tool errors"
+    );
+    // The catalog lists a known tool with its server and original name; the client's
+    // row counts its calls and says why the last one failed.
+    assert!(page.contains("data-name=\"calc__add\""), "{page}");
+    assert!(page.contains("<td>calc</td><td>add</td>"), "{page}");
+    assert!(page.contains("data-client=\"address 127.0.0.1\""), "{page}");
+    assert!(
+        page.contains("docs__crash (server docs)"),
+        "the client's last error: {page}"
+    );
+    // The server's failure is an event naming it, and so is its restart.
+    assert!(page.contains("data-kind=\"error\""), "{page}");
+    assert!(page.contains("data-kind=\"restart\""), "{page}");
+    assert!(fact(card(&page, "docs"), "restarts") >= 1, "{page}");
+
+    // The search narrows the catalog (the page reads ?q=, as it writes it when typed in).
+    let found = dom(profile.path(), &format!("{}/?q=echo_meta", gw.base));
+    assert!(found.contains("data-name=\"calc__echo_meta\""), "{found}");
+    assert!(found.contains("data-name=\"docs__echo_meta\""), "{found}");
+    assert!(
+        !found.contains("data-name=\"calc__add\""),
+        "the search did not narrow: {found}"
+    );
+    assert!(found.contains("2 of "), "{found}");
+    // Over descriptions too.
+    let found = dom(profile.path(), &format!("{}/?q=two%20numbers", gw.base));
+    assert!(
+        found.contains("data-name=\"calc__add\"") && !found.contains("data-name=\"calc__echo\""),
+        "{found}"
+    );
+
+    // A reload: a third server. The gateway picks the file up on its own.
+    let more = unique("console-more");
+    std::fs::write(gw.config_path(), format!("{config}{}", server("more", &more, &[], ""))).unwrap();
+    wait_for(Duration::from_secs(20), "the reload event", async || {
+        gw.get_json("/status/events").await["events"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["kind"] == "reload"))
+    })
+    .await;
+    let events = gw.get_json("/status/events").await;
+    let reload = events["events"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["kind"] == "reload"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert!(
+        reload["text"].as_str().unwrap_or("").contains("started more"),
+        "{reload}"
+    );
+    let page = dom(profile.path(), &format!("{}/", gw.base));
+    assert!(page.contains("data-kind=\"reload\""), "{page}");
+    assert!(page.contains("started more"), "{page}");
+    assert!(page.contains("data-kind=\"session_opened\""), "{page}");
+
+    let shot = gw.dir.path().join("console.png");
+    chromium(
+        profile.path(),
+        &[
+            "--virtual-time-budget=3000",
+            "--window-size=1280,1500",
+            &format!("--screenshot={}", shot.display()),
+            &format!("{}/", gw.base),
+        ],
+    );
+    let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+    assert!(size > 10_000, "a screenshot of {size} bytes");
+    if let Ok(to) = std::env::var("CONSOLE_SCREENSHOT") {
+        std::fs::copy(&shot, to).unwrap();
+    }
+    // The temp folder goes with the gateway: a copy stays (one file, each run overwrites it).
+    let kept = std::env::temp_dir().join("mcp-gateway-console.png");
+    std::fs::copy(&shot, &kept).unwrap();
+    println!("console screenshot: {} (kept at {})", shot.display(), kept.display());
+}
+
+/// Text a server (or an override) gives is shown as text: a tool description with markup
+/// does not become elements.
+#[tokio::test]
+async fn tool_text_is_never_markup() {
+    let hostile = "<img src=x onerror=alert(1)><script>alert(2)</script> hostile";
+    let config = server(
+        "calc",
+        &unique("console-calc"),
+        &[],
+        &format!("\n[servers.calc.overrides.echo]\ndescription = {hostile:?}\n"),
+    );
+    let gw = Gateway::start(&config);
+    let profile = tempfile::tempdir().unwrap();
+    let page = dom(profile.path(), &format!("{}/?q=hostile", gw.base));
+    assert!(page.contains("data-name=\"calc__echo\""), "{page}");
+    assert!(
+        page.contains("&lt;img src=x onerror=alert(1)&gt;&lt;script&gt;"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<img") && !page.contains("<script>alert"),
+        "markup became elements: {page}"
+    );
+}
+
+fn authed() -> String {
+    format!(
+        "{}[clients.ops]\ntoken = \"{ADMIN}\"\nadmin = true\n\n[clients.app]\ntoken = \"{USER}\"\n",
+        two_servers()
+    )
+}
+
+async fn get(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut r = reqwest::Client::new().get(url);
+    if let Some(t) = token {
+        r = r.bearer_auth(t);
+    }
+    let r = r.send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn with_clients_the_console_needs_an_admin_token() {
+    let gw = Gateway::start(&authed());
+    for path in ["/status", "/status/events", "/status/catalog", "/status/stream"] {
+        let url = format!("{}{path}", gw.base);
+        assert_eq!(get(&url, None).await.0, 401, "{path} without a token");
+        assert_eq!(get(&url, Some("nope")).await.0, 401, "{path} with an unknown token");
+        let (code, body) = get(&url, Some(USER)).await;
+        assert_eq!(code, 403, "{path} with a client's token that is not an admin's: {body}");
+        assert!(body.contains("admin = true"), "{body}");
+    }
+    let (code, body) = get(&format!("{}/status", gw.base), Some(ADMIN)).await;
+    assert_eq!(code, 200, "{body}");
+    let st: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(st["servers"].as_array().map(Vec::len), Some(2), "{st}");
+    assert!(
+        !body.contains(ADMIN) && !body.contains(USER),
+        "a token in /status: {body}"
+    );
+    let (code, body) = get(&format!("{}/status/catalog", gw.base), Some(ADMIN)).await;
+    assert_eq!(code, 200);
+    let cat: Value = serde_json::from_str(&body).unwrap();
+    let add = cat["items"]
+        .as_array()
+        .and_then(|i| i.iter().find(|i| i["name"] == "calc__add"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(add["clients"], json!(["app", "ops"]), "{add}");
+    // Health stays open; the page is static (no data) and asks for the token.
+    for path in ["/healthz", "/readyz", "/"] {
+        assert_eq!(get(&format!("{}{path}", gw.base), None).await.0, 200, "{path}");
+    }
+    let profile = tempfile::tempdir().unwrap();
+    let page = dom(profile.path(), &format!("{}/", gw.base));
+    assert!(page.contains("<form id=\"login\">"), "no login box: {page}");
+    assert!(!page.contains("data-server=\"calc\""), "{page}");
+    // The token once in the address: the page keeps it (sessionStorage) and shows the data.
+    let page = dom(profile.path(), &format!("{}/?token={ADMIN}", gw.base));
+    assert!(card(&page, "calc").contains("state ready"), "{page}");
+    assert!(!page.contains(ADMIN), "the token stayed in the page: {page}");
+}
+
+/// A local address that is not loopback, if this host has one (the one a route out uses;
+/// nothing is sent).
+fn outside_address() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    s.local_addr()
+        .ok()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+}
+
+#[tokio::test]
+async fn without_auth_the_console_is_for_loopback_peers_only() {
+    let gw = Gateway::start_listening(&two_servers(), "0.0.0.0:0", &[]);
+    let port = gw.base.rsplit(':').next().unwrap_or_default().to_owned();
+    for path in ["/status", "/status/events", "/"] {
+        let (code, _) = get(&format!("http://127.0.0.1:{port}{path}"), None).await;
+        assert_eq!(code, 200, "{path} from loopback");
+    }
+    let ip = outside_address().expect("this host has no address but loopback: the test cannot check a remote peer");
+    for path in [
+        "/status",
+        "/status/events",
+        "/status/stream",
+        "/status/catalog",
+        "/",
+        "/console.js",
+    ] {
+        let (code, body) = get(&format!("http://{ip}:{port}{path}"), None).await;
+        assert_eq!(code, 403, "{path} from {ip}: {body}");
+    }
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(get(&format!("http://{ip}:{port}{path}"), None).await.0, 200, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn the_console_can_be_switched_off() {
+    let gw = Gateway::start(&format!("[gateway]\nconsole = false\n\n{}", two_servers()));
+    for path in ["/", "/status", "/status/stream", "/console.js"] {
+        assert_eq!(get(&format!("{}{path}", gw.base), None).await.0, 404, "{path}");
+    }
+    assert_eq!(get(&format!("{}/healthz", gw.base), None).await.0, 200);
+}
+
+/// A client over its limit: its row says which limit refused it and how often, and the
+/// burst is one event with a count (not one per refusal); with profiles, the catalog says
+/// which profile shows each tool.
+#[tokio::test]
+async fn rate_limits_show_on_the_clients_row_as_one_burst() {
+    let config = format!(
+        "[rate_limits]\nper_client = \"2/m\"\n\n[profiles.math]\nservers = [\"calc\"]\n\n{}",
+        two_servers()
+    );
+    let gw = Gateway::start(&config);
+    let s = gw.session().await;
+    let mut refused = 0;
+    for i in 0..8 {
+        let r = s.call("calc__add", json!({"a": i, "b": 1})).await;
+        if r["result"]["isError"] == true {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 5, "{refused} refused of 8 at 2/m");
+    let st = gw.get_json("/status").await;
+    let row = &st["clients"][0];
+    assert_eq!(row["name"], "address 127.0.0.1", "{st}");
+    assert_eq!(row["sessions"], 1, "{row}");
+    assert_eq!(row["calls"], 8, "{row}");
+    let limited = &row["rateLimited"][0];
+    assert!(
+        limited["limit"].as_str().is_some_and(|l| l.contains("per_client")),
+        "{row}"
+    );
+    assert_eq!(limited["count"], refused, "{row}");
+    let events = gw.get_json("/status/events").await;
+    let bursts: Vec<&Value> = events["events"]
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["kind"] == "rate_limited").collect())
+        .unwrap_or_default();
+    assert_eq!(bursts.len(), 1, "one event for the burst: {events}");
+    assert_eq!(bursts[0]["count"], refused, "{events}");
+    // A client's limit refuses before any server is chosen: calc counts only what reached it.
+    let calc = gw.server_status("calc").await;
+    assert_eq!(calc["calls"], 8 - refused, "{calc}");
+    assert_eq!(calc["errors"], 0, "{calc}");
+
+    let cat = gw.get_json("/status/catalog").await;
+    let item = |name: &str| {
+        cat["items"]
+            .as_array()
+            .and_then(|i| i.iter().find(|i| i["name"] == name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(item("calc__add")["profiles"], json!(["math"]), "{cat}");
+    assert_eq!(item("docs__add")["profiles"], json!([]), "{cat}");
+    assert_eq!(item("calc__add")["original"], "add");
+    assert_eq!(item("calc__add")["clients"], Value::Null, "no auth: everyone");
+    assert!(item("calc__add")["inputSchema"]["properties"]["a"].is_object(), "{cat}");
+}
+
+#[tokio::test]
+async fn behind_a_trusted_balancer_on_this_host_a_caller_is_not_loopback() {
+    let gw = Gateway::start(&format!(
+        "[gateway]\ntrusted_proxies = [\"127.0.0.1\"]\n\n{}",
+        two_servers()
+    ));
+    let status = |xff: &'static str| {
+        let url = format!("{}/status", gw.base);
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .header("x-forwarded-for", xff)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status("203.0.113.5").await, 403, "a remote caller through the balancer");
+    assert_eq!(status("127.0.0.1").await, 200, "a local one");
+}
