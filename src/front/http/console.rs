@@ -80,7 +80,7 @@ fn open_to(http: &Http, peer: Option<std::net::IpAddr>) -> Result<(), Response> 
 /// The console's data: [`open_to`], and with auth an admin's bearer token.
 #[allow(clippy::result_large_err)]
 async fn guard(http: &Http, req: Request) -> Result<(), Response> {
-    let req = asker(&http, req);
+    let req = asker(http, req);
     open_to(http, req.peer)?;
     let authn = http.gw.topology().auth.clone();
     if !authn.required() {
