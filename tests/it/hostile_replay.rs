@@ -529,35 +529,6 @@ async fn h_two_thousand_get_streams_leave_no_fds_or_memory_behind() {
     eprintln!("2,000 GET streams in {took:?} ({conflicts} retries on 409); fds {fds0}->{fds1}, RSS {rss0}->{rss1} KiB");
 }
 
-/// A session opened with `Authorization: Bearer token` on every request.
-async fn session_as(url: &str, token: &str) -> Session {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("header value"),
-    );
-    let http = reqwest::Client::builder().default_headers(headers).build().unwrap();
-    let resp = http
-        .post(url)
-        .header("accept", "application/json, text/event-stream")
-        .json(&json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-            "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let id = resp.headers()["mcp-session-id"].to_str().unwrap().to_string();
-    let init = resp.json().await.unwrap();
-    let s = Session {
-        http,
-        url: url.to_string(),
-        id,
-        init,
-    };
-    s.notify("notifications/initialized", json!({})).await;
-    s
-}
-
 /// (i) At MCP_GATEWAY_LOG=trace, a server's env secret and a client's token never reach
 /// the log: not at start, not in calls, not on a refused token.
 #[tokio::test]
@@ -576,7 +547,7 @@ async fn i_secrets_stay_out_of_the_trace_log() {
             ("API_KEY", ENV_SECRET),
         ],
     );
-    let s = session_as(&gw.url, TOKEN).await;
+    let s = Session::open_as(&gw.url, TOKEN).await;
     works(&s, "one").await;
     assert_eq!(text(&s.call("m__add", json!({"a": 1, "b": 2})).await), "3");
     assert!(!s.tool_names().await.is_empty());

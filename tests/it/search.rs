@@ -24,32 +24,6 @@ fn config(clients: bool) -> String {
     )
 }
 
-/// An initialized session that sends `Authorization: Bearer token`.
-async fn session_as(url: &str, token: &str) -> Session {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
-    let http = reqwest::Client::builder().default_headers(headers).build().unwrap();
-    let resp = http
-        .post(url)
-        .header("accept", "application/json, text/event-stream")
-        .json(&json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-            "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let id = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-    let init: Value = resp.json().await.unwrap();
-    let s = Session {
-        http,
-        url: url.to_owned(),
-        id,
-        init,
-    };
-    s.notify("notifications/initialized", json!({})).await;
-    s
-}
-
 /// `gateway__search_tools` with `args`: the whole response.
 async fn search(s: &Session, args: Value) -> Value {
     s.call("gateway__search_tools", args).await
@@ -149,8 +123,8 @@ async fn search_mode_lists_two_tools_finds_a_tool_and_calls_it_both_ways() {
 #[tokio::test]
 async fn a_search_shows_only_what_the_client_may_see() {
     let gw = Gateway::start(&config(true));
-    let alice = session_as(&gw.url, ALICE).await;
-    let bob = session_as(&gw.url, BOB).await;
+    let alice = Session::open_as(&gw.url, ALICE).await;
+    let bob = Session::open_as(&gw.url, BOB).await;
     // The two tools are listed whatever the allowlist says.
     assert_eq!(
         alice.tool_names().await,

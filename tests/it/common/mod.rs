@@ -208,7 +208,22 @@ impl Session {
 
     /// A session whose `initialize` declares `capabilities`.
     pub async fn open_with(url: &str, capabilities: Value) -> Session {
-        let http = reqwest::Client::new();
+        Session::open_on(reqwest::Client::new(), url, capabilities).await
+    }
+
+    /// A session opened with `Authorization: Bearer token` on every request.
+    pub async fn open_as(url: &str, token: &str) -> Session {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header value"),
+        );
+        let http = reqwest::Client::builder().default_headers(headers).build().unwrap();
+        Session::open_on(http, url, json!({})).await
+    }
+
+    /// A session opened with `http`, its `initialize` declaring `capabilities`.
+    pub async fn open_on(http: reqwest::Client, url: &str, capabilities: Value) -> Session {
         let resp = http
             .post(url)
             .header("accept", "application/json, text/event-stream")
