@@ -314,6 +314,10 @@ pub(super) fn parse(
                 ("handshake", Era::Handshake),
             ],
         );
+        if s.max_sessions == Some(0) {
+            // 0 would refuse every session's process: say so rather than run with 1.
+            cx.at(at, format!("servers.{name}.max_sessions must be at least 1"));
+        }
         let restart = one_of(
             cx,
             s.restart.as_ref(),
@@ -353,7 +357,7 @@ pub(super) fn parse(
             restart,
             isolation,
             idle_timeout,
-            max_sessions: s.max_sessions.unwrap_or(DEFAULT_SERVER_MAX_SESSIONS).max(1),
+            max_sessions: s.max_sessions.unwrap_or(DEFAULT_SERVER_MAX_SESSIONS),
             protocol,
             overrides: overrides.clone(),
             tags: tags.clone(),

@@ -32,6 +32,21 @@ fn globs() {
 }
 
 #[test]
+fn a_servers_max_sessions_of_zero_is_an_error_not_one() {
+    let src = "[servers.s]\ncommand = \"x\"\nisolation = \"session\"\nmax_sessions = 0\n";
+    let e = Config::parse(Path::new("g.toml"), src, &env)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("servers.s.max_sessions must be at least 1"), "{e}");
+    let ok = "[servers.s]\ncommand = \"x\"\nisolation = \"session\"\nmax_sessions = 1\n";
+    assert_eq!(
+        Config::parse(Path::new("g.toml"), ok, &env).unwrap().servers[0].max_sessions,
+        1
+    );
+}
+
+#[test]
 fn max_sessions_per_client_defaults_to_a_tenth_and_is_located_when_zero() {
     let at = |src: &str| Config::parse(Path::new("g.toml"), src, &env);
     let per = |src: &str| at(src).map(|c| c.gateway.max_sessions_per_client).ok();
