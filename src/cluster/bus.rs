@@ -82,16 +82,21 @@ pub enum Note {
     },
     /// The retry's (or forwarded call's) client went away: drop the call.
     Abandon { call: String },
-    /// To the replica holding session `sid`'s process of `server`: run this call on it
-    /// and send its steps to `reply_to` (see `router::forwarded`).
-    Forward {
-        corr: String,
-        reply_to: String,
-        sid: String,
-        server: String,
-        method: String,
-        params: String,
-    },
+    /// To the replica holding a session's process: run this call on it (see
+    /// `router::forwarded`).
+    Forward(Forwarded),
+}
+
+/// A call sent to the replica holding session `sid`'s process of `server`; its steps go
+/// to `reply_to` under `corr`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Forwarded {
+    pub corr: String,
+    pub reply_to: String,
+    pub sid: String,
+    pub server: String,
+    pub method: String,
+    pub params: String,
 }
 
 #[derive(Serialize, Deserialize)]

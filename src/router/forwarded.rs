@@ -16,7 +16,7 @@
 //! talking to that process.
 
 use super::{Call, CallInfo, Gateway};
-use crate::cluster::bus::{Note, To};
+use crate::cluster::bus::{Forwarded, Note, To};
 use crate::cluster::Cluster;
 use crate::downstream::Sink;
 use crate::error::Error;
@@ -141,14 +141,14 @@ impl Gateway {
             holder: holder.clone(),
             over: false,
         };
-        let note = Note::Forward {
+        let note = Note::Forward(Forwarded {
             corr: corr.clone(),
             reply_to: c.replica.clone(),
             sid: self.shared.key(&cx.client.id),
             server: s.name.to_string(),
             method: method.as_str().to_owned(),
             params: Value::Object(params).to_string(),
-        };
+        });
         debug!(server = %s.name, %holder, "the session's process runs on another replica; forwarding the call");
         let mut guard = guard;
         if c.publish(To::Replica(&holder), note).await == Some(0) {
@@ -209,15 +209,15 @@ impl Gateway {
     }
 
     /// A call another replica forwarded to this one's process of a session.
-    pub(super) fn serve_forwarded(
-        self: &Arc<Self>,
-        corr: String,
-        reply_to: String,
-        sid: String,
-        server: String,
-        method: String,
-        params: String,
-    ) {
+    pub(super) fn serve_forwarded(self: &Arc<Self>, f: Forwarded) {
+        let Forwarded {
+            corr,
+            reply_to,
+            sid,
+            server,
+            method,
+            params,
+        } = f;
         let gw = self.clone();
         crate::background::spawn(async move {
             let Some(c) = gw.cluster.get().cloned() else { return };

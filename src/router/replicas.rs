@@ -255,14 +255,7 @@ impl Gateway {
                 }
             }
             Note::Subscription { server, uri, on } => self.subscribe_here(&server, &uri, on).await,
-            Note::Forward {
-                corr,
-                reply_to,
-                sid,
-                server,
-                method,
-                params,
-            } => self.serve_forwarded(corr, reply_to, sid, server, method, params),
+            Note::Forward(f) => self.serve_forwarded(f),
             Note::Step { corr, step } => {
                 // A forwarded call's, or else a parked call's (the stateless flow's).
                 if let Err(step) = self.forwarded_step(&corr, step) {

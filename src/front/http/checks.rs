@@ -19,8 +19,10 @@ use tracing::debug;
 /// threshold for an `Err`); it is the cold path.
 #[allow(clippy::result_large_err)]
 pub(super) fn per_ip(http: &Http, headers: &HeaderMap, extensions: &axum::http::Extensions) -> Result<(), Response> {
-    if let Some(ip) = client_ip(http, headers, extensions) {
-        if let Err(l) = http.gw.topology().limits.check_ip(ip) {
+    // One view of the topology for both: the trusted proxies and the limits.
+    let topo = http.gw.topology();
+    if let Some(ip) = caller(&topo.config.gateway.trusted_proxies, headers, extensions) {
+        if let Err(l) = topo.limits.check_ip(ip) {
             http.gw.metrics.rate_limited(&l.what);
             crate::console::events().burst(
                 "rate_limited",
@@ -48,11 +50,18 @@ pub(super) fn client_ip(
     headers: &HeaderMap,
     extensions: &axum::http::Extensions,
 ) -> Option<std::net::IpAddr> {
+    caller(&http.gw.config().gateway.trusted_proxies, headers, extensions)
+}
+
+/// [`client_ip`] with the trusted proxies at hand.
+fn caller(
+    trusted: &[crate::config::Cidr],
+    headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
+) -> Option<std::net::IpAddr> {
     let peer = extensions
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip())?;
-    let config = http.gw.config();
-    let trusted = &config.gateway.trusted_proxies;
     if trusted.is_empty() || !trusted.iter().any(|c| c.contains(peer)) {
         return Some(peer);
     }
