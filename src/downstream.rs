@@ -10,6 +10,7 @@
 //! The handshake and listing are not done here: they are plain requests sent through
 //! the handle by the server's supervisor, so every transport shares them.
 
+pub mod client;
 pub mod http;
 pub mod pipe;
 pub mod sse;

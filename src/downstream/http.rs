@@ -16,9 +16,11 @@ use crate::sse;
 use crate::sync;
 use crate::telemetry::TraceHeaders;
 
+use super::client::{HttpClient, Response};
+use bytes::Bytes;
 use futures::StreamExt;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
-use reqwest::StatusCode;
+use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::{Method, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -35,13 +37,7 @@ const VERSION: &str = "mcp-protocol-version";
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How many times a broken response stream is resumed before the call fails.
 const MAX_RESUMES: usize = 5;
-/// Idle keep-alive connections kept per server (HTTP/1.1: one per request in flight, so
-/// this many concurrent calls reuse their connections; more open extra ones, closed
-/// when they go idle beyond this). HTTP/2 (TLS servers offering `h2`) multiplexes every
-/// call over one connection.
-pub const POOL_MAX_IDLE: usize = 64;
-/// An idle connection is closed after this long.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+use super::client::POOL_MAX_IDLE;
 /// After a call's answer arrived on its SSE stream, the rest of the stream is read (in
 /// the background: the answer is already on its way) for up to this long, so that the
 /// connection goes back to the pool instead of being closed.
@@ -52,26 +48,10 @@ const DRAIN_BYTES: usize = 1 << 20;
 /// it, an unfinished stream is dropped and its connection closed.
 const MAX_DRAINS: usize = POOL_MAX_IDLE;
 
-/// Builds the HTTP client for one server: pooled keep-alive connections
-/// ([`POOL_MAX_IDLE`], [`POOL_IDLE_TIMEOUT`]), `TCP_NODELAY`, rustls with the system
-/// roots plus an optional private CA; ALPN offers `h2` and `http/1.1`, so a TLS server
-/// that offers HTTP/2 gets it.
-pub fn client(spec: &HttpSpec) -> Result<reqwest::Client, String> {
-    let mut b = reqwest::Client::builder()
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(POOL_MAX_IDLE)
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(10))
-        .use_rustls_tls();
-    if let Some(path) = &spec.ca_file {
-        let pem = std::fs::read(path).map_err(|e| format!("cannot read ca_file {}: {e}", path.display()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| format!("ca_file {} is not PEM: {e}", path.display()))?;
-        for c in certs {
-            b = b.add_root_certificate(c);
-        }
-    }
-    b.build().map_err(|e| format!("cannot build the HTTP client: {e}"))
+/// Builds the HTTP client for one server ([`HttpClient`]).
+pub fn client(spec: &HttpSpec) -> Result<HttpClient, String> {
+    let url = reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("{} is not a URL: {e}", spec.url_display))?;
+    HttpClient::new(&url, spec.ca_file.as_deref())
 }
 
 /// The configured headers, marked sensitive so they never show in debug output.
@@ -91,7 +71,6 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     let shared = Arc::new(Shared {
         server: server.clone(),
         http: client(spec)?,
-        url: reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("{} is not a URL: {e}", spec.url_display))?,
         url_display: spec.url_display.clone(),
         headers: headers(spec)?,
         session: RwLock::new(None),
@@ -113,10 +92,9 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
 /// What the owner and its request tasks share.
 struct Shared {
     server: Arc<str>,
-    http: reqwest::Client,
-    /// Parsed once (reqwest would parse a string again for every request); it may carry
-    /// a credential, so it is never shown.
-    url: reqwest::Url,
+    /// The client, with the URL parsed once; it may carry a credential, so it is never
+    /// shown.
+    http: HttpClient,
     url_display: String,
     headers: HeaderMap,
     session: RwLock<Option<String>>,
@@ -148,25 +126,39 @@ impl Shared {
         }
     }
 
-    /// A request with the session's headers.
-    fn request(&self, method: reqwest::Method, with_session: bool) -> reqwest::RequestBuilder {
-        let mut r = self.http.request(method, self.url.clone());
-        if !self.headers.is_empty() {
-            r = r.headers(self.headers.clone());
-        }
+    /// The configured headers and the session's.
+    fn headers(&self, with_session: bool) -> HeaderMap {
+        let mut h = self.headers.clone();
         if with_session {
-            if let Some(s) = self.session() {
-                r = r.header(SESSION, s);
+            if let Some(v) = self.session().and_then(|s| HeaderValue::from_str(&s).ok()) {
+                h.insert(SESSION, v);
             }
-            if let Some(v) = sync::read(&self.version).as_deref() {
-                r = r.header(VERSION, v);
+            if let Some(v) = sync::read(&self.version)
+                .as_deref()
+                .and_then(|v| HeaderValue::from_str(v).ok())
+            {
+                h.insert(VERSION, v);
             }
         }
-        r
+        h
+    }
+
+    /// A GET (of an SSE stream) or a DELETE, with the session's headers and `extra`.
+    async fn get_or_delete(&self, method: Method, extra: &[(&'static str, &str)]) -> Result<Response, DsError> {
+        let mut h = self.headers(true);
+        for (k, v) in extra {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                h.insert(*k, v);
+            }
+        }
+        self.http
+            .send(method, h, Bytes::new())
+            .await
+            .map_err(|e| self.unavailable(e.to_string()))
     }
 
     /// POSTs one JSON-RPC message.
-    async fn post(&self, body: Vec<u8>, with_session: bool) -> Result<reqwest::Response, DsError> {
+    async fn post(&self, body: Bytes, with_session: bool) -> Result<Response, DsError> {
         self.post_traced(body, with_session, None, &[]).await
     }
 
@@ -218,32 +210,39 @@ impl Shared {
     /// POSTs one JSON-RPC message with the call's W3C trace context as headers.
     async fn post_traced(
         &self,
-        body: Vec<u8>,
+        body: Bytes,
         with_session: bool,
         trace: Option<&TraceHeaders>,
         extra: &[(String, String)],
-    ) -> Result<reqwest::Response, DsError> {
-        let mut r = self.request(reqwest::Method::POST, with_session);
+    ) -> Result<Response, DsError> {
+        let mut h = self.headers(with_session);
         for (k, v) in extra {
-            r = r.header(k.as_str(), v.as_str());
-        }
-        if let Some(t) = trace {
-            r = r.header("traceparent", &t.traceparent);
-            if let Some(s) = &t.tracestate {
-                r = r.header("tracestate", s);
+            match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+                (Ok(k), Ok(v)) => {
+                    h.append(k, v);
+                }
+                _ => return Err(self.unavailable(format!("cannot send header {k}: not a valid header"))),
             }
         }
-        r.header(ACCEPT, "application/json, text/event-stream")
-            .header(CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
+        if let Some(t) = trace {
+            if let Ok(v) = HeaderValue::from_str(&t.traceparent) {
+                h.insert("traceparent", v);
+            }
+            if let Some(v) = t.tracestate.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
+                h.insert("tracestate", v);
+            }
+        }
+        h.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        self.http
+            .send(Method::POST, h, body)
             .await
-            .map_err(|e| self.unavailable(describe(&e)))
+            .map_err(|e| self.unavailable(e.to_string()))
     }
 
     /// Sends a message that expects no answer (a notification or a response).
     async fn send(&self, body: Vec<u8>) {
-        match self.post(body, true).await {
+        match self.post(Bytes::from(body), true).await {
             // Read the (normally empty) body, so the connection goes back to the pool.
             Ok(r) if r.status().is_success() => self.finish(r.bytes_stream()),
             Ok(r) => debug!(status = %r.status(), "notification not accepted"),
@@ -265,7 +264,7 @@ impl Shared {
         info!("server forgot the session; initializing again");
         *sync::write(&self.session) = None;
         let body = message::request(&Id::from(0), "initialize", Some(&params));
-        let resp = self.post(body, false).await?;
+        let resp = self.post(Bytes::from(body), false).await?;
         self.keep_session(&resp);
         let outcome = self.read_answer(resp, 0, None, None).await?;
         if let Outcome::Error(e) = outcome {
@@ -277,7 +276,7 @@ impl Shared {
         Ok(())
     }
 
-    fn keep_session(&self, resp: &reqwest::Response) {
+    fn keep_session(&self, resp: &Response) {
         if let Some(s) = resp.headers().get(SESSION).and_then(|v| v.to_str().ok()) {
             *sync::write(&self.session) = Some(s.to_owned());
         }
@@ -287,7 +286,7 @@ impl Shared {
     /// broken stream when the server allows it.
     async fn read_answer(
         &self,
-        resp: reqwest::Response,
+        resp: Response,
         id: u64,
         sink: Option<&Sink>,
         progress: Option<&Id>,
@@ -298,7 +297,7 @@ impl Shared {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
         if !is_sse {
-            let body = resp.bytes().await.map_err(|e| self.unavailable(describe(&e)))?;
+            let body = resp.bytes().await.map_err(|e| self.unavailable(e.to_string()))?;
             return match Kind::parse_shared(&body) {
                 Ok(Kind::Response { outcome, .. }) => Ok(outcome),
                 Ok(_) => Err(self.unavailable("answered a request with something other than a response")),
@@ -318,12 +317,11 @@ impl Shared {
                     tokio::time::sleep(retry).await;
                     debug!(last_event_id = %last, "resuming the response stream");
                     let r = self
-                        .request(reqwest::Method::GET, true)
-                        .header(ACCEPT, "text/event-stream")
-                        .header("last-event-id", last)
-                        .send()
-                        .await
-                        .map_err(|e| self.unavailable(describe(&e)))?;
+                        .get_or_delete(
+                            Method::GET,
+                            &[("accept", "text/event-stream"), ("last-event-id", &last)],
+                        )
+                        .await?;
                     if !r.status().is_success() {
                         return Err(self.unavailable(format!(
                             "the response stream broke and resuming it failed with HTTP {}",
@@ -417,14 +415,12 @@ impl Shared {
         let mut last_id: Option<String> = None;
         loop {
             let session = self.session();
-            let mut req = self
-                .request(reqwest::Method::GET, true)
-                .header(ACCEPT, "text/event-stream");
+            let mut extra = vec![("accept", "text/event-stream")];
             if let Some(id) = &last_id {
-                req = req.header("last-event-id", id);
+                extra.push(("last-event-id", id.as_str()));
             }
             let resp = tokio::select! {
-                r = req.send() => r,
+                r = self.get_or_delete(Method::GET, &extra) => r,
                 _ = self.stop.cancelled() => return,
             };
             match resp {
@@ -462,13 +458,11 @@ impl Shared {
                 }
                 Err(e) => {
                     // The server is gone: report it so the supervisor reconnects.
-                    let _ = self
-                        .incoming
-                        .send(Incoming::Closed {
-                            reason: describe(&e),
-                            clean: false,
-                        })
-                        .await;
+                    let reason = match e {
+                        DsError::Unavailable { reason, .. } => reason,
+                        other => other.to_string(),
+                    };
+                    let _ = self.incoming.send(Incoming::Closed { reason, clean: false }).await;
                     return;
                 }
             }
@@ -478,30 +472,6 @@ impl Shared {
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
-    }
-}
-
-/// A reqwest error as a sentence, without the URL (which may carry a credential).
-fn describe(e: &reqwest::Error) -> String {
-    let kind = if e.is_connect() {
-        "cannot connect"
-    } else if e.is_timeout() {
-        "timed out"
-    } else if e.is_body() || e.is_decode() {
-        "the response broke off"
-    } else {
-        "request failed"
-    };
-    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    let mut detail = String::new();
-    while let Some(s) = source {
-        detail = s.to_string();
-        source = s.source();
-    }
-    if detail.is_empty() {
-        kind.to_owned()
-    } else {
-        format!("{kind}: {detail}")
     }
 }
 
@@ -608,7 +578,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                     t.abort();
                 }
                 if shared.session().is_some() {
-                    let delete = shared.request(reqwest::Method::DELETE, true).send();
+                    let delete = shared.get_or_delete(Method::DELETE, &[]);
                     let _ = tokio::time::timeout(Duration::from_secs(2), delete).await;
                 }
                 info!("session closed");
@@ -632,6 +602,7 @@ async fn call(
     trace: Option<&TraceHeaders>,
     extra: &[(String, String)],
 ) -> Result<Outcome, DsError> {
+    let body = Bytes::from(body);
     let is_init = method == "initialize";
     let stateless = !extra.is_empty();
     for attempt in 0..2 {

@@ -3,7 +3,7 @@
 //! `message` events on the GET stream. It is a message stream like a child's pipes,
 //! so the same owner task ([`super::pipe::run_pipe`]) drives it.
 
-use super::http::{client, headers};
+use super::http::headers;
 use super::pipe::{run_pipe, Pipe};
 use super::{Connection, Incoming};
 use crate::config::HttpSpec;
@@ -22,7 +22,7 @@ const ENDPOINT_WAIT: Duration = Duration::from_secs(10);
 /// Opens the GET stream and returns a handle at once; messages queue until the
 /// server has named its endpoint.
 pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>) -> Result<Connection, String> {
-    let http = client(spec)?;
+    let http = super::client::reqwest_client(spec.ca_file.as_deref())?;
     let hdrs = headers(spec)?;
     let url = reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("bad url {}: {e}", spec.url_display))?;
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display, transport = "sse");

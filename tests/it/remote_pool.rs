@@ -189,3 +189,39 @@ async fn tls_server_offering_h2_gets_http2() {
     // One multiplexed connection (plus this stats request's own).
     assert!(st["connections"].as_u64().unwrap() <= 3, "{st}");
 }
+
+/// A server behind the forward proxy `HTTP_PROXY` names (a real nginx, proxying what it
+/// is asked for) is reached through it: the gateway's direct client steps aside for the
+/// proxy-aware one, and every MCP request shows in the proxy's log.
+#[tokio::test]
+async fn a_server_behind_an_http_proxy_is_reached_through_it() {
+    let fx = Fixture::start(&[]);
+    let proxy = Nginx::run(|port, dir| {
+        format!(
+            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {dir}/nginx.pid;\n\
+             error_log {dir}/error.log info;\nevents {{ worker_connections 64; }}\n\
+             http {{\n  log_format balanced '$request_method $uri $status $upstream_addr';\n\
+             access_log {dir}/access.log balanced;\n  client_body_temp_path {dir}/client_body;\n\
+             proxy_temp_path {dir}/proxy;\n  fastcgi_temp_path {dir}/fastcgi;\n\
+             uwsgi_temp_path {dir}/uwsgi;\n  scgi_temp_path {dir}/scgi;\n\
+             server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
+             proxy_pass http://$http_host$uri$is_args$args;\n      proxy_http_version 1.1;\n\
+             proxy_set_header Host $http_host;\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
+        )
+    });
+    let gw = Gateway::start_with_env(
+        &remote_table("fx", &fx.url, ""),
+        &[("HTTP_PROXY", proxy.base.as_str()), ("NO_PROXY", "")],
+    );
+    let st = gw.server_status("fx").await;
+    assert_eq!(st["state"], "ready", "{st}\n{}", gw.logs());
+    let s = gw.session().await;
+    calls(&s, 3).await;
+    let fixture = format!("127.0.0.1:{}", fx.port());
+    let through = proxy.upstreams_used();
+    assert!(
+        through.iter().filter(|u| **u == fixture).count() >= 5,
+        "initialize, initialized, tools/list and 3 calls went through the proxy: {through:?}\n{}",
+        proxy.error_log()
+    );
+}

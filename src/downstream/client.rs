@@ -1,0 +1,280 @@
+//! The HTTP client of a Streamable HTTP downstream.
+//!
+//! Requests go straight through hyper's pooled client (`hyper_util`'s legacy `Client`, the
+//! one reqwest wraps) with rustls: keep-alive connections ([`POOL_MAX_IDLE`],
+//! [`POOL_IDLE_TIMEOUT`]), `TCP_NODELAY`, ALPN offering `h2` and `http/1.1`, the system
+//! roots plus an optional private CA. The URL is parsed once per server.
+//!
+//! reqwest's own layers (redirects, which a JSON-RPC POST must not follow anyway, retries,
+//! its `Url` parsed twice per request, the headers copied twice) cost a remote call about
+//! a quarter of the gateway's instructions (BENCHMARKS.md). reqwest stays for what it
+//! does that this path does not: a server reached through a proxy named by
+//! `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` (and not excluded by `NO_PROXY`), and a URL with
+//! credentials in it (`https://user:pass@host/…`, sent as Basic authorization).
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use http::header::HeaderMap;
+use http::{Method, StatusCode, Uri};
+use http_body_util::{BodyDataStream, BodyExt, Full};
+use hyper_util::client::legacy;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::time::Duration;
+
+/// Idle keep-alive connections kept per server (HTTP/1.1: one per request in flight, so
+/// this many concurrent calls reuse their connections; more open extra ones, closed
+/// when they go idle beyond this). HTTP/2 (TLS servers offering `h2`) multiplexes every
+/// call over one connection.
+pub const POOL_MAX_IDLE: usize = 64;
+/// An idle connection is closed after this long.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Connecting (TCP and TLS) gives up after this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Direct = legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// One server's client.
+#[derive(Clone)]
+pub struct HttpClient {
+    inner: Inner,
+}
+
+#[derive(Clone)]
+enum Inner {
+    Direct { client: Box<Direct>, uri: Uri },
+    Proxied { client: reqwest::Client, url: reqwest::Url },
+}
+
+/// A failed request, as a sentence without the URL (which may carry a credential).
+#[derive(Debug, Clone)]
+pub struct Error(String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `kind`, then the innermost cause of `e` (the most specific part).
+fn sentence(kind: &str, e: &(dyn std::error::Error + 'static)) -> Error {
+    let mut detail = String::new();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = e.source();
+    while let Some(s) = source {
+        detail = s.to_string();
+        source = s.source();
+    }
+    if detail.is_empty() {
+        Error(kind.to_owned())
+    } else {
+        Error(format!("{kind}: {detail}"))
+    }
+}
+
+fn from_reqwest(e: &reqwest::Error) -> Error {
+    let kind = if e.is_connect() {
+        "cannot connect"
+    } else if e.is_timeout() {
+        "timed out"
+    } else if e.is_body() || e.is_decode() {
+        "the response broke off"
+    } else {
+        "request failed"
+    };
+    sentence(kind, e)
+}
+
+fn from_legacy(e: &legacy::Error) -> Error {
+    sentence(
+        if e.is_connect() {
+            "cannot connect"
+        } else {
+            "request failed"
+        },
+        e,
+    )
+}
+
+fn from_body(e: &hyper::Error) -> Error {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else {
+        "the response broke off"
+    };
+    match std::error::Error::source(e) {
+        Some(_) => sentence(kind, e),
+        None => Error(format!("{kind}: {e}")),
+    }
+}
+
+/// The rustls configuration: the system roots, plus the certificates of `ca_file`.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("cannot read ca_file {}: {e}", path.display()))?;
+        let mut any = false;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| format!("ca_file {} is not PEM: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("ca_file {} holds a certificate rustls refuses: {e}", path.display()))?;
+            any = true;
+        }
+        if !any {
+            return Err(format!("ca_file {} holds no PEM certificate", path.display()));
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    // ALPN (`h2`, `http/1.1`) is set by the connector from the versions it enables.
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("cannot set up TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The reqwest client for a proxied server (or a URL with credentials in it), and for
+/// the 2024-11-05 HTTP+SSE transport (`sse.rs`).
+pub fn reqwest_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder()
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(POOL_MAX_IDLE)
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .use_rustls_tls();
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("cannot read ca_file {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("ca_file {} is not PEM: {e}", path.display()))?;
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
+impl HttpClient {
+    /// The client for the server at `url` (already checked to be http or https).
+    pub fn new(url: &reqwest::Url, ca_file: Option<&std::path::Path>) -> Result<HttpClient, String> {
+        let uri: Uri = url
+            .as_str()
+            .parse()
+            .map_err(|e| format!("the URL is not a valid HTTP URI: {e}"))?;
+        let proxied = hyper_util::client::proxy::matcher::Matcher::from_env()
+            .intercept(&uri)
+            .is_some();
+        let credentials = !url.username().is_empty() || url.password().is_some();
+        if proxied || credentials {
+            return Ok(HttpClient {
+                inner: Inner::Proxied {
+                    client: reqwest_client(ca_file)?,
+                    url: url.clone(),
+                },
+            });
+        }
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(ca_file)?)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = legacy::Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(https);
+        Ok(HttpClient {
+            inner: Inner::Direct {
+                client: Box::new(client),
+                uri,
+            },
+        })
+    }
+
+    /// Sends `method` to the server's URL with `headers` and `body`.
+    pub async fn send(&self, method: Method, headers: HeaderMap, body: Bytes) -> Result<Response, Error> {
+        match &self.inner {
+            Inner::Direct { client, uri } => {
+                let mut req = http::Request::new(Full::new(body));
+                *req.method_mut() = method;
+                *req.uri_mut() = uri.clone();
+                *req.headers_mut() = headers;
+                let resp = client.request(req).await.map_err(|e| from_legacy(&e))?;
+                let (parts, body) = resp.into_parts();
+                Ok(Response {
+                    status: parts.status,
+                    headers: parts.headers,
+                    body: Body::Hyper(body),
+                })
+            }
+            Inner::Proxied { client, url } => {
+                let resp = client
+                    .request(method, url.clone())
+                    .headers(headers)
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| from_reqwest(&e))?;
+                Ok(Response {
+                    status: resp.status(),
+                    headers: resp.headers().clone(),
+                    body: Body::Reqwest(resp),
+                })
+            }
+        }
+    }
+}
+
+/// A response: its head, and its body still to read.
+pub struct Response {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Body,
+}
+
+enum Body {
+    Hyper(hyper::body::Incoming),
+    Reqwest(reqwest::Response),
+}
+
+impl Response {
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The whole body.
+    pub async fn bytes(self) -> Result<Bytes, Error> {
+        match self.body {
+            Body::Hyper(b) => b.collect().await.map(|c| c.to_bytes()).map_err(|e| from_body(&e)),
+            Body::Reqwest(r) => r.bytes().await.map_err(|e| from_reqwest(&e)),
+        }
+    }
+
+    /// The whole body as text (invalid UTF-8 replaced).
+    pub async fn text(self) -> Result<String, Error> {
+        let b = self.bytes().await?;
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// The body as it arrives.
+    pub fn bytes_stream(self) -> BoxStream<'static, Result<Bytes, Error>> {
+        match self.body {
+            Body::Hyper(b) => BodyDataStream::new(b).map(|r| r.map_err(|e| from_body(&e))).boxed(),
+            Body::Reqwest(r) => r.bytes_stream().map(|r| r.map_err(|e| from_reqwest(&e))).boxed(),
+        }
+    }
+}
