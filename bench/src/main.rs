@@ -28,6 +28,11 @@
 //!   `sse-direct`) against the same calls through the gateway configured with
 //!   `url = …` to it (`json-gateway`, `sse-gateway`), alternating per concurrency level;
 //!   targets: added p50 at c=1 ≤ 100 µs, throughput at c=64 ≥ 0.9× direct.
+//! - `remote-url`: the same comparison against any running Streamable HTTP server
+//!   (`--remote-url`, e.g. the TypeScript SDK's server-everything or a Python SDK server):
+//!   `--remote-tool` (echo) called with `{ --remote-arg: text }`, the direct client at
+//!   `--remote-version` (default the version the gateway speaks to its servers), the
+//!   gateway's server table extended by `--remote-server-toml`.
 //!
 //! - `search`: the gateway's tool search in process (`search.rs`): recall@1 and @5 on the
 //!   fixture's tuned and held-out requests, search p50/p99 and index rebuild on a
@@ -190,10 +195,31 @@ struct Args {
     /// (a timer, no CPU), so that the server, not this machine's CPU, bounds c=64.
     #[arg(long, default_value_t = 0)]
     remote_delay_ms: u64,
+    /// remote-json, remote-sse: each delay is `--remote-delay-ms` ± up to this many ms
+    /// (uniform): answers spread over time, as a real server's are.
+    #[arg(long, default_value_t = 0)]
+    remote_jitter_ms: u64,
     /// remote-json, remote-sse: `gateway.worker_threads` for the gateway (default: its own
     /// default, half the CPUs).
     #[arg(long)]
     remote_gateway_threads: Option<usize>,
+    /// remote-url: the server's Streamable HTTP endpoint (`http://IP:PORT/PATH`).
+    #[arg(long)]
+    remote_url: Option<String>,
+    /// remote-url: the tool to call.
+    #[arg(long, default_value = "echo")]
+    remote_tool: String,
+    /// remote-url: the tool's argument that gets `--text`.
+    #[arg(long, default_value = "message")]
+    remote_arg: String,
+    /// remote-url: the protocol version of the direct client's session (the gateway speaks
+    /// 2025-11-25 to its servers unless the server's table pins one).
+    #[arg(long, default_value = "2025-11-25")]
+    remote_version: String,
+    /// remote-url: TOML lines added to the gateway's table of that server
+    /// (e.g. `protocol = "handshake"`).
+    #[arg(long, default_value = "")]
+    remote_server_toml: String,
     #[command(flatten)]
     search: mcp_gateway_bench::search::Opts,
 }
@@ -230,6 +256,8 @@ enum Mode {
     Startup,
     RemoteJson,
     RemoteSse,
+    /// Any running Streamable HTTP server (`--remote-url`), direct against through the gateway.
+    RemoteUrl,
     /// Tool search (issue #17), in process: recall on the fixture, search latency and
     /// index rebuild on a 1,000-tool catalog.
     Search,
@@ -251,6 +279,7 @@ impl Mode {
             Mode::Startup => "startup",
             Mode::RemoteJson => "remote-json",
             Mode::RemoteSse => "remote-sse",
+            Mode::RemoteUrl => "remote-url",
             Mode::Search => "search",
         }
     }
@@ -362,7 +391,14 @@ fn call_body(id: u64, tool: &str, text: &str) -> Vec<u8> {
 const CALL_HEAD: &[u8] = br#"{"jsonrpc":"2.0","id":"#;
 
 fn call_tail(tool: &str, text: &str) -> Vec<u8> {
-    let args = json!({ "text": text });
+    call_tail_with(tool, "text", text)
+}
+
+/// `call_tail` with the text in argument `key`.
+fn call_tail_with(tool: &str, key: &str, text: &str) -> Vec<u8> {
+    let tool = serde_json::to_string(tool).unwrap_or_default();
+    let tool = &tool[1..tool.len() - 1];
+    let args = json!({ key: text });
     format!(r#","method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#).into_bytes()
 }
 
@@ -393,12 +429,17 @@ fn stateless_headers(tool: &str) -> [(&'static str, &[u8]); 3] {
 }
 
 fn initialize_body(id: u64) -> Vec<u8> {
+    initialize_body_at(id, PROTOCOL_VERSION)
+}
+
+/// `initialize` at `version`.
+fn initialize_body_at(id: u64, version: &str) -> Vec<u8> {
     json!({
         "jsonrpc": "2.0",
         "id": id,
         "method": "initialize",
         "params": {
-            "protocolVersion": PROTOCOL_VERSION,
+            "protocolVersion": version,
             "capabilities": {},
             "clientInfo": { "name": "mcp-gateway-bench", "version": env!("CARGO_PKG_VERSION") },
         },
@@ -576,6 +617,8 @@ struct Target {
     session: Option<HeaderValue>,
     /// A 2026-07-28 target: no session, and the stateless headers for this tool.
     stateless: Option<String>,
+    /// The session's protocol version (`MCP-Protocol-Version` and its `initialize`).
+    version: &'static str,
 }
 
 async fn connect(addr: SocketAddr) -> Result<http1::SendRequest<Full<Bytes>>> {
@@ -603,7 +646,7 @@ async fn post(
     if let Some(s) = &t.session {
         req = req
             .header("mcp-session-id", s.clone())
-            .header("mcp-protocol-version", PROTOCOL_VERSION);
+            .header("mcp-protocol-version", t.version);
     }
     if let Some(tool) = &t.stateless {
         for (name, value) in stateless_headers(tool) {
@@ -626,6 +669,8 @@ async fn post(
 
 // ---------------------------------------------------------------- workers
 
+// One per worker, made once per case: its size costs nothing per call.
+#[allow(clippy::large_enum_variant)]
 enum Worker {
     Direct {
         client: Arc<StdioClient>,
@@ -659,7 +704,7 @@ impl HttpConn {
                 ];
                 if let Some(s) = &target.session {
                     headers.push(("mcp-session-id", s.as_bytes()));
-                    headers.push(("mcp-protocol-version", PROTOCOL_VERSION.as_bytes()));
+                    headers.push(("mcp-protocol-version", target.version.as_bytes()));
                 }
                 if let Some(tool) = &target.stateless {
                     headers.extend(stateless_headers(tool));
@@ -1333,6 +1378,7 @@ async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
         host: HeaderValue::from_str(&addr.to_string())?,
         session: Some(HeaderValue::from_static("0123456789abcdef0123456789abcdef")),
         stateless: None,
+        version: PROTOCOL_VERSION,
     };
     let sh = Arc::new(Shared::new(format!("{SERVER}__echo"), &args.text));
     for &c in &args.concurrency {
@@ -1404,7 +1450,7 @@ const INITIALIZED: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/initiali
 async fn init_session(s: &mut http1::SendRequest<Full<Bytes>>, base: &Target) -> Result<Target> {
     let mut target = base.clone();
     target.session = None;
-    let (status, sid, body) = post(s, &target, initialize_body(0)).await?;
+    let (status, sid, body) = post(s, &target, initialize_body_at(0, target.version)).await?;
     if status != StatusCode::OK {
         bail!("initialize: HTTP {status}: {}", show(&body));
     }
@@ -1440,6 +1486,7 @@ async fn checked_stateless(addr: SocketAddr, path: &str, tool: &str, args: &Args
         host: HeaderValue::from_str(&addr.to_string())?,
         session: None,
         stateless: Some(tool.to_owned()),
+        version: PROTOCOL_VERSION,
     };
     let sh = Arc::new(Shared::stateless(tool.to_owned(), &args.text));
     let mut probe = Worker::Http {
@@ -1455,12 +1502,22 @@ async fn checked_stateless(addr: SocketAddr, path: &str, tool: &str, args: &Args
 }
 
 async fn open_session(addr: SocketAddr, path: &str) -> Result<(Target, http1::SendRequest<Full<Bytes>>)> {
+    open_session_at(addr, path, PROTOCOL_VERSION).await
+}
+
+/// [`open_session`] at protocol `version`.
+async fn open_session_at(
+    addr: SocketAddr,
+    path: &str,
+    version: &'static str,
+) -> Result<(Target, http1::SendRequest<Full<Bytes>>)> {
     let base = Target {
         addr,
         path: path.to_owned(),
         host: HeaderValue::from_str(&addr.to_string())?,
         session: None,
         stateless: None,
+        version,
     };
     let mut s = connect(addr).await?;
     let target = init_session(&mut s, &base).await?;
@@ -2032,7 +2089,9 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
         .arg("--threads")
         .arg(args.remote_threads.to_string())
         .arg("--delay-ms")
-        .arg(args.remote_delay_ms.to_string());
+        .arg(args.remote_delay_ms.to_string())
+        .arg("--jitter-ms")
+        .arg(args.remote_jitter_ms.to_string());
     if sse {
         cmd.arg("--sse");
     }
@@ -2103,6 +2162,110 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
         let _ = fix.start_kill();
         let _ = fix.wait().await;
     }
+    Ok(())
+}
+
+/// remote-url: the bench's client straight to `--remote-url` with a session of its own
+/// (at `--remote-version`), against the same calls through the gateway configured with
+/// `url = …` to that server; the two alternate per concurrency level.
+async fn bench_remote_url(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<TargetRow>) -> Result<()> {
+    let url = args.remote_url.as_deref().context("remote-url needs --remote-url")?;
+    let rest = url
+        .strip_prefix("http://")
+        .context("--remote-url must be http://IP:PORT/PATH")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let addr: SocketAddr = tokio::net::lookup_host(authority)
+        .await
+        .with_context(|| format!("resolving {authority}"))?
+        .next()
+        .with_context(|| format!("{authority} resolves to nothing"))?;
+    let path = if path.is_empty() { "/" } else { path };
+    let servers = format!(
+        "\n[servers.{SERVER}]\nurl = {}\ntimeout = \"60s\"\n{}\n",
+        toml_str(url),
+        args.remote_server_toml
+    );
+    let extra = args
+        .remote_gateway_threads
+        .map_or_else(String::new, |n| format!("worker_threads = {n}\n"));
+    let gw = start_gateway_toml(args, "remote-url", &servers, &extra).await?;
+    let shared = |tool: String| {
+        Arc::new(Shared {
+            tail: call_tail_with(&tool, &args.remote_arg, &args.text),
+            ..Shared::new(tool, &args.text)
+        })
+    };
+    let direct = {
+        // Once per run: the version lives as long as the targets that name it.
+        let version: &'static str = Box::leak(args.remote_version.clone().into_boxed_str());
+        let (target, s) = open_session_at(addr, path, version).await?;
+        let sh = shared(args.remote_tool.clone());
+        let mut probe = Worker::Http {
+            target: target.clone(),
+            conn: HttpConn::Hyper(Some(s)),
+            check_id: true,
+        };
+        probe
+            .call(&sh)
+            .await
+            .context("first tools/call straight to the server")?;
+        (target, sh)
+    };
+    let through = {
+        let (target, s) = open_session(gw.addr, &gw.path).await?;
+        let sh = shared(format!("{SERVER}__{}", args.remote_tool));
+        let mut probe = Worker::Http {
+            target: target.clone(),
+            conn: HttpConn::Hyper(Some(s)),
+            check_id: true,
+        };
+        probe.call(&sh).await.context("first tools/call through the gateway")?;
+        (target, sh)
+    };
+    let dprocs = Procs {
+        gateway: None,
+        fixture: None,
+    };
+    let gprocs = Procs {
+        gateway: Some(gw.pid),
+        fixture: None,
+    };
+    for &c in &args.concurrency {
+        for (name, (target, sh), procs) in [("url-direct", &direct, &dprocs), ("url-gateway", &through, &gprocs)] {
+            let mut workers = Vec::with_capacity(c);
+            for _ in 0..c {
+                workers.push(Worker::Http {
+                    conn: HttpConn::open(args.client, target).await?,
+                    target: target.clone(),
+                    check_id: true,
+                });
+            }
+            let r = run_case(name, c, workers, sh.clone(), args, procs).await;
+            progress(&r);
+            out.push(r);
+        }
+    }
+    if let (Some(d), Some(g)) = (find(out, "url-direct", 1), find(out, "url-gateway", 1)) {
+        let added = g.p50_us - d.p50_us;
+        target_row(
+            targets,
+            &format!("server at {url}, tools/call c=1: added p50 (gateway − direct)"),
+            "≤ 100 us",
+            format!("{added:.1} us ({:.1} − {:.1})", g.p50_us, d.p50_us),
+            added <= 100.0,
+        );
+    }
+    if let (Some(d), Some(g)) = (find(out, "url-direct", 64), find(out, "url-gateway", 64)) {
+        let ratio = per(g.calls_per_sec, d.calls_per_sec);
+        target_row(
+            targets,
+            &format!("server at {url}, tools/call c=64, one session: gateway / direct throughput"),
+            "≥ 0.9×",
+            format!("{ratio:.2}× ({:.0} / {:.0} calls/s)", g.calls_per_sec, d.calls_per_sec),
+            ratio >= 0.9,
+        );
+    }
+    gw.stop().await;
     Ok(())
 }
 
@@ -2431,6 +2594,7 @@ async fn bench_main(mut args: Args) -> Result<()> {
             Mode::Startup => bench_startup(&args, &mut targets).await,
             Mode::RemoteJson => bench_remote(&args, false, &mut results, &mut targets).await,
             Mode::RemoteSse => bench_remote(&args, true, &mut results, &mut targets).await,
+            Mode::RemoteUrl => bench_remote_url(&args, &mut results, &mut targets).await,
             Mode::Search => bench_search(&args, &mut targets),
         };
         if let Err(e) = r {

@@ -64,6 +64,11 @@ pub struct RemoteArgs {
     /// whose own work, or its distance, takes time.
     #[arg(long, default_value_t = 0)]
     delay_ms: u64,
+    /// Spread the delay: each `tools/call` waits `--delay-ms` plus or minus up to this
+    /// many ms (uniform), as a real server's answers are spread over time instead of all
+    /// ending on the same timer tick.
+    #[arg(long, default_value_t = 0)]
+    jitter_ms: u64,
     /// Runtime threads (1: current-thread; 0: one per CPU).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -82,6 +87,7 @@ struct State {
     sse: bool,
     linger: Duration,
     delay: Duration,
+    jitter: Duration,
     tools: String,
     stats: Stats,
 }
@@ -177,6 +183,7 @@ async fn bind(args: &RemoteArgs) -> Result<Bound> {
         sse: args.sse,
         linger: Duration::from_millis(args.sse_linger_ms),
         delay: Duration::from_millis(args.delay_ms),
+        jitter: Duration::from_millis(args.jitter_ms.min(args.delay_ms)),
         tools: fixture::tools_result(0),
         stats: Stats::default(),
     });
@@ -303,7 +310,14 @@ async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Resul
         return Ok(full(StatusCode::BAD_REQUEST, None, "missing Mcp-Session-Id"));
     }
     if method == "tools/call" && !state.delay.is_zero() {
-        tokio::time::sleep(state.delay).await;
+        let delay = if state.jitter.is_zero() {
+            state.delay
+        } else {
+            let spread = state.jitter.as_micros() as u64;
+            let off = rand::random_range(0..=2 * spread);
+            (state.delay + Duration::from_micros(off)).saturating_sub(state.jitter)
+        };
+        tokio::time::sleep(delay).await;
     }
     let params = msg.params.map_or("{}", RawValue::get);
     let (key, result) = fixture::respond(method, params, &state.tools, 0, "remote-fixture");
