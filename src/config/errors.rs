@@ -157,7 +157,7 @@ fn expected(path: &[String]) -> Option<String> {
         }
         (_, "transport") => r#"one of "auto", "streamable-http", "sse""#.into(),
         (_, "restart") => r#"one of "on-failure", "always", "never""#.into(),
-        (_, "isolation") => r#"one of "shared", "session""#.into(),
+        (_, "isolation") => r#"one of "shared", "session", "client""#.into(),
         (_, "protocol") => r#"one of "auto", "2026-07-28", "handshake""#.into(),
         (_, "otlp_protocol") => r#"one of "http/protobuf", "grpc""#.into(),
         (_, "log_format") => r#"one of "text", "json""#.into(),

@@ -5,7 +5,7 @@ use super::errors::Ctx;
 use super::gateway::Gateway;
 use super::rate_limits::{self, RateLimits, RawServerLimits};
 use super::values::{duration, name_char, one_of, Filter};
-use super::{expand, Secret};
+use super::{expand, expand_template, Secret, Template};
 use indexmap::IndexMap;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -169,6 +169,10 @@ pub enum Isolation {
     /// One per client session: started on first use, stopped when the session ends or
     /// after `idle_timeout`. Questions it asks always reach the right client.
     Session,
+    /// One per client identity (its `[clients.*]` name, or its OAuth subject), shared by
+    /// that client's sessions and stateless requests: started on first use, stopped after
+    /// `idle_timeout`. Callers without an identity cannot use it.
+    Client,
 }
 
 /// When a server that went away is started again.
@@ -220,6 +224,8 @@ pub struct HttpSpec {
     pub mode: HttpMode,
     /// Extra request headers, expanded; they are secrets.
     pub headers: Vec<(String, Secret)>,
+    /// The headers that use `${client:NAME}`, filled per caller (see [`HttpSpec::for_client`]).
+    pub client_headers: Vec<(String, Template)>,
     /// A PEM file of extra CA certificates to trust.
     pub ca_file: Option<PathBuf>,
 }
@@ -233,6 +239,9 @@ pub struct StdioSpec {
     pub cwd: PathBuf,
     /// The child's own variables, expanded; they are secrets.
     pub env: Vec<(String, Secret)>,
+    /// The variables that use `${client:NAME}`, filled per caller (see
+    /// [`StdioSpec::for_client`]); the server's catalog process runs without them.
+    pub client_env: Vec<(String, Template)>,
     /// The inherited safe set ([`INHERITED_ENV`]) as read when the config loaded.
     pub inherited: Vec<(String, String)>,
     /// `gateway.max_line`: the longest stdout line accepted from the child.
@@ -289,7 +298,11 @@ pub(super) fn parse(
             s.isolation.as_ref(),
             &format!("servers.{name}.isolation"),
             DEFAULT_ISOLATION,
-            &[("shared", Isolation::Shared), ("session", Isolation::Session)],
+            &[
+                ("shared", Isolation::Shared),
+                ("session", Isolation::Session),
+                ("client", Isolation::Client),
+            ],
         );
         let idle_timeout = duration(
             cx,
@@ -416,10 +429,21 @@ pub(super) fn parse(
             cx.at(command.span().start, format!("servers.{name}.command is empty"));
         }
         let mut child_env = Vec::new();
+        let mut client_env = Vec::new();
         for (key, value) in s.env {
             let span = value.span();
-            match expand(value.get_ref(), env) {
-                Ok(v) => child_env.push((key, Secret(v))),
+            match expand_template(value.get_ref(), env) {
+                Ok(t) if t.is_plain() => child_env.push((key, t.fill(&|_| None).unwrap_or_else(|_| Secret::new("")))),
+                Ok(t) => {
+                    let what = format!("servers.{name}.env.{key}");
+                    if secret_names(cx, span.start, &what, &t) && isolation == Isolation::Shared {
+                        cx.at(
+                            span.start,
+                            format!("{what} uses ${{client:…}}, which needs isolation = \"client\" or \"session\" (a process per caller); with isolation = \"shared\" every client would share one process"),
+                        );
+                    }
+                    client_env.push((key, t));
+                }
                 Err(var) => cx.at(
                     span.start,
                     format!("servers.{name}.env.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
@@ -436,6 +460,7 @@ pub(super) fn parse(
             args: s.args,
             cwd,
             env: child_env,
+            client_env,
             inherited: inherited.clone(),
             max_line: gateway.max_line,
         })));
@@ -483,6 +508,7 @@ fn http_spec(
         ],
     );
     let mut out_headers = Vec::new();
+    let mut client_headers = Vec::new();
     for (key, value) in headers {
         if key.is_empty()
             || !key
@@ -495,11 +521,16 @@ fn http_spec(
             );
             continue;
         }
-        match expand(value.get_ref(), env) {
-            Ok(v) if v.bytes().any(|b| b == b'\r' || b == b'\n') => {
+        match expand_template(value.get_ref(), env) {
+            Ok(t) if t.fill(&|_| Some(String::new())).is_ok_and(|v| v.expose().bytes().any(|b| b == b'\r' || b == b'\n')) => {
                 cx.at(value.span().start, format!("servers.{name}.headers.{key}: the value contains a line break"));
             }
-            Ok(v) => out_headers.push((key, Secret(v))),
+            Ok(t) if t.is_plain() => out_headers.push((key, t.fill(&|_| None).unwrap_or_else(|_| Secret::new("")))),
+            Ok(t) => {
+                if secret_names(cx, value.span().start, &format!("servers.{name}.headers.{key}"), &t) {
+                    client_headers.push((key, t));
+                }
+            }
             Err(var) => cx.at(
                 value.span().start,
                 format!("servers.{name}.headers.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
@@ -522,8 +553,89 @@ fn http_spec(
         url: Secret(expanded),
         mode,
         headers: out_headers,
+        client_headers,
         ca_file,
     })
+}
+
+/// Checks the secret names `t` refers to (`what` names the key); false if one is bad.
+fn secret_names(cx: &mut Ctx, at: usize, what: &str, t: &Template) -> bool {
+    let mut ok = true;
+    for n in t.secrets() {
+        if n.is_empty() || !n.chars().all(name_char) {
+            cx.at(
+                at,
+                format!("{what}: ${{client:{n}}}: a secret name may only use [A-Za-z0-9_.-] and must not be empty (no default: a client without the secret gets an error)"),
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
+impl StdioSpec {
+    /// Whether some of its variables are the calling client's secrets.
+    pub fn per_client(&self) -> bool {
+        !self.client_env.is_empty()
+    }
+
+    /// The spec of a process for one caller: its `${client:…}` variables filled from
+    /// `secret`. `Err`: the first secret it lacks, and the variable that needs it.
+    pub fn for_client(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<StdioSpec, (String, String)> {
+        let mut spec = self.clone();
+        for (k, t) in &self.client_env {
+            let v = t.fill(secret).map_err(|missing| (missing, format!("env.{k}")))?;
+            spec.env.push((k.clone(), v));
+        }
+        spec.client_env.clear();
+        Ok(spec)
+    }
+}
+
+impl HttpSpec {
+    /// Whether some of its headers are the calling client's secrets.
+    pub fn per_client(&self) -> bool {
+        !self.client_headers.is_empty()
+    }
+
+    /// The spec of a connection for one caller: its `${client:…}` headers filled from
+    /// `secret`. `Err`: the first secret it lacks (or that cannot be a header value), and
+    /// the header that needs it.
+    pub fn for_client(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<HttpSpec, (String, String)> {
+        let mut spec = self.clone();
+        for (k, t) in &self.client_headers {
+            let v = t.fill(secret).map_err(|missing| (missing, format!("headers.{k}")))?;
+            if v.expose().bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+                let name = t.secrets().next().unwrap_or_default().to_owned();
+                return Err((name, format!("headers.{k} (the value holds control characters)")));
+            }
+            spec.headers.push((k.clone(), v));
+        }
+        spec.client_headers.clear();
+        Ok(spec)
+    }
+}
+
+impl Transport {
+    /// Whether its `env` or `headers` use `${client:…}`: then each caller has its own
+    /// process or connection.
+    pub fn per_client(&self) -> bool {
+        match self {
+            Transport::Stdio(s) => s.per_client(),
+            Transport::Http(h) => h.per_client(),
+        }
+    }
+
+    /// The secret names its `env` or `headers` refer to, with the key of each.
+    pub fn client_secrets(&self) -> Vec<(String, &str)> {
+        let refs: Vec<(String, &Template)> = match self {
+            Transport::Stdio(s) => s.client_env.iter().map(|(k, t)| (format!("env.{k}"), t)).collect(),
+            Transport::Http(h) => h.client_headers.iter().map(|(k, t)| (format!("headers.{k}"), t)).collect(),
+        };
+        refs.into_iter()
+            .flat_map(|(k, t)| t.secrets().map(move |n| (k.clone(), n)))
+            .collect()
+    }
 }
 
 /// `[servers.NAME.overrides.*]`: a new name must be a valid one, and two tools may not
