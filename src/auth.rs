@@ -408,6 +408,7 @@ mod tests {
             },
             rate_limit: None,
             admin: false,
+            secrets: Vec::new(),
         }
     }
 

@@ -242,7 +242,9 @@ impl Server {
         let secrets = caller.client.map_or(&[][..], |(_, s)| s);
         let secret = |n: &str| secrets.iter().find(|(k, _)| k == n).map(|(_, v)| v.expose().to_owned());
         let filled = match &self.cfg.transport {
-            config::Transport::Stdio(spec) if spec.per_client() => spec.for_client(&secret).map(config::Transport::Stdio),
+            config::Transport::Stdio(spec) if spec.per_client() => {
+                spec.for_client(&secret).map(config::Transport::Stdio)
+            }
             config::Transport::Http(spec) if spec.per_client() => spec.for_client(&secret).map(config::Transport::Http),
             other => Ok(other.clone()),
         };

@@ -3,10 +3,10 @@
 //! digests kept.
 
 use super::errors::Ctx;
-use super::values::name_char;
-use super::{expand, Secret};
 use super::rate_limits::{rate, Rate};
+use super::values::name_char;
 use super::values::Filter;
+use super::{expand, Secret};
 use indexmap::IndexMap;
 use serde::Deserialize;
 use std::fmt;

@@ -242,6 +242,9 @@ pub struct StdioSpec {
     /// The variables that use `${client:NAME}`, filled per caller (see
     /// [`StdioSpec::for_client`]); the server's catalog process runs without them.
     pub client_env: Vec<(String, Template)>,
+    /// The caller's secrets as they are (filled in by [`StdioSpec::for_client`]): masked
+    /// in the child's stderr like `env` values, also where it prints only part of a value.
+    pub masked: Vec<Secret>,
     /// The inherited safe set ([`INHERITED_ENV`]) as read when the config loaded.
     pub inherited: Vec<(String, String)>,
     /// `gateway.max_line`: the longest stdout line accepted from the child.
@@ -461,6 +464,7 @@ pub(super) fn parse(
             cwd,
             env: child_env,
             client_env,
+            masked: Vec::new(),
             inherited: inherited.clone(),
             max_line: gateway.max_line,
         })));
@@ -586,6 +590,7 @@ impl StdioSpec {
         for (k, t) in &self.client_env {
             let v = t.fill(secret).map_err(|missing| (missing, format!("env.{k}")))?;
             spec.env.push((k.clone(), v));
+            spec.masked.extend(t.secrets().filter_map(secret).map(Secret));
         }
         spec.client_env.clear();
         Ok(spec)
@@ -630,7 +635,11 @@ impl Transport {
     pub fn client_secrets(&self) -> Vec<(String, &str)> {
         let refs: Vec<(String, &Template)> = match self {
             Transport::Stdio(s) => s.client_env.iter().map(|(k, t)| (format!("env.{k}"), t)).collect(),
-            Transport::Http(h) => h.client_headers.iter().map(|(k, t)| (format!("headers.{k}"), t)).collect(),
+            Transport::Http(h) => h
+                .client_headers
+                .iter()
+                .map(|(k, t)| (format!("headers.{k}"), t))
+                .collect(),
         };
         refs.into_iter()
             .flat_map(|(k, t)| t.secrets().map(move |n| (k.clone(), n)))
