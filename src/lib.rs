@@ -303,6 +303,12 @@ pub fn stdio_profile(config: &Config, name: Option<&str>) -> Result<(), String> 
 fn secret_warnings(config: &Config) -> String {
     let mut out = String::new();
     for s in config.servers.iter().filter(|s| s.enabled) {
+        if s.isolation == config::Isolation::Client && !config.auth.required() {
+            out.push_str(&format!(
+                "warning: servers.{} has isolation = \"client\", but no [clients.*] or [auth.oauth] gives callers an identity: every call to it fails\n",
+                s.name
+            ));
+        }
         let mut seen: Vec<&str> = Vec::new();
         for (key, secret) in s.transport.client_secrets() {
             if seen.contains(&secret) {

@@ -136,26 +136,6 @@ pub struct Caller<'a> {
     pub client: Option<(&'a str, &'a [(String, config::Secret)])>,
 }
 
-/// The SHA-256 of what a filled transport puts in a process's environment or a
-/// connection's headers: a process started with other values (a reload changed the
-/// client's secret) is replaced.
-fn fingerprint(t: &config::Transport) -> [u8; 32] {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let pairs = match t {
-        config::Transport::Stdio(s) => &s.env,
-        config::Transport::Http(h) => &h.headers,
-    };
-    for (k, v) in pairs {
-        for part in [k.as_bytes(), v.expose().as_bytes()] {
-            ctx.update(&(part.len() as u64).to_le_bytes());
-            ctx.update(part);
-        }
-    }
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ctx.finish().as_ref());
-    out
-}
-
 /// What a supervisor tells the rest of the gateway.
 #[derive(Debug)]
 pub enum Event {
@@ -236,19 +216,42 @@ impl Server {
         }
     }
 
-    /// The transport as it is for `caller`: its `${client:…}` values filled from the
-    /// caller's secrets. `Err` names the secret the caller lacks, never a value.
-    fn transport_for(&self, caller: &Caller<'_>) -> Result<config::Transport, DsError> {
+    /// Checks that `caller` has every secret the server's `${client:…}` values use (and,
+    /// for headers, that each can be one), and returns their fingerprint. `Err` names the
+    /// secret and the key, never a value.
+    fn check_secrets(&self, caller: &Caller<'_>) -> Result<[u8; 32], DsError> {
         let secrets = caller.client.map_or(&[][..], |(_, s)| s);
-        let secret = |n: &str| secrets.iter().find(|(k, _)| k == n).map(|(_, v)| v.expose().to_owned());
-        let filled = match &self.cfg.transport {
-            config::Transport::Stdio(spec) if spec.per_client() => {
-                spec.for_client(&secret).map(config::Transport::Stdio)
+        let (kind, templates) = self.cfg.transport.templates();
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        for (key, t) in templates {
+            for name in t.secrets() {
+                let Some((_, value)) = secrets.iter().find(|(n, _)| n == name) else {
+                    return Err(self.lacks(caller, name, &format!("{kind}.{key}")));
+                };
+                let value = value.expose();
+                if kind == "headers" && value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+                    return Err(DsError::Unavailable {
+                        server: self.name.clone(),
+                        reason: format!(
+                            "the secret {name} of this client holds control characters, so servers.{}.{kind}.{key} cannot carry it",
+                            self.name
+                        ),
+                    });
+                }
+                for part in [name.as_bytes(), value.as_bytes()] {
+                    ctx.update(&(part.len() as u64).to_le_bytes());
+                    ctx.update(part);
+                }
             }
-            config::Transport::Http(spec) if spec.per_client() => spec.for_client(&secret).map(config::Transport::Http),
-            other => Ok(other.clone()),
-        };
-        filled.map_err(|(missing, key)| DsError::Unavailable {
+        }
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        Ok(out)
+    }
+
+    /// The error of a caller without secret `missing`, which `key` needs.
+    fn lacks(&self, caller: &Caller<'_>, missing: &str, key: &str) -> DsError {
+        DsError::Unavailable {
             server: self.name.clone(),
             reason: match caller.client {
                 Some((name, _)) => format!(
@@ -260,7 +263,22 @@ impl Server {
                     self.name
                 ),
             },
-        })
+        }
+    }
+
+    /// The transport as it is for `caller`: its `${client:…}` values filled from the
+    /// caller's secrets ([`Server::check_secrets`] found them all).
+    fn transport_for(&self, caller: &Caller<'_>) -> Result<config::Transport, String> {
+        let secrets = caller.client.map_or(&[][..], |(_, s)| s);
+        let secret = |n: &str| secrets.iter().find(|(k, _)| k == n).map(|(_, v)| v.expose().to_owned());
+        let filled = match &self.cfg.transport {
+            config::Transport::Stdio(spec) if spec.per_client() => {
+                spec.for_client(&secret).map(config::Transport::Stdio)
+            }
+            config::Transport::Http(spec) if spec.per_client() => spec.for_client(&secret).map(config::Transport::Http),
+            other => Ok(other.clone()),
+        };
+        filled.map_err(|(missing, key)| format!("the caller has no usable secret {missing} for {key}"))
     }
 
     /// The connection that serves `caller`: the shared one, or (see [`Server::pooled`])
@@ -272,9 +290,9 @@ impl Server {
         };
         // Only a server whose catalog process is up is offered to sessions.
         self.connection()?;
-        let transport = self.transport_for(caller)?;
-        let fingerprint = fingerprint(&transport);
+        let fingerprint = self.check_secrets(caller)?;
         let start = || async {
+            let transport = self.transport_for(caller)?;
             self.connect(&transport)
                 .await
                 .map(|(conn, _info, incoming)| (conn, incoming))

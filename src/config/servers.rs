@@ -631,18 +631,19 @@ impl Transport {
         }
     }
 
+    /// Its values that use `${client:…}`, and what they are: `"env"` or `"headers"`.
+    pub fn templates(&self) -> (&'static str, &[(String, Template)]) {
+        match self {
+            Transport::Stdio(s) => ("env", &s.client_env),
+            Transport::Http(h) => ("headers", &h.client_headers),
+        }
+    }
+
     /// The secret names its `env` or `headers` refer to, with the key of each.
     pub fn client_secrets(&self) -> Vec<(String, &str)> {
-        let refs: Vec<(String, &Template)> = match self {
-            Transport::Stdio(s) => s.client_env.iter().map(|(k, t)| (format!("env.{k}"), t)).collect(),
-            Transport::Http(h) => h
-                .client_headers
-                .iter()
-                .map(|(k, t)| (format!("headers.{k}"), t))
-                .collect(),
-        };
-        refs.into_iter()
-            .flat_map(|(k, t)| t.secrets().map(move |n| (k.clone(), n)))
+        let (kind, refs) = self.templates();
+        refs.iter()
+            .flat_map(|(k, t)| t.secrets().map(move |n| (format!("{kind}.{k}"), n)))
             .collect()
     }
 }

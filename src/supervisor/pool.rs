@@ -49,7 +49,7 @@ enum SlotState {
 /// One client session's own process.
 struct Instance {
     id: u64,
-    /// What it was started with (see `supervisor::fingerprint`): a call with other
+    /// The SHA-256 of the secrets it was started with: a call with other
     /// values replaces it.
     fingerprint: [u8; 32],
     conn: Connection,

@@ -303,3 +303,60 @@ fn check_refuses_client_secrets_on_a_shared_stdio_server_and_warns_of_missing_on
     );
     secret_free("check", &format!("{}{}", run.stdout, run.stderr));
 }
+
+#[tokio::test]
+async fn a_reload_that_changes_a_secret_replaces_the_clients_process() {
+    let mock_name = unique("secrets-reload");
+    let config = stdio_config(&mock_name);
+    let mut env = env();
+    env.push(("ALICE_GH_NEW", "alice-gh-rotated-6a7b8c"));
+    let gw = Gateway::start_with_env(&config, &env);
+    let alice = Session::open_as(&gw.url, ALICE).await;
+    let bob = Session::open_as(&gw.url, BOB).await;
+    let (before, bob_before) = (pid_of(&alice).await, pid_of(&bob).await);
+    assert_eq!(token_of(&alice).await, format!("token {ALICE_GH}!"));
+
+    let done = gw.logs().matches("reload done").count();
+    std::fs::write(gw.config_path(), config.replace("${ALICE_GH}", "${ALICE_GH_NEW}")).unwrap();
+    let log = gw.stderr.clone();
+    let reloaded = until(Duration::from_secs(10), || {
+        log.lock().unwrap().matches("reload done").count() > done
+    })
+    .await;
+    assert!(reloaded, "no reload:\n{}", gw.logs());
+
+    assert_eq!(token_of(&alice).await, "token alice-gh-rotated-6a7b8c!");
+    let after = pid_of(&alice).await;
+    assert_ne!(before, after, "alice's process still runs with the old secret");
+    let old: i32 = before.parse().unwrap();
+    assert!(
+        until(Duration::from_secs(10), || !alive(old)).await,
+        "the process with the old secret was not stopped"
+    );
+    assert_eq!(pid_of(&bob).await, bob_before, "bob's secret did not change");
+    assert!(!gw.logs().contains("alice-gh-rotated-6a7b8c"), "{}", gw.logs());
+}
+
+#[tokio::test]
+async fn a_caller_without_an_identity_cannot_use_a_client_isolated_server() {
+    let mock_name = unique("secrets-open");
+    let config = server("solo", &mock_name, &["--per-process"], "isolation = \"client\"\n");
+    let gw = Gateway::start(&config);
+    let s = gw.session().await;
+    let r = s.call("solo__pid", json!({})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap().to_owned();
+    assert!(
+        msg.contains("'solo'") && msg.contains("isolation = \"client\"") && msg.contains("no identity"),
+        "{msg}"
+    );
+    assert_eq!(gw.server_status("solo").await["sessionProcesses"], 0);
+
+    let (run, _dir) = check(&config, &[], &[]);
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("servers.solo has isolation = \"client\", but no [clients.*] or [auth.oauth]"),
+        "{}",
+        run.stdout
+    );
+}
