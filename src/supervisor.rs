@@ -348,6 +348,7 @@ impl Server {
             && self.cfg.enabled == other.enabled
             && self.cfg.restart == other.restart
             && self.cfg.protocol == other.protocol
+            && self.cfg.catalog_secrets == other.catalog_secrets
     }
 
     /// Applies a reload's prefix, timeout, tool filter and overrides.
@@ -384,7 +385,9 @@ impl Server {
     /// Starts the server and runs the handshake and the first listing. Returns the
     /// receiver of what the server says on its own, for [`Server::watch`].
     async fn start(&self) -> Option<mpsc::Receiver<Incoming>> {
-        let (conn, info, rx) = match self.connect(&self.cfg.transport).await {
+        // A server with `${client:…}` values lists with its `catalog_secrets` (or without them).
+        let transport = self.cfg.transport.for_catalog(&self.cfg.catalog_secrets);
+        let (conn, info, rx) = match self.connect(&transport).await {
             Ok(c) => c,
             Err(why) => {
                 self.fail(why);

@@ -67,6 +67,10 @@ pub(super) struct RawServer {
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by.
     #[serde(default)]
     tags: Vec<Spanned<String>>,
+    /// `catalog_secrets = { NAME = "${VAR}" }`: what `${client:NAME}` is in the server's
+    /// own (catalog) process or connection, which serves no caller.
+    #[serde(default)]
+    catalog_secrets: IndexMap<String, Spanned<String>>,
     /// `command` or `url` was there but of the wrong type (already reported): whether it
     /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
     #[serde(skip)]
@@ -148,6 +152,9 @@ pub struct Server {
     pub overrides: IndexMap<String, Override>,
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by (`[A-Za-z0-9_.-]+`).
     pub tags: Vec<String>,
+    /// `catalog_secrets`: the values of `${client:NAME}` in the server's own process (or
+    /// connection), which only lists what it offers; a reference without one is left out.
+    pub catalog_secrets: Vec<(String, Secret)>,
 }
 
 /// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
@@ -346,6 +353,21 @@ pub(super) fn parse(
             ],
         );
         let overrides = parse_overrides(cx, &name, &s.overrides);
+        let mut catalog_secrets = Vec::new();
+        for (key, value) in &s.catalog_secrets {
+            // Each must be one the server's env or headers use (checked once they are read).
+            match expand(value.get_ref(), env) {
+                Ok(v) if v.is_empty() => cx.at(
+                    value.span().start,
+                    format!("servers.{name}.catalog_secrets.{key} is empty"),
+                ),
+                Ok(v) => catalog_secrets.push((key.clone(), Secret(v))),
+                Err(var) => cx.at(
+                    value.span().start,
+                    format!("servers.{name}.catalog_secrets.{key}: environment variable {var} is not set"),
+                ),
+            }
+        }
         let mut tags: Vec<String> = Vec::new();
         for t in &s.tags {
             let tag = t.get_ref();
@@ -377,6 +399,7 @@ pub(super) fn parse(
             protocol,
             overrides: overrides.clone(),
             tags: tags.clone(),
+            catalog_secrets: catalog_secrets.clone(),
         };
         let command = match (s.command, s.url) {
             (Some(_), Some(url)) => {
@@ -408,7 +431,9 @@ pub(super) fn parse(
                     }
                 }
                 if let Some(t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
-                    servers.push(server(Transport::Http(t)));
+                    let t = Transport::Http(t);
+                    unused_catalog_secrets(cx, &name, &s.catalog_secrets, &t);
+                    servers.push(server(t));
                 }
                 continue;
             }
@@ -458,7 +483,7 @@ pub(super) fn parse(
             Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
             Some(c) => base.join(c),
         };
-        servers.push(server(Transport::Stdio(StdioSpec {
+        let t = Transport::Stdio(StdioSpec {
             command: command.into_inner(),
             args: s.args,
             cwd,
@@ -467,7 +492,9 @@ pub(super) fn parse(
             masked: Vec::new(),
             inherited: inherited.clone(),
             max_line: gateway.max_line,
-        })));
+        });
+        unused_catalog_secrets(cx, &name, &s.catalog_secrets, &t);
+        servers.push(server(t));
     }
     servers
 }
@@ -562,6 +589,19 @@ fn http_spec(
     })
 }
 
+/// A `catalog_secrets` key that no `${client:…}` of the server uses is a mistake (a typo).
+fn unused_catalog_secrets(cx: &mut Ctx, name: &str, raw: &IndexMap<String, Spanned<String>>, t: &Transport) {
+    let used = t.client_secrets();
+    for (key, value) in raw {
+        if !used.iter().any(|(_, n)| n == key) {
+            cx.at(
+                value.span().start,
+                format!("servers.{name}.catalog_secrets.{key}: the server's env and headers use no ${{client:{key}}}"),
+            );
+        }
+    }
+}
+
 /// Checks the secret names `t` refers to (`what` names the key); false if one is bad.
 fn secret_names(cx: &mut Ctx, at: usize, what: &str, t: &Template) -> bool {
     let mut ok = true;
@@ -586,9 +626,19 @@ impl StdioSpec {
     /// The spec of a process for one caller: its `${client:…}` variables filled from
     /// `secret`. `Err`: the first secret it lacks, and the variable that needs it.
     pub fn for_client(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<StdioSpec, (String, String)> {
+        self.filled(secret, true)
+    }
+
+    /// With `strict`, as [`StdioSpec::for_client`]; else a variable whose secret `secret`
+    /// lacks is left out.
+    fn filled(&self, secret: &dyn Fn(&str) -> Option<String>, strict: bool) -> Result<StdioSpec, (String, String)> {
         let mut spec = self.clone();
         for (k, t) in &self.client_env {
-            let v = t.fill(secret).map_err(|missing| (missing, format!("env.{k}")))?;
+            let v = match t.fill(secret) {
+                Ok(v) => v,
+                Err(missing) if strict => return Err((missing, format!("env.{k}"))),
+                Err(_) => continue,
+            };
             spec.env.push((k.clone(), v));
             spec.masked.extend(t.secrets().filter_map(secret).map(Secret));
         }
@@ -607,10 +657,23 @@ impl HttpSpec {
     /// `secret`. `Err`: the first secret it lacks (or that cannot be a header value), and
     /// the header that needs it.
     pub fn for_client(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<HttpSpec, (String, String)> {
+        self.filled(secret, true)
+    }
+
+    /// With `strict`, as [`HttpSpec::for_client`]; else a header whose secret `secret`
+    /// lacks is left out.
+    fn filled(&self, secret: &dyn Fn(&str) -> Option<String>, strict: bool) -> Result<HttpSpec, (String, String)> {
         let mut spec = self.clone();
         for (k, t) in &self.client_headers {
-            let v = t.fill(secret).map_err(|missing| (missing, format!("headers.{k}")))?;
+            let v = match t.fill(secret) {
+                Ok(v) => v,
+                Err(missing) if strict => return Err((missing, format!("headers.{k}"))),
+                Err(_) => continue,
+            };
             if v.expose().bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+                if !strict {
+                    continue;
+                }
                 let name = t.secrets().next().unwrap_or_default().to_owned();
                 return Err((name, format!("headers.{k} (the value holds control characters)")));
             }
@@ -628,6 +691,23 @@ impl Transport {
         match self {
             Transport::Stdio(s) => s.per_client(),
             Transport::Http(h) => h.per_client(),
+        }
+    }
+
+    /// As the server's own (catalog) process or connection runs it: `${client:NAME}`
+    /// filled from `secrets` (its `catalog_secrets`), a value whose secret is not there
+    /// left out.
+    pub fn for_catalog(&self, secrets: &[(String, Secret)]) -> Transport {
+        let secret = |n: &str| secrets.iter().find(|(k, _)| k == n).map(|(_, v)| v.0.clone());
+        // Not strict: it never fails.
+        match self {
+            Transport::Stdio(s) if s.per_client() => {
+                s.filled(&secret, false).map_or_else(|_| self.clone(), Transport::Stdio)
+            }
+            Transport::Http(h) if h.per_client() => {
+                h.filled(&secret, false).map_or_else(|_| self.clone(), Transport::Http)
+            }
+            other => other.clone(),
         }
     }
 

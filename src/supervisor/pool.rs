@@ -16,6 +16,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+/// How long the calls in flight on a process replaced for changed secrets may take to
+/// finish before it is stopped.
+const REPLACED_DRAIN: Duration = Duration::from_secs(60);
+
 /// A started process: its connection and what it says on its own.
 pub(super) type Started = (Connection, mpsc::Receiver<Incoming>);
 
@@ -116,10 +120,19 @@ impl Pool {
                 return Ok(i.conn.clone());
             }
             SlotState::Running(i) if !i.conn.is_closed() => {
-                // Started with other secrets (a reload changed them): never used again.
+                // Started with other secrets (a reload changed them): no new call goes to
+                // it; the calls in flight on it get up to REPLACED_DRAIN to finish.
                 info!(server = %self.server, "the caller's secrets changed; replacing its process");
                 let old = i.conn.clone();
-                crate::background::spawn(async move { old.shutdown().await });
+                crate::background::spawn(async move {
+                    let deadline = Instant::now() + REPLACED_DRAIN;
+                    // Its calls in flight hold handles besides this one (and the slot's,
+                    // which is dropped right below).
+                    while old.handles() > 1 && Instant::now() < deadline && !old.is_closed() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    old.shutdown().await;
+                });
             }
             _ => {}
         }

@@ -127,6 +127,14 @@ async fn alice_and_bob_each_reach_their_own_process_with_their_own_secret() {
     assert_eq!(catalog["sessionProcesses"], 2, "{catalog}");
     assert_ne!(catalog["pid"].to_string(), pa);
     assert_ne!(catalog["pid"].to_string(), pb);
+    // The catalog process runs without the variable (no catalog_secrets here).
+    let env_of = |pid: &str| std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let catalog_env = String::from_utf8_lossy(&env_of(&catalog["pid"].to_string())).into_owned();
+    assert!(
+        catalog_env.contains("PLAIN=same") && !catalog_env.contains("GITHUB_TOKEN"),
+        "{catalog_env:?}"
+    );
+    assert!(String::from_utf8_lossy(&env_of(&pb)).contains(&format!("GITHUB_TOKEN=token {BOB_GH}!\0")));
 
     // carol has no GH secret: an error naming it and the server, and no process.
     let carol = Session::open_as(&gw.url, CAROL).await;
@@ -358,5 +366,45 @@ async fn a_caller_without_an_identity_cannot_use_a_client_isolated_server() {
             .contains("servers.solo has isolation = \"client\", but no [clients.*] or [auth.oauth]"),
         "{}",
         run.stdout
+    );
+}
+
+#[tokio::test]
+async fn catalog_secrets_fill_the_catalog_process_and_no_callers() {
+    let mock_name = unique("secrets-catalog");
+    let config = format!(
+        "{}catalog_secrets = {{ GH = \"${{LISTER_GH}}\" }}\n",
+        stdio_config(&mock_name)
+    );
+    let mut env = env();
+    env.push(("LISTER_GH", "lister-gh-secret-9z8y7x"));
+    let gw = Gateway::start_with_env(&config, &env);
+    let catalog = gw.server_status_as("gh", ALICE).await;
+    let environ = std::fs::read(format!("/proc/{}/environ", catalog["pid"])).unwrap();
+    let environ = String::from_utf8_lossy(&environ).into_owned();
+    assert!(
+        environ.contains("GITHUB_TOKEN=token lister-gh-secret-9z8y7x!\0"),
+        "{environ:?}"
+    );
+    let alice = Session::open_as(&gw.url, ALICE).await;
+    assert_eq!(token_of(&alice).await, format!("token {ALICE_GH}!"));
+    let carol = Session::open_as(&gw.url, CAROL).await;
+    let r = carol.call("gh__env", json!({"name": "GITHUB_TOKEN"})).await;
+    assert!(
+        error_of(&r)["message"].as_str().unwrap().contains("no secret GH"),
+        "{r}"
+    );
+    assert!(!r.to_string().contains("lister-gh"), "{r}");
+    let status = gw.get_json_as("/status", ALICE).await.to_string();
+    assert!(!status.contains("lister-gh") && !gw.logs().contains("lister-gh"));
+
+    let typo = format!("{}catalog_secrets = {{ GHH = \"x\" }}\n", stdio_config(&mock_name));
+    let (run, _dir) = check(&typo, &[], &env);
+    assert_eq!(run.code, Some(64), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("servers.gh.catalog_secrets.GHH: the server's env and headers use no ${client:GHH}"),
+        "{}",
+        run.stderr
     );
 }
