@@ -408,3 +408,73 @@ async fn catalog_secrets_fill_the_catalog_process_and_no_callers() {
         run.stderr
     );
 }
+
+async fn sess_token(s: &Session) -> String {
+    ok_text(s, "sess__env", json!({"name": "GITHUB_TOKEN"})).await
+}
+
+/// Every key and value in `redis`, as text.
+fn redis_dump(redis: &Redis) -> String {
+    let mut out = String::new();
+    for key in redis.cli(&["KEYS", "*"]).lines().filter(|k| !k.is_empty()) {
+        let kind = redis.cli(&["TYPE", key]);
+        let value = match kind.trim() {
+            "string" => redis.cli(&["GET", key]),
+            "hash" => redis.cli(&["HGETALL", key]),
+            "zset" => redis.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"]),
+            "set" => redis.cli(&["SMEMBERS", key]),
+            "list" => redis.cli(&["LRANGE", key, "0", "-1"]),
+            "stream" => redis.cli(&["XRANGE", key, "-", "+"]),
+            other => format!("<{other}>"),
+        };
+        out.push_str(&format!("{key} = {value}\n"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn two_replicas_each_run_a_clients_process_and_forward_to_a_sessions() {
+    let redis = Redis::start();
+    let mock_name = unique("secrets-cluster");
+    let sess_name = unique("secrets-cluster-sess");
+    let servers = format!(
+        "{}{}",
+        stdio_config(&mock_name),
+        server(
+            "sess",
+            &sess_name,
+            &["--per-process"],
+            "isolation = \"session\"\nenv = { GITHUB_TOKEN = \"${client:GH}\" }\n"
+        )
+    );
+    let gws: Vec<Gateway> = (0..2)
+        .map(|i| {
+            let cluster = crate::cluster::cluster_toml(&redis, &format!("replica_id = \"gw-{i}\""));
+            Gateway::start_with_env(&format!("{servers}\n{cluster}"), &env())
+        })
+        .collect();
+    let alice = Session::open_as(&gws[0].url, ALICE).await;
+    let alice_there = crate::cluster::via(&alice, &gws[1]);
+    let bob = Session::open_as(&gws[1].url, BOB).await;
+
+    // isolation = "client": each replica runs its own process for alice, with her secret.
+    assert_eq!(token_of(&alice).await, format!("token {ALICE_GH}!"));
+    assert_eq!(token_of(&alice_there).await, format!("token {ALICE_GH}!"));
+    assert_ne!(pid_of(&alice).await, pid_of(&alice_there).await);
+    assert_eq!(token_of(&bob).await, format!("token {BOB_GH}!"));
+
+    // isolation = "session": one process for alice's session, on the replica that started
+    // it; the other forwards to it.
+    assert_eq!(sess_token(&alice).await, ALICE_GH);
+    let p0 = ok_text(&alice, "sess__pid", json!({})).await;
+    assert_eq!(ok_text(&alice_there, "sess__pid", json!({})).await, p0);
+    assert_eq!(sess_token(&alice_there).await, ALICE_GH);
+    assert_eq!(sess_token(&bob).await, BOB_GH);
+
+    let dump = redis_dump(&redis);
+    assert!(!dump.is_empty(), "nothing in Redis");
+    secret_free("Redis", &dump);
+    for gw in &gws {
+        secret_free("a replica's trace log", &gw.logs());
+    }
+}
