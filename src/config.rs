@@ -343,6 +343,11 @@ impl Template {
         self.secrets().next().is_none()
     }
 
+    /// Its text, when it refers to no secret.
+    pub fn plain(&self) -> Option<Secret> {
+        self.fill(&|_| None).ok()
+    }
+
     /// Its text, every reference filled from `secret`; `Err`: the first secret `secret`
     /// does not have.
     pub fn fill(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<Secret, String> {

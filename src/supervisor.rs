@@ -200,7 +200,16 @@ impl Server {
             return Ok(None);
         }
         if self.cfg.isolation == config::Isolation::Session {
-            return Ok(caller.session);
+            // Without a session (none of the topology's servers is session-isolated, so
+            // never here) the shared process serves, unless it would need a caller's secret.
+            return match caller.session {
+                None if self.cfg.transport.per_client() => Err(DsError::Unavailable {
+                    server: self.name.clone(),
+                    reason: "it needs the caller's secrets in a process of its session, and this call has no session"
+                        .into(),
+                }),
+                session => Ok(session),
+            };
         }
         let why = if self.cfg.isolation == config::Isolation::Client {
             "it has isolation = \"client\" (a process per client identity)"

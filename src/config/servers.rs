@@ -247,7 +247,8 @@ pub struct StdioSpec {
     /// The child's own variables, expanded; they are secrets.
     pub env: Vec<(String, Secret)>,
     /// The variables that use `${client:NAME}`, filled per caller (see
-    /// [`StdioSpec::for_client`]); the server's catalog process runs without them.
+    /// [`StdioSpec::for_client`]); the server's catalog process runs without them (or
+    /// with its `catalog_secrets`).
     pub client_env: Vec<(String, Template)>,
     /// The caller's secrets as they are (filled in by [`StdioSpec::for_client`]): masked
     /// in the child's stderr like `env` values, also where it prints only part of a value.
@@ -461,7 +462,7 @@ pub(super) fn parse(
         for (key, value) in s.env {
             let span = value.span();
             match expand_template(value.get_ref(), env) {
-                Ok(t) if t.is_plain() => child_env.push((key, t.fill(&|_| None).unwrap_or_else(|_| Secret::new("")))),
+                Ok(t) if t.is_plain() => child_env.extend(t.plain().map(|v| (key, v))),
                 Ok(t) => {
                     let what = format!("servers.{name}.env.{key}");
                     if secret_names(cx, span.start, &what, &t) && isolation == Isolation::Shared {
@@ -556,7 +557,7 @@ fn http_spec(
             Ok(t) if t.fill(&|_| Some(String::new())).is_ok_and(|v| v.expose().bytes().any(|b| b == b'\r' || b == b'\n')) => {
                 cx.at(value.span().start, format!("servers.{name}.headers.{key}: the value contains a line break"));
             }
-            Ok(t) if t.is_plain() => out_headers.push((key, t.fill(&|_| None).unwrap_or_else(|_| Secret::new("")))),
+            Ok(t) if t.is_plain() => out_headers.extend(t.plain().map(|v| (key, v))),
             Ok(t) => {
                 if secret_names(cx, value.span().start, &format!("servers.{name}.headers.{key}"), &t) {
                     client_headers.push((key, t));
