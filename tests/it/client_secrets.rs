@@ -478,3 +478,35 @@ async fn two_replicas_each_run_a_clients_process_and_forward_to_a_sessions() {
         secret_free("a replica's trace log", &gw.logs());
     }
 }
+
+#[test]
+fn the_stdio_front_runs_as_its_client_with_that_clients_secret() {
+    let mock_name = unique("secrets-stdio");
+    let config = stdio_config(&mock_name);
+    for (client, want) in [
+        ("alice", Ok(format!("token {ALICE_GH}!"))),
+        ("carol", Err("no secret GH")),
+    ] {
+        let mut env = env();
+        env.push(("MCP_GATEWAY_CLIENT", client));
+        let mut gw = StdioGateway::start(&config, &env);
+        gw.initialize();
+        let (_, r) = gw.request(
+            json!(2),
+            "tools/call",
+            json!({"name": "gh__env", "arguments": {"name": "GITHUB_TOKEN"}}),
+        );
+        match want {
+            Ok(token) => assert_eq!(text(&r), token, "{client}: {r}"),
+            Err(why) => assert!(error_of(&r)["message"].as_str().unwrap().contains(why), "{client}: {r}"),
+        }
+        gw.close_stdin();
+        assert!(gw.wait_exit(Duration::from_secs(30)).is_some());
+        secret_free("the stdio gateway's trace log", &gw.logs());
+        // stdout carries only JSON-RPC.
+        for line in gw.stdout.lock().unwrap().iter() {
+            let v: Value = serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON-RPC: {line}"));
+            assert_eq!(v["jsonrpc"], "2.0", "{line}");
+        }
+    }
+}
