@@ -145,7 +145,7 @@ impl Pool {
             .is_err()
         {
             return Err(self.unavailable(format!(
-                "it already runs {max} session processes, its max_sessions; try again when a session ends"
+                "it already runs {max} processes of its own for callers (sessions or clients), its max_sessions; try again when one stops"
             )));
         }
         // Given back if the start fails or the call is cancelled meanwhile.

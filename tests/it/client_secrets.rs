@@ -510,3 +510,31 @@ fn the_stdio_front_runs_as_its_client_with_that_clients_secret() {
         }
     }
 }
+
+#[tokio::test]
+async fn client_processes_are_bounded_by_max_sessions_and_reaped_when_idle() {
+    let mock_name = unique("secrets-bound");
+    let config = stdio_config(&mock_name).replace(
+        "isolation = \"client\"\n",
+        "isolation = \"client\"\nmax_sessions = 1\nidle_timeout = \"1s\"\n",
+    );
+    let gw = Gateway::start_with_env(&config, &env());
+    let alice = Session::open_as(&gw.url, ALICE).await;
+    let alice2 = Session::open_as(&gw.url, ALICE).await;
+    let bob = Session::open_as(&gw.url, BOB).await;
+    let first = pid_of(&alice).await;
+    // alice's second session shares her process: no second seat.
+    assert_eq!(pid_of(&alice2).await, first);
+    let r = bob.call("gh__pid", json!({})).await;
+    let why = error_of(&r)["message"].as_str().unwrap().to_owned();
+    assert!(why.contains("'gh'") && why.contains("max_sessions"), "{why}");
+
+    // Unused for idle_timeout, alice's process is stopped, and its seat given back.
+    let pid: i32 = first.parse().unwrap();
+    assert!(
+        until(Duration::from_secs(10), || !alive(pid)).await,
+        "alice's idle process still runs"
+    );
+    assert_eq!(token_of(&bob).await, format!("token {BOB_GH}!"));
+    assert_ne!(pid_of(&bob).await, first);
+}
