@@ -538,3 +538,35 @@ async fn client_processes_are_bounded_by_max_sessions_and_reaped_when_idle() {
     assert_eq!(token_of(&bob).await, format!("token {BOB_GH}!"));
     assert_ne!(pid_of(&bob).await, first);
 }
+
+#[tokio::test]
+async fn an_oauth_caller_is_its_claims_identity_with_that_tables_secrets() {
+    use crate::auth::{claims, keys, serve_jwks, sign, AUDIENCE, ISSUER};
+    let k = keys();
+    let (jwks_url, _) = serve_jwks(k.jwks.clone()).await;
+    let mock_name = unique("secrets-oauth");
+    let config = format!(
+        "{}\n[auth.oauth]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_url = \"{jwks_url}\"\n",
+        stdio_config(&mock_name)
+    );
+    let gw = Gateway::start_with_env(&config, &env());
+    let jwt = |sub: &str| sign(jsonwebtoken::Algorithm::ES256, "ec-1", &k.ec, &claims(sub));
+    // A JWT whose sub names [clients.bob] is bob: his secret, his process.
+    let bob_static = Session::open_as(&gw.url, BOB).await;
+    let bob_oauth = Session::open_as(&gw.url, &jwt("bob")).await;
+    assert_eq!(token_of(&bob_oauth).await, format!("token {BOB_GH}!"));
+    assert_eq!(pid_of(&bob_oauth).await, pid_of(&bob_static).await);
+    // dave has no table, so no secrets: an error naming the secret, no process.
+    let dave = Session::open_as(&gw.url, &jwt("dave")).await;
+    let r = dave.call("gh__env", json!({"name": "GITHUB_TOKEN"})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("\"dave\" has no secret GH"), "{msg}");
+    // Whatever the tool, every call to the server needs the secret (stateless ones too).
+    let r = stateless_call(&gw, &jwt("dave"), "gh__pid", json!({})).await;
+    assert!(
+        error_of(&r)["message"].as_str().unwrap().contains("no secret GH"),
+        "{r}"
+    );
+    assert_eq!(gw.server_status_as("gh", ALICE).await["sessionProcesses"], 1);
+    secret_free("the gateway's trace log", &gw.logs());
+}
