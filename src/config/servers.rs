@@ -514,6 +514,13 @@ fn http_spec(
     let errors = cx.errors.len();
     let expanded = match expand(url.get_ref(), env) {
         Ok(u) => u,
+        Err(var) if var.starts_with(super::CLIENT_REF) => {
+            cx.at(
+                url.span().start,
+                format!("servers.{name}.url: ${{{var}}} cannot be in a url (one URL serves every caller); put the caller's secret in `headers`"),
+            );
+            String::new()
+        }
         Err(var) => {
             cx.at(
                 url.span().start,

@@ -353,3 +353,10 @@ fn client_secrets_are_checked_by_name_and_value() {
         assert!(e.contains(want), "{want} not in {e}");
     }
 }
+
+#[test]
+fn a_client_reference_in_a_url_is_refused_clearly() {
+    let src = "[servers.h]\nurl = \"https://h/mcp?key=${client:K}\"\n";
+    let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err().to_string();
+    assert!(e.contains("servers.h.url: ${client:K} cannot be in a url"), "{e}");
+}
