@@ -49,6 +49,11 @@ impl Identity {
         self.policy.as_ref().is_some_and(|p| p.admin)
     }
 
+    /// Its `[clients.NAME] secrets` (none without a table of its name).
+    pub fn secrets(&self) -> &[(String, config::Secret)] {
+        self.policy.as_ref().map_or(&[], |p| &p.secrets)
+    }
+
     /// Whether it may see and use a public tool or prompt name, or a resource URI.
     pub fn permits(&self, name: &str) -> bool {
         match &self.policy {
@@ -85,6 +90,8 @@ pub struct Policy {
     limiter: Option<(DefaultDirectRateLimiter, Rate)>,
     /// `admin = true`: may read the console and `/status*`.
     pub admin: bool,
+    /// `secrets`: what `${client:NAME}` in servers' `env` and `headers` becomes for it.
+    pub secrets: Vec<(String, config::Secret)>,
     /// Filtered list results, by the catalog and the view (none: the whole catalog) they
     /// were made from.
     views: Mutex<Vec<Kept>>,
@@ -132,6 +139,7 @@ impl Policy {
             filter: spec.filter.clone(),
             limiter: spec.rate_limit.clone().map(|r| (RateLimiter::direct(quota(&r)), r)),
             admin: spec.admin,
+            secrets: spec.secrets.clone(),
             views: Mutex::new(Vec::new()),
         }
     }
@@ -400,6 +408,7 @@ mod tests {
             },
             rate_limit: None,
             admin: false,
+            secrets: Vec::new(),
         }
     }
 

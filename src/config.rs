@@ -249,6 +249,30 @@ pub fn process_env(key: &str) -> Option<String> {
 /// the first unset variable that has no default.
 pub fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
+    expand_parts(s, env, &mut out, None)?;
+    Ok(out)
+}
+
+/// As [`expand`], and `${client:NAME}` stays a reference to the calling client's secret
+/// `NAME` (a server's `env` and `headers`), filled per caller by [`Template::fill`].
+pub fn expand_template(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Template, String> {
+    let mut parts = Vec::new();
+    let mut text = String::with_capacity(s.len());
+    expand_parts(s, env, &mut text, Some(&mut parts))?;
+    if !text.is_empty() {
+        parts.push(Part::Text(text));
+    }
+    Ok(Template(parts))
+}
+
+/// Expands `s` into `out`; with `parts`, a `${client:NAME}` ends the text so far (moved
+/// into `parts`) and adds the reference.
+fn expand_parts(
+    s: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    out: &mut String,
+    mut parts: Option<&mut Vec<Part>>,
+) -> Result<(), String> {
     let mut rest = s;
     while let Some(i) = rest.find('$') {
         out.push_str(&rest[..i]);
@@ -263,6 +287,14 @@ pub fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, S
                 continue;
             };
             let inner = &body[..end];
+            if let (Some(parts), Some(name)) = (parts.as_deref_mut(), inner.strip_prefix(CLIENT_REF)) {
+                if !out.is_empty() {
+                    parts.push(Part::Text(std::mem::take(out)));
+                }
+                parts.push(Part::Client(name.to_owned()));
+                rest = &body[end + 1..];
+                continue;
+            }
             let (var, default) = match inner.split_once(":-") {
                 Some((v, d)) => (v, Some(d)),
                 None => (inner, None),
@@ -279,7 +311,61 @@ pub fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, S
         }
     }
     out.push_str(rest);
-    Ok(out)
+    Ok(())
+}
+
+/// What marks a reference to the calling client's secret: `${client:NAME}`.
+pub const CLIENT_REF: &str = "client:";
+
+/// A server's `env` or `headers` value that uses `${client:NAME}`: text (its `${VAR}`s
+/// expanded when the config loaded) and references to the calling client's
+/// `[clients.*] secrets`, filled per caller. Never shown: `Debug` prints `****`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Template(Vec<Part>);
+
+#[derive(Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Client(String),
+}
+
+impl Template {
+    /// The secret names it refers to, in order.
+    pub fn secrets(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().filter_map(|p| match p {
+            Part::Client(n) => Some(n.as_str()),
+            Part::Text(_) => None,
+        })
+    }
+
+    /// Whether it refers to no secret at all (then it is plain text).
+    pub fn is_plain(&self) -> bool {
+        self.secrets().next().is_none()
+    }
+
+    /// Its text, when it refers to no secret.
+    pub fn plain(&self) -> Option<Secret> {
+        self.fill(&|_| None).ok()
+    }
+
+    /// Its text, every reference filled from `secret`; `Err`: the first secret `secret`
+    /// does not have.
+    pub fn fill(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<Secret, String> {
+        let mut out = String::new();
+        for p in &self.0 {
+            match p {
+                Part::Text(t) => out.push_str(t),
+                Part::Client(n) => out.push_str(&secret(n).ok_or_else(|| n.clone())?),
+            }
+        }
+        Ok(Secret(out))
+    }
+}
+
+impl fmt::Debug for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
 }
 
 #[cfg(test)]

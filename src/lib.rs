@@ -298,6 +298,47 @@ pub fn stdio_profile(config: &Config, name: Option<&str>) -> Result<(), String> 
     }
 }
 
+/// `check`'s warnings about `${client:NAME}` references some clients cannot fill (their
+/// calls to that server get an error naming the secret). Names only, never values.
+fn secret_warnings(config: &Config) -> String {
+    let mut out = String::new();
+    for s in config.servers.iter().filter(|s| s.enabled) {
+        if s.isolation == config::Isolation::Client && !config.auth.required() {
+            out.push_str(&format!(
+                "warning: servers.{} has isolation = \"client\", but no [clients.*] or [auth.oauth] gives callers an identity: every call to it fails\n",
+                s.name
+            ));
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for (key, secret) in s.transport.client_secrets() {
+            if seen.contains(&secret) {
+                continue;
+            }
+            seen.push(secret);
+            let lacking: Vec<&str> = config
+                .auth
+                .clients
+                .iter()
+                .filter(|c| c.secret(secret).is_none())
+                .map(|c| c.name.as_str())
+                .collect();
+            let what = format!("servers.{}.{key} uses ${{client:{secret}}}", s.name);
+            if lacking.len() == config.auth.clients.len() {
+                out.push_str(&format!(
+                    "warning: {what}, which no [clients.*] table defines in `secrets`: every call to server {} fails\n",
+                    s.name
+                ));
+            } else if !lacking.is_empty() {
+                out.push_str(&format!(
+                    "warning: {what}; clients without secret {secret} get an error calling it: {}\n",
+                    lacking.join(", ")
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// With `connect`, starts every server and returns the merged catalog as text lines
 /// (public name, server, original name) plus collision notes; never shows env values.
 pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, bool)> {
@@ -326,6 +367,7 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
             .collect();
         out.push_str(&format!("profiles: {}\n", shown.join(", ")));
     }
+    out.push_str(&secret_warnings(&config));
     let overrides: usize = config.servers.iter().map(|s| s.overrides.len()).sum();
     if !connect {
         if overrides > 0 {

@@ -117,13 +117,23 @@ pub struct Server {
     pub in_flight: std::sync::atomic::AtomicI64,
     /// The console's last 15 minutes of its calls, made on its first call.
     series: std::sync::OnceLock<Box<crate::console::Series>>,
-    /// With `isolation = "session"`: each client session's own process.
+    /// With `isolation = "session"` or `"client"` (or `${client:…}` values): each
+    /// session's or client identity's own process or connection.
     pool: pool::Pool,
     /// A 2026-07-28 server: what its listen stream asks for.
     subscriptions: listen::Subscriptions,
     /// The child exited while the `server/discover` probe was pending: later starts go
     /// straight to `initialize`.
     skip_probe: AtomicBool,
+}
+
+/// Who a call is for, which picks the process of a server that is not shared and fills
+/// its `${client:…}` values.
+pub struct Caller<'a> {
+    /// The client session (a stateless request's own id).
+    pub session: Option<&'a str>,
+    /// The caller's identity (its `[clients.*]` name or OAuth subject) and its secrets.
+    pub client: Option<(&'a str, &'a [(String, config::Secret)])>,
 }
 
 /// What a supervisor tells the rest of the gateway.
@@ -176,30 +186,144 @@ impl Server {
         }
     }
 
-    /// The connection that serves `session`: the shared one, or with
-    /// `isolation = "session"` the session's own process, started on first use (the
-    /// shared process then only provides the catalog).
-    pub async fn connection_for(&self, session: &str) -> Result<Connection, DsError> {
-        if self.cfg.isolation == config::Isolation::Shared {
-            return self.connection();
-        }
-        // Only a server whose catalog process is up is offered to sessions.
-        self.connection()?;
-        let start = || async { self.connect().await.map(|(conn, _info, incoming)| (conn, incoming)) };
-        self.pool.connection_for(session, start).await
+    /// Whether callers get processes (or connections) of their own: `isolation =
+    /// "session"` or `"client"`, or `${client:…}` in its `env` or `headers`.
+    pub fn pooled(&self) -> bool {
+        self.cfg.isolation != config::Isolation::Shared || self.cfg.transport.per_client()
     }
 
-    /// The connection already serving `session`, without starting a process for it.
-    pub async fn existing_connection_for(&self, session: &str) -> Option<Connection> {
-        if self.cfg.isolation == config::Isolation::Shared {
-            return self.connection().ok();
+    /// Whose process serves `caller`: its session's (`isolation = "session"`), else its
+    /// identity's. `Err`: a caller without an identity, which a process per identity
+    /// cannot serve. `Ok(None)`: the shared connection.
+    fn pool_key<'a>(&self, caller: &Caller<'a>) -> Result<Option<&'a str>, DsError> {
+        if !self.pooled() {
+            return Ok(None);
         }
-        self.pool.existing(session).await
+        if self.cfg.isolation == config::Isolation::Session {
+            // Without a session (none of the topology's servers is session-isolated, so
+            // never here) the shared process serves, unless it would need a caller's secret.
+            return match caller.session {
+                None if self.cfg.transport.per_client() => Err(DsError::Unavailable {
+                    server: self.name.clone(),
+                    reason: "it needs the caller's secrets in a process of its session, and this call has no session"
+                        .into(),
+                }),
+                session => Ok(session),
+            };
+        }
+        let why = if self.cfg.isolation == config::Isolation::Client {
+            "it has isolation = \"client\" (a process per client identity)"
+        } else {
+            "its headers use ${client:…} (a connection per client identity)"
+        };
+        match caller.client {
+            Some((name, _)) => Ok(Some(name)),
+            None => Err(DsError::Unavailable {
+                server: self.name.clone(),
+                reason: format!("{why}, and this caller has no identity: send a bearer token of a [clients.*] table or of [auth.oauth]"),
+            }),
+        }
+    }
+
+    /// Checks that `caller` has every secret the server's `${client:…}` values use (and,
+    /// for headers, that each can be one), and returns their fingerprint. `Err` names the
+    /// secret and the key, never a value.
+    fn check_secrets(&self, caller: &Caller<'_>) -> Result<[u8; 32], DsError> {
+        let secrets = caller.client.map_or(&[][..], |(_, s)| s);
+        let (kind, templates) = self.cfg.transport.templates();
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        for (key, t) in templates {
+            for name in t.secrets() {
+                let Some((_, value)) = secrets.iter().find(|(n, _)| n == name) else {
+                    return Err(self.lacks(caller, name, &format!("{kind}.{key}")));
+                };
+                let value = value.expose();
+                if kind == "headers" && value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+                    return Err(DsError::Unavailable {
+                        server: self.name.clone(),
+                        reason: format!(
+                            "the secret {name} of this client holds control characters, so servers.{}.{kind}.{key} cannot carry it",
+                            self.name
+                        ),
+                    });
+                }
+                for part in [name.as_bytes(), value.as_bytes()] {
+                    ctx.update(&(part.len() as u64).to_le_bytes());
+                    ctx.update(part);
+                }
+            }
+        }
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        Ok(out)
+    }
+
+    /// The error of a caller without secret `missing`, which `key` needs.
+    fn lacks(&self, caller: &Caller<'_>, missing: &str, key: &str) -> DsError {
+        DsError::Unavailable {
+            server: self.name.clone(),
+            reason: match caller.client {
+                Some((name, _)) => format!(
+                    "client {name:?} has no secret {missing} (servers.{}.{key} uses ${{client:{missing}}}); add it to [clients.{name}] secrets",
+                    self.name
+                ),
+                None => format!(
+                    "servers.{}.{key} uses ${{client:{missing}}}, and this caller has no identity (so no secret {missing}): send a bearer token of a [clients.*] table",
+                    self.name
+                ),
+            },
+        }
+    }
+
+    /// The transport as it is for `caller`: its `${client:…}` values filled from the
+    /// caller's secrets ([`Server::check_secrets`] found them all).
+    fn transport_for(&self, caller: &Caller<'_>) -> Result<config::Transport, String> {
+        let secrets = caller.client.map_or(&[][..], |(_, s)| s);
+        let secret = |n: &str| secrets.iter().find(|(k, _)| k == n).map(|(_, v)| v.expose().to_owned());
+        let filled = match &self.cfg.transport {
+            config::Transport::Stdio(spec) if spec.per_client() => {
+                spec.for_client(&secret).map(config::Transport::Stdio)
+            }
+            config::Transport::Http(spec) if spec.per_client() => spec.for_client(&secret).map(config::Transport::Http),
+            other => Ok(other.clone()),
+        };
+        filled.map_err(|(missing, key)| format!("the caller has no usable secret {missing} for {key}"))
+    }
+
+    /// The connection that serves `caller`: the shared one, or (see [`Server::pooled`])
+    /// the caller's own process or connection, started on first use with the caller's
+    /// secrets (the shared one then only provides the catalog).
+    pub async fn connection_for(&self, caller: &Caller<'_>) -> Result<Connection, DsError> {
+        let Some(key) = self.pool_key(caller)? else {
+            return self.connection();
+        };
+        // Only a server whose catalog process is up is offered to sessions.
+        self.connection()?;
+        let fingerprint = self.check_secrets(caller)?;
+        let start = || async {
+            let transport = self.transport_for(caller)?;
+            self.connect(&transport)
+                .await
+                .map(|(conn, _info, incoming)| (conn, incoming))
+        };
+        self.pool.connection_for(key, fingerprint, start).await
+    }
+
+    /// The connection already serving `caller`, without starting a process for it.
+    pub async fn existing_connection_for(&self, caller: &Caller<'_>) -> Option<Connection> {
+        match self.pool_key(caller) {
+            Ok(None) => self.connection().ok(),
+            Ok(Some(key)) => self.pool.existing(key).await,
+            Err(_) => None,
+        }
     }
 
     /// Stops the process of `session`, if it has one; none is started for it afterwards.
+    /// (A process per client identity outlives its sessions: only `idle_timeout` stops it.)
     pub async fn end_session(&self, session: &str) {
-        self.pool.end(session).await;
+        if self.cfg.isolation == config::Isolation::Session {
+            self.pool.end(session).await;
+        }
     }
 
     /// Its console ring (allocated on first use).
@@ -233,6 +357,7 @@ impl Server {
             && self.cfg.enabled == other.enabled
             && self.cfg.restart == other.restart
             && self.cfg.protocol == other.protocol
+            && self.cfg.catalog_secrets == other.catalog_secrets
     }
 
     /// Applies a reload's prefix, timeout, tool filter and overrides.
@@ -269,7 +394,9 @@ impl Server {
     /// Starts the server and runs the handshake and the first listing. Returns the
     /// receiver of what the server says on its own, for [`Server::watch`].
     async fn start(&self) -> Option<mpsc::Receiver<Incoming>> {
-        let (conn, info, rx) = match self.connect().await {
+        // A server with `${client:…}` values lists with its `catalog_secrets` (or without them).
+        let transport = self.cfg.transport.for_catalog(&self.cfg.catalog_secrets);
+        let (conn, info, rx) = match self.connect(&transport).await {
             Ok(c) => c,
             Err(why) => {
                 self.fail(why);
@@ -304,7 +431,7 @@ impl Server {
     pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
-        if self.cfg.isolation == config::Isolation::Session {
+        if self.pooled() {
             let me = self.clone();
             crate::background::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
         }

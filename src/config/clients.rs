@@ -3,9 +3,10 @@
 //! digests kept.
 
 use super::errors::Ctx;
-use super::expand;
 use super::rate_limits::{rate, Rate};
+use super::values::name_char;
 use super::values::Filter;
+use super::{expand, Secret};
 use indexmap::IndexMap;
 use serde::Deserialize;
 use std::fmt;
@@ -27,6 +28,10 @@ pub(super) struct RawClient {
     rate_limit: Option<Spanned<String>>,
     #[serde(default)]
     admin: bool,
+    /// `secrets = { NAME = "${VAR}" }`: what `${client:NAME}` in a server's `env` and
+    /// `headers` becomes for this client.
+    #[serde(default)]
+    secrets: IndexMap<String, Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -78,9 +83,16 @@ pub struct ClientSpec {
     pub rate_limit: Option<Rate>,
     /// `admin = true`: may read the console and `/status*`.
     pub admin: bool,
+    /// `secrets`: its values for `${client:NAME}` in servers' `env` and `headers`, by name.
+    pub secrets: Vec<(String, Secret)>,
 }
 
 impl ClientSpec {
+    /// Its secret `name`, if it has one.
+    pub fn secret(&self, name: &str) -> Option<&Secret> {
+        self.secrets.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
     /// Whether it sees everything (no allow and no deny globs).
     pub fn unrestricted(&self) -> bool {
         self.filter.is_empty()
@@ -193,6 +205,25 @@ pub(super) fn parse(
             digest
         });
         let rate_limit = rate(cx, c.rate_limit.as_ref(), &format!("clients.{name}.rate_limit"));
+        let mut secrets = Vec::new();
+        for (key, value) in c.secrets {
+            let at = value.span().start;
+            if key.is_empty() || !key.chars().all(name_char) {
+                cx.at(
+                    at,
+                    format!("clients.{name}.secrets: {key:?} may only use [A-Za-z0-9_.-] and must not be empty"),
+                );
+                continue;
+            }
+            match expand(value.get_ref(), env) {
+                Ok(v) if v.is_empty() => cx.at(at, format!("clients.{name}.secrets.{key} is empty")),
+                Ok(v) => secrets.push((key, Secret(v))),
+                Err(var) => cx.at(
+                    at,
+                    format!("clients.{name}.secrets.{key}: environment variable {var} is not set"),
+                ),
+            }
+        }
         out.push(ClientSpec {
             name,
             token,
@@ -202,6 +233,7 @@ pub(super) fn parse(
             },
             rate_limit,
             admin: c.admin,
+            secrets,
         });
     }
     let oauth = raw.oauth.map(|o| {

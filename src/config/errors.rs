@@ -121,7 +121,9 @@ fn expected(path: &[String]) -> Option<String> {
     const RATE: &str = r#"a rate string like "10/s" (or "5/m", "100/h burst 10")"#;
     Some(match (parent, key) {
         ("per_tool", _) => RATE.into(),
-        ("env" | "headers", _) if n >= 4 => format!(r#"a string (in quotes, e.g. {key} = "1")"#),
+        ("env" | "headers" | "secrets" | "catalog_secrets", _) if n >= 4 => {
+            format!(r#"a string (in quotes, e.g. {key} = "1")"#)
+        }
         (
             _,
             "request_timeout" | "shutdown_grace" | "drain_delay" | "session_idle" | "input_timeout" | "header_timeout"
@@ -138,6 +140,7 @@ fn expected(path: &[String]) -> Option<String> {
         (_, "args") => r#"a list of strings like ["-y", "@modelcontextprotocol/server-everything"]"#.into(),
         (_, "allow" | "deny") => r#"a list of globs like ["search_*", "get_?"]"#.into(),
         (_, "env" | "headers" | "per_tool") => format!(r#"a table of strings like {key} = {{ NAME = "value" }}"#),
+        (_, "secrets" | "catalog_secrets") => format!(r#"a table of strings like {key} = {{ NAME = "${{VAR}}" }}"#),
         ("servers", _) if n == 2 => r#"a table like [servers.NAME] with command = "..." or url = "...""#.into(),
         ("clients", _) if n == 2 => r#"a table like [clients.NAME] with token = "${TOKEN}""#.into(),
         ("profiles", _) if n == 2 => {
@@ -157,7 +160,7 @@ fn expected(path: &[String]) -> Option<String> {
         }
         (_, "transport") => r#"one of "auto", "streamable-http", "sse""#.into(),
         (_, "restart") => r#"one of "on-failure", "always", "never""#.into(),
-        (_, "isolation") => r#"one of "shared", "session""#.into(),
+        (_, "isolation") => r#"one of "shared", "session", "client""#.into(),
         (_, "protocol") => r#"one of "auto", "2026-07-28", "handshake""#.into(),
         (_, "otlp_protocol") => r#"one of "http/protobuf", "grpc""#.into(),
         (_, "log_format") => r#"one of "text", "json""#.into(),

@@ -5,7 +5,7 @@ use super::errors::Ctx;
 use super::gateway::Gateway;
 use super::rate_limits::{self, RateLimits, RawServerLimits};
 use super::values::{duration, name_char, one_of, Filter};
-use super::{expand, Secret};
+use super::{expand, expand_template, Secret, Template};
 use indexmap::IndexMap;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -67,6 +67,10 @@ pub(super) struct RawServer {
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by.
     #[serde(default)]
     tags: Vec<Spanned<String>>,
+    /// `catalog_secrets = { NAME = "${VAR}" }`: what `${client:NAME}` is in the server's
+    /// own (catalog) process or connection, which serves no caller.
+    #[serde(default)]
+    catalog_secrets: IndexMap<String, Spanned<String>>,
     /// `command` or `url` was there but of the wrong type (already reported): whether it
     /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
     #[serde(skip)]
@@ -148,6 +152,9 @@ pub struct Server {
     pub overrides: IndexMap<String, Override>,
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by (`[A-Za-z0-9_.-]+`).
     pub tags: Vec<String>,
+    /// `catalog_secrets`: the values of `${client:NAME}` in the server's own process (or
+    /// connection), which only lists what it offers; a reference without one is left out.
+    pub catalog_secrets: Vec<(String, Secret)>,
 }
 
 /// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
@@ -169,6 +176,10 @@ pub enum Isolation {
     /// One per client session: started on first use, stopped when the session ends or
     /// after `idle_timeout`. Questions it asks always reach the right client.
     Session,
+    /// One per client identity (its `[clients.*]` name, or its OAuth subject), shared by
+    /// that client's sessions and stateless requests: started on first use, stopped after
+    /// `idle_timeout`. Callers without an identity cannot use it.
+    Client,
 }
 
 /// When a server that went away is started again.
@@ -220,6 +231,8 @@ pub struct HttpSpec {
     pub mode: HttpMode,
     /// Extra request headers, expanded; they are secrets.
     pub headers: Vec<(String, Secret)>,
+    /// The headers that use `${client:NAME}`, filled per caller (see [`HttpSpec::for_client`]).
+    pub client_headers: Vec<(String, Template)>,
     /// A PEM file of extra CA certificates to trust.
     pub ca_file: Option<PathBuf>,
 }
@@ -233,6 +246,13 @@ pub struct StdioSpec {
     pub cwd: PathBuf,
     /// The child's own variables, expanded; they are secrets.
     pub env: Vec<(String, Secret)>,
+    /// The variables that use `${client:NAME}`, filled per caller (see
+    /// [`StdioSpec::for_client`]); the server's catalog process runs without them (or
+    /// with its `catalog_secrets`).
+    pub client_env: Vec<(String, Template)>,
+    /// The caller's secrets as they are (filled in by [`StdioSpec::for_client`]): masked
+    /// in the child's stderr like `env` values, also where it prints only part of a value.
+    pub masked: Vec<Secret>,
     /// The inherited safe set ([`INHERITED_ENV`]) as read when the config loaded.
     pub inherited: Vec<(String, String)>,
     /// `gateway.max_line`: the longest stdout line accepted from the child.
@@ -289,7 +309,11 @@ pub(super) fn parse(
             s.isolation.as_ref(),
             &format!("servers.{name}.isolation"),
             DEFAULT_ISOLATION,
-            &[("shared", Isolation::Shared), ("session", Isolation::Session)],
+            &[
+                ("shared", Isolation::Shared),
+                ("session", Isolation::Session),
+                ("client", Isolation::Client),
+            ],
         );
         let idle_timeout = duration(
             cx,
@@ -330,6 +354,21 @@ pub(super) fn parse(
             ],
         );
         let overrides = parse_overrides(cx, &name, &s.overrides);
+        let mut catalog_secrets = Vec::new();
+        for (key, value) in &s.catalog_secrets {
+            // Each must be one the server's env or headers use (checked once they are read).
+            match expand(value.get_ref(), env) {
+                Ok(v) if v.is_empty() => cx.at(
+                    value.span().start,
+                    format!("servers.{name}.catalog_secrets.{key} is empty"),
+                ),
+                Ok(v) => catalog_secrets.push((key.clone(), Secret(v))),
+                Err(var) => cx.at(
+                    value.span().start,
+                    format!("servers.{name}.catalog_secrets.{key}: environment variable {var} is not set"),
+                ),
+            }
+        }
         let mut tags: Vec<String> = Vec::new();
         for t in &s.tags {
             let tag = t.get_ref();
@@ -361,6 +400,7 @@ pub(super) fn parse(
             protocol,
             overrides: overrides.clone(),
             tags: tags.clone(),
+            catalog_secrets: catalog_secrets.clone(),
         };
         let command = match (s.command, s.url) {
             (Some(_), Some(url)) => {
@@ -392,7 +432,9 @@ pub(super) fn parse(
                     }
                 }
                 if let Some(t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
-                    servers.push(server(Transport::Http(t)));
+                    let t = Transport::Http(t);
+                    unused_catalog_secrets(cx, &name, &s.catalog_secrets, &t);
+                    servers.push(server(t));
                 }
                 continue;
             }
@@ -416,10 +458,21 @@ pub(super) fn parse(
             cx.at(command.span().start, format!("servers.{name}.command is empty"));
         }
         let mut child_env = Vec::new();
+        let mut client_env = Vec::new();
         for (key, value) in s.env {
             let span = value.span();
-            match expand(value.get_ref(), env) {
-                Ok(v) => child_env.push((key, Secret(v))),
+            match expand_template(value.get_ref(), env) {
+                Ok(t) if t.is_plain() => child_env.extend(t.plain().map(|v| (key, v))),
+                Ok(t) => {
+                    let what = format!("servers.{name}.env.{key}");
+                    if secret_names(cx, span.start, &what, &t) && isolation == Isolation::Shared {
+                        cx.at(
+                            span.start,
+                            format!("{what} uses ${{client:…}}, which needs isolation = \"client\" or \"session\" (a process per caller); with isolation = \"shared\" every client would share one process"),
+                        );
+                    }
+                    client_env.push((key, t));
+                }
                 Err(var) => cx.at(
                     span.start,
                     format!("servers.{name}.env.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
@@ -431,14 +484,18 @@ pub(super) fn parse(
             Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
             Some(c) => base.join(c),
         };
-        servers.push(server(Transport::Stdio(StdioSpec {
+        let t = Transport::Stdio(StdioSpec {
             command: command.into_inner(),
             args: s.args,
             cwd,
             env: child_env,
+            client_env,
+            masked: Vec::new(),
             inherited: inherited.clone(),
             max_line: gateway.max_line,
-        })));
+        });
+        unused_catalog_secrets(cx, &name, &s.catalog_secrets, &t);
+        servers.push(server(t));
     }
     servers
 }
@@ -457,6 +514,13 @@ fn http_spec(
     let errors = cx.errors.len();
     let expanded = match expand(url.get_ref(), env) {
         Ok(u) => u,
+        Err(var) if var.starts_with(super::CLIENT_REF) => {
+            cx.at(
+                url.span().start,
+                format!("servers.{name}.url: ${{{var}}} cannot be in a url (one URL serves every caller); put the caller's secret in `headers`"),
+            );
+            String::new()
+        }
         Err(var) => {
             cx.at(
                 url.span().start,
@@ -483,6 +547,7 @@ fn http_spec(
         ],
     );
     let mut out_headers = Vec::new();
+    let mut client_headers = Vec::new();
     for (key, value) in headers {
         if key.is_empty()
             || !key
@@ -495,11 +560,16 @@ fn http_spec(
             );
             continue;
         }
-        match expand(value.get_ref(), env) {
-            Ok(v) if v.bytes().any(|b| b == b'\r' || b == b'\n') => {
+        match expand_template(value.get_ref(), env) {
+            Ok(t) if t.fill(&|_| Some(String::new())).is_ok_and(|v| v.expose().bytes().any(|b| b == b'\r' || b == b'\n')) => {
                 cx.at(value.span().start, format!("servers.{name}.headers.{key}: the value contains a line break"));
             }
-            Ok(v) => out_headers.push((key, Secret(v))),
+            Ok(t) if t.is_plain() => out_headers.extend(t.plain().map(|v| (key, v))),
+            Ok(t) => {
+                if secret_names(cx, value.span().start, &format!("servers.{name}.headers.{key}"), &t) {
+                    client_headers.push((key, t));
+                }
+            }
             Err(var) => cx.at(
                 value.span().start,
                 format!("servers.{name}.headers.{key}: environment variable {var} is not set (write ${{{var}:-default}} for a default)"),
@@ -522,8 +592,148 @@ fn http_spec(
         url: Secret(expanded),
         mode,
         headers: out_headers,
+        client_headers,
         ca_file,
     })
+}
+
+/// A `catalog_secrets` key that no `${client:…}` of the server uses is a mistake (a typo).
+fn unused_catalog_secrets(cx: &mut Ctx, name: &str, raw: &IndexMap<String, Spanned<String>>, t: &Transport) {
+    let used = t.client_secrets();
+    for (key, value) in raw {
+        if !used.iter().any(|(_, n)| n == key) {
+            cx.at(
+                value.span().start,
+                format!("servers.{name}.catalog_secrets.{key}: the server's env and headers use no ${{client:{key}}}"),
+            );
+        }
+    }
+}
+
+/// Checks the secret names `t` refers to (`what` names the key); false if one is bad.
+fn secret_names(cx: &mut Ctx, at: usize, what: &str, t: &Template) -> bool {
+    let mut ok = true;
+    for n in t.secrets() {
+        if n.is_empty() || !n.chars().all(name_char) {
+            cx.at(
+                at,
+                format!("{what}: ${{client:{n}}}: a secret name may only use [A-Za-z0-9_.-] and must not be empty (no default: a client without the secret gets an error)"),
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
+impl StdioSpec {
+    /// Whether some of its variables are the calling client's secrets.
+    pub fn per_client(&self) -> bool {
+        !self.client_env.is_empty()
+    }
+
+    /// The spec of a process for one caller: its `${client:…}` variables filled from
+    /// `secret`. `Err`: the first secret it lacks, and the variable that needs it.
+    pub fn for_client(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<StdioSpec, (String, String)> {
+        self.filled(secret, true)
+    }
+
+    /// With `strict`, as [`StdioSpec::for_client`]; else a variable whose secret `secret`
+    /// lacks is left out.
+    fn filled(&self, secret: &dyn Fn(&str) -> Option<String>, strict: bool) -> Result<StdioSpec, (String, String)> {
+        let mut spec = self.clone();
+        for (k, t) in &self.client_env {
+            let v = match t.fill(secret) {
+                Ok(v) => v,
+                Err(missing) if strict => return Err((missing, format!("env.{k}"))),
+                Err(_) => continue,
+            };
+            spec.env.push((k.clone(), v));
+            spec.masked.extend(t.secrets().filter_map(secret).map(Secret));
+        }
+        spec.client_env.clear();
+        Ok(spec)
+    }
+}
+
+impl HttpSpec {
+    /// Whether some of its headers are the calling client's secrets.
+    pub fn per_client(&self) -> bool {
+        !self.client_headers.is_empty()
+    }
+
+    /// The spec of a connection for one caller: its `${client:…}` headers filled from
+    /// `secret`. `Err`: the first secret it lacks (or that cannot be a header value), and
+    /// the header that needs it.
+    pub fn for_client(&self, secret: &dyn Fn(&str) -> Option<String>) -> Result<HttpSpec, (String, String)> {
+        self.filled(secret, true)
+    }
+
+    /// With `strict`, as [`HttpSpec::for_client`]; else a header whose secret `secret`
+    /// lacks is left out.
+    fn filled(&self, secret: &dyn Fn(&str) -> Option<String>, strict: bool) -> Result<HttpSpec, (String, String)> {
+        let mut spec = self.clone();
+        for (k, t) in &self.client_headers {
+            let v = match t.fill(secret) {
+                Ok(v) => v,
+                Err(missing) if strict => return Err((missing, format!("headers.{k}"))),
+                Err(_) => continue,
+            };
+            if v.expose().bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+                if !strict {
+                    continue;
+                }
+                let name = t.secrets().next().unwrap_or_default().to_owned();
+                return Err((name, format!("headers.{k} (the value holds control characters)")));
+            }
+            spec.headers.push((k.clone(), v));
+        }
+        spec.client_headers.clear();
+        Ok(spec)
+    }
+}
+
+impl Transport {
+    /// Whether its `env` or `headers` use `${client:…}`: then each caller has its own
+    /// process or connection.
+    pub fn per_client(&self) -> bool {
+        match self {
+            Transport::Stdio(s) => s.per_client(),
+            Transport::Http(h) => h.per_client(),
+        }
+    }
+
+    /// As the server's own (catalog) process or connection runs it: `${client:NAME}`
+    /// filled from `secrets` (its `catalog_secrets`), a value whose secret is not there
+    /// left out.
+    pub fn for_catalog(&self, secrets: &[(String, Secret)]) -> Transport {
+        let secret = |n: &str| secrets.iter().find(|(k, _)| k == n).map(|(_, v)| v.0.clone());
+        // Not strict: it never fails.
+        match self {
+            Transport::Stdio(s) if s.per_client() => {
+                s.filled(&secret, false).map_or_else(|_| self.clone(), Transport::Stdio)
+            }
+            Transport::Http(h) if h.per_client() => {
+                h.filled(&secret, false).map_or_else(|_| self.clone(), Transport::Http)
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// Its values that use `${client:…}`, and what they are: `"env"` or `"headers"`.
+    pub fn templates(&self) -> (&'static str, &[(String, Template)]) {
+        match self {
+            Transport::Stdio(s) => ("env", &s.client_env),
+            Transport::Http(h) => ("headers", &h.client_headers),
+        }
+    }
+
+    /// The secret names its `env` or `headers` refer to, with the key of each.
+    pub fn client_secrets(&self) -> Vec<(String, &str)> {
+        let (kind, refs) = self.templates();
+        refs.iter()
+            .flat_map(|(k, t)| t.secrets().map(move |n| (format!("{kind}.{k}"), n)))
+            .collect()
+    }
 }
 
 /// `[servers.NAME.overrides.*]`: a new name must be a valid one, and two tools may not

@@ -302,3 +302,61 @@ fn profile_errors_are_located() {
         assert!(e.contains(want), "{want}\nnot in:\n{e}");
     }
 }
+
+#[test]
+fn client_references_stay_templates_and_fill_per_caller() {
+    let t = expand_template("Bearer ${client:GH} for ${SET}$$", &env).unwrap();
+    assert_eq!(t.secrets().collect::<Vec<_>>(), ["GH"]);
+    let alice = |n: &str| (n == "GH").then(|| "a-token".to_owned());
+    assert_eq!(t.fill(&alice).unwrap().expose(), "Bearer a-token for value$");
+    assert_eq!(t.fill(&|_| None).unwrap_err(), "GH");
+    assert_eq!(format!("{t:?}"), "****");
+    assert!(expand_template("plain ${SET}", &env).unwrap().is_plain());
+}
+
+#[test]
+fn client_secrets_in_a_shared_stdio_servers_env_are_refused() {
+    let src = "[clients.alice]\ntoken = \"${SET}\"\nsecrets = { GH = \"${SET}\" }\n\n\
+               [servers.gh]\ncommand = \"x\"\nenv = { GITHUB_TOKEN = \"${client:GH}\" }\n";
+    let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err().to_string();
+    assert!(
+        e.contains("servers.gh.env.GITHUB_TOKEN") && e.contains("isolation = \"client\""),
+        "{e}"
+    );
+    for isolation in ["client", "session"] {
+        let ok = format!("{src}isolation = \"{isolation}\"\n");
+        let c = Config::parse(Path::new("g.toml"), &ok, &env).unwrap();
+        let Transport::Stdio(spec) = &c.servers[0].transport else {
+            panic!()
+        };
+        assert!(spec.env.is_empty() && spec.per_client());
+        let filled = spec.for_client(&|n| (n == "GH").then(|| "t".to_owned())).unwrap();
+        assert_eq!(filled.env.len(), 1);
+        assert_eq!(filled.env[0].1.expose(), "t");
+        assert_eq!(spec.for_client(&|_| None).unwrap_err().0, "GH");
+        assert_eq!(c.auth.clients[0].secret("GH").map(Secret::expose), Some("value"));
+        assert!(!format!("{c:?}").contains("value"));
+    }
+}
+
+#[test]
+fn client_secrets_are_checked_by_name_and_value() {
+    let src = "[clients.a]\ntoken = \"${SET}\"\nsecrets = { \"bad name\" = \"x\", EMPTY = \"${EMPTY}\", GONE = \"${NOPE}\" }\n\n\
+               [servers.h]\nurl = \"http://h\"\nheaders = { Authorization = \"Bearer ${client:}\" }\n";
+    let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err().to_string();
+    for want in [
+        "clients.a.secrets: \"bad name\"",
+        "clients.a.secrets.EMPTY is empty",
+        "clients.a.secrets.GONE: environment variable NOPE",
+        "servers.h.headers.Authorization: ${client:}",
+    ] {
+        assert!(e.contains(want), "{want} not in {e}");
+    }
+}
+
+#[test]
+fn a_client_reference_in_a_url_is_refused_clearly() {
+    let src = "[servers.h]\nurl = \"https://h/mcp?key=${client:K}\"\n";
+    let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err().to_string();
+    assert!(e.contains("servers.h.url: ${client:K} cannot be in a url"), "{e}");
+}

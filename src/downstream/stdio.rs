@@ -142,7 +142,9 @@ impl StderrTail {
 fn secret_values(spec: &StdioSpec) -> Vec<String> {
     spec.env
         .iter()
-        .map(|(_, v)| v.expose())
+        .map(|(_, v)| v)
+        .chain(&spec.masked)
+        .map(|v| v.expose())
         .filter(|v| v.len() >= MASKED_MIN)
         .map(str::to_owned)
         .collect()

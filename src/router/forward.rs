@@ -9,7 +9,7 @@ use crate::config::Transport;
 use crate::downstream::{stateless, Connection, OpenParams, Params, Sink, LOG_LEVELS};
 use crate::message::{Id, Outcome};
 use crate::method::Method;
-use crate::supervisor::Server;
+use crate::supervisor::{Caller, Server};
 use crate::telemetry::{self, DownstreamSpan};
 use serde_json::{Map, Value};
 use tracing::{warn, Instrument};
@@ -45,11 +45,16 @@ impl Gateway {
                 };
             }
         }
-        let conn = match &cx.info.session {
-            // Boxed: starting a per-session process (probe, handshake, lists) is a large
+        let conn = if s.pooled() {
+            let caller = Caller {
+                session: cx.info.session.as_deref(),
+                client: cx.identity.map(|i| (i.name.as_str(), i.secrets())),
+            };
+            // Boxed: starting a caller's own process (probe, handshake, lists) is a large
             // future, and inline it would make every request's future that large.
-            Some(session) => Box::pin(s.connection_for(session)).await,
-            None => s.connection(),
+            Box::pin(s.connection_for(&caller)).await
+        } else {
+            s.connection()
         };
         let conn = match conn {
             Ok(c) => c,

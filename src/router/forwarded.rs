@@ -59,7 +59,15 @@ impl Gateway {
     /// the process runs here already, or when Redis cannot say (then it starts here).
     pub(super) async fn holder(&self, server: &crate::supervisor::Server, session: &str) -> Option<String> {
         let c = self.cluster.get()?;
-        if server.existing_connection_for(session).await.is_some() {
+        // A process per client identity is not claimed: each replica runs its own.
+        if server.cfg.isolation != crate::config::Isolation::Session {
+            return None;
+        }
+        let caller = crate::supervisor::Caller {
+            session: Some(session),
+            client: None,
+        };
+        if server.existing_connection_for(&caller).await.is_some() {
             return None;
         }
         let ttl = u64::try_from(self.config().gateway.session_idle.as_millis()).unwrap_or(u64::MAX);
@@ -104,7 +112,11 @@ impl Gateway {
             .filter(|s| s.cfg.isolation == crate::config::Isolation::Session)
         {
             for id in sessions {
-                if s.existing_connection_for(id).await.is_some() {
+                let caller = crate::supervisor::Caller {
+                    session: Some(id),
+                    client: None,
+                };
+                if s.existing_connection_for(&caller).await.is_some() {
                     pipe.cmd("PEXPIRE")
                         .arg(claim_key(c, &s.name, id))
                         .arg(ttl.max(1))
@@ -236,7 +248,11 @@ impl Gateway {
                 })
                 .await;
             };
-            if topo.servers[index].existing_connection_for(&client.id).await.is_none() {
+            let caller = crate::supervisor::Caller {
+                session: Some(&client.id),
+                client: None,
+            };
+            if topo.servers[index].existing_connection_for(&caller).await.is_none() {
                 return send(Step::Gone {
                     why: "no process of the session here".into(),
                 })

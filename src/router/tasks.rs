@@ -83,7 +83,12 @@ impl Gateway {
         let mut all = Vec::new();
         for s in cx.topo.servers.iter().filter(|s| supports_tasks(s, "list")) {
             // A session's own process holds its tasks; none is started just to list.
-            let conn = s.existing_connection_for(&client.id).await;
+            let identity = client.identity();
+            let caller = crate::supervisor::Caller {
+                session: Some(&client.id),
+                client: identity.as_deref().map(|i| (i.name.as_str(), i.secrets())),
+            };
+            let conn = s.existing_connection_for(&caller).await;
             let Some(conn) = conn else { continue };
             let mut cursor: Option<String> = None;
             for _ in 0..MAX_TASK_PAGES {

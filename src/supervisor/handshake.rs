@@ -52,9 +52,11 @@ impl Server {
     /// Opens the transport and runs the handshake. For `transport = "auto"` a server
     /// that refuses the Streamable HTTP `initialize` with 400, 404 or 405 is tried again
     /// as a legacy HTTP+SSE server, as the spec's backwards-compatibility section says.
-    pub(super) async fn connect(&self) -> Result<Connected, String> {
+    /// `transport` is the server's own, or as filled for one caller (see
+    /// [`Server::connection_for`]).
+    pub(super) async fn connect(&self, transport: &config::Transport) -> Result<Connected, String> {
         let (tx, rx) = mpsc::channel(64);
-        let spec = match &self.cfg.transport {
+        let spec = match transport {
             config::Transport::Stdio(spec) => {
                 let probed = !self.skip_probe.load(Ordering::Relaxed);
                 let conn = downstream::stdio::spawn(self.name.clone(), spec, tx, self.pipe_watch())

@@ -1,6 +1,9 @@
-//! The per-session processes of a server with `isolation = "session"`: each client
-//! session gets its own, started on its first call, stopped when the session ends or
-//! stays idle for `idle_timeout`; at most `max_sessions` run at once.
+//! The per-caller processes of a server with `isolation = "session"` (one per client
+//! session) or `isolation = "client"` (one per client identity, shared by its sessions;
+//! also a remote server whose `headers` use `${client:…}`: a connection per identity).
+//! Each is started on its caller's first call, stopped when the session ends (session
+//! isolation) or after `idle_timeout` unused; at most `max_sessions` run at once. A slot
+//! is keyed by the session id or the identity's name, never both in one pool.
 
 use crate::downstream::{Connection, DsError, Incoming};
 use crate::sync;
@@ -12,6 +15,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
+
+/// How long the calls in flight on a process replaced for changed secrets may take to
+/// finish before it is stopped.
+const REPLACED_DRAIN: Duration = Duration::from_secs(60);
 
 /// A started process: its connection and what it says on its own.
 pub(super) type Started = (Connection, mpsc::Receiver<Incoming>);
@@ -46,6 +53,9 @@ enum SlotState {
 /// One client session's own process.
 struct Instance {
     id: u64,
+    /// The SHA-256 of the secrets it was started with: a call with other
+    /// values replaces it.
+    fingerprint: [u8; 32],
     conn: Connection,
     last_used: Instant,
     _seat: Seat,
@@ -88,6 +98,7 @@ impl Pool {
     pub(super) async fn connection_for<F>(
         &self,
         session: &str,
+        fingerprint: [u8; 32],
         start: impl FnOnce() -> F,
     ) -> Result<Connection, DsError>
     where
@@ -104,9 +115,24 @@ impl Pool {
         match &mut *state {
             SlotState::Ended => return Err(self.unavailable("this session has ended".into())),
             // A process that exited (crashed) is replaced: its connection closes at once.
-            SlotState::Running(i) if !i.conn.is_closed() => {
+            SlotState::Running(i) if !i.conn.is_closed() && i.fingerprint == fingerprint => {
                 i.last_used = Instant::now();
                 return Ok(i.conn.clone());
+            }
+            SlotState::Running(i) if !i.conn.is_closed() => {
+                // Started with other secrets (a reload changed them): no new call goes to
+                // it; the calls in flight on it get up to REPLACED_DRAIN to finish.
+                info!(server = %self.server, "the caller's secrets changed; replacing its process");
+                let old = i.conn.clone();
+                crate::background::spawn(async move {
+                    let deadline = Instant::now() + REPLACED_DRAIN;
+                    // Its calls in flight hold handles besides this one (and the slot's,
+                    // which is dropped right below).
+                    while old.handles() > 1 && Instant::now() < deadline && !old.is_closed() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    old.shutdown().await;
+                });
             }
             _ => {}
         }
@@ -119,15 +145,15 @@ impl Pool {
             .is_err()
         {
             return Err(self.unavailable(format!(
-                "it already runs {max} session processes, its max_sessions; try again when a session ends"
+                "it already runs {max} processes of its own for callers (sessions or clients), its max_sessions; try again when one stops"
             )));
         }
         // Given back if the start fails or the call is cancelled meanwhile.
         let seat = Seat(self.seats.clone());
         let (conn, mut incoming) = start()
             .await
-            .map_err(|reason| self.unavailable(format!("cannot start a process for this session: {reason}")))?;
-        info!(server = %self.server, session, "started a process for a session");
+            .map_err(|reason| self.unavailable(format!("cannot start a process for this caller: {reason}")))?;
+        info!(server = %self.server, caller = session, "started a process for a caller");
         let id = self.next_instance.fetch_add(1, Ordering::Relaxed);
         // Its own notifications (list_changed...) do not change the shared catalog. When it
         // exits, its slot is emptied (and its seat given back) without waiting for a call.
@@ -145,6 +171,7 @@ impl Pool {
         });
         *state = SlotState::Running(Instance {
             id,
+            fingerprint,
             conn: conn.clone(),
             last_used: Instant::now(),
             _seat: seat,

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 const ALICE: &str = "alice-token-7f3a9c1e5b";
 const BOB: &str = "bob-token-0d2e4f6a8c";
-const ISSUER: &str = "https://issuer.test";
-const AUDIENCE: &str = "mcp-gateway";
+pub(crate) const ISSUER: &str = "https://issuer.test";
+pub(crate) const AUDIENCE: &str = "mcp-gateway";
 
 fn sha256_hex(s: &str) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
@@ -389,14 +389,14 @@ fn b64_decode(s: &str) -> Vec<u8> {
     out
 }
 
-struct Keys {
+pub(crate) struct Keys {
     rsa: EncodingKey,
-    ec: EncodingKey,
-    jwks: Value,
+    pub(crate) ec: EncodingKey,
+    pub(crate) jwks: Value,
 }
 
 /// The fixed RS256 test key (kid `rsa-test`) and a P-256 key made now (kid `ec-1`).
-fn keys() -> Keys {
+pub(crate) fn keys() -> Keys {
     let pem = std::fs::read_to_string(repo().join("tests/fixtures/jwt_rs256_key.pem")).unwrap();
     let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
     let rsa = EncodingKey::from_rsa_der(&b64_decode(&body));
@@ -417,7 +417,7 @@ fn keys() -> Keys {
 }
 
 /// Serves `jwks` at http://127.0.0.1:PORT/jwks.json; returns the URL and a fetch counter.
-async fn serve_jwks(jwks: Value) -> (String, Arc<AtomicUsize>) {
+pub(crate) async fn serve_jwks(jwks: Value) -> (String, Arc<AtomicUsize>) {
     let fetches = Arc::new(AtomicUsize::new(0));
     let count = fetches.clone();
     let app = axum::Router::new().route(
@@ -440,13 +440,13 @@ fn now() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }
 
-fn sign(alg: Algorithm, kid: &str, key: &EncodingKey, claims: &Value) -> String {
+pub(crate) fn sign(alg: Algorithm, kid: &str, key: &EncodingKey, claims: &Value) -> String {
     let mut h = Header::new(alg);
     h.kid = Some(kid.to_owned());
     jsonwebtoken::encode(&h, claims, key).unwrap()
 }
 
-fn claims(sub: &str) -> Value {
+pub(crate) fn claims(sub: &str) -> Value {
     json!({"iss": ISSUER, "aud": AUDIENCE, "sub": sub, "exp": now() + 600, "iat": now()})
 }
 

@@ -9,6 +9,7 @@
 mod auth;
 mod balancer;
 mod cli_start;
+mod client_secrets;
 mod cluster;
 mod cluster_e2e;
 mod cluster_limits;

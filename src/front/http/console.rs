@@ -303,6 +303,7 @@ pub(super) fn status_json(http: &Http) -> Value {
                 "isolation": match s.cfg.isolation {
                     crate::config::Isolation::Shared => "shared",
                     crate::config::Isolation::Session => "session",
+                    crate::config::Isolation::Client => "client",
                 },
                 "sessionProcesses": s.session_processes(),
                 "lastError": st.last_error,

@@ -73,6 +73,16 @@ impl Gateway {
             .unwrap()
     }
 
+    /// A server's entry in /status, read with an admin's `token`.
+    pub async fn server_status_as(&self, name: &str, token: &str) -> Value {
+        let st = self.get_json_as("/status", token).await;
+        st["servers"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
     /// A state of a server by name from /status.
     pub async fn server_status(&self, name: &str) -> Value {
         let st = self.get_json("/status").await;
