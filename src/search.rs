@@ -117,6 +117,11 @@ pub struct Tuning {
     pub asking_writes: f32,
     /// A term's IDF is raised to this power (1: BM25's own; less: rare words dominate less).
     pub idf_power: f32,
+    /// How much a tool gains when the request covers the words of its name: its score is
+    /// multiplied by `1 + name_coverage × (share of its name's words the request has, itself
+    /// or by a synonym)`. `delete_branch` for "delete the stale branch" beats
+    /// `stop_stale_environments`, which matches one rare word of the request.
+    pub name_coverage: f32,
 }
 
 impl Default for Tuning {
@@ -128,6 +133,7 @@ impl Default for Tuning {
             prefix: 0.5,
             asking_writes: 0.75,
             idf_power: 0.5,
+            name_coverage: 1.0,
         }
     }
 }
@@ -220,6 +226,8 @@ struct Doc {
     /// It changes something: its `readOnlyHint` is false, or (without one) its name
     /// starts with a verb that writes.
     writes: bool,
+    /// How many distinct terms its name field has (the server's shared words left out).
+    name_terms: u8,
 }
 
 /// The index of one catalog's tools.
@@ -243,6 +251,8 @@ struct Term {
 struct Posting {
     doc: u32,
     weight: f32,
+    /// The term is a word of the document's name.
+    name: bool,
 }
 
 /// One match.
@@ -287,6 +297,8 @@ impl Index {
                     None => raw.entry(term.to_owned()).or_default(),
                 };
                 match postings.last_mut() {
+                    // A name says a word once however often it spells it (`merge_merge_request`).
+                    Some((d, tf)) if *d == doc && field == NAME && tf[NAME] > 0 => {}
                     Some((d, tf)) if *d == doc => tf[field] = tf[field].saturating_add(1),
                     _ => {
                         let mut tf = [0u16; FIELDS.len()];
@@ -298,11 +310,15 @@ impl Index {
             // A word nearly every tool of the server has in its name (`browser_`,
             // `API-`, `jira_`) says which server, not which tool.
             let mut first_own: Option<String> = None;
+            let mut name_terms: Vec<String> = Vec::new();
             text::terms(own, |term| {
                 let field = if shared.contains(&(t.server, term.to_owned())) {
                     SERVER
                 } else {
                     first_own.get_or_insert_with(|| term.to_owned());
+                    if !name_terms.iter().any(|n| n == term) {
+                        name_terms.push(term.to_owned());
+                    }
                     NAME
                 };
                 add_term(field, term);
@@ -333,6 +349,7 @@ impl Index {
                 name: t.name.into(),
                 entry: entry(t.name, t.description, t.input_schema),
                 writes,
+                name_terms: name_terms.len().min(u8::MAX as usize) as u8,
             });
         }
         decompound(&mut raw);
@@ -365,6 +382,7 @@ impl Index {
                         Posting {
                             doc,
                             weight: idf * pseudo / (tuning.k1 + pseudo),
+                            name: tf[NAME] > 0,
                         }
                     })
                     .collect();
@@ -395,6 +413,9 @@ impl Index {
         let words = Self::words(query);
         let mut scores = vec![0f32; self.docs.len()];
         let mut best = vec![0f32; self.docs.len()];
+        // Per document: whether the current word is in its name; how many words were.
+        let mut in_name = vec![false; self.docs.len()];
+        let mut named = vec![0u8; self.docs.len()];
         let mut touched: Vec<u32> = Vec::new();
         for word in &words {
             touched.clear();
@@ -408,11 +429,21 @@ impl Index {
                     if w > best[d] {
                         best[d] = w;
                     }
+                    in_name[d] |= p.name;
                 }
             }
             for &d in &touched {
-                scores[d as usize] += best[d as usize];
-                best[d as usize] = 0.0;
+                let d = d as usize;
+                scores[d] += best[d];
+                best[d] = 0.0;
+                named[d] = named[d].saturating_add(u8::from(in_name[d]));
+                in_name[d] = false;
+            }
+        }
+        for ((score, doc), &n) in scores.iter_mut().zip(&self.docs).zip(&named) {
+            if n > 0 && doc.name_terms > 0 {
+                let share = (f32::from(n) / f32::from(doc.name_terms)).min(1.0);
+                *score *= 1.0 + self.tuning.name_coverage * share;
             }
         }
         if asks(query) {
@@ -620,6 +651,21 @@ fn query_text(query: &str) -> String {
             out.push_str(" url");
             continue;
         }
+        // An issue key (`PROJ-88`) is a ticket; `#releases` a channel; an e-mail address
+        // is a person's.
+        if is_issue_key(bare) {
+            out.push_str(" issue");
+            continue;
+        }
+        if chunk.starts_with('#') && chunk.len() > 1 && chunk[1..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            out.push_str(" channel ");
+            out.push_str(&chunk[1..]);
+            continue;
+        }
+        if bare.contains('@') && bare.contains('.') && !bare.starts_with('@') {
+            out.push_str(" email");
+            continue;
+        }
         out.push(' ');
         out.push_str(chunk);
         let extension = bare.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
@@ -629,6 +675,18 @@ fn query_text(query: &str) -> String {
         }
     }
     out
+}
+
+/// `ABC-123`: capitals (and digits after the first), a dash, digits.
+fn is_issue_key(word: &str) -> bool {
+    let Some((project, number)) = word.split_once('-') else {
+        return false;
+    };
+    project.len() >= 2
+        && project.bytes().next().is_some_and(|b| b.is_ascii_uppercase())
+        && project.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+        && !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Whether a request asks for something rather than asks for a change: it starts with a

@@ -275,6 +275,9 @@ mod tests {
         };
         let base = Tuning::default();
         eprintln!("default: {}", run(base));
+        for name_coverage in [0.5, 1.5, 2.0, 3.0] {
+            eprintln!("name_coverage {name_coverage}: {}", run(Tuning { name_coverage, ..base }));
+        }
         for idf_power in [0.5, 0.75] {
             eprintln!("idf_power {idf_power}: {}", run(Tuning { idf_power, ..base }));
         }
