@@ -122,6 +122,10 @@ pub struct Tuning {
     /// or by a synonym)`. `delete_branch` for "delete the stale branch" beats
     /// `stop_stale_environments`, which matches one rare word of the request.
     pub name_coverage: f32,
+    /// How much a tool gains when a word of the request is its server's (the server's name,
+    /// or a word nearly all its tools' names share): "in GitLab", "the Notion page". Its score
+    /// is multiplied by `1 + server_match`.
+    pub server_match: f32,
 }
 
 impl Default for Tuning {
@@ -133,7 +137,8 @@ impl Default for Tuning {
             prefix: 0.5,
             asking_writes: 0.75,
             idf_power: 0.5,
-            name_coverage: 1.0,
+            name_coverage: 0.5,
+            server_match: 0.5,
         }
     }
 }
@@ -253,6 +258,8 @@ struct Posting {
     weight: f32,
     /// The term is a word of the document's name.
     name: bool,
+    /// The term is a word of the document's server.
+    server: bool,
 }
 
 /// One match.
@@ -383,6 +390,7 @@ impl Index {
                             doc,
                             weight: idf * pseudo / (tuning.k1 + pseudo),
                             name: tf[NAME] > 0,
+                            server: tf[SERVER] > 0,
                         }
                     })
                     .collect();
@@ -416,6 +424,7 @@ impl Index {
         // Per document: whether the current word is in its name; how many words were.
         let mut in_name = vec![false; self.docs.len()];
         let mut named = vec![0u8; self.docs.len()];
+        let mut of_server = vec![false; self.docs.len()];
         let mut touched: Vec<u32> = Vec::new();
         for word in &words {
             touched.clear();
@@ -430,6 +439,7 @@ impl Index {
                         best[d] = w;
                     }
                     in_name[d] |= p.name;
+                    of_server[d] |= p.server && factor >= 1.0;
                 }
             }
             for &d in &touched {
@@ -440,10 +450,13 @@ impl Index {
                 in_name[d] = false;
             }
         }
-        for ((score, doc), &n) in scores.iter_mut().zip(&self.docs).zip(&named) {
+        for (((score, doc), &n), &server) in scores.iter_mut().zip(&self.docs).zip(&named).zip(&of_server) {
             if n > 0 && doc.name_terms > 0 {
                 let share = (f32::from(n) / f32::from(doc.name_terms)).min(1.0);
                 *score *= 1.0 + self.tuning.name_coverage * share;
+            }
+            if server {
+                *score *= 1.0 + self.tuning.server_match;
             }
         }
         if asks(query) {
@@ -654,7 +667,7 @@ fn query_text(query: &str) -> String {
         // An issue key (`PROJ-88`) is a ticket; `#releases` a channel; an e-mail address
         // is a person's.
         if is_issue_key(bare) {
-            out.push_str(" issue");
+            out.push_str(" issue key");
             continue;
         }
         if chunk.starts_with('#') && chunk.len() > 1 && chunk[1..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {

@@ -275,6 +275,25 @@ mod tests {
         };
         let base = Tuning::default();
         eprintln!("default: {}", run(base));
+        if std::env::var("GRID").is_ok() {
+            for nc in [0.5, 0.75, 1.0] {
+                for sm in [0.25, 0.5, 1.0] {
+                    for ip in [0.5, 0.75, 1.0] {
+                        let t = Tuning {
+                            name_coverage: nc,
+                            server_match: sm,
+                            idf_power: ip,
+                            ..base
+                        };
+                        eprintln!("grid nc {nc} sm {sm} idf^{ip}: {}", run(t));
+                    }
+                }
+            }
+            return;
+        }
+        for server_match in [0.0, 0.5, 2.0, 4.0] {
+            eprintln!("server_match {server_match}: {}", run(Tuning { server_match, ..base }));
+        }
         for name_coverage in [0.5, 1.5, 2.0, 3.0] {
             eprintln!("name_coverage {name_coverage}: {}", run(Tuning { name_coverage, ..base }));
         }
