@@ -154,7 +154,7 @@ const SYNONYMS: &[&[&str]] = &[
     &[
         "create", "new", "add", "make", "open", "insert", "generate", "declare", "setup",
     ],
-    &["add", "append", "insert"],
+    &["add", "append", "insert", "stage"],
     // Looking for things.
     &[
         "list",
@@ -266,6 +266,9 @@ const SYNONYMS: &[&[&str]] = &[
     &["remember", "memory", "observation", "fact", "know", "knowledge"],
     &["view", "look", "seen", "visit"],
     &["spreadsheet", "csv", "table"],
+    &["switch", "checkout", "context"],
+    &["readme", "file", "content"],
+    &["whoami", "self", "myself", "authenticated"],
     &["page", "webpage", "site"],
     &["tab", "window"],
     &["team", "group"],
@@ -357,6 +360,7 @@ pub const PHRASES: &[(&str, &str)] = &[
     ("how many", "count"),
     ("how much", "amount"),
     ("get rid", "delete"),
+    ("who am", "whoami"),
     ("tear down", "delete"),
     ("went out", "deploy"),
     ("to-do list", "todo"),
