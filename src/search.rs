@@ -148,6 +148,9 @@ const MIN_PREFIX: usize = 4;
 const MIN_PART: usize = 3;
 /// A word in the names of at least this share of a server's tools counts as the server's.
 const SHARED_NAME_SHARE: f32 = 0.6;
+/// A word in the descriptions of at least this share of a server's tools is the server's
+/// boilerplate.
+const SHARED_DESCRIPTION_SHARE: f32 = 0.5;
 /// ...of a server with at least this many tools.
 const SHARED_NAME_MIN_TOOLS: usize = 4;
 /// Nested parameters are read this deep (1: the top-level properties only).
@@ -290,6 +293,18 @@ impl Index {
             })
             .collect();
         let shared = shared_name_words(&tools, &own_names);
+        // Each description's terms, and the ones most of a server's descriptions say (a
+        // server's boilerplate: "It is read-only and does not mutate GitLab data"), which
+        // count as the server's instructions rather than as what the tool does.
+        let descriptions: Vec<Vec<String>> = tools
+            .iter()
+            .map(|t| {
+                let mut v = Vec::new();
+                text::terms(t.description, |term| v.push(term.to_owned()));
+                v
+            })
+            .collect();
+        let boilerplate = shared_description_words(&tools, &descriptions);
         // term → (doc, frequency in each field)
         let mut raw: Map32<String, RawPostings> = Map32::default();
         let mut lengths: Vec<[u32; FIELDS.len()]> = Vec::with_capacity(tools.len());
@@ -331,11 +346,18 @@ impl Index {
                 add_term(field, term);
             });
             let writes = writes(t.read_only, first_own.as_deref());
+            for term in &descriptions[doc as usize] {
+                let field = if boilerplate.contains(&(t.server, term.as_str())) {
+                    INSTRUCTIONS
+                } else {
+                    DESCRIPTION
+                };
+                add_term(field, term);
+            }
             let mut add = |field: usize, text: &str| text::terms(text, |term| add_term(field, term));
             if let Some(title) = t.title {
                 add(TITLE, title);
             }
-            add(DESCRIPTION, t.description);
             if let Some(schema) = t
                 .input_schema
                 .and_then(|s| serde_json::from_str::<Schema>(s.get()).ok())
@@ -637,6 +659,36 @@ fn shared_name_words<'a>(tools: &[Tool<'a>], own_names: &[&str]) -> HashSet<(&'a
     // The server's own name is found through its field already.
     out.retain(|(s, _)| tools.iter().any(|t| t.server == *s));
     out
+}
+
+/// The terms at least [`SHARED_DESCRIPTION_SHARE`] of a server's descriptions (of a server
+/// with at least [`SHARED_NAME_MIN_TOOLS`] tools) have, by (server, term).
+fn shared_description_words<'a, 'b>(tools: &[Tool<'a>], descriptions: &'b [Vec<String>]) -> HashSet<(&'a str, &'b str)> {
+    let mut per_server: HashMap<&str, (usize, HashMap<&str, usize>)> = HashMap::new();
+    for (t, terms) in tools.iter().zip(descriptions) {
+        let (count, words) = per_server.entry(t.server).or_default();
+        *count += 1;
+        let mut seen = HashSet::new();
+        for term in terms {
+            if seen.insert(term.as_str()) {
+                *words.entry(term.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let mut out = HashSet::new();
+    for (server, (count, words)) in per_server {
+        if count < SHARED_NAME_MIN_TOOLS {
+            continue;
+        }
+        for (word, n) in words {
+            if n as f32 >= SHARED_DESCRIPTION_SHARE * count as f32 {
+                out.insert((server, word));
+            }
+        }
+    }
+    out.into_iter()
+        .filter_map(|(s, w)| tools.iter().find(|t| t.server == s).map(|t| (t.server, w)))
+        .collect()
 }
 
 /// A request's text as the index reads it: a URL stands for the word `url` (its host and
