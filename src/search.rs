@@ -663,7 +663,10 @@ fn shared_name_words<'a>(tools: &[Tool<'a>], own_names: &[&str]) -> HashSet<(&'a
 
 /// The terms at least [`SHARED_DESCRIPTION_SHARE`] of a server's descriptions (of a server
 /// with at least [`SHARED_NAME_MIN_TOOLS`] tools) have, by (server, term).
-fn shared_description_words<'a, 'b>(tools: &[Tool<'a>], descriptions: &'b [Vec<String>]) -> HashSet<(&'a str, &'b str)> {
+fn shared_description_words<'a, 'b>(
+    tools: &[Tool<'a>],
+    descriptions: &'b [Vec<String>],
+) -> HashSet<(&'a str, &'b str)> {
     let mut per_server: HashMap<&str, (usize, HashMap<&str, usize>)> = HashMap::new();
     for (t, terms) in tools.iter().zip(descriptions) {
         let (count, words) = per_server.entry(t.server).or_default();
@@ -722,7 +725,12 @@ fn query_text(query: &str) -> String {
             out.push_str(" issue key");
             continue;
         }
-        if chunk.starts_with('#') && chunk.len() > 1 && chunk[1..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        if chunk.starts_with('#')
+            && chunk.len() > 1
+            && chunk[1..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
             out.push_str(" channel ");
             out.push_str(&chunk[1..]);
             continue;

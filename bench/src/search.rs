@@ -93,11 +93,7 @@ pub fn run(args: &Opts) -> Result<Vec<Row>> {
     let sets: &[(&str, &Recall)] = if args.tuned_only {
         &[("tuned", &tuned)]
     } else {
-        &[
-            ("tuned", &tuned),
-            ("held out", &held),
-            ("all", &both),
-        ]
+        &[("tuned", &tuned), ("held out", &held), ("all", &both)]
     };
     for (set, r) in sets {
         eprintln!(

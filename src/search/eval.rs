@@ -172,6 +172,7 @@ pub fn recall(index: &super::Index, queries: &[Query]) -> Recall {
     r
 }
 
+#[cfg(test)]
 /// Where the search fixture is: `MCP_GATEWAY_SEARCH_FIXTURE`, or `tests/fixtures/search` of
 /// the repository at `repo`.
 pub fn fixture_dir(repo: &Path) -> std::path::PathBuf {
@@ -297,7 +298,10 @@ mod tests {
             eprintln!("server_match {server_match}: {}", run(Tuning { server_match, ..base }));
         }
         for name_coverage in [0.5, 1.5, 2.0, 3.0] {
-            eprintln!("name_coverage {name_coverage}: {}", run(Tuning { name_coverage, ..base }));
+            eprintln!(
+                "name_coverage {name_coverage}: {}",
+                run(Tuning { name_coverage, ..base })
+            );
         }
         for idf_power in [0.5, 0.75] {
             eprintln!("idf_power {idf_power}: {}", run(Tuning { idf_power, ..base }));
