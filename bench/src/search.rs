@@ -22,8 +22,9 @@ use std::time::Instant;
 /// What `mcp-gateway-search-bench` is told (`--mode search` passes its own flags on).
 #[derive(clap::Args, Debug, Clone)]
 pub struct Opts {
-    /// The fixture (`servers/*.json`, `queries.json`, `heldout.json`).
-    #[arg(long, env = "MCP_GATEWAY_SEARCH_FIXTURE", default_value = "tests/fixtures/search")]
+    /// The fixture (`servers/*.json`, `queries.json`, `heldout.json`); by default the
+    /// repository's, wherever the bench is run from.
+    #[arg(long, env = "MCP_GATEWAY_SEARCH_FIXTURE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/search"))]
     pub search_fixture: PathBuf,
     /// How many times every request is searched for the latency figures.
     #[arg(long, default_value_t = 50)]
