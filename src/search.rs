@@ -7,7 +7,8 @@
 //! title, its description, its parameters' names, its parameters' descriptions and enum
 //! values, its server's name, and the instructions that server gave at `initialize`. A word
 //! nearly every tool of a server has in its name (`browser_`, `API-`) goes to the server's
-//! field. Words go through [`text::terms`]: split, lower-cased, stop words out, lightly
+//! field; so do the words at least half a server's descriptions share (its boilerplate), to its
+//! instructions' field. Words go through [`text::terms`]: split, lower-cased, stop words out, lightly
 //! stemmed; a compound term whose halves are terms too (`worklog`) also counts as them.
 //!
 //! Scoring is BM25F: a term's frequency in each field is normalized by that field's length
@@ -23,6 +24,10 @@
 //! is read first ([`query_text`]): a URL stands for `url`, a path or file name adds `file
 //! path`, and two-word verbs (`set up`) are one word. A request that asks a question ranks
 //! the tools that change something lower ([`Tuning::asking_writes`]).
+//! Two factors multiply a tool's sum: how much of its name the request covers
+//! ([`Tuning::name_coverage`]), and whether a word of the request is its server's
+//! ([`Tuning::server_match`]). An issue key (`PROJ-88`), a `#channel` and an e-mail address
+//! are read as what they stand for.
 //!
 //! Why not a search crate: tantivy (the well-kept one) is built for segments on disk and
 //! millions of documents, adds a large dependency tree, and needs a newer Rust (1.88) than
