@@ -7,7 +7,8 @@
 //! title, its description, its parameters' names, its parameters' descriptions and enum
 //! values, its server's name, and the instructions that server gave at `initialize`. A word
 //! nearly every tool of a server has in its name (`browser_`, `API-`) goes to the server's
-//! field. Words go through [`text::terms`]: split, lower-cased, stop words out, lightly
+//! field; so do the words at least half a server's descriptions share (its boilerplate), to its
+//! instructions' field. Words go through [`text::terms`]: split, lower-cased, stop words out, lightly
 //! stemmed; a compound term whose halves are terms too (`worklog`) also counts as them.
 //!
 //! Scoring is BM25F: a term's frequency in each field is normalized by that field's length
@@ -23,6 +24,10 @@
 //! is read first ([`query_text`]): a URL stands for `url`, a path or file name adds `file
 //! path`, and two-word verbs (`set up`) are one word. A request that asks a question ranks
 //! the tools that change something lower ([`Tuning::asking_writes`]).
+//! Two factors multiply a tool's sum: how much of its name the request covers
+//! ([`Tuning::name_coverage`]), and whether a word of the request is its server's
+//! ([`Tuning::server_match`]). An issue key (`PROJ-88`), a `#channel` and an e-mail address
+//! are read as what they stand for.
 //!
 //! Why not a search crate: tantivy (the well-kept one) is built for segments on disk and
 //! millions of documents, adds a large dependency tree, and needs a newer Rust (1.88) than
@@ -117,6 +122,15 @@ pub struct Tuning {
     pub asking_writes: f32,
     /// A term's IDF is raised to this power (1: BM25's own; less: rare words dominate less).
     pub idf_power: f32,
+    /// How much a tool gains when the request covers the words of its name: its score is
+    /// multiplied by `1 + name_coverage × (share of its name's words the request has, itself
+    /// or by a synonym)`. `delete_branch` for "delete the stale branch" beats
+    /// `stop_stale_environments`, which matches one rare word of the request.
+    pub name_coverage: f32,
+    /// How much a tool gains when a word of the request is its server's (the server's name,
+    /// or a word nearly all its tools' names share): "in GitLab", "the Notion page". Its score
+    /// is multiplied by `1 + server_match`.
+    pub server_match: f32,
 }
 
 impl Default for Tuning {
@@ -128,6 +142,8 @@ impl Default for Tuning {
             prefix: 0.5,
             asking_writes: 0.75,
             idf_power: 0.5,
+            name_coverage: 0.5,
+            server_match: 0.5,
         }
     }
 }
@@ -137,6 +153,9 @@ const MIN_PREFIX: usize = 4;
 const MIN_PART: usize = 3;
 /// A word in the names of at least this share of a server's tools counts as the server's.
 const SHARED_NAME_SHARE: f32 = 0.6;
+/// A word in the descriptions of at least this share of a server's tools is the server's
+/// boilerplate.
+const SHARED_DESCRIPTION_SHARE: f32 = 0.5;
 /// ...of a server with at least this many tools.
 const SHARED_NAME_MIN_TOOLS: usize = 4;
 /// Nested parameters are read this deep (1: the top-level properties only).
@@ -220,6 +239,8 @@ struct Doc {
     /// It changes something: its `readOnlyHint` is false, or (without one) its name
     /// starts with a verb that writes.
     writes: bool,
+    /// How many distinct terms its name field has (the server's shared words left out).
+    name_terms: u8,
 }
 
 /// The index of one catalog's tools.
@@ -243,6 +264,10 @@ struct Term {
 struct Posting {
     doc: u32,
     weight: f32,
+    /// The term is a word of the document's name.
+    name: bool,
+    /// The term is a word of the document's server.
+    server: bool,
 }
 
 /// One match.
@@ -273,6 +298,18 @@ impl Index {
             })
             .collect();
         let shared = shared_name_words(&tools, &own_names);
+        // Each description's terms, and the ones most of a server's descriptions say (a
+        // server's boilerplate: "It is read-only and does not mutate GitLab data"), which
+        // count as the server's instructions rather than as what the tool does.
+        let descriptions: Vec<Vec<String>> = tools
+            .iter()
+            .map(|t| {
+                let mut v = Vec::new();
+                text::terms(t.description, |term| v.push(term.to_owned()));
+                v
+            })
+            .collect();
+        let boilerplate = shared_description_words(&tools, &descriptions);
         // term → (doc, frequency in each field)
         let mut raw: Map32<String, RawPostings> = Map32::default();
         let mut lengths: Vec<[u32; FIELDS.len()]> = Vec::with_capacity(tools.len());
@@ -287,6 +324,8 @@ impl Index {
                     None => raw.entry(term.to_owned()).or_default(),
                 };
                 match postings.last_mut() {
+                    // A name says a word once however often it spells it (`merge_merge_request`).
+                    Some((d, tf)) if *d == doc && field == NAME && tf[NAME] > 0 => {}
                     Some((d, tf)) if *d == doc => tf[field] = tf[field].saturating_add(1),
                     _ => {
                         let mut tf = [0u16; FIELDS.len()];
@@ -298,21 +337,32 @@ impl Index {
             // A word nearly every tool of the server has in its name (`browser_`,
             // `API-`, `jira_`) says which server, not which tool.
             let mut first_own: Option<String> = None;
+            let mut name_terms: Vec<String> = Vec::new();
             text::terms(own, |term| {
                 let field = if shared.contains(&(t.server, term.to_owned())) {
                     SERVER
                 } else {
                     first_own.get_or_insert_with(|| term.to_owned());
+                    if !name_terms.iter().any(|n| n == term) {
+                        name_terms.push(term.to_owned());
+                    }
                     NAME
                 };
                 add_term(field, term);
             });
             let writes = writes(t.read_only, first_own.as_deref());
+            for term in &descriptions[doc as usize] {
+                let field = if boilerplate.contains(&(t.server, term.as_str())) {
+                    INSTRUCTIONS
+                } else {
+                    DESCRIPTION
+                };
+                add_term(field, term);
+            }
             let mut add = |field: usize, text: &str| text::terms(text, |term| add_term(field, term));
             if let Some(title) = t.title {
                 add(TITLE, title);
             }
-            add(DESCRIPTION, t.description);
             if let Some(schema) = t
                 .input_schema
                 .and_then(|s| serde_json::from_str::<Schema>(s.get()).ok())
@@ -333,6 +383,7 @@ impl Index {
                 name: t.name.into(),
                 entry: entry(t.name, t.description, t.input_schema),
                 writes,
+                name_terms: name_terms.len().min(u8::MAX as usize) as u8,
             });
         }
         decompound(&mut raw);
@@ -365,6 +416,8 @@ impl Index {
                         Posting {
                             doc,
                             weight: idf * pseudo / (tuning.k1 + pseudo),
+                            name: tf[NAME] > 0,
+                            server: tf[SERVER] > 0,
                         }
                     })
                     .collect();
@@ -395,6 +448,10 @@ impl Index {
         let words = Self::words(query);
         let mut scores = vec![0f32; self.docs.len()];
         let mut best = vec![0f32; self.docs.len()];
+        // Per document: whether the current word is in its name; how many words were.
+        let mut in_name = vec![false; self.docs.len()];
+        let mut named = vec![0u8; self.docs.len()];
+        let mut of_server = vec![false; self.docs.len()];
         let mut touched: Vec<u32> = Vec::new();
         for word in &words {
             touched.clear();
@@ -408,11 +465,25 @@ impl Index {
                     if w > best[d] {
                         best[d] = w;
                     }
+                    in_name[d] |= p.name;
+                    of_server[d] |= p.server && factor >= 1.0;
                 }
             }
             for &d in &touched {
-                scores[d as usize] += best[d as usize];
-                best[d as usize] = 0.0;
+                let d = d as usize;
+                scores[d] += best[d];
+                best[d] = 0.0;
+                named[d] = named[d].saturating_add(u8::from(in_name[d]));
+                in_name[d] = false;
+            }
+        }
+        for (((score, doc), &n), &server) in scores.iter_mut().zip(&self.docs).zip(&named).zip(&of_server) {
+            if n > 0 && doc.name_terms > 0 {
+                let share = (f32::from(n) / f32::from(doc.name_terms)).min(1.0);
+                *score *= 1.0 + self.tuning.name_coverage * share;
+            }
+            if server {
+                *score *= 1.0 + self.tuning.server_match;
             }
         }
         if asks(query) {
@@ -595,6 +666,39 @@ fn shared_name_words<'a>(tools: &[Tool<'a>], own_names: &[&str]) -> HashSet<(&'a
     out
 }
 
+/// The terms at least [`SHARED_DESCRIPTION_SHARE`] of a server's descriptions (of a server
+/// with at least [`SHARED_NAME_MIN_TOOLS`] tools) have, by (server, term).
+fn shared_description_words<'a, 'b>(
+    tools: &[Tool<'a>],
+    descriptions: &'b [Vec<String>],
+) -> HashSet<(&'a str, &'b str)> {
+    let mut per_server: HashMap<&str, (usize, HashMap<&str, usize>)> = HashMap::new();
+    for (t, terms) in tools.iter().zip(descriptions) {
+        let (count, words) = per_server.entry(t.server).or_default();
+        *count += 1;
+        let mut seen = HashSet::new();
+        for term in terms {
+            if seen.insert(term.as_str()) {
+                *words.entry(term.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let mut out = HashSet::new();
+    for (server, (count, words)) in per_server {
+        if count < SHARED_NAME_MIN_TOOLS {
+            continue;
+        }
+        for (word, n) in words {
+            if n as f32 >= SHARED_DESCRIPTION_SHARE * count as f32 {
+                out.insert((server, word));
+            }
+        }
+    }
+    out.into_iter()
+        .filter_map(|(s, w)| tools.iter().find(|t| t.server == s).map(|t| (t.server, w)))
+        .collect()
+}
+
 /// A request's text as the index reads it: a URL stands for the word `url` (its host and
 /// path words would match at random), and a file name or path (`notes.txt`,
 /// `src/main.rs`, `build/output`) also says `file path`.
@@ -620,6 +724,26 @@ fn query_text(query: &str) -> String {
             out.push_str(" url");
             continue;
         }
+        // An issue key (`PROJ-88`) is a ticket; `#releases` a channel; an e-mail address
+        // is a person's.
+        if is_issue_key(bare) {
+            out.push_str(" issue key");
+            continue;
+        }
+        if chunk.starts_with('#')
+            && chunk.len() > 1
+            && chunk[1..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            out.push_str(" channel ");
+            out.push_str(&chunk[1..]);
+            continue;
+        }
+        if bare.contains('@') && bare.contains('.') && !bare.starts_with('@') {
+            out.push_str(" email");
+            continue;
+        }
         out.push(' ');
         out.push_str(chunk);
         let extension = bare.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
@@ -629,6 +753,18 @@ fn query_text(query: &str) -> String {
         }
     }
     out
+}
+
+/// `ABC-123`: capitals (and digits after the first), a dash, digits.
+fn is_issue_key(word: &str) -> bool {
+    let Some((project, number)) = word.split_once('-') else {
+        return false;
+    };
+    project.len() >= 2
+        && project.bytes().next().is_some_and(|b| b.is_ascii_uppercase())
+        && project.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+        && !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Whether a request asks for something rather than asks for a change: it starts with a

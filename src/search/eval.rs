@@ -1,5 +1,6 @@
-//! The search fixture (outside the repository: see [`fixture_dir`]) and what recall means on it, shared by
-//! the regression test and `mcp-gateway-bench --mode search`.
+//! The search fixture (`tests/fixtures/search`, built by `scripts/search-fixture` from the
+//! servers' own releases: see [`fixture_dir`]) and what recall means on it, shared by the
+//! regression test and `mcp-gateway-bench --mode search`.
 
 use crate::catalog::{Catalog, Lists, Source};
 use crate::config::Filter;
@@ -8,10 +9,15 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::Path;
 
-/// One server of the fixture: `servers/NAME.json`.
+/// One server of the fixture: `servers/NAME.json`, its tools as the server's release listed
+/// them. The server's name (its tools' prefix) is the file's name.
 #[derive(Deserialize, Clone)]
 pub struct Server {
+    #[serde(skip)]
     pub server: String,
+    /// Where the tools came from: `npm:PACKAGE@VERSION` or `pypi:PACKAGE@VERSION`.
+    #[serde(default)]
+    pub source: String,
     #[serde(default)]
     pub instructions: Option<String>,
     pub tools: Vec<Map<String, Value>>,
@@ -24,13 +30,12 @@ pub struct Query {
     pub expect: Vec<String>,
 }
 
-/// The fixture: its servers (in file-name order), the requests tuned on, the held-out ones,
-/// and the fresh ones (written after the first tuning round, see SOURCES.md).
+/// The fixture: its servers (in file-name order), the requests tuned on, and the held-out
+/// ones (written with them, before any tuning, and never tuned on: see SOURCES.md).
 pub struct Fixture {
     pub servers: Vec<Server>,
     pub queries: Vec<Query>,
     pub heldout: Vec<Query>,
-    pub fresh: Vec<Query>,
 }
 
 impl Fixture {
@@ -45,7 +50,12 @@ impl Fixture {
         files.sort();
         let mut servers = Vec::new();
         for f in files {
-            let s: Server = serde_json::from_str(&read(&f)?).map_err(|e| format!("{}: {e}", f.display()))?;
+            let mut s: Server = serde_json::from_str(&read(&f)?).map_err(|e| format!("{}: {e}", f.display()))?;
+            s.server = f
+                .file_stem()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| format!("{}: not a UTF-8 name", f.display()))?
+                .to_owned();
             servers.push(s);
         }
         let queries = |name: &str| -> Result<Vec<Query>, String> {
@@ -56,7 +66,6 @@ impl Fixture {
             servers,
             queries: queries("queries.json")?,
             heldout: queries("heldout.json")?,
-            fresh: queries("fresh.json")?,
         })
     }
 
@@ -164,12 +173,12 @@ pub fn recall(index: &super::Index, queries: &[Query]) -> Recall {
 }
 
 #[cfg(test)]
-/// Where the search fixture is: `MCP_GATEWAY_SEARCH_FIXTURE`, or `../shared/search-fixture`
-/// beside the repository at `repo`.
+/// Where the search fixture is: `MCP_GATEWAY_SEARCH_FIXTURE`, or `tests/fixtures/search` of
+/// the repository at `repo`.
 pub fn fixture_dir(repo: &Path) -> std::path::PathBuf {
     match std::env::var_os("MCP_GATEWAY_SEARCH_FIXTURE") {
         Some(d) => d.into(),
-        None => repo.join("../shared/search-fixture"),
+        None => repo.join("tests/fixtures/search"),
     }
 }
 
@@ -177,29 +186,35 @@ pub fn fixture_dir(repo: &Path) -> std::path::PathBuf {
 mod tests {
     use super::*;
 
-    /// The fixture lives outside the repository (`MCP_GATEWAY_SEARCH_FIXTURE`, default
-    /// `../shared/search-fixture`): its tools come from other projects' sources, which this
-    /// repository does not take in (see BENCHMARKS.md, "Tool search").
     fn fixture() -> Fixture {
         let dir = super::fixture_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
         Fixture::load(&dir).unwrap_or_else(|e| panic!("the search fixture at {}: {e}", dir.display()))
     }
 
     /// A regression guard, not the benchmark (`mcp-gateway-bench --mode search` reports the
-    /// numbers): recall on the real catalog must not fall below these floors.
+    /// numbers): recall on the real catalog must not fall below these floors, a little
+    /// under what was measured (BENCHMARKS.md, "Tool search").
     #[test]
-    #[ignore = "needs the search fixture, kept outside the repository: MCP_GATEWAY_SEARCH_FIXTURE=DIR cargo test --lib recall -- --ignored"]
     fn recall_on_the_fixture_stays_above_its_floor() {
         let f = fixture();
         assert!(f.tools() >= 400 && f.servers.len() >= 10);
-        assert!(f.queries.len() + f.heldout.len() >= 150);
+        assert!(f.queries.len() + f.heldout.len() >= 150 && f.heldout.len() >= 50);
+        for s in &f.servers {
+            assert!(
+                s.source.starts_with("npm:") || s.source.starts_with("pypi:"),
+                "{}: source {:?}",
+                s.server,
+                s.source
+            );
+        }
         let catalog = Fixture::catalog(&f.servers);
         let index = catalog.search_index();
         assert_eq!(index.len(), f.tools(), "every fixture tool keeps its name");
-        let results: Vec<(&str, Recall)> = [("tuned", &f.queries), ("held out", &f.heldout), ("fresh", &f.fresh)]
+        let results: Vec<(&str, Recall)> = [("tuned", &f.queries), ("held out", &f.heldout)]
             .into_iter()
             .map(|(set, queries)| {
                 for q in queries.iter() {
+                    assert!(!q.expect.is_empty(), "{set}: {:?} expects nothing", q.query);
                     for e in &q.expect {
                         assert!(
                             catalog.tools.contains_key(e),
@@ -218,15 +233,16 @@ mod tests {
             );
         }
         for (set, r) in &results {
-            assert!(r.at5 >= 0.75, "{set}: recall@5 {:.3}", r.at5);
-            assert!(r.at1 >= 0.50, "{set}: recall@1 {:.3}", r.at1);
+            let (at5, at1) = FLOORS[usize::from(*set != "tuned")];
+            assert!(r.at5 >= at5, "{set}: recall@5 {:.3} < {at5}", r.at5);
+            assert!(r.at1 >= at1, "{set}: recall@1 {:.3} < {at1}", r.at1);
         }
-        // All 280 together, a little under what was measured (0.871 and 0.657 at afe5580).
-        let all: Vec<Query> = f.queries.iter().chain(&f.heldout).chain(&f.fresh).cloned().collect();
-        let r = recall(index, &all);
-        assert!(r.at5 >= 0.85, "all: recall@5 {:.3}", r.at5);
-        assert!(r.at1 >= 0.62, "all: recall@1 {:.3}", r.at1);
     }
+
+    /// (recall@5, recall@1) floors of the tuned and the held-out requests, a little under
+    /// what was measured at the commit that set them (tuned 0.919 / 0.713, held out
+    /// 0.838 / 0.559).
+    const FLOORS: [(f64, f64); 2] = [(0.90, 0.69), (0.81, 0.53)];
 
     /// While tuning: one number at a time around the defaults, on the tuned requests.
     /// `cargo test --lib sweep_search -- --ignored --nocapture`
@@ -262,6 +278,31 @@ mod tests {
         };
         let base = Tuning::default();
         eprintln!("default: {}", run(base));
+        if std::env::var("GRID").is_ok() {
+            for nc in [0.5, 0.75, 1.0] {
+                for sm in [0.25, 0.5, 1.0] {
+                    for ip in [0.5, 0.75, 1.0] {
+                        let t = Tuning {
+                            name_coverage: nc,
+                            server_match: sm,
+                            idf_power: ip,
+                            ..base
+                        };
+                        eprintln!("grid nc {nc} sm {sm} idf^{ip}: {}", run(t));
+                    }
+                }
+            }
+            return;
+        }
+        for server_match in [0.0, 0.5, 2.0, 4.0] {
+            eprintln!("server_match {server_match}: {}", run(Tuning { server_match, ..base }));
+        }
+        for name_coverage in [0.5, 1.5, 2.0, 3.0] {
+            eprintln!(
+                "name_coverage {name_coverage}: {}",
+                run(Tuning { name_coverage, ..base })
+            );
+        }
         for idf_power in [0.5, 0.75] {
             eprintln!("idf_power {idf_power}: {}", run(Tuning { idf_power, ..base }));
         }
@@ -351,7 +392,6 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs the search fixture, kept outside the repository"]
     fn padding_adds_second_instances_up_to_the_size() {
         let f = fixture();
         let padded = f.padded(1000);
