@@ -2,4 +2,5 @@
 //! (`[servers.NAME] auth`, issue #18): RFC 8693 token exchange (`exchange`), the tokens'
 //! cache, shared and sealed in cluster mode (`seal`).
 
+pub mod exchange;
 pub mod seal;

@@ -53,6 +53,14 @@ impl Sealer {
         }
     }
 
+    /// The key for `purpose` in cluster mode: from the cluster key, through the same
+    /// per-purpose derivation as the cluster's MAC keys (`Cluster::derive`).
+    pub fn from_cluster(cluster: &crate::cluster::Cluster, purpose: &str) -> Sealer {
+        let mac = cluster.derive(purpose);
+        let master = ring::hmac::sign(&mac, b"mcp-gateway/seal/1");
+        Sealer::new(master.as_ref(), purpose)
+    }
+
     /// Seals `plain` under `name` (e.g. `["alice", "docs"]`).
     pub fn seal(&self, name: &[&str], plain: &[u8]) -> Result<String, SealError> {
         let mut nonce = [0u8; NONCE_LEN];
