@@ -52,4 +52,5 @@ mod stateless_stdio;
 mod supervision;
 mod tasks;
 mod telemetry;
+mod token_exchange;
 mod two_way;
