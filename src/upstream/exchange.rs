@@ -137,14 +137,17 @@ impl Exchanger {
                 server: server.to_owned(),
             });
         };
-        let slot = self.slot(identity, server);
+        // A reload that changes what is asked for (audience, scope...) gets new tokens.
+        let server_key = format!("{server}:{}", fingerprint(cfg));
+        let server_key = server_key.as_str();
+        let slot = self.slot(identity, server_key);
         // The single flight: whoever holds this exchanges; the others find its token.
         let mut cached = slot.cached.lock().await;
         if let Some(c) = cached.as_ref().filter(|c| c.fresh_until > Instant::now()) {
             set_bearer(&slot.bearer, &c.token);
             return Ok(slot.bearer.clone());
         }
-        if let Some(c) = self.shared_get(cluster, identity, server).await {
+        if let Some(c) = self.shared_get(cluster, identity, server_key).await {
             debug!(server, identity, "token from the cluster's cache");
             set_bearer(&slot.bearer, &c.token);
             *cached = Some(c);
@@ -158,7 +161,7 @@ impl Exchanger {
             "exchanged the caller's token"
         );
         let fresh = fresh_for(lifetime);
-        self.shared_put(cluster, identity, server, &token, fresh, lifetime)
+        self.shared_put(cluster, identity, server_key, &token, fresh, lifetime)
             .await;
         set_bearer(&slot.bearer, &token);
         *cached = Some(Cached {
@@ -230,7 +233,12 @@ impl Exchanger {
         let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
         if !status.is_success() {
             let code = answer.get("error").and_then(|v| v.as_str()).map(clean);
-            let description = answer.get("error_description").and_then(|v| v.as_str()).map(clean);
+            // A description that could quote a token (32 base64url characters in a row) is left out.
+            let description = answer
+                .get("error_description")
+                .and_then(|v| v.as_str())
+                .map(clean)
+                .filter(|d| !token_like(d));
             warn!(
                 server,
                 status = status.as_u16(),
@@ -329,6 +337,15 @@ impl Exchanger {
     }
 }
 
+/// What a token is asked for with, digested (16 hex digits): part of its cache key.
+fn fingerprint(cfg: &TokenExchange) -> String {
+    let what = format!(
+        "{}\n{:?}\n{:?}\n{:?}\n{}\n{}",
+        cfg.token_endpoint, cfg.audience, cfg.resource, cfg.scope, cfg.client_id, cfg.subject_token_type
+    );
+    crate::cluster::digest(&what)[..16].to_owned()
+}
+
 fn set_bearer(bearer: &Bearer, token: &Secret) {
     if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", token.expose())) {
         v.set_sensitive(true);
@@ -342,6 +359,22 @@ fn clean(s: &str) -> String {
         .filter(|c| c.is_ascii_graphic() || *c == ' ')
         .take(200)
         .collect()
+}
+
+/// Holds a run of 32 or more base64url characters: it might be (part of) a token.
+fn token_like(s: &str) -> bool {
+    let mut run = 0;
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+            run += 1;
+            if run >= 32 {
+                return true;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    false
 }
 
 async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, String> {
@@ -405,6 +438,8 @@ mod tests {
         assert_eq!(base64(b"ab"), "YWI=");
         assert_eq!(form_encode("a b&c=d/é"), "a+b%26c%3Dd%2F%C3%A9");
         assert_eq!(clean("bad\r\ncode\u{7}"), "badcode");
+        assert!(token_like("subject eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9 is bad"));
+        assert!(!token_like("the subject_token does not verify (InvalidSignatureError)"));
         let e = ExchangeError::Refused {
             server: "docs".into(),
             code: "invalid_grant".into(),
