@@ -27,6 +27,8 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(15);
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
 /// The sealing key's purpose (see [`Sealer`]).
 const PURPOSE: &str = "upstream-token/1";
+/// How often a replica waiting for another's exchange looks in Redis.
+const SHARED_POLL: Duration = Duration::from_millis(25);
 /// The longest token-endpoint answer read.
 const MAX_ANSWER: usize = 64 * 1024;
 
@@ -153,7 +155,31 @@ impl Exchanger {
             *cached = Some(c);
             return Ok(slot.bearer.clone());
         }
-        let (token, lifetime) = self.exchange(server, cfg, subject).await?;
+        // Across replicas: one exchanges (it holds the Redis lock); the others wait for
+        // its token to appear, and exchange themselves if it never does.
+        let lock = match cluster {
+            Some(c) => match self.shared_lock(c, identity, server_key).await {
+                Lock::Held(name) => Some((c, name)),
+                Lock::Busy => {
+                    if let Some(got) = self.shared_wait(c, identity, server_key).await {
+                        debug!(server, identity, "token from another replica's exchange");
+                        set_bearer(&slot.bearer, &got.token);
+                        *cached = Some(got);
+                        return Ok(slot.bearer.clone());
+                    }
+                    None
+                }
+                Lock::Unavailable => None,
+            },
+            None => None,
+        };
+        let exchanged = self.exchange(server, cfg, subject).await;
+        if exchanged.is_err() {
+            if let Some((c, name)) = &lock {
+                unlock(c, name).await;
+            }
+        }
+        let (token, lifetime) = exchanged?;
         info!(
             server,
             identity,
@@ -163,6 +189,9 @@ impl Exchanger {
         let fresh = fresh_for(lifetime);
         self.shared_put(cluster, identity, server_key, &token, fresh, lifetime)
             .await;
+        if let Some((c, name)) = &lock {
+            unlock(c, name).await;
+        }
         set_bearer(&slot.bearer, &token);
         *cached = Some(Cached {
             token,
@@ -284,6 +313,46 @@ impl Exchanger {
         cluster.name(&format!("upstream-token:{server}:{}", crate::cluster::digest(identity)))
     }
 
+    /// Takes the cluster-wide lock of one exchange (it expires by itself after
+    /// [`EXCHANGE_TIMEOUT`], should its holder die).
+    async fn shared_lock(&self, c: &Cluster, identity: &str, server: &str) -> Lock {
+        let name = format!("{}:lock", Self::redis_key(c, identity, server));
+        let mut conn = c.conn();
+        let r: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(&name)
+            .arg(&c.replica)
+            .arg("NX")
+            .arg("PX")
+            .arg(u64::try_from(EXCHANGE_TIMEOUT.as_millis()).unwrap_or(u64::MAX))
+            .query_async(&mut conn)
+            .await;
+        match c.track(r) {
+            Ok(Some(_)) => Lock::Held(name),
+            Ok(None) => Lock::Busy,
+            Err(_) => Lock::Unavailable,
+        }
+    }
+
+    /// Waits (polling Redis) for the token another replica is exchanging; `None` when
+    /// its lock goes away without one, or it takes longer than an exchange may.
+    async fn shared_wait(&self, c: &Arc<Cluster>, identity: &str, server: &str) -> Option<Cached> {
+        let lock = format!("{}:lock", Self::redis_key(c, identity, server));
+        let until = Instant::now() + EXCHANGE_TIMEOUT;
+        while Instant::now() < until {
+            tokio::time::sleep(SHARED_POLL).await;
+            if let Some(got) = self.shared_get(Some(c), identity, server).await {
+                return Some(got);
+            }
+            let mut conn = c.conn();
+            let held: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(&lock).query_async(&mut conn).await;
+            if !c.track(held).unwrap_or(false) {
+                // One last look: the token is written before the lock goes.
+                return self.shared_get(Some(c), identity, server).await;
+            }
+        }
+        None
+    }
+
     async fn shared_get(&self, cluster: Option<&Arc<Cluster>>, identity: &str, server: &str) -> Option<Cached> {
         let c = cluster?;
         let mut conn = c.conn();
@@ -344,6 +413,23 @@ fn fingerprint(cfg: &TokenExchange) -> String {
         cfg.token_endpoint, cfg.audience, cfg.resource, cfg.scope, cfg.client_id, cfg.subject_token_type
     );
     crate::cluster::digest(&what)[..16].to_owned()
+}
+
+/// The cluster-wide lock of one exchange.
+enum Lock {
+    /// This replica holds it (the lock's Redis key).
+    Held(String),
+    /// Another replica is exchanging.
+    Busy,
+    /// Redis did not answer: exchange without it.
+    Unavailable,
+}
+
+/// Gives the lock back (only ever called by its holder; it expires anyway).
+async fn unlock(c: &Cluster, name: &str) {
+    let mut conn = c.conn();
+    let r: redis::RedisResult<()> = redis::cmd("DEL").arg(name).query_async(&mut conn).await;
+    let _ = c.track(r);
 }
 
 fn set_bearer(bearer: &Bearer, token: &Secret) {

@@ -302,11 +302,26 @@ async fn replicas_share_one_exchange_through_redis_sealed() {
         "one exchange for both replicas"
     );
 
+    // bob's first calls on both replicas at once, the exchange slow: still one.
+    idp.control(json!({"exchange_delay_ms": 300})).await;
+    let bob_jwt = jwt(&idp.url, "bob", AUDIENCE);
+    let (b0, b1) = tokio::join!(
+        Session::open_as(&gws[0].url, &bob_jwt),
+        Session::open_as(&gws[1].url, &bob_jwt)
+    );
+    let (w0, w1) = tokio::join!(whoami(&b0), whoami(&b1));
+    assert_eq!((&w0["sub"], &w1["sub"]), (&json!("bob"), &json!("bob")));
+    assert_eq!(
+        exchanges(&idp).await["bob"],
+        1,
+        "one exchange for concurrent first calls on two replicas"
+    );
+
     // What Redis holds is sealed: no token in it, and it has the token's lifetime.
     let keys = redis.cli(&["--scan", "--pattern", "*upstream-token*"]);
     let key = keys
         .lines()
-        .next()
+        .find(|k| !k.ends_with(":lock"))
         .unwrap_or_else(|| panic!("no shared token in Redis: {keys:?}"));
     assert!(!key.contains("alice"), "the identity is digested in the key: {key}");
     let stored = redis.cli(&["GET", key]);
