@@ -5,7 +5,8 @@
 //! Tokens are cached per (identity, server) until shortly before they expire
 //! ([`fresh_for`]), with one exchange in flight per key however many calls wait for it.
 //! In cluster mode the cache is shared through Redis: each token sealed ([`super::seal`])
-//! under its identity and server, kept for the token's lifetime.
+//! under its identity and server, kept for the token's lifetime; a short Redis lock
+//! makes concurrent first calls on several replicas one exchange.
 //!
 //! Nothing here logs a token, and errors carry the authorization server's error code
 //! and description (never its whole body, which could echo a token).
