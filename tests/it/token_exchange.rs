@@ -281,6 +281,20 @@ async fn a_refused_exchange_names_the_server_and_the_code_and_no_token() {
     let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
     assert!(msg.contains("'docs'") && msg.contains("invalid_client"), "{r}");
     assert!(!gw2.logs().contains(alice_jwt.rsplit('.').next().unwrap()));
+
+    // An exchange for the wrong audience: the server refuses the token; the error names
+    // the server and its 401, and carries no token.
+    let cfg = config(&idp, &docs, &service).replace("audience = \"docs-api\"", "audience = \"other-api\"");
+    idp.control(json!({"fail_exchange": null})).await;
+    let gw3 = Gateway::start_with_env(&cfg, &[("GW_SECRET", GW_SECRET)]);
+    let s = ready(&gw3, &alice_jwt).await;
+    let r = s.call("docs__whoami", json!({})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        msg.contains("'docs'") && msg.contains("refused this caller's exchanged token (HTTP 401)"),
+        "{r}"
+    );
+    assert!(!r.to_string().contains("eyJ"), "{r}");
 }
 
 #[tokio::test]
