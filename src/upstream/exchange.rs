@@ -30,6 +30,8 @@ const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
 const PURPOSE: &str = "upstream-token/1";
 /// How often a replica waiting for another's exchange looks in Redis.
 const SHARED_POLL: Duration = Duration::from_millis(25);
+/// Callers remembered before those nobody serves are forgotten.
+const PRUNE_AT: usize = 4096;
 /// The longest token-endpoint answer read.
 const MAX_ANSWER: usize = 64 * 1024;
 
@@ -118,7 +120,13 @@ impl Exchanger {
     }
 
     fn slot(&self, identity: &str, server: &str) -> Arc<Slot> {
-        crate::sync::lock(&self.slots)
+        let mut slots = crate::sync::lock(&self.slots);
+        if slots.len() >= PRUNE_AT {
+            // Forget the callers nobody serves now: no call waits on the slot, and no
+            // connection holds its header (an idle one is stopped after idle_timeout).
+            slots.retain(|_, s| Arc::strong_count(s) > 1 || Arc::strong_count(&s.bearer) > 1);
+        }
+        slots
             .entry((identity.to_owned(), server.to_owned()))
             .or_default()
             .clone()
@@ -514,6 +522,21 @@ fn base64(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn callers_nobody_serves_are_forgotten_past_the_bound() {
+        let x = Exchanger::new();
+        // One caller whose connection holds its header.
+        let held = x.slot("kept", "docs").bearer.clone();
+        for i in 0..PRUNE_AT - 1 {
+            let _ = x.slot(&format!("caller-{i}"), "docs");
+        }
+        let _ = x.slot("one-more", "docs");
+        let slots = crate::sync::lock(&x.slots);
+        assert_eq!(slots.len(), 2, "the held one and the new one");
+        let kept = &slots[&("kept".to_owned(), "docs".to_owned())];
+        assert!(Arc::ptr_eq(&kept.bearer, &held), "a held header is never replaced");
+    }
 
     #[test]
     fn freshness_and_encodings() {
