@@ -19,6 +19,7 @@ mod rate_limits;
 mod servers;
 mod tables;
 mod telemetry;
+mod upstream_auth;
 mod values;
 
 pub use clients::{Auth, ClientSpec, OAuth, TokenDigest, DEFAULT_CLIENT_CLAIM};
@@ -40,6 +41,7 @@ pub use servers::{
 pub use telemetry::{
     LogFormat, OtlpProtocol, Telemetry, DEFAULT_LOG_FORMAT, DEFAULT_OTLP_PROTOCOL, DEFAULT_SERVICE_NAME,
 };
+pub use upstream_auth::{ClientAuth, OAuthClient, TokenExchange, UpstreamAuth, ACCESS_TOKEN_TYPE, DEFAULT_CLIENT_AUTH};
 pub use values::{glob, name_char, parse_duration, parse_size, Filter};
 
 use errors::{unknown_key, Ctx};
@@ -204,7 +206,7 @@ impl Config {
             .iter()
             .map(|(n, s)| (n.get_ref().clone(), s.tag_names()))
             .collect();
-        let servers = servers::parse(&mut cx, raw.servers, &gateway, &folder(path), env);
+        let servers = servers::parse(&mut cx, raw.servers, &gateway, &folder(path), auth.oauth.is_some(), env);
         let profiles = profiles::parse(&mut cx, raw.profiles, &known);
         let cluster = cluster::parse(&mut cx, raw.cluster, env);
         if !cx.errors.is_empty() {

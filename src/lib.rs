@@ -78,6 +78,7 @@ pub(crate) mod stateless;
 pub(crate) mod supervisor;
 pub(crate) mod sync;
 pub(crate) mod telemetry;
+pub(crate) mod upstream;
 
 pub use telemetry::{init as init_telemetry, Telemetry};
 

@@ -309,6 +309,27 @@ impl Server {
         self.pool.connection_for(key, fingerprint, start).await
     }
 
+    /// The connection of one caller (`auth.token_exchange`): its own session with the
+    /// server, whose requests carry `bearer`. Kept like a session's process (bounded by
+    /// `max_sessions`, stopped after `idle_timeout` unused).
+    pub async fn connection_as(
+        &self,
+        identity: &str,
+        bearer: crate::upstream::exchange::Bearer,
+    ) -> Result<Connection, DsError> {
+        // Only a server whose own connection (handshake, lists) is up is offered.
+        self.connection()?;
+        // A NUL cannot start a session id: these keys never meet a session's.
+        let key = format!("\0identity:{identity}");
+        let start = || async {
+            self.connect_as(bearer)
+                .await
+                .map(|(conn, _info, incoming)| (conn, incoming))
+        };
+        // The token is swapped in place on refresh: no secrets to fingerprint.
+        self.pool.connection_for(&key, [0; 32], start).await
+    }
+
     /// The connection already serving `caller`, without starting a process for it.
     pub async fn existing_connection_for(&self, caller: &Caller<'_>) -> Option<Connection> {
         match self.pool_key(caller) {
@@ -373,6 +394,17 @@ impl Server {
         f(&mut sync::write(&self.state));
     }
 
+    /// Its `auth.token_exchange`, if it has one.
+    pub fn token_exchange(&self) -> Option<&config::TokenExchange> {
+        match &self.cfg.transport {
+            config::Transport::Http(config::HttpSpec {
+                auth: Some(config::UpstreamAuth::TokenExchange(t)),
+                ..
+            }) => Some(t),
+            _ => None,
+        }
+    }
+
     /// The connection to call, or an error naming the server and why it can't be called.
     pub fn connection(&self) -> Result<Connection, DsError> {
         let s = self.state();
@@ -431,7 +463,7 @@ impl Server {
     pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
-        if self.pooled() {
+        if self.pooled() || self.token_exchange().is_some() {
             let me = self.clone();
             crate::background::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
         }

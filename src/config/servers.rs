@@ -4,6 +4,7 @@
 use super::errors::Ctx;
 use super::gateway::Gateway;
 use super::rate_limits::{self, RateLimits, RawServerLimits};
+use super::upstream_auth::{self, RawUpstreamAuth, UpstreamAuth};
 use super::values::{duration, name_char, one_of, Filter};
 use super::{expand, expand_template, Secret, Template};
 use indexmap::IndexMap;
@@ -42,6 +43,8 @@ pub(super) struct RawServer {
     #[serde(default)]
     headers: IndexMap<String, Spanned<String>>,
     ca_file: Option<Spanned<String>>,
+    /// `auth = { token_exchange = {..} }` or `{ oauth = {..} }` (remote servers only).
+    auth: Option<Spanned<RawUpstreamAuth>>,
     #[serde(default)]
     args: Vec<String>,
     cwd: Option<String>,
@@ -235,6 +238,8 @@ pub struct HttpSpec {
     pub client_headers: Vec<(String, Template)>,
     /// A PEM file of extra CA certificates to trust.
     pub ca_file: Option<PathBuf>,
+    /// `auth`: a credential got per caller (token exchange, or the user's own OAuth).
+    pub auth: Option<UpstreamAuth>,
 }
 
 /// A child process speaking MCP on its stdin/stdout.
@@ -260,12 +265,14 @@ pub struct StdioSpec {
 }
 
 /// Every `[servers.NAME]`, in file order; a server with a problem is reported and left
-/// out. `base` is the config file's folder; `gateway` gives the defaults servers share.
+/// out. `base` is the config file's folder; `gateway` gives the defaults servers share;
+/// `inbound_jwt`: `[auth.oauth]` is configured (what `auth.token_exchange` trades).
 pub(super) fn parse(
     cx: &mut Ctx,
     raw: IndexMap<Spanned<String>, RawServer>,
     gateway: &Gateway,
     base: &Path,
+    inbound_jwt: bool,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<Server> {
     let inherited: Vec<(String, String)> = INHERITED_ENV
@@ -431,10 +438,27 @@ pub(super) fn parse(
                         );
                     }
                 }
-                if let Some(t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
-                    let t = Transport::Http(t);
-                    unused_catalog_secrets(cx, &name, &s.catalog_secrets, &t);
-                    servers.push(server(t));
+                let errors = cx.errors.len();
+                let auth = s.auth.map(|a| {
+                    let at = a.span().start;
+                    (at, upstream_auth::parse(cx, &name, a, env))
+                });
+                if let Some((at, Some(UpstreamAuth::TokenExchange(_)))) = &auth {
+                    if !inbound_jwt {
+                        cx.at(
+                            *at,
+                            format!("servers.{name}.auth.token_exchange needs [auth.oauth]: the caller's validated JWT is the token it exchanges"),
+                        );
+                    }
+                }
+                let auth = auth.and_then(|(_, a)| a);
+                if let Some(mut t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
+                    if cx.errors.len() == errors {
+                        t.auth = auth;
+                        let t = Transport::Http(t);
+                        unused_catalog_secrets(cx, &name, &s.catalog_secrets, &t);
+                        servers.push(server(t));
+                    }
                 }
                 continue;
             }
@@ -443,6 +467,7 @@ pub(super) fn parse(
                     ("transport", s.transport.is_some()),
                     ("headers", !s.headers.is_empty()),
                     ("ca_file", s.ca_file.is_some()),
+                    ("auth", s.auth.is_some()),
                 ] {
                     if v {
                         cx.at(
@@ -594,6 +619,7 @@ fn http_spec(
         headers: out_headers,
         client_headers,
         ca_file,
+        auth: None,
     })
 }
 

@@ -68,11 +68,27 @@ pub fn headers(spec: &HttpSpec) -> Result<HeaderMap, String> {
 
 /// Starts the task that owns a Streamable HTTP session with one server.
 pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>) -> Result<Connection, String> {
+    spawn_as(server, spec, incoming, None)
+}
+
+/// [`spawn`], for one caller: with `bearer`, every request carries its current value as
+/// `Authorization` instead of any configured one (`auth.token_exchange`).
+pub fn spawn_as(
+    server: Arc<str>,
+    spec: &HttpSpec,
+    incoming: mpsc::Sender<Incoming>,
+    bearer: Option<crate::upstream::exchange::Bearer>,
+) -> Result<Connection, String> {
+    let mut configured = headers(spec)?;
+    if bearer.is_some() {
+        configured.remove(http::header::AUTHORIZATION);
+    }
     let shared = Arc::new(Shared {
         server: server.clone(),
         http: client(spec)?,
         url_display: spec.url_display.clone(),
-        headers: headers(spec)?,
+        headers: configured,
+        bearer,
         session: RwLock::new(None),
         version: RwLock::new(None),
         init_params: Mutex::new(None),
@@ -97,6 +113,8 @@ struct Shared {
     http: HttpClient,
     url_display: String,
     headers: HeaderMap,
+    /// One caller's connection: its `Authorization`, swapped on refresh.
+    bearer: Option<crate::upstream::exchange::Bearer>,
     session: RwLock<Option<String>>,
     version: RwLock<Option<String>>,
     /// The params of the first `initialize`, replayed when the server forgets the session.
@@ -129,6 +147,9 @@ impl Shared {
     /// The configured headers and the session's.
     fn headers(&self, with_session: bool) -> HeaderMap {
         let mut h = self.headers.clone();
+        if let Some(v) = self.bearer.as_ref().and_then(|b| sync::read(b).clone()) {
+            h.insert(http::header::AUTHORIZATION, v);
+        }
         if with_session {
             if let Some(v) = self.session().and_then(|s| HeaderValue::from_str(&s).ok()) {
                 h.insert(SESSION, v);

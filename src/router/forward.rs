@@ -45,7 +45,10 @@ impl Gateway {
                 };
             }
         }
-        let conn = if s.pooled() {
+        let conn = if let Some(te) = s.token_exchange() {
+            // The caller's own session, with its exchanged token (src/upstream/).
+            Box::pin(self.connection_as(s, te, cx.client)).await
+        } else if s.pooled() {
             let caller = Caller {
                 session: cx.info.session.as_deref(),
                 client: cx.identity.map(|i| (i.name.as_str(), i.secrets())),
@@ -115,6 +118,32 @@ impl Gateway {
             }
             None => out,
         }
+    }
+}
+
+impl Gateway {
+    /// The connection of the calling identity to a `token_exchange` server, with a fresh
+    /// exchanged token.
+    async fn connection_as(
+        &self,
+        s: &Server,
+        te: &crate::config::TokenExchange,
+        client: &Client,
+    ) -> Result<Connection, crate::downstream::DsError> {
+        let identity = client.identity();
+        let (name, subject) = match &identity {
+            Some(i) => (i.name.as_str(), i.bearer.as_ref()),
+            None => ("", None),
+        };
+        let bearer = self
+            .exchanger
+            .bearer(&s.name, te, name, subject, self.cluster())
+            .await
+            .map_err(|e| crate::downstream::DsError::Unavailable {
+                server: s.name.clone(),
+                reason: e.to_string(),
+            })?;
+        s.connection_as(name, bearer).await
     }
 }
 

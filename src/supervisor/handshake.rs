@@ -103,6 +103,36 @@ impl Server {
         }
     }
 
+    /// One caller's own Streamable HTTP session (`auth.token_exchange`): every request
+    /// carries `bearer`, the caller's exchanged token, and the server binds the session
+    /// to that caller.
+    pub(super) async fn connect_as(&self, bearer: crate::upstream::exchange::Bearer) -> Result<Connected, String> {
+        let config::Transport::Http(spec) = &self.cfg.transport else {
+            return Err("auth applies to remote servers only".into());
+        };
+        if spec.mode == config::HttpMode::Sse {
+            return Err("auth.token_exchange needs Streamable HTTP, not transport = \"sse\"".into());
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let conn = downstream::http::spawn_as(self.name.clone(), spec, tx, Some(bearer))?;
+        match self.handshake(&conn).await {
+            Ok(info) => Ok((conn, info, rx)),
+            Err(Handshake::Call(DsError::Status {
+                status: status @ (401 | 403),
+                ..
+            })) => {
+                conn.shutdown().await;
+                Err(format!(
+                    "the server refused this caller's exchanged token (HTTP {status}): check auth.token_exchange's audience, resource and scope"
+                ))
+            }
+            Err(e) => {
+                conn.shutdown().await;
+                Err(format!("initialize failed: {e}"))
+            }
+        }
+    }
+
     /// When the owner of a child's pipes counts it degraded, and stalled.
     fn pipe_watch(&self) -> downstream::pipe::Watch {
         let timeout = self.settings().timeout;

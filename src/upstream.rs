@@ -1,0 +1,6 @@
+//! Credentials the gateway gets for remote servers on behalf of each caller
+//! (`[servers.NAME] auth`, issue #18): RFC 8693 token exchange (`exchange`), the tokens'
+//! cache, shared and sealed in cluster mode (`seal`).
+
+pub mod exchange;
+pub mod seal;
