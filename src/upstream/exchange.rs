@@ -83,7 +83,9 @@ struct Slot {
 
 /// The exchanges of one gateway process.
 pub struct Exchanger {
-    http: reqwest::Client,
+    /// Made on first use: loading the system's root certificates takes milliseconds, which
+    /// a gateway without token exchange should not spend at start.
+    http: std::sync::OnceLock<reqwest::Client>,
     slots: Mutex<HashMap<(String, String), Arc<Slot>>>,
     /// Cluster mode: the shared cache's sealing key, made on first use.
     sealer: std::sync::OnceLock<Sealer>,
@@ -105,18 +107,23 @@ struct Shared {
 
 impl Exchanger {
     pub fn new() -> Exchanger {
-        let http = reqwest::Client::builder()
-            .timeout(EXCHANGE_TIMEOUT)
-            .connect_timeout(Duration::from_secs(10))
-            .redirect(reqwest::redirect::Policy::none())
-            .use_rustls_tls()
-            .build()
-            .unwrap_or_default();
         Exchanger {
-            http,
+            http: std::sync::OnceLock::new(),
             slots: Mutex::new(HashMap::new()),
             sealer: std::sync::OnceLock::new(),
         }
+    }
+
+    fn http(&self) -> &reqwest::Client {
+        self.http.get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(EXCHANGE_TIMEOUT)
+                .connect_timeout(Duration::from_secs(10))
+                .redirect(reqwest::redirect::Policy::none())
+                .use_rustls_tls()
+                .build()
+                .unwrap_or_default()
+        })
     }
 
     fn slot(&self, identity: &str, server: &str) -> Arc<Slot> {
@@ -235,7 +242,10 @@ impl Exchanger {
                 form.push((k, v));
             }
         }
-        let mut req = self.http.post(&cfg.token_endpoint).header("accept", "application/json");
+        let mut req = self
+            .http()
+            .post(&cfg.token_endpoint)
+            .header("accept", "application/json");
         match (&cfg.client_secret, cfg.client_auth) {
             (Some(secret), ClientAuth::Basic) => {
                 // RFC 6749 §2.3.1: each part form-urlencoded before the Basic encoding.
