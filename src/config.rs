@@ -19,6 +19,7 @@ mod rate_limits;
 mod servers;
 mod tables;
 mod telemetry;
+mod upstream_auth;
 mod values;
 
 pub use clients::{Auth, ClientSpec, OAuth, TokenDigest, DEFAULT_CLIENT_CLAIM};
@@ -40,6 +41,7 @@ pub use servers::{
 pub use telemetry::{
     LogFormat, OtlpProtocol, Telemetry, DEFAULT_LOG_FORMAT, DEFAULT_OTLP_PROTOCOL, DEFAULT_SERVICE_NAME,
 };
+pub use upstream_auth::{OAuthClient, UpstreamAuth};
 pub use values::{glob, name_char, parse_duration, parse_size, Filter};
 
 use errors::{unknown_key, Ctx};
@@ -193,7 +195,7 @@ impl Config {
         let Some(raw) = read_tables(&mut cx, src) else {
             return Err(ConfigErrors(cx.errors));
         };
-        let gateway = gateway::parse(&mut cx, raw.gateway);
+        let gateway = gateway::parse(&mut cx, raw.gateway, &folder(path), env);
         let rate_limits = rate_limits::parse(&mut cx, &raw.rate_limits);
         let telemetry = telemetry::parse(&mut cx, raw.telemetry, env);
         let auth = clients::parse(&mut cx, raw.clients, raw.auth, env);

@@ -124,6 +124,8 @@ pub struct Server {
     /// The child exited while the `server/discover` probe was pending: later starts go
     /// straight to `initialize`.
     skip_probe: AtomicBool,
+    /// Ends the wait before the next start (a user consented to a server with `auth.oauth`).
+    wake: tokio::sync::Notify,
 }
 
 /// What a supervisor tells the rest of the gateway.
@@ -173,7 +175,18 @@ impl Server {
             series: std::sync::OnceLock::new(),
             subscriptions: Default::default(),
             skip_probe: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Starts it again now if it is waiting to (its catalog can be listed now).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Whether it offers only the placeholder tool, waiting for a first user's consent.
+    pub fn awaiting_consent(&self) -> bool {
+        self.cfg.auth.is_some() && self.state().conn.is_none()
     }
 
     /// The connection that serves `session`: the shared one, or with
@@ -271,6 +284,18 @@ impl Server {
     async fn start(&self) -> Option<mpsc::Receiver<Incoming>> {
         let (conn, info, rx) = match self.connect().await {
             Ok(c) => c,
+            Err(why) if why == handshake::NEEDS_CONSENT => {
+                // Calls go on each user's own connection; meanwhile the one tool asks for
+                // consent (upstream::consent).
+                self.update(|s| {
+                    s.status = Status::Ready;
+                    s.conn = None;
+                    s.lists = crate::upstream::consent::placeholder_lists(&self.name);
+                    s.since = Some(Instant::now());
+                    s.last_error = Some(why);
+                });
+                return None;
+            }
             Err(why) => {
                 self.fail(why);
                 return None;
@@ -390,6 +415,7 @@ impl Server {
             info!(server = %self.name, retry_in = ?delay, "will start again");
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
+                _ = self.wake.notified() => {}
                 _ = self.stop.cancelled() => return,
             }
             backoff = (backoff * 2).min(RETRY_MAX);

@@ -67,6 +67,8 @@ pub(super) struct RawServer {
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by.
     #[serde(default)]
     tags: Vec<Spanned<String>>,
+    /// How the gateway gets each caller's own credential (remote servers only).
+    auth: Option<super::upstream_auth::RawUpstreamAuth>,
     /// `command` or `url` was there but of the wrong type (already reported): whether it
     /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
     #[serde(skip)]
@@ -148,6 +150,8 @@ pub struct Server {
     pub overrides: IndexMap<String, Override>,
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by (`[A-Za-z0-9_.-]+`).
     pub tags: Vec<String>,
+    /// `auth`: how the gateway gets each caller's own credential for a remote server.
+    pub auth: Option<super::upstream_auth::UpstreamAuth>,
 }
 
 /// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
@@ -342,6 +346,8 @@ pub(super) fn parse(
                 tags.push(tag.clone());
             }
         }
+        let has_auth = s.auth.is_some();
+        let auth = s.auth.and_then(|a| super::upstream_auth::parse(cx, &name, a, env));
         let server = |transport| Server {
             name: name.clone(),
             prefix: prefix.clone(),
@@ -361,6 +367,7 @@ pub(super) fn parse(
             protocol,
             overrides: overrides.clone(),
             tags: tags.clone(),
+            auth: auth.clone(),
         };
         let command = match (s.command, s.url) {
             (Some(_), Some(url)) => {
@@ -401,6 +408,7 @@ pub(super) fn parse(
                     ("transport", s.transport.is_some()),
                     ("headers", !s.headers.is_empty()),
                     ("ca_file", s.ca_file.is_some()),
+                    ("auth", has_auth),
                 ] {
                     if v {
                         cx.at(

@@ -45,6 +45,10 @@ impl Gateway {
                 };
             }
         }
+        if s.cfg.auth.is_some() {
+            // Each user's own token, on a connection of their own (router/consent.rs).
+            return Box::pin(self.forward_for_user(cx, server, method, params)).await;
+        }
         let conn = match &cx.info.session {
             // Boxed: starting a per-session process (probe, handshake, lists) is a large
             // future, and inline it would make every request's future that large.
@@ -147,7 +151,7 @@ async fn forward_plain(
 /// capabilities and log level (a handshake-era client's from its `initialize` and
 /// `logging/setLevel`), and for a Streamable HTTP server the `Mcp-Param-*` headers the
 /// tool's schema asks for.
-fn stamp(
+pub(super) fn stamp(
     s: &Server,
     client: &Client,
     method: Method,
@@ -175,7 +179,7 @@ fn stamp(
 }
 
 /// The span of one call to server `s`, a child of the current (request) span.
-fn downstream_span(s: &Server, method: Method, name: Option<&str>) -> DownstreamSpan {
+pub(super) fn downstream_span(s: &Server, method: Method, name: Option<&str>) -> DownstreamSpan {
     let version = telemetry::exporting()
         .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
         .flatten();
