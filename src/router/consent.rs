@@ -37,7 +37,12 @@ impl Gateway {
                 .and_then(|c| c.get("elicitation"))
                 .and_then(Value::as_object)
                 .is_some_and(|e| e.contains_key("url"));
+        let client = cx.client;
         let needs = |need: Need| -> Outcome {
+            // notifications/elicitation/complete finds the session by this.
+            if session.is_some() {
+                self.remember(client);
+            }
             if asks_url {
                 Outcome::from(need.error())
             } else if method == Method::ToolsCall {
