@@ -97,12 +97,10 @@ pub(super) fn parse(
             );
         }
     }
-    (cx.errors.len() == errors).then(|| {
-        UpstreamAuth::OAuth(OAuthClient {
-            client_id,
-            client_secret,
-            scopes: o.scopes,
-            issuer,
-        })
-    })
+    (cx.errors.len() == errors).then_some(UpstreamAuth::OAuth(OAuthClient {
+        client_id,
+        client_secret,
+        scopes: o.scopes,
+        issuer,
+    }))
 }

