@@ -40,6 +40,9 @@ pub struct Identity {
     pub name: String,
     /// `None`: full access, no limit of its own.
     pub policy: Option<Arc<Policy>>,
+    /// The validated inbound JWT (an `[auth.oauth]` identity): the subject token of
+    /// `auth.token_exchange`. Never sent downstream as it is.
+    pub bearer: Option<config::Secret>,
 }
 
 impl Identity {
@@ -249,6 +252,7 @@ impl Authenticator {
                 let identity = Arc::new(Identity {
                     name: c.name.clone(),
                     policy: policies.get(&c.name).cloned(),
+                    bearer: None,
                 });
                 c.token.map(|d| (d, identity))
             })
@@ -281,6 +285,7 @@ impl Authenticator {
             Arc::new(Identity {
                 name: name.to_owned(),
                 policy: Some(p.clone()),
+                bearer: None,
             })
         })
     }
@@ -298,7 +303,11 @@ impl Authenticator {
             Some(jwt) if looks_like_jwt(token) => {
                 let name = jwt.verify(token).await.map_err(Denied::Invalid)?;
                 let policy = self.policies.get(&name).cloned();
-                Ok(Arc::new(Identity { name, policy }))
+                Ok(Arc::new(Identity {
+                    name,
+                    policy,
+                    bearer: Some(config::Secret::new(token)),
+                }))
             }
             _ => Err(Denied::Invalid("unknown token".into())),
         }

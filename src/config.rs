@@ -41,7 +41,7 @@ pub use servers::{
 pub use telemetry::{
     LogFormat, OtlpProtocol, Telemetry, DEFAULT_LOG_FORMAT, DEFAULT_OTLP_PROTOCOL, DEFAULT_SERVICE_NAME,
 };
-pub use upstream_auth::{OAuthClient, UpstreamAuth};
+pub use upstream_auth::{ClientAuth, OAuthClient, TokenExchange, UpstreamAuth, ACCESS_TOKEN_TYPE, DEFAULT_CLIENT_AUTH};
 pub use values::{glob, name_char, parse_duration, parse_size, Filter};
 
 use errors::{unknown_key, Ctx};
@@ -206,7 +206,7 @@ impl Config {
             .iter()
             .map(|(n, s)| (n.get_ref().clone(), s.tag_names()))
             .collect();
-        let servers = servers::parse(&mut cx, raw.servers, &gateway, &folder(path), env);
+        let servers = servers::parse(&mut cx, raw.servers, &gateway, &folder(path), auth.oauth.is_some(), env);
         let profiles = profiles::parse(&mut cx, raw.profiles, &known);
         let cluster = cluster::parse(&mut cx, raw.cluster, env);
         if !cx.errors.is_empty() {

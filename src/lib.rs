@@ -254,7 +254,14 @@ pub async fn revoke_tokens(config: &Config, client: &str, server: &str) -> anyho
     let Some(s) = config.servers.iter().find(|s| s.name == server) else {
         anyhow::bail!("no server is named {server:?} in {}", config.file.display());
     };
-    if s.auth.is_none() {
+    let oauth = matches!(
+        &s.transport,
+        config::Transport::Http(config::HttpSpec {
+            auth: Some(config::UpstreamAuth::OAuth(_)),
+            ..
+        })
+    );
+    if !oauth {
         anyhow::bail!("server '{server}' has no auth.oauth: there are no users' tokens for it");
     }
     let store = upstream::store::Store::open(config, None).map_err(|e| anyhow::anyhow!(e))?;

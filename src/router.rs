@@ -83,6 +83,8 @@ pub struct Gateway {
     forwarding: Mutex<HashMap<String, mpsc::Sender<crate::stateless::remote::Step>>>,
     /// Cluster mode: calls another replica forwarded here, running, by correlation id.
     serving: Mutex<HashMap<String, CancellationToken>>,
+    /// `auth.token_exchange`: the callers' exchanged tokens (src/upstream/).
+    exchanger: crate::upstream::exchange::Exchanger,
 }
 
 /// A request as the router takes it: its method parsed once, its params raw.
@@ -201,6 +203,7 @@ impl Gateway {
             rounds: std::sync::OnceLock::new(),
             forwarding: Mutex::new(HashMap::new()),
             serving: Mutex::new(HashMap::new()),
+            exchanger: crate::upstream::exchange::Exchanger::new(),
         })
     }
 

@@ -186,7 +186,7 @@ impl Server {
 
     /// Whether it offers only the placeholder tool, waiting for a first user's consent.
     pub fn awaiting_consent(&self) -> bool {
-        self.cfg.auth.is_some() && self.state().conn.is_none()
+        self.oauth().is_some() && self.state().conn.is_none()
     }
 
     /// The connection that serves `session`: the shared one, or with
@@ -200,6 +200,26 @@ impl Server {
         self.connection()?;
         let start = || async { self.connect().await.map(|(conn, _info, incoming)| (conn, incoming)) };
         self.pool.connection_for(session, start).await
+    }
+
+    /// The connection of one caller (`auth.token_exchange`): its own session with the
+    /// server, whose requests carry `bearer`. Kept like a session's process (bounded by
+    /// `max_sessions`, stopped after `idle_timeout` unused).
+    pub async fn connection_as(
+        &self,
+        identity: &str,
+        bearer: crate::upstream::exchange::Bearer,
+    ) -> Result<Connection, DsError> {
+        // Only a server whose own connection (handshake, lists) is up is offered.
+        self.connection()?;
+        // A NUL cannot start a session id: these keys never meet a session's.
+        let key = format!("\0identity:{identity}");
+        let start = || async {
+            self.connect_as(bearer)
+                .await
+                .map(|(conn, _info, incoming)| (conn, incoming))
+        };
+        self.pool.connection_for(&key, start).await
     }
 
     /// The connection already serving `session`, without starting a process for it.
@@ -259,6 +279,28 @@ impl Server {
 
     fn update(&self, f: impl FnOnce(&mut State)) {
         f(&mut sync::write(&self.state));
+    }
+
+    /// Its `auth.oauth`, if it has one: each user's own consent (`upstream::consent`).
+    pub fn oauth(&self) -> Option<&config::OAuthClient> {
+        match &self.cfg.transport {
+            config::Transport::Http(config::HttpSpec {
+                auth: Some(config::UpstreamAuth::OAuth(o)),
+                ..
+            }) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Its `auth.token_exchange`, if it has one.
+    pub fn token_exchange(&self) -> Option<&config::TokenExchange> {
+        match &self.cfg.transport {
+            config::Transport::Http(config::HttpSpec {
+                auth: Some(config::UpstreamAuth::TokenExchange(t)),
+                ..
+            }) => Some(t),
+            _ => None,
+        }
     }
 
     /// The connection to call, or an error naming the server and why it can't be called.
@@ -329,7 +371,7 @@ impl Server {
     pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
-        if self.cfg.isolation == config::Isolation::Session {
+        if self.cfg.isolation == config::Isolation::Session || self.token_exchange().is_some() {
             let me = self.clone();
             crate::background::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
         }

@@ -4,6 +4,7 @@
 use super::errors::Ctx;
 use super::gateway::Gateway;
 use super::rate_limits::{self, RateLimits, RawServerLimits};
+use super::upstream_auth::{self, RawUpstreamAuth, UpstreamAuth};
 use super::values::{duration, name_char, one_of, Filter};
 use super::{expand, Secret};
 use indexmap::IndexMap;
@@ -42,6 +43,8 @@ pub(super) struct RawServer {
     #[serde(default)]
     headers: IndexMap<String, Spanned<String>>,
     ca_file: Option<Spanned<String>>,
+    /// `auth = { token_exchange = {..} }` or `{ oauth = {..} }` (remote servers only).
+    auth: Option<Spanned<RawUpstreamAuth>>,
     #[serde(default)]
     args: Vec<String>,
     cwd: Option<String>,
@@ -67,8 +70,6 @@ pub(super) struct RawServer {
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by.
     #[serde(default)]
     tags: Vec<Spanned<String>>,
-    /// How the gateway gets each caller's own credential (remote servers only).
-    auth: Option<super::upstream_auth::RawUpstreamAuth>,
     /// `command` or `url` was there but of the wrong type (already reported): whether it
     /// is a stdio or a remote server is unknown, so the checks that depend on it are skipped.
     #[serde(skip)]
@@ -150,8 +151,6 @@ pub struct Server {
     pub overrides: IndexMap<String, Override>,
     /// Labels that `[profiles.*] tags` and `?tags=` choose servers by (`[A-Za-z0-9_.-]+`).
     pub tags: Vec<String>,
-    /// `auth`: how the gateway gets each caller's own credential for a remote server.
-    pub auth: Option<super::upstream_auth::UpstreamAuth>,
 }
 
 /// The protocol era spoken to a server: `auto` probes with `server/discover` (2026-07-28)
@@ -226,6 +225,8 @@ pub struct HttpSpec {
     pub headers: Vec<(String, Secret)>,
     /// A PEM file of extra CA certificates to trust.
     pub ca_file: Option<PathBuf>,
+    /// `auth`: a credential got per caller (token exchange, or the user's own OAuth).
+    pub auth: Option<UpstreamAuth>,
 }
 
 /// A child process speaking MCP on its stdin/stdout.
@@ -244,12 +245,14 @@ pub struct StdioSpec {
 }
 
 /// Every `[servers.NAME]`, in file order; a server with a problem is reported and left
-/// out. `base` is the config file's folder; `gateway` gives the defaults servers share.
+/// out. `base` is the config file's folder; `gateway` gives the defaults servers share;
+/// `inbound_jwt`: `[auth.oauth]` is configured (what `auth.token_exchange` trades).
 pub(super) fn parse(
     cx: &mut Ctx,
     raw: IndexMap<Spanned<String>, RawServer>,
     gateway: &Gateway,
     base: &Path,
+    inbound_jwt: bool,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<Server> {
     let inherited: Vec<(String, String)> = INHERITED_ENV
@@ -346,8 +349,6 @@ pub(super) fn parse(
                 tags.push(tag.clone());
             }
         }
-        let has_auth = s.auth.is_some();
-        let auth = s.auth.and_then(|a| super::upstream_auth::parse(cx, &name, a, env));
         let server = |transport| Server {
             name: name.clone(),
             prefix: prefix.clone(),
@@ -367,7 +368,6 @@ pub(super) fn parse(
             protocol,
             overrides: overrides.clone(),
             tags: tags.clone(),
-            auth: auth.clone(),
         };
         let command = match (s.command, s.url) {
             (Some(_), Some(url)) => {
@@ -398,8 +398,25 @@ pub(super) fn parse(
                         );
                     }
                 }
-                if let Some(t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
-                    servers.push(server(Transport::Http(t)));
+                let errors = cx.errors.len();
+                let auth = s.auth.map(|a| {
+                    let at = a.span().start;
+                    (at, upstream_auth::parse(cx, &name, a, env))
+                });
+                if let Some((at, Some(UpstreamAuth::TokenExchange(_)))) = &auth {
+                    if !inbound_jwt {
+                        cx.at(
+                            *at,
+                            format!("servers.{name}.auth.token_exchange needs [auth.oauth]: the caller's validated JWT is the token it exchanges"),
+                        );
+                    }
+                }
+                let auth = auth.and_then(|(_, a)| a);
+                if let Some(mut t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
+                    if cx.errors.len() == errors {
+                        t.auth = auth;
+                        servers.push(server(Transport::Http(t)));
+                    }
                 }
                 continue;
             }
@@ -408,7 +425,7 @@ pub(super) fn parse(
                     ("transport", s.transport.is_some()),
                     ("headers", !s.headers.is_empty()),
                     ("ca_file", s.ca_file.is_some()),
-                    ("auth", has_auth),
+                    ("auth", s.auth.is_some()),
                 ] {
                     if v {
                         cx.at(
@@ -531,6 +548,7 @@ fn http_spec(
         mode,
         headers: out_headers,
         ca_file,
+        auth: None,
     })
 }
 

@@ -88,12 +88,28 @@ pub fn headers(spec: &HttpSpec) -> Result<HeaderMap, String> {
 
 /// Starts the task that owns a Streamable HTTP session with one server.
 pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>) -> Result<Connection, String> {
+    spawn_as(server, spec, incoming, None)
+}
+
+/// [`spawn`], for one caller: with `bearer`, every request carries its current value as
+/// `Authorization` instead of any configured one (`auth.token_exchange`).
+pub fn spawn_as(
+    server: Arc<str>,
+    spec: &HttpSpec,
+    incoming: mpsc::Sender<Incoming>,
+    bearer: Option<crate::upstream::exchange::Bearer>,
+) -> Result<Connection, String> {
+    let mut configured = headers(spec)?;
+    if bearer.is_some() {
+        configured.remove(reqwest::header::AUTHORIZATION);
+    }
     let shared = Arc::new(Shared {
         server: server.clone(),
         http: client(spec)?,
         url: reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("{} is not a URL: {e}", spec.url_display))?,
         url_display: spec.url_display.clone(),
-        headers: headers(spec)?,
+        headers: configured,
+        bearer,
         session: RwLock::new(None),
         version: RwLock::new(None),
         init_params: Mutex::new(None),
@@ -119,6 +135,8 @@ struct Shared {
     url: reqwest::Url,
     url_display: String,
     headers: HeaderMap,
+    /// One caller's connection: its `Authorization`, swapped on refresh.
+    bearer: Option<crate::upstream::exchange::Bearer>,
     session: RwLock<Option<String>>,
     version: RwLock<Option<String>>,
     /// The params of the first `initialize`, replayed when the server forgets the session.
@@ -153,6 +171,9 @@ impl Shared {
         let mut r = self.http.request(method, self.url.clone());
         if !self.headers.is_empty() {
             r = r.headers(self.headers.clone());
+        }
+        if let Some(v) = self.bearer.as_ref().and_then(|b| sync::read(b).clone()) {
+            r = r.header(reqwest::header::AUTHORIZATION, v);
         }
         if with_session {
             if let Some(s) = self.session() {

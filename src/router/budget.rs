@@ -197,6 +197,7 @@ mod tests {
         Arc::new(Identity {
             name: "alice".into(),
             policy: None,
+            bearer: None,
         })
     }
 

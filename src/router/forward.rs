@@ -45,15 +45,19 @@ impl Gateway {
                 };
             }
         }
-        if s.cfg.auth.is_some() {
+        if s.oauth().is_some() {
             // Each user's own token, on a connection of their own (router/consent.rs).
             return Box::pin(self.forward_for_user(cx, server, method, params)).await;
         }
-        let conn = match &cx.info.session {
-            // Boxed: starting a per-session process (probe, handshake, lists) is a large
-            // future, and inline it would make every request's future that large.
-            Some(session) => Box::pin(s.connection_for(session)).await,
-            None => s.connection(),
+        let conn = match s.token_exchange() {
+            // The caller's own session, with its exchanged token (src/upstream/).
+            Some(te) => Box::pin(self.connection_as(s, te, cx.client)).await,
+            None => match &cx.info.session {
+                // Boxed: starting a per-session process (probe, handshake, lists) is a large
+                // future, and inline it would make every request's future that large.
+                Some(session) => Box::pin(s.connection_for(session)).await,
+                None => s.connection(),
+            },
         };
         let conn = match conn {
             Ok(c) => c,
@@ -114,6 +118,32 @@ impl Gateway {
             }
             None => out,
         }
+    }
+}
+
+impl Gateway {
+    /// The connection of the calling identity to a `token_exchange` server, with a fresh
+    /// exchanged token.
+    async fn connection_as(
+        &self,
+        s: &Server,
+        te: &crate::config::TokenExchange,
+        client: &Client,
+    ) -> Result<Connection, crate::downstream::DsError> {
+        let identity = client.identity();
+        let (name, subject) = match &identity {
+            Some(i) => (i.name.as_str(), i.bearer.as_ref()),
+            None => ("", None),
+        };
+        let bearer = self
+            .exchanger
+            .bearer(&s.name, te, name, subject, self.cluster())
+            .await
+            .map_err(|e| crate::downstream::DsError::Unavailable {
+                server: s.name.clone(),
+                reason: e.to_string(),
+            })?;
+        s.connection_as(name, bearer).await
     }
 }
 

@@ -85,7 +85,7 @@ impl Server {
             }
             config::Transport::Http(spec) => spec,
         };
-        if self.cfg.auth.is_some() {
+        if self.oauth().is_some() {
             // The catalog of a server that acts for each user is listed with the token of
             // one who consented (see `upstream::consent`); until one has, there is none.
             let consent = crate::upstream::consent::get().ok_or_else(|| NEEDS_CONSENT.to_owned())?;
@@ -101,7 +101,7 @@ impl Server {
     /// Connects to this remote server with `token` as the bearer credential of every
     /// request (one user's own connection), without the HTTP+SSE fallback.
     /// `Err((true, _))`: the server refused the token (401 or 403).
-    pub async fn connect_as(&self, token: &str) -> Result<Connection, (bool, String)> {
+    pub async fn connect_user(&self, token: &str) -> Result<Connection, (bool, String)> {
         let config::Transport::Http(spec) = &self.cfg.transport else {
             return Err((false, "not a remote server".into()));
         };
@@ -141,6 +141,27 @@ impl Server {
         let conn = downstream::sse::spawn(self.name.clone(), spec, tx)?;
         // HTTP+SSE is a handshake-era transport only: no probe.
         match initialize(&conn, timeout).await {
+            Ok(info) => Ok((conn, info, rx)),
+            Err(e) => {
+                conn.shutdown().await;
+                Err(format!("initialize failed: {e}"))
+            }
+        }
+    }
+
+    /// One caller's own Streamable HTTP session (`auth.token_exchange`): every request
+    /// carries `bearer`, the caller's exchanged token, and the server binds the session
+    /// to that caller.
+    pub(super) async fn connect_as(&self, bearer: crate::upstream::exchange::Bearer) -> Result<Connected, String> {
+        let config::Transport::Http(spec) = &self.cfg.transport else {
+            return Err("auth applies to remote servers only".into());
+        };
+        if spec.mode == config::HttpMode::Sse {
+            return Err("auth.token_exchange needs Streamable HTTP, not transport = \"sse\"".into());
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let conn = downstream::http::spawn_as(self.name.clone(), spec, tx, Some(bearer))?;
+        match self.handshake(&conn).await {
             Ok(info) => Ok((conn, info, rx)),
             Err(e) => {
                 conn.shutdown().await;

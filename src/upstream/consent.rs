@@ -243,7 +243,11 @@ impl Consent {
     fn new(config: &Config, cluster: Option<redis::aio::ConnectionManager>) -> Consent {
         let store = Store::open(config, cluster);
         if let Err(e) = &store {
-            if config.servers.iter().any(|s| s.auth.is_some()) {
+            if config
+                .servers
+                .iter()
+                .any(|s| matches!(&s.transport, crate::config::Transport::Http(h) if h.auth.is_some()))
+            {
                 warn!(error = %e, "the OAuth token store cannot be opened: servers with auth.oauth will refuse calls");
             }
         }
@@ -328,7 +332,7 @@ impl Consent {
         if let Some((old, _)) = conns.remove(&key) {
             crate::background::spawn(async move { old.shutdown().await });
         }
-        let conn = match server.connect_as(&tokens.access_token).await {
+        let conn = match server.connect_user(&tokens.access_token).await {
             Ok(c) => c,
             Err((true, _)) => {
                 drop(conns);
@@ -343,7 +347,7 @@ impl Consent {
                 let Some(tokens) = fresh else {
                     return Err(self.ask(server, identity, session).await);
                 };
-                let conn = server.connect_as(&tokens.access_token).await.map_err(|(_, why)| {
+                let conn = server.connect_user(&tokens.access_token).await.map_err(|(_, why)| {
                     Err(Error::server(
                         &server.name,
                         crate::error::code::INTERNAL_ERROR,
@@ -776,15 +780,11 @@ impl Consent {
     }
 
     async fn discover(&self, server: &Server) -> Result<Provider, String> {
-        let (oauth, url) = match (&server.cfg.auth, &server.cfg.transport) {
-            (Some(a), crate::config::Transport::Http(h)) => match a.oauth() {
-                Some(o) => (o.clone(), h.url.expose().to_owned()),
-                None => return Err("its auth is not oauth".into()),
-            },
-            _ => return Err("auth.oauth needs a remote server".into()),
+        let (Some(oauth), crate::config::Transport::Http(h)) = (server.oauth(), &server.cfg.transport) else {
+            return Err("it has no auth.oauth".into());
         };
-        let url = reqwest::Url::parse(&url).map_err(|_| "its url is not a URL".to_owned())?;
-        let (issuer, resource) = match &oauth.issuer {
+        let url = reqwest::Url::parse(h.url.expose()).map_err(|_| "its url is not a URL".to_owned())?;
+        let (issuer, resource) = match &oauth.authorization_server {
             Some(i) => (i.clone(), canonical(&url)),
             None => self.resource_metadata(&url).await?,
         };
@@ -803,9 +803,12 @@ impl Consent {
                 "the authorization server does not offer PKCE with S256 (code_challenge_methods_supported)".into(),
             );
         }
-        let redirect_uri = format!("{}/oauth/callback", self.public()?);
+        let redirect_uri = match &oauth.redirect {
+            Some(r) => r.clone(),
+            None => format!("{}/oauth/callback", self.public()?),
+        };
         let (client_id, client_secret) = self
-            .client(server, &oauth, &issuer, &redirect_uri, text("registration_endpoint"))
+            .client(server, oauth, &issuer, &redirect_uri, text("registration_endpoint"))
             .await?;
         Ok(Provider {
             issuer,
@@ -864,7 +867,10 @@ impl Consent {
                 .map_or_else(|| canonical(url), str::to_owned);
             return Ok((issuer.to_owned(), resource));
         }
-        Err("its OAuth protected-resource metadata (RFC 9728) cannot be found; set auth.oauth.issuer".into())
+        Err(
+            "its OAuth protected-resource metadata (RFC 9728) cannot be found; set auth.oauth.authorization_server"
+                .into(),
+        )
     }
 
     /// RFC 8414 (then OpenID Connect discovery) metadata of `issuer`, whose `issuer` must match.

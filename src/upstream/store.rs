@@ -10,10 +10,10 @@
 //! sealed with a key derived from the cluster key, so every replica reads what another
 //! stored.
 //!
-//! Each entry is sealed with `SERVER \0 IDENTITY` as its associated data: an entry moved to
-//! another identity (or server) does not open.
+//! Each entry is sealed (`seal::Sealer`, its own purpose key) under its name (server,
+//! identity): an entry moved to another identity (or server) does not open.
 
-use super::seal::Seal;
+use super::seal::Sealer;
 use crate::config::Config;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -55,7 +55,7 @@ impl Tokens {
 }
 
 pub struct Store {
-    seal: Seal,
+    seal: Sealer,
     kind: Kind,
 }
 
@@ -77,20 +77,12 @@ struct FileData {
     tokens: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-fn aad(server: &str, identity: &str) -> Vec<u8> {
-    let mut a = Vec::with_capacity(server.len() + identity.len() + 1);
-    a.extend_from_slice(server.as_bytes());
-    a.push(0);
-    a.extend_from_slice(identity.as_bytes());
-    a
-}
-
 impl Store {
     /// The store of `config`: Redis in cluster mode (`conn` is the cluster's connection,
     /// or `None` to open one, for the command line), else the file.
     pub fn open(config: &Config, conn: Option<redis::aio::ConnectionManager>) -> Result<Store, String> {
         if let Some(c) = &config.cluster {
-            let seal = Seal::new(c.key.expose().as_bytes(), PURPOSE)?;
+            let seal = Sealer::new(c.key.expose().as_bytes(), PURPOSE);
             let conn = match conn {
                 Some(c) => c,
                 None => {
@@ -120,7 +112,7 @@ impl Store {
             None => key_file(dir)?,
         };
         Ok(Store {
-            seal: Seal::new(&key, PURPOSE)?,
+            seal: Sealer::new(&key, PURPOSE),
             kind: Kind::File {
                 path: dir.join("tokens.json"),
                 cache: tokio::sync::Mutex::new((None, FileData::default())),
@@ -170,13 +162,14 @@ impl Store {
         // An entry that does not open (another key, moved, altered) counts as none.
         Ok(self
             .seal
-            .open(&aad(server, identity), &sealed)
+            .open(&[server, identity], &sealed)
+            .ok()
             .and_then(|plain| serde_json::from_slice(&plain).ok()))
     }
 
     pub async fn put_as<T: Serialize>(&self, server: &str, identity: &str, tokens: &T) -> Result<(), String> {
         let plain = serde_json::to_vec(tokens).map_err(|e| e.to_string())?;
-        let sealed = self.seal.seal(&aad(server, identity), &plain);
+        let sealed = self.seal.seal(&[server, identity], &plain).map_err(|e| e.to_string())?;
         match &self.kind {
             Kind::File { path, cache } => {
                 let mut c = cache.lock().await;

@@ -389,6 +389,14 @@ fn b64_decode(s: &str) -> Vec<u8> {
     out
 }
 
+/// The fixed RS256 test key of tests/fixtures/jwt_rs256_key.pem (kid `rsa-test`), the
+/// key tests/fixtures/oauth_as.py signs with.
+pub(crate) fn rsa_test_key() -> EncodingKey {
+    let pem = std::fs::read_to_string(repo().join("tests/fixtures/jwt_rs256_key.pem")).unwrap();
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    EncodingKey::from_rsa_der(&b64_decode(&body))
+}
+
 struct Keys {
     rsa: EncodingKey,
     ec: EncodingKey,
@@ -397,9 +405,7 @@ struct Keys {
 
 /// The fixed RS256 test key (kid `rsa-test`) and a P-256 key made now (kid `ec-1`).
 fn keys() -> Keys {
-    let pem = std::fs::read_to_string(repo().join("tests/fixtures/jwt_rs256_key.pem")).unwrap();
-    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-    let rsa = EncodingKey::from_rsa_der(&b64_decode(&body));
+    let rsa = rsa_test_key();
     let rsa_jwk: Value =
         serde_json::from_str(&std::fs::read_to_string(repo().join("tests/fixtures/jwt_rs256_jwk.json")).unwrap())
             .unwrap();

@@ -53,4 +53,5 @@ mod stateless_stdio;
 mod supervision;
 mod tasks;
 mod telemetry;
+mod token_exchange;
 mod two_way;

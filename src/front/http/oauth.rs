@@ -72,7 +72,7 @@ fn servers(http: &Http) -> impl Fn(&str) -> Option<Arc<crate::supervisor::Server
             .topology()
             .servers
             .iter()
-            .find(|s| &*s.name == name && s.cfg.auth.is_some())
+            .find(|s| &*s.name == name && s.oauth().is_some())
             .cloned()
     }
 }
@@ -196,7 +196,7 @@ pub(super) async fn revoke(State(http): State<Http>, Path(server): Path<String>,
         )
         .into_response();
     };
-    if s.cfg.auth.is_none() {
+    if s.oauth().is_none() {
         return reject(
             StatusCode::BAD_REQUEST,
             code::INVALID_PARAMS,

@@ -1,0 +1,418 @@
+//! RFC 8693 token exchange for `auth.token_exchange` servers: the caller's validated
+//! inbound JWT is the `subject_token`; the token the authorization server issues goes
+//! downstream as `Authorization: Bearer` (the inbound one never does).
+//!
+//! Tokens are cached per (identity, server) until shortly before they expire
+//! ([`fresh_for`]), with one exchange in flight per key however many calls wait for it.
+//! In cluster mode the cache is shared through Redis: each token sealed ([`super::seal`])
+//! under its identity and server, kept for the token's lifetime.
+//!
+//! Nothing here logs a token, and errors carry the authorization server's error code
+//! and description (never its whole body, which could echo a token).
+
+use super::seal::Sealer;
+use crate::cluster::Cluster;
+use crate::config::{ClientAuth, Secret, TokenExchange};
+use reqwest::header::HeaderValue;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// The grant type of RFC 8693.
+pub const GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// How long one exchange may take.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(15);
+/// `expires_in` absent from the answer: the token is kept this long.
+const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
+/// The sealing key's purpose (see [`Sealer`]).
+const PURPOSE: &str = "upstream-token/1";
+/// The longest token-endpoint answer read.
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// The `Authorization` value a per-identity connection sends, swapped when its token is
+/// refreshed (the connection and its session stay).
+pub type Bearer = Arc<RwLock<Option<HeaderValue>>>;
+
+/// How long a token that lives `lifetime` is used: until 90% of its life, and at least
+/// 30 s before it expires (but never less than half its life).
+pub fn fresh_for(lifetime: Duration) -> Duration {
+    let ninety = lifetime.mul_f64(0.9);
+    let margin = lifetime.saturating_sub(Duration::from_secs(30));
+    ninety.min(margin).max(lifetime / 2)
+}
+
+/// Why no token could be had; the message names the server, never a token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExchangeError {
+    /// The caller has no inbound JWT to exchange (a static `[clients.*]` token, or none).
+    #[error("server '{server}' needs the caller's OAuth token (auth.token_exchange): authenticate with a JWT from [auth.oauth], not a static client token")]
+    NoSubject { server: String },
+    /// The authorization server refused: its error code (and description).
+    #[error("token exchange for server '{server}' failed: the authorization server answered {code}{}", description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Refused {
+        server: String,
+        code: String,
+        description: Option<String>,
+    },
+    /// The token endpoint could not be reached, or answered something else.
+    #[error("token exchange for server '{server}' failed: {reason}")]
+    Failed { server: String, reason: String },
+}
+
+/// One cached token.
+#[derive(Clone)]
+struct Cached {
+    token: Secret,
+    /// Used until then; exchanged again afterwards.
+    fresh_until: Instant,
+}
+
+/// One (identity, server)'s place: the single flight's lock, its token, and the header
+/// its connection sends.
+#[derive(Default)]
+struct Slot {
+    cached: tokio::sync::Mutex<Option<Cached>>,
+    bearer: Bearer,
+}
+
+/// The exchanges of one gateway process.
+pub struct Exchanger {
+    http: reqwest::Client,
+    slots: Mutex<HashMap<(String, String), Arc<Slot>>>,
+    /// Cluster mode: the shared cache's sealing key, made on first use.
+    sealer: std::sync::OnceLock<Sealer>,
+}
+
+impl Default for Exchanger {
+    fn default() -> Self {
+        Exchanger::new()
+    }
+}
+
+/// A token as shared through Redis (sealed).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Shared {
+    token: String,
+    /// Milliseconds since the epoch: used until then.
+    fresh_until_ms: u64,
+}
+
+impl Exchanger {
+    pub fn new() -> Exchanger {
+        let http = reqwest::Client::builder()
+            .timeout(EXCHANGE_TIMEOUT)
+            .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
+            .use_rustls_tls()
+            .build()
+            .unwrap_or_default();
+        Exchanger {
+            http,
+            slots: Mutex::new(HashMap::new()),
+            sealer: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn slot(&self, identity: &str, server: &str) -> Arc<Slot> {
+        crate::sync::lock(&self.slots)
+            .entry((identity.to_owned(), server.to_owned()))
+            .or_default()
+            .clone()
+    }
+
+    /// The `Authorization` header for `identity`'s calls to `server`, with a token that
+    /// is fresh (exchanged now if the cached one is not). `subject` is the caller's
+    /// validated inbound JWT.
+    pub async fn bearer(
+        &self,
+        server: &str,
+        cfg: &TokenExchange,
+        identity: &str,
+        subject: Option<&Secret>,
+        cluster: Option<&Arc<Cluster>>,
+    ) -> Result<Bearer, ExchangeError> {
+        let Some(subject) = subject else {
+            return Err(ExchangeError::NoSubject {
+                server: server.to_owned(),
+            });
+        };
+        let slot = self.slot(identity, server);
+        // The single flight: whoever holds this exchanges; the others find its token.
+        let mut cached = slot.cached.lock().await;
+        if let Some(c) = cached.as_ref().filter(|c| c.fresh_until > Instant::now()) {
+            set_bearer(&slot.bearer, &c.token);
+            return Ok(slot.bearer.clone());
+        }
+        if let Some(c) = self.shared_get(cluster, identity, server).await {
+            debug!(server, identity, "token from the cluster's cache");
+            set_bearer(&slot.bearer, &c.token);
+            *cached = Some(c);
+            return Ok(slot.bearer.clone());
+        }
+        let (token, lifetime) = self.exchange(server, cfg, subject).await?;
+        info!(
+            server,
+            identity,
+            lifetime_s = lifetime.as_secs(),
+            "exchanged the caller's token"
+        );
+        let fresh = fresh_for(lifetime);
+        self.shared_put(cluster, identity, server, &token, fresh, lifetime)
+            .await;
+        set_bearer(&slot.bearer, &token);
+        *cached = Some(Cached {
+            token,
+            fresh_until: Instant::now() + fresh,
+        });
+        Ok(slot.bearer.clone())
+    }
+
+    /// One exchange at the token endpoint: the token and its lifetime.
+    async fn exchange(
+        &self,
+        server: &str,
+        cfg: &TokenExchange,
+        subject: &Secret,
+    ) -> Result<(Secret, Duration), ExchangeError> {
+        let failed = |reason: String| ExchangeError::Failed {
+            server: server.to_owned(),
+            reason,
+        };
+        let mut form: Vec<(&str, &str)> = vec![
+            ("grant_type", GRANT_TYPE),
+            ("subject_token", subject.expose()),
+            ("subject_token_type", &cfg.subject_token_type),
+            ("requested_token_type", crate::config::ACCESS_TOKEN_TYPE),
+        ];
+        for (k, v) in [
+            ("audience", &cfg.audience),
+            ("resource", &cfg.resource),
+            ("scope", &cfg.scope),
+        ] {
+            if let Some(v) = v {
+                form.push((k, v));
+            }
+        }
+        let mut req = self.http.post(&cfg.token_endpoint).header("accept", "application/json");
+        match (&cfg.client_secret, cfg.client_auth) {
+            (Some(secret), ClientAuth::Basic) => {
+                // RFC 6749 §2.3.1: each part form-urlencoded before the Basic encoding.
+                let user = form_encode(&cfg.client_id);
+                let pass = form_encode(secret.expose());
+                let mut value =
+                    HeaderValue::from_str(&format!("Basic {}", base64(format!("{user}:{pass}").as_bytes())))
+                        .map_err(|_| failed("the client credentials do not fit in a header".into()))?;
+                value.set_sensitive(true);
+                req = req.header("authorization", value);
+            }
+            (Some(secret), ClientAuth::Post) => {
+                form.push(("client_id", &cfg.client_id));
+                form.push(("client_secret", secret.expose()));
+            }
+            (None, _) => form.push(("client_id", &cfg.client_id)),
+        }
+        let body = form
+            .iter()
+            .map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v)))
+            .collect::<Vec<_>>()
+            .join("&");
+        let resp = req
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| failed(format!("cannot reach the token endpoint: {}", e.without_url())))?;
+        let status = resp.status();
+        let bytes = read_limited(resp)
+            .await
+            .map_err(|e| failed(format!("reading the token endpoint's answer: {e}")))?;
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        if !status.is_success() {
+            let code = answer.get("error").and_then(|v| v.as_str()).map(clean);
+            let description = answer.get("error_description").and_then(|v| v.as_str()).map(clean);
+            warn!(
+                server,
+                status = status.as_u16(),
+                error = code.as_deref().unwrap_or("-"),
+                "token exchange refused"
+            );
+            return Err(match code {
+                Some(code) => ExchangeError::Refused {
+                    server: server.to_owned(),
+                    code,
+                    description,
+                },
+                None => failed(format!("the token endpoint answered HTTP {status}")),
+            });
+        }
+        let token = answer
+            .get("access_token")
+            .and_then(|v| v.as_str())
+            .filter(|t| !t.is_empty() && HeaderValue::from_str(&format!("Bearer {t}")).is_ok())
+            .ok_or_else(|| failed("the token endpoint's answer has no usable access_token".into()))?;
+        if let Some(t) = answer.get("token_type").and_then(|v| v.as_str()) {
+            // RFC 8693 §2.2.1: N_A for a token that is not an access token.
+            if !t.eq_ignore_ascii_case("bearer") {
+                return Err(failed(format!(
+                    "the issued token is of type {:?}, not Bearer",
+                    clean(t)
+                )));
+            }
+        }
+        let lifetime = answer
+            .get("expires_in")
+            .and_then(|v| v.as_u64())
+            .map_or(DEFAULT_LIFETIME, Duration::from_secs);
+        Ok((Secret::new(token), lifetime))
+    }
+
+    fn sealer(&self, cluster: &Cluster) -> &Sealer {
+        self.sealer.get_or_init(|| Sealer::from_cluster(cluster, PURPOSE))
+    }
+
+    fn redis_key(cluster: &Cluster, identity: &str, server: &str) -> String {
+        // The identity digested: a client name is the caller's to choose.
+        cluster.name(&format!("upstream-token:{server}:{}", crate::cluster::digest(identity)))
+    }
+
+    async fn shared_get(&self, cluster: Option<&Arc<Cluster>>, identity: &str, server: &str) -> Option<Cached> {
+        let c = cluster?;
+        let mut conn = c.conn();
+        let got: Option<String> = c
+            .track(
+                redis::cmd("GET")
+                    .arg(Self::redis_key(c, identity, server))
+                    .query_async(&mut conn)
+                    .await,
+            )
+            .ok()?;
+        let plain = self.sealer(c).open(&[identity, server], &got?).ok()?;
+        let shared: Shared = serde_json::from_slice(&plain).ok()?;
+        let left = shared.fresh_until_ms.checked_sub(crate::cluster::now_ms())?;
+        (left > 0).then(|| Cached {
+            token: Secret::new(shared.token),
+            fresh_until: Instant::now() + Duration::from_millis(left),
+        })
+    }
+
+    async fn shared_put(
+        &self,
+        cluster: Option<&Arc<Cluster>>,
+        identity: &str,
+        server: &str,
+        token: &Secret,
+        fresh: Duration,
+        lifetime: Duration,
+    ) {
+        let Some(c) = cluster else { return };
+        let record = Shared {
+            token: token.expose().to_owned(),
+            fresh_until_ms: crate::cluster::now_ms() + u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX),
+        };
+        let Ok(json) = serde_json::to_vec(&record) else { return };
+        let Ok(sealed) = self.sealer(c).seal(&[identity, server], &json) else {
+            return;
+        };
+        let mut conn = c.conn();
+        let ttl = u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX).max(1);
+        let r: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(Self::redis_key(c, identity, server))
+            .arg(sealed)
+            .arg("PX")
+            .arg(ttl)
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = c.track(r) {
+            debug!(server, error = %e, "cannot share the exchanged token");
+        }
+    }
+}
+
+fn set_bearer(bearer: &Bearer, token: &Secret) {
+    if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", token.expose())) {
+        v.set_sensitive(true);
+        *crate::sync::write(bearer) = Some(v);
+    }
+}
+
+/// An authorization server's text, fit for an error message: printable ASCII, short.
+fn clean(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_graphic() || *c == ' ')
+        .take(200)
+        .collect()
+}
+
+async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    use futures::StreamExt;
+    let mut out = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| e.without_url().to_string())?;
+        if out.len() + chunk.len() > MAX_ANSWER {
+            return Err(format!("longer than {MAX_ANSWER} bytes"));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// application/x-www-form-urlencoded: unreserved bytes as they are, space as `+`, the
+/// rest `%XX`.
+fn form_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'*' => out.push(b as char),
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = c
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freshness_and_encodings() {
+        assert_eq!(fresh_for(Duration::from_secs(3600)), Duration::from_secs(3240));
+        assert_eq!(fresh_for(Duration::from_secs(300)), Duration::from_secs(270));
+        assert_eq!(fresh_for(Duration::from_secs(40)), Duration::from_secs(20));
+        assert_eq!(fresh_for(Duration::from_secs(2)), Duration::from_secs(1));
+        assert_eq!(base64(b"gw:s3cret"), "Z3c6czNjcmV0");
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(form_encode("a b&c=d/é"), "a+b%26c%3Dd%2F%C3%A9");
+        assert_eq!(clean("bad\r\ncode\u{7}"), "badcode");
+        let e = ExchangeError::Refused {
+            server: "docs".into(),
+            code: "invalid_grant".into(),
+            description: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "token exchange for server 'docs' failed: the authorization server answered invalid_grant"
+        );
+    }
+}

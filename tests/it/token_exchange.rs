@@ -1,0 +1,289 @@
+//! `auth.token_exchange` (issue #18 §2), end to end: the real binary, the OAuth fixture
+//! authorization server (tests/fixtures/oauth_as.py, RFC 8693 exchange, counts on
+//! `/stats`) and the protected MCP server (tests/fixtures/protected_mcp.py, the Python
+//! SDK as a resource server that accepts only tokens of its audience and records every
+//! `Authorization` it sees on `/seen`). Callers are identities of `[auth.oauth]`: JWTs
+//! signed with the fixture key, issued by the fixture AS.
+
+use crate::auth::rsa_test_key;
+use crate::cluster::replicas;
+use crate::common::*;
+use jsonwebtoken::{Algorithm, Header};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const GW_SECRET: &str = "gw-client-secret-5be1d0";
+const STATIC: &str = "static-admin-token-91c2";
+const AUDIENCE: &str = "mcp-gateway";
+
+/// A fixture process that prints its URL as the first stdout line. Killed on drop.
+struct Fixture {
+    child: Child,
+    url: String,
+}
+
+impl Fixture {
+    fn start(script: &str, args: &[&str]) -> Fixture {
+        let mut child = Command::new(repo().join(".venv/bin/python"))
+            .arg(repo().join("tests/fixtures").join(script))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn a fixture");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        if !line.starts_with("http://") {
+            let _ = child.kill();
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("{script} did not start: {line:?}\n{err}");
+        }
+        // Its stderr is read away, so it never blocks on a full pipe.
+        let mut stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Fixture {
+            child,
+            url: line.trim().to_owned(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let base = self.url.trim_end_matches("/mcp");
+        reqwest::get(format!("{base}{path}"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn control(&self, knobs: Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/control", self.url))
+            .json(&knobs)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The authorization server and the protected server of audience `docs-api`.
+fn fixtures(as_args: &[&str]) -> (Fixture, Fixture) {
+    let mut args = vec!["--port", "0", "--client", "mcp-gateway:gw-client-secret-5be1d0"];
+    args.extend_from_slice(as_args);
+    let idp = Fixture::start("oauth_as.py", &args);
+    let docs = Fixture::start(
+        "protected_mcp.py",
+        &["--port", "0", "--audience", "docs-api", "--issuer", &idp.url],
+    );
+    (idp, docs)
+}
+
+fn jwt(issuer: &str, sub: &str, aud: &str) -> String {
+    let now = jsonwebtoken::get_current_timestamp();
+    let mut h = Header::new(Algorithm::RS256);
+    h.kid = Some("rsa-test".into());
+    let claims = json!({"iss": issuer, "sub": sub, "aud": aud, "exp": now + 3600, "iat": now});
+    jsonwebtoken::encode(&h, &claims, &rsa_test_key()).unwrap()
+}
+
+/// The gateway's config: `[auth.oauth]` trusting the AS, a static admin client, and
+/// `docs` with token exchange. `service` is the gateway's own credential for its own
+/// connection (handshake and lists).
+fn config(idp: &Fixture, docs: &Fixture, service: &str) -> String {
+    format!(
+        "[clients.ops]\ntoken = \"{STATIC}\"\nadmin = true\n\n\
+         [auth.oauth]\nissuer = \"{iss}\"\naudience = \"{AUDIENCE}\"\njwks_url = \"{iss}/jwks\"\n\n\
+         [servers.docs]\nurl = \"{url}\"\ntimeout = \"20s\"\n\
+         headers = {{ Authorization = \"Bearer {service}\" }}\n\
+         auth = {{ token_exchange = {{ token_endpoint = \"{iss}/token\", audience = \"docs-api\", scope = \"docs.read\", \
+         client_id = \"mcp-gateway\", client_secret = \"${{GW_SECRET}}\" }} }}\n",
+        iss = idp.url,
+        url = docs.url,
+    )
+}
+
+fn start(cfg: &str) -> Gateway {
+    Gateway::start_with_env(cfg, &[("GW_SECRET", GW_SECRET), ("MCP_GATEWAY_LOG", "trace")])
+}
+
+/// Waits for `docs__whoami` in the catalog, seen by `token`.
+async fn ready(gw: &Gateway, token: &str) -> Session {
+    let s = Session::open_as(&gw.url, token).await;
+    for _ in 0..200 {
+        if s.tool_names().await.iter().any(|n| n == "docs__whoami") {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("docs__whoami never listed; logs:\n{}", gw.logs());
+}
+
+async fn whoami(s: &Session) -> Value {
+    let r = s.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    serde_json::from_str(&text(&r)).unwrap_or_else(|e| panic!("{e}: {r}"))
+}
+
+async fn exchanges(idp: &Fixture) -> Value {
+    idp.get("/stats").await["exchange_subjects"].clone()
+}
+
+#[tokio::test]
+async fn each_identity_gets_its_own_exchanged_token_cached_until_near_expiry() {
+    let (idp, docs) = fixtures(&["--exchange-delay-ms", "200"]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let gw = start(&config(&idp, &docs, &service));
+    let alice_jwt = jwt(&idp.url, "alice", AUDIENCE);
+    let bob_jwt = jwt(&idp.url, "bob", AUDIENCE);
+    let alice = ready(&gw, &alice_jwt).await;
+    let bob = Session::open_as(&gw.url, &bob_jwt).await;
+
+    // Each sees its own sub, with the server's audience and the configured scope.
+    for _ in 0..3 {
+        let me = whoami(&alice).await;
+        assert_eq!(me, json!({"sub": "alice", "aud": "docs-api", "scope": "docs.read"}));
+    }
+    for _ in 0..2 {
+        assert_eq!(whoami(&bob).await["sub"], "bob");
+    }
+    // N calls, one exchange per identity.
+    assert_eq!(exchanges(&idp).await, json!({"alice": 1, "bob": 1}));
+
+    // 20 concurrent first calls (on 20 sessions of one identity): one exchange.
+    let carol_jwt = jwt(&idp.url, "carol", AUDIENCE);
+    let mut carols = Vec::new();
+    for _ in 0..20 {
+        carols.push(Session::open_as(&gw.url, &carol_jwt).await);
+    }
+    let answers = futures::future::join_all(carols.iter().map(whoami)).await;
+    assert!(answers.iter().all(|a| a["sub"] == "carol"), "{answers:?}");
+    assert_eq!(exchanges(&idp).await["carol"], 1);
+
+    // A caller with a static token: a clear error naming the server, no exchange.
+    let ops = Session::open_as(&gw.url, STATIC).await;
+    let r = ops.call("docs__whoami", json!({})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(msg.contains("'docs'") && msg.contains("[auth.oauth]"), "{r}");
+
+    // A short-lived token is exchanged again once it is no longer fresh (2 s: 1 s).
+    idp.control(json!({"expires_in": 2, "exchange_delay_ms": 0})).await;
+    let dave = Session::open_as(&gw.url, &jwt(&idp.url, "dave", AUDIENCE)).await;
+    assert_eq!(whoami(&dave).await["sub"], "dave");
+    assert_eq!(exchanges(&idp).await["dave"], 1);
+    assert_eq!(whoami(&dave).await["sub"], "dave");
+    let mut again = false;
+    for _ in 0..100 {
+        assert_eq!(whoami(&dave).await["sub"], "dave");
+        if exchanges(&idp).await["dave"] == 2 {
+            again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(again, "dave's token was never exchanged again");
+
+    // The inbound tokens never reached the server: it saw only the gateway's own
+    // credential and exchanged tokens of its audience.
+    let seen: Vec<String> = serde_json::from_value(docs.get("/seen").await).unwrap();
+    assert!(!seen.is_empty());
+    let inbound = [&alice_jwt, &bob_jwt, &carol_jwt];
+    for value in &seen {
+        assert!(
+            inbound.iter().all(|t| !value.contains(t.as_str())),
+            "an inbound token went downstream"
+        );
+    }
+    let exchanged: Vec<&str> = seen
+        .iter()
+        .filter_map(|v| v.strip_prefix("Bearer "))
+        .filter(|t| *t != service)
+        .collect();
+    assert!(exchanged.len() >= 6, "{seen:?}");
+
+    // No token in the logs (at trace) or on /status: not the inbound ones, not the
+    // exchanged ones, not the gateway's secret or its own credential.
+    let status = gw.get_json_as("/status", STATIC).await.to_string();
+    let logs = gw.logs();
+    assert!(logs.contains("exchanged the caller's token"), "the exchange is logged");
+    for t in inbound
+        .iter()
+        .map(|t| t.as_str())
+        .chain(exchanged.iter().copied())
+        .chain([GW_SECRET, service.as_str()])
+    {
+        let sig = t.rsplit('.').next().unwrap();
+        assert!(!logs.contains(sig), "a token in the logs");
+        assert!(!status.contains(sig), "a token on /status");
+    }
+}
+
+#[tokio::test]
+async fn a_refused_exchange_names_the_server_and_the_code_and_no_token() {
+    let (idp, docs) = fixtures(&["--fail-exchange", "invalid_grant"]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let gw = start(&config(&idp, &docs, &service));
+    let alice_jwt = jwt(&idp.url, "alice", AUDIENCE);
+    let alice = ready(&gw, &alice_jwt).await;
+    let r = alice.call("docs__whoami", json!({})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(msg.contains("'docs'") && msg.contains("invalid_grant"), "{r}");
+    let body = r.to_string();
+    assert!(!body.contains("eyJ"), "no token in the error: {body}");
+    assert!(!body.contains(GW_SECRET));
+    assert_eq!(idp.get("/stats").await["errors"]["invalid_grant"], 1);
+    // A wrong client secret: the AS's invalid_client, named.
+    let cfg = config(&idp, &docs, &service);
+    let gw2 = Gateway::start_with_env(&cfg, &[("GW_SECRET", "wrong"), ("MCP_GATEWAY_LOG", "trace")]);
+    let s = ready(&gw2, &alice_jwt).await;
+    let r = s.call("docs__whoami", json!({})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(msg.contains("'docs'") && msg.contains("invalid_client"), "{r}");
+    assert!(!gw2.logs().contains(alice_jwt.rsplit('.').next().unwrap()));
+}
+
+#[tokio::test]
+async fn replicas_share_one_exchange_through_redis_sealed() {
+    let redis = Redis::start();
+    let (idp, docs) = fixtures(&[]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let gws = replicas(2, &redis, &servers, "");
+    let alice_jwt = jwt(&idp.url, "alice", AUDIENCE);
+    let on_a = ready(&gws[0], &alice_jwt).await;
+    assert_eq!(whoami(&on_a).await["sub"], "alice");
+    let on_b = ready(&gws[1], &alice_jwt).await;
+    assert_eq!(whoami(&on_b).await["sub"], "alice");
+    assert_eq!(whoami(&on_b).await["sub"], "alice");
+    assert_eq!(
+        exchanges(&idp).await,
+        json!({"alice": 1}),
+        "one exchange for both replicas"
+    );
+
+    // What Redis holds is sealed: no token in it, and it has the token's lifetime.
+    let keys = redis.cli(&["--scan", "--pattern", "*upstream-token*"]);
+    let key = keys
+        .lines()
+        .next()
+        .unwrap_or_else(|| panic!("no shared token in Redis: {keys:?}"));
+    assert!(!key.contains("alice"), "the identity is digested in the key: {key}");
+    let stored = redis.cli(&["GET", key]);
+    assert!(stored.starts_with("1.") && !stored.contains("eyJ"), "{stored}");
+    let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
+    assert!(ttl > 0 && ttl <= 300_000, "{ttl}");
+}
