@@ -222,6 +222,30 @@ impl Server {
         self.pool.connection_for(&key, start).await
     }
 
+    /// The connection of one user (`auth.oauth`): its own session with the server, whose
+    /// requests carry `bearer`, the user's own token. Kept like a session's process
+    /// (bounded by `max_sessions`, stopped after `idle_timeout` unused).
+    pub async fn user_connection(
+        &self,
+        identity: &str,
+        bearer: crate::upstream::exchange::Bearer,
+    ) -> Result<Connection, DsError> {
+        // A NUL cannot start a session id: these keys never meet a session's (nor a
+        // token exchange caller's).
+        let key = format!("\0user:{identity}");
+        let start = || async {
+            self.connect_as(bearer)
+                .await
+                .map(|(conn, _info, incoming)| (conn, incoming))
+        };
+        self.pool.connection_for(&key, start).await
+    }
+
+    /// Stops one user's connection (its tokens were revoked).
+    pub async fn end_user(&self, identity: &str) {
+        self.pool.end(&format!("\0user:{identity}")).await;
+    }
+
     /// The connection already serving `session`, without starting a process for it.
     pub async fn existing_connection_for(&self, session: &str) -> Option<Connection> {
         if self.cfg.isolation == config::Isolation::Shared {
@@ -371,7 +395,8 @@ impl Server {
     pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
-        if self.cfg.isolation == config::Isolation::Session || self.token_exchange().is_some() {
+        if self.cfg.isolation == config::Isolation::Session || self.token_exchange().is_some() || self.oauth().is_some()
+        {
             let me = self.clone();
             crate::background::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
         }

@@ -98,25 +98,6 @@ impl Server {
         self.connect_http(spec).await
     }
 
-    /// Connects to this remote server with `token` as the bearer credential of every
-    /// request (one user's own connection), without the HTTP+SSE fallback.
-    /// `Err((true, _))`: the server refused the token (401 or 403).
-    pub async fn connect_user(&self, token: &str) -> Result<Connection, (bool, String)> {
-        let config::Transport::Http(spec) = &self.cfg.transport else {
-            return Err((false, "not a remote server".into()));
-        };
-        let (tx, _rx) = mpsc::channel(64);
-        let conn = downstream::http::spawn(self.name.clone(), &with_bearer(spec, token), tx).map_err(|e| (false, e))?;
-        match self.handshake(&conn).await {
-            Ok(_) => Ok(conn),
-            Err(e) => {
-                conn.shutdown().await;
-                let refused = matches!(e, Handshake::Call(DsError::Status { status: 401 | 403, .. }));
-                Err((refused, format!("initialize failed: {e}")))
-            }
-        }
-    }
-
     async fn connect_http(&self, spec: &config::HttpSpec) -> Result<Connected, String> {
         let (tx, rx) = mpsc::channel(64);
         let timeout = self.settings().timeout;
@@ -157,7 +138,7 @@ impl Server {
             return Err("auth applies to remote servers only".into());
         };
         if spec.mode == config::HttpMode::Sse {
-            return Err("auth.token_exchange needs Streamable HTTP, not transport = \"sse\"".into());
+            return Err("auth needs Streamable HTTP, not transport = \"sse\"".into());
         }
         let (tx, rx) = mpsc::channel(64);
         let conn = downstream::http::spawn_as(self.name.clone(), spec, tx, Some(bearer))?;

@@ -22,6 +22,7 @@
 //! found); until one has, the server offers one tool, `authorize`, whose call asks for
 //! consent. There is one `Consent` per process ([`install`], [`get`]).
 
+use super::exchange::Bearer;
 use super::store::{now_secs, Store, Tokens};
 use crate::config::{Config, OAuthClient, Secret};
 use crate::downstream::Connection;
@@ -81,8 +82,9 @@ pub struct Consent {
     flows: Mutex<HashMap<String, Flow>>,
     /// Each server's authorization server and client, found once.
     providers: tokio::sync::Mutex<HashMap<String, Arc<Provider>>>,
-    /// (server, identity) → its connection and the digest of the token it was opened with.
-    conns: tokio::sync::Mutex<HashMap<Key, (Connection, String)>>,
+    /// (server, identity) → the `Authorization` its connection sends (the connections
+    /// themselves are the server's, kept like per-session processes).
+    bearers: Mutex<HashMap<Key, Bearer>>,
     /// One refresh at a time per (server, identity).
     refreshing: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
     notify: OnceLock<Weak<dyn Notify>>,
@@ -204,8 +206,18 @@ pub fn challenge(verifier: &str) -> String {
     base64url(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref())
 }
 
-fn digest(token: &str) -> String {
-    crate::cluster::digest(token)
+/// Whether a connection failed because the server refused the token at `initialize`.
+fn refused(e: &crate::downstream::DsError) -> bool {
+    let text = e.to_string();
+    text.contains("answered HTTP 401") || text.contains("answered HTTP 403")
+}
+
+fn unavailable(server: &Server, identity: &str, e: &crate::downstream::DsError) -> Error {
+    Error::server(
+        &server.name,
+        crate::error::code::INTERNAL_ERROR,
+        format!("{e} (the connection of {identity})"),
+    )
 }
 
 fn eq(a: &str, b: &str) -> bool {
@@ -264,7 +276,7 @@ impl Consent {
             links: Mutex::default(),
             flows: Mutex::default(),
             providers: tokio::sync::Mutex::default(),
-            conns: tokio::sync::Mutex::default(),
+            bearers: Mutex::default(),
             refreshing: Mutex::default(),
             notify: OnceLock::new(),
         }
@@ -321,21 +333,13 @@ impl Consent {
             Ok(None) => return Err(self.ask(server, identity, session).await),
             Err(e) => return Err(Err(Error::server(&server.name, crate::error::code::INTERNAL_ERROR, e))),
         };
-        let key = (name.clone(), identity.to_owned());
-        let fingerprint = digest(&tokens.access_token);
-        let mut conns = self.conns.lock().await;
-        if let Some((c, f)) = conns.get(&key) {
-            if *f == fingerprint && !c.is_closed() {
-                return Ok(c.clone());
-            }
-        }
-        if let Some((old, _)) = conns.remove(&key) {
-            crate::background::spawn(async move { old.shutdown().await });
-        }
-        let conn = match server.connect_user(&tokens.access_token).await {
-            Ok(c) => c,
-            Err((true, _)) => {
-                drop(conns);
+        let open = |tokens: Tokens| {
+            let bearer = self.bearer(&server.name, identity, &tokens.access_token);
+            server.user_connection(identity, bearer)
+        };
+        match open(tokens).await {
+            Ok(c) => Ok(c),
+            Err(e) if refused(&e) => {
                 // Refused at initialize: a refreshed token once, else the user's consent again.
                 if !self.refused(server, identity).await {
                     return Err(self.ask(server, identity, session).await);
@@ -347,39 +351,31 @@ impl Consent {
                 let Some(tokens) = fresh else {
                     return Err(self.ask(server, identity, session).await);
                 };
-                let conn = server.connect_user(&tokens.access_token).await.map_err(|(_, why)| {
-                    Err(Error::server(
-                        &server.name,
-                        crate::error::code::INTERNAL_ERROR,
-                        format!("server '{name}' is not available for {identity}: {why}"),
-                    ))
-                })?;
-                self.conns
-                    .lock()
-                    .await
-                    .insert(key, (conn.clone(), digest(&tokens.access_token)));
-                return Ok(conn);
+                open(tokens).await.map_err(|e| Err(unavailable(server, identity, &e)))
             }
-            Err((false, why)) => {
-                return Err(Err(Error::server(
-                    &server.name,
-                    crate::error::code::INTERNAL_ERROR,
-                    format!("server '{name}' is not available for {identity}: {why}"),
-                )))
-            }
-        };
-        debug!(server = %name, %identity, "opened a connection with the user's own token");
-        conns.insert(key, (conn.clone(), fingerprint));
-        Ok(conn)
+            Err(e) => Err(Err(unavailable(server, identity, &e))),
+        }
+    }
+
+    /// The `Authorization` value of `identity`'s connection to `server`, set to `token`
+    /// (a refreshed token replaces it in the session already open).
+    fn bearer(&self, server: &str, identity: &str, token: &str) -> Bearer {
+        let mut bearers = crate::sync::lock(&self.bearers);
+        let b = bearers
+            .entry((server.to_owned(), identity.to_owned()))
+            .or_default()
+            .clone();
+        if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")) {
+            v.set_sensitive(true);
+            *crate::sync::write(&b) = Some(v);
+        }
+        b
     }
 
     /// The server refused `identity`'s token (401): refresh it now, or forget it. Returns
     /// whether a new token is there to try.
     pub async fn refused(&self, server: &Server, identity: &str) -> bool {
         let key = (server.name.to_string(), identity.to_owned());
-        if let Some((old, _)) = self.conns.lock().await.remove(&key) {
-            crate::background::spawn(async move { old.shutdown().await });
-        }
         let Ok(store) = self.store() else { return false };
         let Ok(Some(tokens)) = store.get(&server.name, identity).await else {
             return false;
@@ -697,9 +693,10 @@ impl Consent {
         let store = self.store()?;
         let old = store.get(name, identity).await.ok().flatten();
         let had = store.remove(name, identity).await?;
-        if let Some((c, _)) = self.conns.lock().await.remove(&(name.to_owned(), identity.to_owned())) {
-            crate::background::spawn(async move { c.shutdown().await });
+        if let Some(s) = server {
+            s.end_user(identity).await;
         }
+        crate::sync::lock(&self.bearers).remove(&(name.to_owned(), identity.to_owned()));
         if let (Some(server), Some(old)) = (server, old) {
             if let (Ok(p), Some(rt)) = (self.provider(server).await, old.refresh_token) {
                 if let Some(ep) = &p.revocation_endpoint {
