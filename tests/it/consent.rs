@@ -27,7 +27,17 @@ struct Setup {
     state: tempfile::TempDir,
 }
 
-async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
+/// The AS and the protected server; the `[clients.*]` and `[servers.docs]` tables for them.
+struct Fixtures {
+    authz: Proc,
+    as_base: String,
+    mcp: Proc,
+    port: ReservedPort,
+    mcp_base: String,
+    tables: String,
+}
+
+async fn fixtures(as_args: &[&str]) -> Fixtures {
     require_deps();
     let py = path_str(&venv_python());
     let mut args = vec!["tests/fixtures/oauth_as.py", "--port", "0"];
@@ -52,20 +62,31 @@ async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
         &[],
     )
     .await;
-    let state = tempfile::tempdir().unwrap();
-    let config = format!(
-        "[gateway]\nstate_dir = {:?}\n\n\
-         [clients.alice]\ntoken = {ALICE:?}\n\n[clients.bob]\ntoken = {BOB:?}\n\n\
-         [servers.docs]\nurl = \"{audience}\"\nauth = {{ oauth = {{}} }}\n",
-        path_str(state.path()),
+    let tables = format!(
+        "[clients.alice]\ntoken = {ALICE:?}\n\n[clients.bob]\ntoken = {BOB:?}\n\n\
+         [servers.docs]\nurl = \"{audience}\"\nauth = {{ oauth = {{}} }}\n"
     );
+    Fixtures {
+        authz,
+        as_base,
+        mcp,
+        port,
+        mcp_base,
+        tables,
+    }
+}
+
+async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
+    let f = fixtures(as_args).await;
+    let state = tempfile::tempdir().unwrap();
+    let config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
     let gw = Gateway::start_with_env(&config, env);
     Setup {
-        _as: authz,
-        as_base,
-        _mcp: mcp,
-        _port: port,
-        mcp_base,
+        _as: f.authz,
+        as_base: f.as_base,
+        _mcp: f.mcp,
+        _port: f.port,
+        mcp_base: f.mcp_base,
         gw,
         state,
     }
@@ -513,4 +534,51 @@ async fn tokens_are_revoked_by_delete_and_by_the_command_line() {
     let out = cli("alice");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("alice has no tokens"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_the_users_tokens_through_redis_sealed() {
+    let redis = Redis::start();
+    let f = fixtures(&[]).await;
+    let gws = crate::cluster::replicas(2, &redis, &f.tables, "");
+    let on_a = Session::open_on(bearer_client(ALICE), &gws[0].url, json!({"elicitation": {"url": {}}})).await;
+    let url = elicitation_url(&on_a.call("docs__authorize", json!({})).await);
+    assert!(url.starts_with(&format!("{}/oauth/start?", gws[0].base)), "{url}");
+    let b = browse(&url, None).await;
+    assert_eq!(b.status, 200, "{b:?}\n{}", gws[0].logs());
+
+    // Replica b finds alice's tokens in Redis: no new consent.
+    let on_b = Session::open_on(bearer_client(ALICE), &gws[1].url, json!({"elicitation": {"url": {}}})).await;
+    let r = on_b.call("docs__authorize", json!({})).await;
+    assert!(text(&r).contains("You have authorized"), "{r}");
+    for _ in 0..300 {
+        if on_b.tool_names().await.iter().any(|t| t == "docs__whoami") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = on_b.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+    let stats: Value = reqwest::get(format!("{}/stats", f.as_base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["authorize"], 1, "one consent for both replicas: {stats}");
+
+    // What Redis holds is sealed.
+    let stored = redis.cli(&["HGET", "mcpgw:oauth:tokens:docs", "alice"]);
+    assert!(stored.starts_with("1.") && !stored.contains("eyJ"), "{stored}");
+
+    // The command line revokes in Redis: both replicas ask again.
+    let out = Command::new(BIN)
+        .args(["tokens", "revoke", "--client", "alice", "--server", "docs", "--config"])
+        .arg(gws[1].config_path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Redis"));
+    elicitation_url(&on_a.call("docs__whoami", json!({})).await);
+    elicitation_url(&on_b.call("docs__whoami", json!({})).await);
 }
