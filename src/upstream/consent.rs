@@ -88,6 +88,8 @@ pub struct Consent {
     /// One refresh at a time per (server, identity).
     refreshing: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
     notify: OnceLock<Weak<dyn Notify>>,
+    /// Set by `serve`: this process serves `/oauth/*`.
+    serving: std::sync::atomic::AtomicBool,
 }
 
 /// A consent link handed to a session, not opened yet.
@@ -279,6 +281,7 @@ impl Consent {
             bearers: Mutex::default(),
             refreshing: Mutex::default(),
             notify: OnceLock::new(),
+            serving: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -287,8 +290,10 @@ impl Consent {
         let _ = self.notify.set(n);
     }
 
-    /// Without `gateway.public_url`: the address the gateway listens on.
+    /// `serve` listens on `local`: links can be followed (without `gateway.public_url`,
+    /// they point there).
     pub fn set_listening(&self, local: SocketAddr) {
+        self.serving.store(true, std::sync::atomic::Ordering::Release);
         let mut p = crate::sync::lock(&self.public);
         if p.is_none() {
             *p = Some(format!("http://{local}"));
@@ -303,9 +308,13 @@ impl Consent {
     }
 
     fn public(&self) -> Result<String, String> {
+        if !self.serving.load(std::sync::atomic::Ordering::Acquire) {
+            // stdio: nothing here serves /oauth/*, whatever public_url says.
+            return Err("a user consents through the HTTP endpoint (`mcp-gateway serve`); this gateway (stdio) can only use tokens stored there".into());
+        }
         crate::sync::lock(&self.public)
             .clone()
-            .ok_or_else(|| "consent needs the HTTP endpoint (gateway.public_url, or `serve`)".to_owned())
+            .ok_or_else(|| "consent needs the HTTP endpoint (gateway.public_url)".to_owned())
     }
 
     pub fn store(&self) -> Result<&Store, String> {

@@ -582,3 +582,24 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
     elicitation_url(&on_a.call("docs__whoami", json!({})).await);
     elicitation_url(&on_b.call("docs__whoami", json!({})).await);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stdio_gateway_uses_the_stored_tokens_but_cannot_ask() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, "docs__authorize").await;
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let mut as_alice = StdioGateway::start(&config, &[("MCP_GATEWAY_CLIENT", "alice")]);
+    as_alice.initialize();
+    let (_, r) = as_alice.request(json!(2), "tools/call", json!({"name": "docs__whoami", "arguments": {}}));
+    assert_eq!(who(&r)["sub"], "alice", "{r}\n{}", as_alice.logs());
+    let mut as_bob = StdioGateway::start(&config, &[("MCP_GATEWAY_CLIENT", "bob")]);
+    as_bob.initialize();
+    let (_, r) = as_bob.request(json!(2), "tools/call", json!({"name": "docs__whoami", "arguments": {}}));
+    let e = r["error"]["message"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(e.contains("mcp-gateway serve"), "{r}");
+    assert!(
+        as_bob.stdout.lock().unwrap().iter().all(|l| l.starts_with('{')),
+        "stdout: JSON-RPC only"
+    );
+}
