@@ -339,6 +339,7 @@ impl Server {
                     Status::Starting => "still starting".into(),
                     Status::Down(why) | Status::Failed(why) => why.clone(),
                     Status::Stopped => "stopped".into(),
+                    Status::Ready if self.oauth().is_some() => handshake::NEEDS_CONSENT.into(),
                     Status::Ready => "no connection".into(),
                 },
             }),

@@ -34,6 +34,11 @@ impl Gateway {
                 return out;
             }
         }
+        if s.oauth().is_some() {
+            // Each user's own token, on a connection of their own (router/consent.rs);
+            // never another replica's session process.
+            return Box::pin(self.forward_for_user(cx, server, method, params)).await;
+        }
         // Cluster mode: a session's own process may run on another replica.
         if let Some(session) = cx.info.session.clone() {
             if let Some(holder) = self.holder(s, &session).await {
@@ -44,10 +49,6 @@ impl Gateway {
                     None => Box::pin(self.forward(cx, server, method, params)).await,
                 };
             }
-        }
-        if s.oauth().is_some() {
-            // Each user's own token, on a connection of their own (router/consent.rs).
-            return Box::pin(self.forward_for_user(cx, server, method, params)).await;
         }
         let conn = match s.token_exchange() {
             // The caller's own session, with its exchanged token (src/upstream/).

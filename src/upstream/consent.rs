@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{debug, info, warn};
 
 /// JSON-RPC code of "URL elicitation required" (2025-11-25).
@@ -78,8 +78,8 @@ pub struct Consent {
     /// `gateway.public_url`, else `http://` and the listening address (set by `serve`).
     public: Mutex<Option<String>>,
     http: reqwest::Client,
-    links: Mutex<HashMap<String, Link>>,
-    flows: Mutex<HashMap<String, Flow>>,
+    /// Single mode: pending links and flows, `kind:id` → (until, JSON).
+    pending: Mutex<HashMap<String, (u64, String)>>,
     /// Each server's authorization server and client, found once.
     providers: tokio::sync::Mutex<HashMap<String, Arc<Provider>>>,
     /// (server, identity) → the `Authorization` its connection sends (the connections
@@ -93,17 +93,19 @@ pub struct Consent {
 }
 
 /// A consent link handed to a session, not opened yet.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct Link {
     identity: String,
     server: String,
     elicitation_id: String,
     /// The session that was asked (for `notifications/elicitation/complete`).
     session: Option<String>,
-    expires: Instant,
+    /// Unix seconds (replicas agree on the clock, roughly).
+    expires: u64,
 }
 
 /// A flow begun at `/oauth/start`, waiting for its callback.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Flow {
     link: Link,
     verifier: String,
@@ -275,8 +277,7 @@ impl Consent {
                 .use_rustls_tls()
                 .build()
                 .unwrap_or_default(),
-            links: Mutex::default(),
-            flows: Mutex::default(),
+            pending: Mutex::default(),
             providers: tokio::sync::Mutex::default(),
             bearers: Mutex::default(),
             refreshing: Mutex::default(),
@@ -502,24 +503,14 @@ impl Consent {
             .map_err(|e| Error::server(&server.name, crate::error::code::INTERNAL_ERROR, e))?;
         let link = random_token();
         let elicitation_id = random_token();
-        let mut links = crate::sync::lock(&self.links);
-        let now = Instant::now();
-        links.retain(|_, l| l.expires > now);
-        if links.len() >= MAX_PENDING {
-            return Err(Error::gateway(format!(
-                "too many consent links are pending ({MAX_PENDING}); try again later"
-            )));
-        }
-        links.insert(
-            link.clone(),
-            Link {
-                identity: identity.to_owned(),
-                server: name.clone(),
-                elicitation_id: elicitation_id.clone(),
-                session: session.map(str::to_owned),
-                expires: now + LINK_LIFETIME,
-            },
-        );
+        let record = Link {
+            identity: identity.to_owned(),
+            server: name.clone(),
+            elicitation_id: elicitation_id.clone(),
+            session: session.map(str::to_owned),
+            expires: now_secs() + LINK_LIFETIME.as_secs(),
+        };
+        self.keep("link", &link, &record).await.map_err(Error::gateway)?;
         debug!(server = %name, %identity, "asking the user's consent");
         Ok(Need {
             url: format!("{public}/oauth/start?link={link}"),
@@ -530,6 +521,49 @@ impl Consent {
             server: name,
             elicitation_id,
         })
+    }
+
+    // ------------------------------------------------------------------ pending links and flows
+
+    /// Keeps a link or flow for [`LINK_LIFETIME`]: in Redis in cluster mode (any replica
+    /// may serve the browser), else here.
+    async fn keep<T: serde::Serialize>(&self, kind: &str, id: &str, v: &T) -> Result<(), String> {
+        let store = self.store()?;
+        if store.shared() {
+            return store.put_pending(kind, id, v, LINK_LIFETIME).await;
+        }
+        let text = serde_json::to_string(v).map_err(|e| e.to_string())?;
+        let mut m = crate::sync::lock(&self.pending);
+        let now = now_secs();
+        m.retain(|_, (until, _)| *until > now);
+        if m.len() >= MAX_PENDING {
+            return Err(format!(
+                "too many consents are pending ({MAX_PENDING}); try again later"
+            ));
+        }
+        m.insert(format!("{kind}:{id}"), (now + LINK_LIFETIME.as_secs(), text));
+        Ok(())
+    }
+
+    async fn peek<T: serde::de::DeserializeOwned>(&self, kind: &str, id: &str) -> Result<Option<T>, String> {
+        let store = self.store()?;
+        if store.shared() {
+            return store.get_pending(kind, id).await;
+        }
+        let m = crate::sync::lock(&self.pending);
+        Ok(m.get(&format!("{kind}:{id}"))
+            .and_then(|(_, t)| serde_json::from_str(t).ok()))
+    }
+
+    /// Takes a link or flow out (once: a second take finds nothing).
+    async fn take<T: serde::de::DeserializeOwned>(&self, kind: &str, id: &str) -> Result<Option<T>, String> {
+        let store = self.store()?;
+        if store.shared() {
+            return store.take_pending(kind, id).await;
+        }
+        let mut m = crate::sync::lock(&self.pending);
+        Ok(m.remove(&format!("{kind}:{id}"))
+            .and_then(|(_, t)| serde_json::from_str(&t).ok()))
     }
 
     // ------------------------------------------------------------------ the browser's side
@@ -546,26 +580,32 @@ impl Consent {
             status,
             why: why.to_owned(),
         };
-        let l = {
-            let mut links = crate::sync::lock(&self.links);
-            let Some(l) = links.get(link).cloned() else {
-                return refused(
+        let l: Link =
+            match self.peek::<Link>("link", link).await {
+                Ok(Some(l)) if l.expires > now_secs() => l,
+                Ok(_) => return refused(
                     404,
                     "this consent link is unknown, was used already, or has expired: call the tool again for a new one",
-                );
+                ),
+                Err(e) => return refused(503, &e),
             };
-            if let Some(c) = caller {
-                if c != l.identity {
-                    // A stolen link: it stays usable by the one it was made for.
-                    warn!(server = %l.server, "a consent link was opened by another client than it was made for");
-                    return refused(403, "this consent link was made for another client");
-                }
+        if let Some(c) = caller {
+            if c != l.identity {
+                // A stolen link: it stays usable by the one it was made for.
+                warn!(server = %l.server, "a consent link was opened by another client than it was made for");
+                return refused(403, "this consent link was made for another client");
             }
-            links.remove(link);
-            l
-        };
-        if l.expires <= Instant::now() {
-            return refused(404, "this consent link has expired: call the tool again for a new one");
+        }
+        // Single use: whoever takes it out first goes on.
+        match self.take::<Link>("link", link).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return refused(
+                    404,
+                    "this consent link was used already: call the tool again for a new one",
+                )
+            }
+            Err(e) => return refused(503, &e),
         }
         let Some(server) = servers(&l.server) else {
             return refused(404, "the server this link was for is no longer configured");
@@ -594,21 +634,15 @@ impl Consent {
                 q.append_pair("scope", &p.scopes.join(" "));
             }
         }
-        let mut flows = crate::sync::lock(&self.flows);
-        let now = Instant::now();
-        flows.retain(|_, f| f.link.expires > now);
-        if flows.len() >= MAX_PENDING {
-            return refused(503, "too many consents are under way; try again later");
+        let flow = Flow {
+            link: l,
+            verifier,
+            browser: browser.clone(),
+            redirect_uri: p.redirect_uri.clone(),
+        };
+        if let Err(e) = self.keep("flow", &state, &flow).await {
+            return refused(503, &e);
         }
-        flows.insert(
-            state,
-            Flow {
-                link: l,
-                verifier,
-                browser: browser.clone(),
-                redirect_uri: p.redirect_uri.clone(),
-            },
-        );
         Started::Redirect {
             location: url.to_string(),
             cookie: browser,
@@ -625,18 +659,15 @@ impl Consent {
         let Some(state) = query.get("state") else {
             return Err((400, "the callback has no state".into()));
         };
-        let flow = {
-            let mut flows = crate::sync::lock(&self.flows);
-            // Single use: taken out whatever happens next.
-            flows.remove(state)
-        };
+        // Single use: taken out whatever happens next.
+        let flow: Option<Flow> = self.take("flow", state).await.map_err(|e| (503, e))?;
         let Some(flow) = flow else {
             return Err((
                 400,
                 "this consent is unknown, was completed already, or has expired".into(),
             ));
         };
-        if flow.link.expires <= Instant::now() {
+        if flow.link.expires <= now_secs() {
             return Err((
                 400,
                 "this consent has expired: call the tool again for a new link".into(),

@@ -222,6 +222,77 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Whether it is shared by replicas (Redis).
+    pub fn shared(&self) -> bool {
+        matches!(self.kind, Kind::Redis { .. })
+    }
+
+    fn pending_key(prefix: &str, kind: &str, id: &str) -> String {
+        // A digest: the id is a bearer value (a link, a state), not kept as a key.
+        format!("{prefix}:oauth:{kind}:{}", crate::cluster::digest(id))
+    }
+
+    /// Redis only: a sealed record that expires after `ttl`.
+    pub async fn put_pending<T: Serialize>(
+        &self,
+        kind: &str,
+        id: &str,
+        v: &T,
+        ttl: std::time::Duration,
+    ) -> Result<(), String> {
+        let Kind::Redis { conn, prefix } = &self.kind else {
+            return Err("not a shared store".into());
+        };
+        let plain = serde_json::to_vec(v).map_err(|e| e.to_string())?;
+        let key = Self::pending_key(prefix, kind, id);
+        let sealed = self.seal.seal(&[kind, &key], &plain).map_err(|e| e.to_string())?;
+        let mut conn = conn.clone();
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(sealed)
+            .arg("EX")
+            .arg(ttl.as_secs().max(1))
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| format!("the token store (Redis) failed: {}", e.kind_str()))
+    }
+
+    pub async fn get_pending<T: serde::de::DeserializeOwned>(&self, kind: &str, id: &str) -> Result<Option<T>, String> {
+        self.pending(kind, id, "GET").await
+    }
+
+    /// Takes it out (`GETDEL`): of two replicas taking one record, one gets it.
+    pub async fn take_pending<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        id: &str,
+    ) -> Result<Option<T>, String> {
+        self.pending(kind, id, "GETDEL").await
+    }
+
+    async fn pending<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        id: &str,
+        cmd: &str,
+    ) -> Result<Option<T>, String> {
+        let Kind::Redis { conn, prefix } = &self.kind else {
+            return Err("not a shared store".into());
+        };
+        let key = Self::pending_key(prefix, kind, id);
+        let mut conn = conn.clone();
+        let sealed: Option<String> = redis::cmd(cmd)
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("the token store (Redis) failed: {}", e.kind_str()))?;
+        Ok(sealed
+            .and_then(|s| self.seal.open(&[kind, &key], &s).ok())
+            .and_then(|p| serde_json::from_slice(&p).ok()))
+    }
+}
+
 fn hash(prefix: &str, server: &str) -> String {
     format!("{prefix}:oauth:tokens:{server}")
 }

@@ -542,10 +542,40 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
     let f = fixtures(&[]).await;
     let gws = crate::cluster::replicas(2, &redis, &f.tables, "");
     let on_a = Session::open_on(bearer_client(ALICE), &gws[0].url, json!({"elicitation": {"url": {}}})).await;
-    let url = elicitation_url(&on_a.call("docs__authorize", json!({})).await);
+    let mut stream = on_a.get_stream().await;
+    let r = on_a.call("docs__authorize", json!({})).await;
+    let url = elicitation_url(&r);
+    let eid = r["error"]["data"]["elicitations"][0]["elicitationId"].clone();
     assert!(url.starts_with(&format!("{}/oauth/start?", gws[0].base)), "{url}");
+    // The browser reaches the other replica (a balancer without sticky sessions): the
+    // link and the flow are in Redis, and the session asked hears of it over the bus.
+    let url = url.replace(&gws[0].base, &gws[1].base);
     let b = browse(&url, None).await;
-    assert_eq!(b.status, 200, "{b:?}\n{}", gws[0].logs());
+    assert_eq!(b.status, 200, "{b:?}\n{}", gws[1].logs());
+    assert!(
+        b.visited[2].starts_with(&format!("{}/oauth/callback?", gws[1].base)),
+        "{b:?}"
+    );
+    let note = loop {
+        let m = stream
+            .next(Duration::from_secs(10))
+            .await
+            .expect("notifications/elicitation/complete on the GET stream");
+        if m["method"] == "notifications/elicitation/complete" {
+            break m;
+        }
+    };
+    assert_eq!(note["params"]["elicitationId"], eid);
+    // Single use across replicas: the same link on replica a is spent.
+    let again = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(url.replace(&gws[1].base, &gws[0].base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 404);
 
     // Replica b finds alice's tokens in Redis: no new consent.
     let on_b = Session::open_on(bearer_client(ALICE), &gws[1].url, json!({"elicitation": {"url": {}}})).await;
@@ -579,7 +609,9 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Redis"));
-    elicitation_url(&on_a.call("docs__whoami", json!({})).await);
+    // (Replica a still lists only `docs__authorize`: it lists the catalog on its next
+    // start, up to 30 s later; replica b was woken by the consent it served.)
+    elicitation_url(&on_a.call("docs__authorize", json!({})).await);
     elicitation_url(&on_b.call("docs__whoami", json!({})).await);
 }
 
