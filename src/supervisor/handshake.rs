@@ -144,6 +144,15 @@ impl Server {
         let conn = downstream::http::spawn_as(self.name.clone(), spec, tx, Some(bearer))?;
         match self.handshake(&conn).await {
             Ok(info) => Ok((conn, info, rx)),
+            Err(Handshake::Call(DsError::Status {
+                status: status @ (401 | 403),
+                ..
+            })) => {
+                conn.shutdown().await;
+                Err(format!(
+                    "the server refused this caller's exchanged token (HTTP {status}): check auth.token_exchange's audience, resource and scope"
+                ))
+            }
             Err(e) => {
                 conn.shutdown().await;
                 Err(format!("initialize failed: {e}"))

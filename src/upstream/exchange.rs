@@ -5,7 +5,8 @@
 //! Tokens are cached per (identity, server) until shortly before they expire
 //! ([`fresh_for`]), with one exchange in flight per key however many calls wait for it.
 //! In cluster mode the cache is shared through Redis: each token sealed ([`super::seal`])
-//! under its identity and server, kept for the token's lifetime.
+//! under its identity and server, kept for the token's lifetime; a short Redis lock
+//! makes concurrent first calls on several replicas one exchange.
 //!
 //! Nothing here logs a token, and errors carry the authorization server's error code
 //! and description (never its whole body, which could echo a token).
@@ -27,6 +28,10 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(15);
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
 /// The sealing key's purpose (see [`Sealer`]).
 const PURPOSE: &str = "upstream-token/1";
+/// How often a replica waiting for another's exchange looks in Redis.
+const SHARED_POLL: Duration = Duration::from_millis(25);
+/// Callers remembered before those nobody serves are forgotten.
+const PRUNE_AT: usize = 4096;
 /// The longest token-endpoint answer read.
 const MAX_ANSWER: usize = 64 * 1024;
 
@@ -115,7 +120,13 @@ impl Exchanger {
     }
 
     fn slot(&self, identity: &str, server: &str) -> Arc<Slot> {
-        crate::sync::lock(&self.slots)
+        let mut slots = crate::sync::lock(&self.slots);
+        if slots.len() >= PRUNE_AT {
+            // Forget the callers nobody serves now: no call waits on the slot, and no
+            // connection holds its header (an idle one is stopped after idle_timeout).
+            slots.retain(|_, s| Arc::strong_count(s) > 1 || Arc::strong_count(&s.bearer) > 1);
+        }
+        slots
             .entry((identity.to_owned(), server.to_owned()))
             .or_default()
             .clone()
@@ -137,20 +148,47 @@ impl Exchanger {
                 server: server.to_owned(),
             });
         };
-        let slot = self.slot(identity, server);
+        // A reload that changes what is asked for (audience, scope...) gets new tokens.
+        let server_key = format!("{server}:{}", fingerprint(cfg));
+        let server_key = server_key.as_str();
+        let slot = self.slot(identity, server_key);
         // The single flight: whoever holds this exchanges; the others find its token.
         let mut cached = slot.cached.lock().await;
         if let Some(c) = cached.as_ref().filter(|c| c.fresh_until > Instant::now()) {
             set_bearer(&slot.bearer, &c.token);
             return Ok(slot.bearer.clone());
         }
-        if let Some(c) = self.shared_get(cluster, identity, server).await {
+        if let Some(c) = self.shared_get(cluster, identity, server_key).await {
             debug!(server, identity, "token from the cluster's cache");
             set_bearer(&slot.bearer, &c.token);
             *cached = Some(c);
             return Ok(slot.bearer.clone());
         }
-        let (token, lifetime) = self.exchange(server, cfg, subject).await?;
+        // Across replicas: one exchanges (it holds the Redis lock); the others wait for
+        // its token to appear, and exchange themselves if it never does.
+        let lock = match cluster {
+            Some(c) => match self.shared_lock(c, identity, server_key).await {
+                Lock::Held(name) => Some((c, name)),
+                Lock::Busy => {
+                    if let Some(got) = self.shared_wait(c, identity, server_key).await {
+                        debug!(server, identity, "token from another replica's exchange");
+                        set_bearer(&slot.bearer, &got.token);
+                        *cached = Some(got);
+                        return Ok(slot.bearer.clone());
+                    }
+                    None
+                }
+                Lock::Unavailable => None,
+            },
+            None => None,
+        };
+        let exchanged = self.exchange(server, cfg, subject).await;
+        if exchanged.is_err() {
+            if let Some((c, name)) = &lock {
+                unlock(c, name).await;
+            }
+        }
+        let (token, lifetime) = exchanged?;
         info!(
             server,
             identity,
@@ -158,8 +196,11 @@ impl Exchanger {
             "exchanged the caller's token"
         );
         let fresh = fresh_for(lifetime);
-        self.shared_put(cluster, identity, server, &token, fresh, lifetime)
+        self.shared_put(cluster, identity, server_key, &token, fresh, lifetime)
             .await;
+        if let Some((c, name)) = &lock {
+            unlock(c, name).await;
+        }
         set_bearer(&slot.bearer, &token);
         *cached = Some(Cached {
             token,
@@ -230,7 +271,12 @@ impl Exchanger {
         let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
         if !status.is_success() {
             let code = answer.get("error").and_then(|v| v.as_str()).map(clean);
-            let description = answer.get("error_description").and_then(|v| v.as_str()).map(clean);
+            // A description that could quote a token (32 base64url characters in a row) is left out.
+            let description = answer
+                .get("error_description")
+                .and_then(|v| v.as_str())
+                .map(clean)
+                .filter(|d| !token_like(d));
             warn!(
                 server,
                 status = status.as_u16(),
@@ -274,6 +320,46 @@ impl Exchanger {
     fn redis_key(cluster: &Cluster, identity: &str, server: &str) -> String {
         // The identity digested: a client name is the caller's to choose.
         cluster.name(&format!("upstream-token:{server}:{}", crate::cluster::digest(identity)))
+    }
+
+    /// Takes the cluster-wide lock of one exchange (it expires by itself after
+    /// [`EXCHANGE_TIMEOUT`], should its holder die).
+    async fn shared_lock(&self, c: &Cluster, identity: &str, server: &str) -> Lock {
+        let name = format!("{}:lock", Self::redis_key(c, identity, server));
+        let mut conn = c.conn();
+        let r: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(&name)
+            .arg(&c.replica)
+            .arg("NX")
+            .arg("PX")
+            .arg(u64::try_from(EXCHANGE_TIMEOUT.as_millis()).unwrap_or(u64::MAX))
+            .query_async(&mut conn)
+            .await;
+        match c.track(r) {
+            Ok(Some(_)) => Lock::Held(name),
+            Ok(None) => Lock::Busy,
+            Err(_) => Lock::Unavailable,
+        }
+    }
+
+    /// Waits (polling Redis) for the token another replica is exchanging; `None` when
+    /// its lock goes away without one, or it takes longer than an exchange may.
+    async fn shared_wait(&self, c: &Arc<Cluster>, identity: &str, server: &str) -> Option<Cached> {
+        let lock = format!("{}:lock", Self::redis_key(c, identity, server));
+        let until = Instant::now() + EXCHANGE_TIMEOUT;
+        while Instant::now() < until {
+            tokio::time::sleep(SHARED_POLL).await;
+            if let Some(got) = self.shared_get(Some(c), identity, server).await {
+                return Some(got);
+            }
+            let mut conn = c.conn();
+            let held: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(&lock).query_async(&mut conn).await;
+            if !c.track(held).unwrap_or(false) {
+                // One last look: the token is written before the lock goes.
+                return self.shared_get(Some(c), identity, server).await;
+            }
+        }
+        None
     }
 
     async fn shared_get(&self, cluster: Option<&Arc<Cluster>>, identity: &str, server: &str) -> Option<Cached> {
@@ -329,6 +415,32 @@ impl Exchanger {
     }
 }
 
+/// What a token is asked for with, digested (16 hex digits): part of its cache key.
+fn fingerprint(cfg: &TokenExchange) -> String {
+    let what = format!(
+        "{}\n{:?}\n{:?}\n{:?}\n{}\n{}",
+        cfg.token_endpoint, cfg.audience, cfg.resource, cfg.scope, cfg.client_id, cfg.subject_token_type
+    );
+    crate::cluster::digest(&what)[..16].to_owned()
+}
+
+/// The cluster-wide lock of one exchange.
+enum Lock {
+    /// This replica holds it (the lock's Redis key).
+    Held(String),
+    /// Another replica is exchanging.
+    Busy,
+    /// Redis did not answer: exchange without it.
+    Unavailable,
+}
+
+/// Gives the lock back (only ever called by its holder; it expires anyway).
+async fn unlock(c: &Cluster, name: &str) {
+    let mut conn = c.conn();
+    let r: redis::RedisResult<()> = redis::cmd("DEL").arg(name).query_async(&mut conn).await;
+    let _ = c.track(r);
+}
+
 fn set_bearer(bearer: &Bearer, token: &Secret) {
     if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", token.expose())) {
         v.set_sensitive(true);
@@ -342,6 +454,22 @@ fn clean(s: &str) -> String {
         .filter(|c| c.is_ascii_graphic() || *c == ' ')
         .take(200)
         .collect()
+}
+
+/// Holds a run of 32 or more base64url characters: it might be (part of) a token.
+fn token_like(s: &str) -> bool {
+    let mut run = 0;
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+            run += 1;
+            if run >= 32 {
+                return true;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    false
 }
 
 async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, String> {
@@ -396,6 +524,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn callers_nobody_serves_are_forgotten_past_the_bound() {
+        let x = Exchanger::new();
+        // One caller whose connection holds its header.
+        let held = x.slot("kept", "docs").bearer.clone();
+        for i in 0..PRUNE_AT - 1 {
+            let _ = x.slot(&format!("caller-{i}"), "docs");
+        }
+        let _ = x.slot("one-more", "docs");
+        let slots = crate::sync::lock(&x.slots);
+        assert_eq!(slots.len(), 2, "the held one and the new one");
+        let kept = &slots[&("kept".to_owned(), "docs".to_owned())];
+        assert!(Arc::ptr_eq(&kept.bearer, &held), "a held header is never replaced");
+    }
+
+    #[test]
     fn freshness_and_encodings() {
         assert_eq!(fresh_for(Duration::from_secs(3600)), Duration::from_secs(3240));
         assert_eq!(fresh_for(Duration::from_secs(300)), Duration::from_secs(270));
@@ -405,6 +548,8 @@ mod tests {
         assert_eq!(base64(b"ab"), "YWI=");
         assert_eq!(form_encode("a b&c=d/é"), "a+b%26c%3Dd%2F%C3%A9");
         assert_eq!(clean("bad\r\ncode\u{7}"), "badcode");
+        assert!(token_like("subject eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9 is bad"));
+        assert!(!token_like("the subject_token does not verify (InvalidSignatureError)"));
         let e = ExchangeError::Refused {
             server: "docs".into(),
             code: "invalid_grant".into(),

@@ -161,6 +161,22 @@ async fn each_identity_gets_its_own_exchanged_token_cached_until_near_expiry() {
     for _ in 0..2 {
         assert_eq!(whoami(&bob).await["sub"], "bob");
     }
+    // A 2026-07-28 (sessionless) call of bob's: his cached token, his identity.
+    let r = reqwest::Client::new()
+        .post(&gw.url)
+        .bearer_auth(&bob_jwt)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "docs__whoami")
+        .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": "docs__whoami", "arguments": {}, "_meta": stateless_meta("te-test")}}))
+        .send()
+        .await
+        .unwrap();
+    let last = read_messages(r).await.pop().expect("an answer");
+    let me: Value = serde_json::from_str(&text(&last)).unwrap_or_else(|e| panic!("{e}: {last}"));
+    assert_eq!(me["sub"], "bob", "{last}");
     // N calls, one exchange per identity.
     assert_eq!(exchanges(&idp).await, json!({"alice": 1, "bob": 1}));
 
@@ -246,6 +262,17 @@ async fn a_refused_exchange_names_the_server_and_the_code_and_no_token() {
     assert!(!body.contains("eyJ"), "no token in the error: {body}");
     assert!(!body.contains(GW_SECRET));
     assert_eq!(idp.get("/stats").await["errors"]["invalid_grant"], 1);
+    assert!(
+        msg.contains("refused (test knob)"),
+        "the AS's description is kept: {msg}"
+    );
+    // An AS whose description quotes the subject token: the description is left out.
+    idp.control(json!({"fail_exchange_echo": true})).await;
+    let r = alice.call("docs__whoami", json!({})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(msg.contains("invalid_grant") && !msg.contains("test knob"), "{r}");
+    assert!(!r.to_string().contains(alice_jwt.rsplit('.').next().unwrap()), "{r}");
+    assert!(!gw.logs().contains(alice_jwt.rsplit('.').next().unwrap()));
     // A wrong client secret: the AS's invalid_client, named.
     let cfg = config(&idp, &docs, &service);
     let gw2 = Gateway::start_with_env(&cfg, &[("GW_SECRET", "wrong"), ("MCP_GATEWAY_LOG", "trace")]);
@@ -254,6 +281,20 @@ async fn a_refused_exchange_names_the_server_and_the_code_and_no_token() {
     let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
     assert!(msg.contains("'docs'") && msg.contains("invalid_client"), "{r}");
     assert!(!gw2.logs().contains(alice_jwt.rsplit('.').next().unwrap()));
+
+    // An exchange for the wrong audience: the server refuses the token; the error names
+    // the server and its 401, and carries no token.
+    let cfg = config(&idp, &docs, &service).replace("audience = \"docs-api\"", "audience = \"other-api\"");
+    idp.control(json!({"fail_exchange": null})).await;
+    let gw3 = Gateway::start_with_env(&cfg, &[("GW_SECRET", GW_SECRET)]);
+    let s = ready(&gw3, &alice_jwt).await;
+    let r = s.call("docs__whoami", json!({})).await;
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        msg.contains("'docs'") && msg.contains("refused this caller's exchanged token (HTTP 401)"),
+        "{r}"
+    );
+    assert!(!r.to_string().contains("eyJ"), "{r}");
 }
 
 #[tokio::test]
@@ -275,11 +316,26 @@ async fn replicas_share_one_exchange_through_redis_sealed() {
         "one exchange for both replicas"
     );
 
+    // bob's first calls on both replicas at once, the exchange slow: still one.
+    idp.control(json!({"exchange_delay_ms": 300})).await;
+    let bob_jwt = jwt(&idp.url, "bob", AUDIENCE);
+    let (b0, b1) = tokio::join!(
+        Session::open_as(&gws[0].url, &bob_jwt),
+        Session::open_as(&gws[1].url, &bob_jwt)
+    );
+    let (w0, w1) = tokio::join!(whoami(&b0), whoami(&b1));
+    assert_eq!((&w0["sub"], &w1["sub"]), (&json!("bob"), &json!("bob")));
+    assert_eq!(
+        exchanges(&idp).await["bob"],
+        1,
+        "one exchange for concurrent first calls on two replicas"
+    );
+
     // What Redis holds is sealed: no token in it, and it has the token's lifetime.
     let keys = redis.cli(&["--scan", "--pattern", "*upstream-token*"]);
     let key = keys
         .lines()
-        .next()
+        .find(|k| !k.ends_with(":lock"))
         .unwrap_or_else(|| panic!("no shared token in Redis: {keys:?}"));
     assert!(!key.contains("alice"), "the identity is digested in the key: {key}");
     let stored = redis.cli(&["GET", key]);
