@@ -579,8 +579,7 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
 
     // Replica b finds alice's tokens in Redis: no new consent.
     let on_b = Session::open_on(bearer_client(ALICE), &gws[1].url, json!({"elicitation": {"url": {}}})).await;
-    let r = on_b.call("docs__authorize", json!({})).await;
-    assert!(text(&r).contains("You have authorized"), "{r}");
+    // (It served the callback, so it lists the server's catalog at once.)
     for _ in 0..300 {
         if on_b.tool_names().await.iter().any(|t| t == "docs__whoami") {
             break;
@@ -589,6 +588,17 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
     }
     let r = on_b.call("docs__whoami", json!({})).await;
     assert_eq!(who(&r)["sub"], "alice", "{r}");
+    // Replica a, where alice was asked, uses the tokens replica b stored.
+    let r = if on_a.tool_names().await.iter().any(|t| t == "docs__whoami") {
+        let r = on_a.call("docs__whoami", json!({})).await;
+        assert_eq!(who(&r)["sub"], "alice", "{r}");
+        r
+    } else {
+        let r = on_a.call("docs__authorize", json!({})).await;
+        assert!(text(&r).contains("You have authorized"), "{r}");
+        r
+    };
+    assert!(r.get("error").is_none(), "{r}");
     let stats: Value = reqwest::get(format!("{}/stats", f.as_base))
         .await
         .unwrap()
