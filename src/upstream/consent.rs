@@ -74,7 +74,10 @@ pub trait Notify: Send + Sync {
 }
 
 pub struct Consent {
-    store: Result<Store, String>,
+    /// Opened on first use: a gateway without `auth.oauth` servers never touches
+    /// `state_dir` (no key file is made).
+    store: OnceLock<Result<Store, String>>,
+    opening: (Config, Option<redis::aio::ConnectionManager>),
     /// `gateway.public_url`, else `http://` and the listening address (set by `serve`).
     public: Mutex<Option<String>>,
     http: reqwest::Client,
@@ -257,18 +260,9 @@ fn resource_metadata(challenge: &str) -> Option<String> {
 
 impl Consent {
     fn new(config: &Config, cluster: Option<redis::aio::ConnectionManager>) -> Consent {
-        let store = Store::open(config, cluster);
-        if let Err(e) = &store {
-            if config
-                .servers
-                .iter()
-                .any(|s| matches!(&s.transport, crate::config::Transport::Http(h) if h.auth.is_some()))
-            {
-                warn!(error = %e, "the OAuth token store cannot be opened: servers with auth.oauth will refuse calls");
-            }
-        }
         Consent {
-            store,
+            store: OnceLock::new(),
+            opening: (config.clone(), cluster),
             public: Mutex::new(config.gateway.public_url.clone()),
             http: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
@@ -319,7 +313,17 @@ impl Consent {
     }
 
     pub fn store(&self) -> Result<&Store, String> {
-        self.store.as_ref().map_err(Clone::clone)
+        self.store
+            .get_or_init(|| {
+                let (config, cluster) = &self.opening;
+                let store = Store::open(config, cluster.clone());
+                if let Err(e) = &store {
+                    warn!(error = %e, "the OAuth token store cannot be opened: servers with auth.oauth refuse calls");
+                }
+                store
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     // ------------------------------------------------------------------ the call path

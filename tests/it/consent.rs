@@ -650,3 +650,16 @@ async fn a_stdio_gateway_uses_the_stored_tokens_but_cannot_ask() {
         "stdout: JSON-RPC only"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_without_oauth_servers_keeps_no_state() {
+    let state = tempfile::tempdir().unwrap();
+    let xdg = path_str(state.path());
+    let gw = Gateway::start_with_env(
+        &server("calc", &unique("calc"), &[], ""),
+        &[("XDG_STATE_HOME", xdg.as_str())],
+    );
+    let s = gw.session().await;
+    assert!(!s.tool_names().await.is_empty());
+    assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0, "no token.key made");
+}
