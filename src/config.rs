@@ -195,7 +195,7 @@ impl Config {
         let Some(raw) = read_tables(&mut cx, src) else {
             return Err(ConfigErrors(cx.errors));
         };
-        let gateway = gateway::parse(&mut cx, raw.gateway);
+        let gateway = gateway::parse(&mut cx, raw.gateway, &folder(path), env);
         let rate_limits = rate_limits::parse(&mut cx, &raw.rate_limits);
         let telemetry = telemetry::parse(&mut cx, raw.telemetry, env);
         let auth = clients::parse(&mut cx, raw.clients, raw.auth, env);

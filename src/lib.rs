@@ -147,7 +147,12 @@ where
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     let cluster = config.cluster.as_ref().map(cluster::Cluster::start).transpose()?;
+    // Each user's OAuth consent (`auth.oauth` servers): before the servers start, whose
+    // catalogs may be listed with a stored token.
+    let consent = upstream::consent::install(&config, cluster.as_ref().map(|c| c.conn()));
+    consent.set_listening(local);
     let gw = Gateway::new(config);
+    consent.set_notify(Arc::downgrade(&(gw.clone() as Arc<dyn upstream::consent::Notify>)));
     if let Some(c) = cluster {
         gw.join(c);
     }
@@ -243,6 +248,33 @@ async fn stop_servers(gw: &Gateway, deadline: tokio::time::Instant) {
     tracing::debug!(tasks = background::running(), "servers stopped");
 }
 
+/// `mcp-gateway tokens revoke`: forgets `client`'s tokens for `server` in the token store
+/// (the file, or in cluster mode Redis). A running gateway sees it on its next call.
+pub async fn revoke_tokens(config: &Config, client: &str, server: &str) -> anyhow::Result<String> {
+    let Some(s) = config.servers.iter().find(|s| s.name == server) else {
+        anyhow::bail!("no server is named {server:?} in {}", config.file.display());
+    };
+    let oauth = matches!(
+        &s.transport,
+        config::Transport::Http(config::HttpSpec {
+            auth: Some(config::UpstreamAuth::OAuth(_)),
+            ..
+        })
+    );
+    if !oauth {
+        anyhow::bail!("server '{server}' has no auth.oauth: there are no users' tokens for it");
+    }
+    let store = upstream::store::Store::open(config, None).map_err(|e| anyhow::anyhow!(e))?;
+    match store.remove(server, client).await {
+        Ok(true) => Ok(format!(
+            "revoked {client}'s tokens for server '{server}' ({})",
+            store.describe()
+        )),
+        Ok(false) => anyhow::bail!("{client} has no tokens for server '{server}' ({})", store.describe()),
+        Err(e) => anyhow::bail!(e),
+    }
+}
+
 /// Serves MCP over this process's stdin/stdout until stdin ends or `shutdown` completes,
 /// as the configured client `client` (see [`stdio_client`]), showing `[profiles.NAME]`
 /// `profile` (see [`stdio_profile`]) or, without one, the whole catalog.
@@ -252,6 +284,7 @@ pub async fn stdio(
     profile: Option<String>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    upstream::consent::install(&config, None);
     let gw = Gateway::new(config);
     gw.start().await;
     reload::spawn(&gw, gw.config().file.clone());

@@ -1,4 +1,4 @@
-//! The `mcp-gateway` command: `serve` (default), `stdio`, `check` and `import`.
+//! The `mcp-gateway` command: `serve` (default), `stdio`, `check`, `import` and `tokens`.
 
 use clap::{Parser, Subcommand};
 use mcp_gateway::config::Config;
@@ -64,6 +64,25 @@ enum Cmd {
         #[arg(long)]
         write: Option<PathBuf>,
     },
+    /// The users' OAuth tokens for servers with auth.oauth (the token store: a file, or
+    /// Redis in cluster mode).
+    Tokens {
+        #[command(subcommand)]
+        action: TokensCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokensCmd {
+    /// Forget one client's tokens for one server (its next call asks for consent again).
+    Revoke {
+        /// The client: its [clients.NAME] name, or its OAuth subject.
+        #[arg(long)]
+        client: String,
+        /// The server ([servers.NAME], with auth.oauth).
+        #[arg(long)]
+        server: String,
+    },
 }
 
 /// EX_USAGE: the config is invalid.
@@ -121,6 +140,13 @@ fn main() -> ExitCode {
             }
             // Answered before any config is read (see the top of main).
             Cmd::Import { .. } => Ok(true),
+            Cmd::Tokens {
+                action: TokensCmd::Revoke { client, server },
+            } => {
+                let text = mcp_gateway::revoke_tokens(&config, &client, &server).await?;
+                println!("{text}"); // stdout-ok: the command's report is its output
+                Ok(true)
+            }
         }
     });
     // Send the spans still queued while the runtime that runs the exporter is alive,

@@ -14,6 +14,7 @@
 
 mod budget;
 mod calls;
+mod consent;
 mod forward;
 mod forwarded;
 mod initialize;
@@ -294,7 +295,19 @@ impl Gateway {
         }
         self.deliver_elsewhere(key, line);
     }
+}
 
+impl crate::upstream::consent::Notify for Gateway {
+    fn to_session(&self, session: &str, line: Bytes) {
+        self.deliver(&self.shared.key(session), line);
+    }
+
+    fn server(&self, name: &str) -> Option<Arc<crate::supervisor::Server>> {
+        self.topology().servers.iter().find(|s| &*s.name == name).cloned()
+    }
+}
+
+impl Gateway {
     /// Answers one request. Related notifications (progress, log messages) go to `sink`
     /// before the answer. Returns `None` when the client cancelled the request.
     /// `parent` is the client's trace context from transport headers, if any.

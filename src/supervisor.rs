@@ -125,6 +125,8 @@ pub struct Server {
     /// The child exited while the `server/discover` probe was pending: later starts go
     /// straight to `initialize`.
     skip_probe: AtomicBool,
+    /// Ends the wait before the next start (a user consented to a server with `auth.oauth`).
+    wake: tokio::sync::Notify,
 }
 
 /// Who a call is for, which picks the process of a server that is not shared and fills
@@ -183,7 +185,18 @@ impl Server {
             series: std::sync::OnceLock::new(),
             subscriptions: Default::default(),
             skip_probe: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Starts it again now if it is waiting to (its catalog can be listed now).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Whether it offers only the placeholder tool, waiting for a first user's consent.
+    pub fn awaiting_consent(&self) -> bool {
+        self.oauth().is_some() && self.state().conn.is_none()
     }
 
     /// Whether callers get processes (or connections) of their own: `isolation =
@@ -330,6 +343,31 @@ impl Server {
         self.pool.connection_for(&key, [0; 32], start).await
     }
 
+    /// The connection of one user (`auth.oauth`): its own session with the server, whose
+    /// requests carry `bearer`, the user's own token. Kept like a session's process
+    /// (bounded by `max_sessions`, stopped after `idle_timeout` unused).
+    pub async fn user_connection(
+        &self,
+        identity: &str,
+        bearer: crate::upstream::exchange::Bearer,
+    ) -> Result<Connection, DsError> {
+        // A NUL cannot start a session id: these keys never meet a session's (nor a
+        // token exchange caller's).
+        let key = format!("\0user:{identity}");
+        let start = || async {
+            self.connect_as(bearer)
+                .await
+                .map(|(conn, _info, incoming)| (conn, incoming))
+        };
+        // The token is swapped in place on refresh: no secrets to fingerprint.
+        self.pool.connection_for(&key, [0; 32], start).await
+    }
+
+    /// Stops one user's connection (its tokens were revoked).
+    pub async fn end_user(&self, identity: &str) {
+        self.pool.end(&format!("\0user:{identity}")).await;
+    }
+
     /// The connection already serving `caller`, without starting a process for it.
     pub async fn existing_connection_for(&self, caller: &Caller<'_>) -> Option<Connection> {
         match self.pool_key(caller) {
@@ -394,6 +432,17 @@ impl Server {
         f(&mut sync::write(&self.state));
     }
 
+    /// Its `auth.oauth`, if it has one: each user's own consent (`upstream::consent`).
+    pub fn oauth(&self) -> Option<&config::OAuthClient> {
+        match &self.cfg.transport {
+            config::Transport::Http(config::HttpSpec {
+                auth: Some(config::UpstreamAuth::OAuth(o)),
+                ..
+            }) => Some(o),
+            _ => None,
+        }
+    }
+
     /// Its `auth.token_exchange`, if it has one.
     pub fn token_exchange(&self) -> Option<&config::TokenExchange> {
         match &self.cfg.transport {
@@ -417,6 +466,7 @@ impl Server {
                     Status::Starting => "still starting".into(),
                     Status::Down(why) | Status::Failed(why) => why.clone(),
                     Status::Stopped => "stopped".into(),
+                    Status::Ready if self.oauth().is_some() => handshake::NEEDS_CONSENT.into(),
                     Status::Ready => "no connection".into(),
                 },
             }),
@@ -430,6 +480,18 @@ impl Server {
         let transport = self.cfg.transport.for_catalog(&self.cfg.catalog_secrets);
         let (conn, info, rx) = match self.connect(&transport).await {
             Ok(c) => c,
+            Err(why) if why == handshake::NEEDS_CONSENT => {
+                // Calls go on each user's own connection; meanwhile the one tool asks for
+                // consent (upstream::consent).
+                self.update(|s| {
+                    s.status = Status::Ready;
+                    s.conn = None;
+                    s.lists = crate::upstream::consent::placeholder_lists(&self.name);
+                    s.since = Some(Instant::now());
+                    s.last_error = Some(why);
+                });
+                return None;
+            }
             Err(why) => {
                 self.fail(why);
                 return None;
@@ -463,7 +525,7 @@ impl Server {
     pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
-        if self.pooled() || self.token_exchange().is_some() {
+        if self.pooled() || self.token_exchange().is_some() || self.oauth().is_some() {
             let me = self.clone();
             crate::background::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
         }
@@ -549,6 +611,7 @@ impl Server {
             info!(server = %self.name, retry_in = ?delay, "will start again");
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
+                _ = self.wake.notified() => {}
                 _ = self.stop.cancelled() => return,
             }
             backoff = (backoff * 2).min(RETRY_MAX);

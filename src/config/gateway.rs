@@ -70,6 +70,9 @@ pub(super) struct RawGateway {
     trusted_proxies: Vec<Spanned<String>>,
     search: Option<bool>,
     console: Option<bool>,
+    public_url: Option<Spanned<String>>,
+    state_dir: Option<Spanned<String>>,
+    token_key: Option<Spanned<String>>,
 }
 
 /// `[gateway]`: the public endpoint and defaults.
@@ -129,6 +132,28 @@ pub struct Gateway {
     /// from one of them counts as from the address it names, for `per_ip` and for the
     /// sessions' shares; from anyone else the header is ignored.
     pub trusted_proxies: Vec<Cidr>,
+    /// Where browsers reach the gateway (`https://gw.example.com`), for the OAuth consent
+    /// links and the `redirect_uri`. `None`: `http://` and the address the gateway listens
+    /// on, which a loopback listener only may use.
+    pub public_url: Option<String>,
+    /// Where the gateway keeps its state of its own (the token store, its key).
+    pub state_dir: std::path::PathBuf,
+    /// Seals the token store in single mode; `None`: a random key kept in
+    /// `{state_dir}/token.key` (0600). In cluster mode the cluster key is used.
+    pub token_key: Option<super::Secret>,
+}
+
+/// `state_dir` unset: `$XDG_STATE_HOME/mcp-gateway`, else `$HOME/.local/state/mcp-gateway`.
+pub fn default_state_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<std::path::PathBuf> {
+    let xdg = env("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from);
+    let home = || {
+        env("HOME")
+            .filter(|v| !v.is_empty())
+            .map(|h| std::path::Path::new(&h).join(".local/state"))
+    };
+    xdg.or_else(home).map(|d| d.join("mcp-gateway"))
 }
 
 /// An address block, `10.0.0.0/8` or one address (`/32`, `/128`).
@@ -171,7 +196,12 @@ impl Cidr {
 
 /// `[gateway]`, each key checked and each problem reported; defaults stand in for what
 /// is unset (and for what is wrong, the file being refused anyway).
-pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
+pub(super) fn parse(
+    cx: &mut Ctx,
+    g: RawGateway,
+    base: &std::path::Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Gateway {
     let listen = match &g.listen {
         None => DEFAULT_LISTEN,
         Some(s) => s.get_ref().parse::<SocketAddr>().unwrap_or_else(|_| {
@@ -226,7 +256,47 @@ pub(super) fn parse(cx: &mut Ctx, g: RawGateway) -> Gateway {
     let drain_delay = duration_or_zero(cx, g.drain_delay.as_ref(), "drain_delay", DEFAULT_DRAIN_DELAY);
     let max_body = size(cx, g.max_body.as_ref(), "max_body", "16MiB", DEFAULT_MAX_BODY);
     let max_sessions = g.max_sessions.map_or(DEFAULT_MAX_SESSIONS, Spanned::into_inner);
+    let public_url = g.public_url.as_ref().and_then(|u| {
+        let v = u.get_ref().trim_end_matches('/');
+        let ok = (v.starts_with("https://") || v.starts_with("http://"))
+            && !v.contains(['?', '#'])
+            && !v.bytes().any(|b| b.is_ascii_control() || b == b' ');
+        if !ok {
+            cx.at(
+                u.span().start,
+                format!(
+                    "public_url: {:?} must be an http:// or https:// URL without a query",
+                    u.get_ref()
+                ),
+            );
+        }
+        ok.then(|| v.to_owned())
+    });
+    let state_dir = match &g.state_dir {
+        Some(d) => base.join(d.get_ref()),
+        None => default_state_dir(env).unwrap_or_else(|| base.join(".mcp-gateway")),
+    };
+    let token_key = g
+        .token_key
+        .as_ref()
+        .and_then(|k| match super::expand(k.get_ref(), env) {
+            Ok(v) if v.len() >= 32 => Some(super::Secret::new(v)),
+            Ok(_) => {
+                cx.at(k.span().start, "token_key must be at least 32 characters".into());
+                None
+            }
+            Err(var) => {
+                cx.at(
+                    k.span().start,
+                    format!("token_key: environment variable {var} is not set"),
+                );
+                None
+            }
+        });
     Gateway {
+        public_url,
+        state_dir,
+        token_key,
         listen,
         path,
         separator,

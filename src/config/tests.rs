@@ -360,3 +360,28 @@ fn a_client_reference_in_a_url_is_refused_clearly() {
     let e = Config::parse(Path::new("g.toml"), src, &env).unwrap_err().to_string();
     assert!(e.contains("servers.h.url: ${client:K} cannot be in a url"), "{e}");
 }
+
+#[test]
+fn the_consent_keys_of_gateway_are_checked() {
+    let at = |src: &str| Config::parse(Path::new("/etc/gw/g.toml"), src, &env);
+    let errors = |src: &str| at(src).err().map(|e| e.to_string()).unwrap_or_default();
+    let g = at("[gateway]\npublic_url = \"https://gw.example/\"\nstate_dir = \"state\"\n")
+        .unwrap()
+        .gateway;
+    assert_eq!(g.public_url.as_deref(), Some("https://gw.example"));
+    assert!(
+        g.state_dir.ends_with("state") && g.state_dir.is_absolute(),
+        "{:?}",
+        g.state_dir
+    );
+    assert!(g.token_key.is_none());
+    for bad in ["ftp://x", "https://gw.example/?next=evil", "https://gw example"] {
+        let e = errors(&format!("[gateway]\npublic_url = {bad:?}\n"));
+        assert!(e.contains("public_url"), "{bad}: {e}");
+    }
+    assert!(errors("[gateway]\ntoken_key = \"short\"\n").contains("token_key must be at least 32"));
+    let e = errors("[gateway]\ntoken_key = \"${NOPE}\"\n");
+    assert!(e.contains("token_key: environment variable NOPE is not set"), "{e}");
+    let k = at("[gateway]\ntoken_key = \"${SET}${SET}${SET}${SET}${SET}${SET}${SET}\"\n").unwrap();
+    assert_eq!(format!("{:?}", k.gateway.token_key), "Some(****)", "a secret");
+}

@@ -24,6 +24,7 @@ mod answer;
 mod checks;
 mod console;
 mod get;
+mod oauth;
 mod post;
 mod session;
 mod stateless;
@@ -257,6 +258,9 @@ pub fn app(http: Http) -> Router {
         .route("/console.js", get(console::script))
         .route("/console.css", get(console::style))
         .route("/metrics", get(status::metrics))
+        .route("/oauth/start", get(oauth::start))
+        .route("/oauth/callback", get(oauth::callback))
+        .route("/oauth/tokens/{server}", axum::routing::delete(oauth::revoke))
         .route(auth::METADATA_PATH, get(status::resource_metadata))
         .route(
             &format!("{}{path}", auth::METADATA_PATH),

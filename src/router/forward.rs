@@ -34,6 +34,11 @@ impl Gateway {
                 return out;
             }
         }
+        if s.oauth().is_some() {
+            // Each user's own token, on a connection of their own (router/consent.rs);
+            // never another replica's session process.
+            return Box::pin(self.forward_for_user(cx, server, method, params)).await;
+        }
         // Cluster mode: a session's own process may run on another replica.
         if let Some(session) = cx.info.session.clone() {
             if let Some(holder) = self.holder(s, &session).await {
@@ -181,7 +186,7 @@ async fn forward_plain(
 /// capabilities and log level (a handshake-era client's from its `initialize` and
 /// `logging/setLevel`), and for a Streamable HTTP server the `Mcp-Param-*` headers the
 /// tool's schema asks for.
-fn stamp(
+pub(super) fn stamp(
     s: &Server,
     client: &Client,
     method: Method,
@@ -209,7 +214,7 @@ fn stamp(
 }
 
 /// The span of one call to server `s`, a child of the current (request) span.
-fn downstream_span(s: &Server, method: Method, name: Option<&str>) -> DownstreamSpan {
+pub(super) fn downstream_span(s: &Server, method: Method, name: Option<&str>) -> DownstreamSpan {
     let version = telemetry::exporting()
         .then(|| s.state().info.as_ref().map(|i| i.protocol_version.clone()))
         .flatten();

@@ -44,6 +44,20 @@ enum Handshake {
     Refused(String),
 }
 
+/// Why a server with `auth.oauth` has no catalog connection yet.
+pub const NEEDS_CONSENT: &str = "waiting for a user's consent (no user has authorized the gateway for it yet)";
+
+/// `spec` with `Authorization: Bearer {token}` in place of any configured one.
+fn with_bearer(spec: &config::HttpSpec, token: &str) -> config::HttpSpec {
+    let mut spec = spec.clone();
+    spec.headers.retain(|(k, _)| !k.eq_ignore_ascii_case("authorization"));
+    spec.headers.push((
+        "Authorization".to_owned(),
+        config::Secret::new(format!("Bearer {token}")),
+    ));
+    spec
+}
+
 /// A connected server: its handle, what it said, and the receiver of what it says on
 /// its own.
 pub(super) type Connected = (Connection, InitInfo, mpsc::Receiver<Incoming>);
@@ -73,6 +87,21 @@ impl Server {
             }
             config::Transport::Http(spec) => spec,
         };
+        if self.oauth().is_some() {
+            // The catalog of a server that acts for each user is listed with the token of
+            // one who consented (see `upstream::consent`); until one has, there is none.
+            let consent = crate::upstream::consent::get().ok_or_else(|| NEEDS_CONSENT.to_owned())?;
+            let token = consent
+                .catalog_token(self)
+                .await
+                .ok_or_else(|| NEEDS_CONSENT.to_owned())?;
+            return self.connect_http(&with_bearer(spec, &token)).await;
+        }
+        self.connect_http(spec).await
+    }
+
+    async fn connect_http(&self, spec: &config::HttpSpec) -> Result<Connected, String> {
+        let (tx, rx) = mpsc::channel(64);
         let timeout = self.settings().timeout;
         if spec.mode != config::HttpMode::Sse {
             let conn = downstream::http::spawn(self.name.clone(), spec, tx)?;
@@ -111,7 +140,7 @@ impl Server {
             return Err("auth applies to remote servers only".into());
         };
         if spec.mode == config::HttpMode::Sse {
-            return Err("auth.token_exchange needs Streamable HTTP, not transport = \"sse\"".into());
+            return Err("auth needs Streamable HTTP, not transport = \"sse\"".into());
         }
         let (tx, rx) = mpsc::channel(64);
         let conn = downstream::http::spawn_as(self.name.clone(), spec, tx, Some(bearer))?;

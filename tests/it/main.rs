@@ -16,6 +16,7 @@ mod cluster_limits;
 mod common;
 mod compose;
 mod config_cli;
+mod consent;
 mod console;
 mod core_catalog;
 mod core_http;

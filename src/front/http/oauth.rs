@@ -1,0 +1,217 @@
+//! The consent endpoints of servers with `auth.oauth` (see `upstream::consent`):
+//! `GET /oauth/start?link=…` (the link a client was given: a 302 to the authorization
+//! server), `GET /oauth/callback` (where the authorization server sends the browser back),
+//! and `DELETE /oauth/tokens/{server}` (the caller forgets its own tokens).
+//!
+//! `/oauth/start` takes exactly one parameter, `link`: the gateway redirects only to the
+//! authorization server it discovered, never to a target named in the request (no open
+//! redirect). The callback never redirects; it shows a small page.
+
+use super::{checks, reject, Http};
+use crate::error::code;
+use crate::upstream::consent::{self, Started, COOKIE};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn page(status: u16, title: &str, text: &str) -> Response {
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    let body = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head><body><h1>{t}</h1><p>{x}</p></body></html>\n",
+        t = esc(title),
+        x = esc(text)
+    );
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    (
+        status,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static("default-src 'none'"),
+            ),
+            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn query_map(raw: Option<&str>) -> Result<HashMap<String, String>, String> {
+    let mut out = HashMap::new();
+    for (k, v) in reqwest::Url::parse("http://x/")
+        .map(|mut u| {
+            u.set_query(raw);
+            u.query_pairs()
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+    {
+        if out.insert(k.clone(), v).is_some() {
+            return Err(format!("the parameter {k:?} is given twice"));
+        }
+    }
+    Ok(out)
+}
+
+fn servers(http: &Http) -> impl Fn(&str) -> Option<Arc<crate::supervisor::Server>> + '_ {
+    move |name| {
+        http.gw
+            .topology()
+            .servers
+            .iter()
+            .find(|s| &*s.name == name && s.oauth().is_some())
+            .cloned()
+    }
+}
+
+fn no_consent() -> Response {
+    page(404, "Not found", "no server of this gateway asks for consent")
+}
+
+/// `GET /oauth/start?link=…`.
+pub(super) async fn start(State(http): State<Http>, RawQuery(raw): RawQuery, headers: HeaderMap) -> Response {
+    let Some(consent) = consent::get() else {
+        return no_consent();
+    };
+    let q = match query_map(raw.as_deref()) {
+        Ok(q) => q,
+        Err(why) => return page(400, "Bad request", &why),
+    };
+    if let Some(other) = q.keys().find(|k| k.as_str() != "link") {
+        // Nothing a request names is ever redirected to.
+        return page(
+            400,
+            "Bad request",
+            &format!("/oauth/start takes only `link`, not {other:?}"),
+        );
+    }
+    let Some(link) = q.get("link") else {
+        return page(400, "Bad request", "/oauth/start needs the `link` it was given");
+    };
+    // A browser carries no credentials; a request that does must be the link's own client.
+    let caller = match headers.get(header::AUTHORIZATION) {
+        None => None,
+        Some(v) => match http.gw.topology().auth.clone().authenticate(Some(v.as_bytes())).await {
+            Ok(identity) => Some(identity.name.clone()),
+            Err(denied) => return page(401, "Not authenticated", &denied.to_string()),
+        },
+    };
+    let https = consent.public_is_https();
+    match consent.start(link, caller.as_deref(), &servers(&http)).await {
+        Started::Redirect { location, cookie } => {
+            let Ok(loc) = HeaderValue::from_str(&location) else {
+                return page(502, "Bad gateway", "the authorization URL is not a valid header value");
+            };
+            let secure = if https { "; Secure" } else { "" };
+            let cookie = format!(
+                "{COOKIE}={cookie}; Path=/oauth/callback; Max-Age={}; HttpOnly; SameSite=Lax{secure}",
+                consent::LINK_LIFETIME.as_secs()
+            );
+            let Ok(cookie) = HeaderValue::from_str(&cookie) else {
+                return page(500, "Error", "cannot set the cookie");
+            };
+            (
+                StatusCode::FOUND,
+                [
+                    (header::LOCATION, loc),
+                    (header::SET_COOKIE, cookie),
+                    (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+                    (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+                ],
+            )
+                .into_response()
+        }
+        Started::Refused { status, why } => page(status, "Consent refused", &why),
+    }
+}
+
+/// The value of our cookie in a `Cookie` header.
+fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// `GET /oauth/callback?code=…&state=…`.
+pub(super) async fn callback(State(http): State<Http>, RawQuery(raw): RawQuery, headers: HeaderMap) -> Response {
+    let Some(consent) = consent::get() else {
+        return no_consent();
+    };
+    let q = match query_map(raw.as_deref()) {
+        Ok(q) => q,
+        Err(why) => return page(400, "Bad request", &why),
+    };
+    match consent.callback(&q, cookie(&headers).as_deref(), &servers(&http)).await {
+        Ok(server) => page(
+            200,
+            "Authorized",
+            &format!("The gateway may now use server '{server}' for you. You can close this page."),
+        ),
+        Err((status, why)) => page(status, "Consent failed", &why),
+    }
+}
+
+/// `DELETE /oauth/tokens/{server}`: the caller's own tokens, authenticated as on the MCP
+/// endpoint.
+pub(super) async fn revoke(State(http): State<Http>, Path(server): Path<String>, headers: HeaderMap) -> Response {
+    let identity = match checks::identify(&http, &headers, b"").await {
+        Ok(Some(i)) => i,
+        Ok(None) => {
+            return reject(
+                StatusCode::UNAUTHORIZED,
+                code::INVALID_REQUEST,
+                "tokens belong to an authenticated caller: configure [clients.*] or [auth.oauth]",
+            )
+            .into_response()
+        }
+        Err(resp) => return resp,
+    };
+    let Some(consent) = consent::get() else {
+        return no_consent();
+    };
+    let topo = http.gw.topology();
+    let Some(s) = topo.servers.iter().find(|s| *s.name == *server) else {
+        return reject(
+            StatusCode::NOT_FOUND,
+            code::INVALID_PARAMS,
+            format!("no server is named {server:?}"),
+        )
+        .into_response();
+    };
+    if s.oauth().is_none() {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_PARAMS,
+            format!("server '{server}' has no auth.oauth: there are no tokens of yours for it"),
+        )
+        .into_response();
+    }
+    match consent.revoke(Some(s), &server, &identity.name).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => reject(
+            StatusCode::NOT_FOUND,
+            code::INVALID_PARAMS,
+            format!("{} has no tokens for server '{server}'", identity.name),
+        )
+        .into_response(),
+        Err(e) => reject(StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL_ERROR, e).into_response(),
+    }
+}

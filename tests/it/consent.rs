@@ -1,0 +1,665 @@
+//! Consent through URL elicitation (`auth.oauth`): the real gateway in front of the
+//! protected MCP fixture (`tests/fixtures/protected_mcp.py`, the Python SDK as an OAuth
+//! resource server) whose authorization server is `tests/fixtures/oauth_as.py`. The
+//! gateway registers itself dynamically, asks each user to consent (-32042 with the
+//! official Python SDK client, a tool error for a client without URL elicitation), and the
+//! test follows the link as a browser would: gateway → AS → gateway callback.
+
+use crate::common::*;
+use crate::interop::{require_deps, venv_python};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const ALICE: &str = "alice-gw-token-7f3a9c";
+const BOB: &str = "bob-gw-token-19c0de";
+
+/// The AS, the protected server behind it, and the gateway in front, fresh for one test.
+struct Setup {
+    _as: Proc,
+    as_base: String,
+    _mcp: Proc,
+    _port: ReservedPort,
+    mcp_base: String,
+    gw: Gateway,
+    state: tempfile::TempDir,
+}
+
+/// The AS and the protected server; the `[clients.*]` and `[servers.docs]` tables for them.
+struct Fixtures {
+    authz: Proc,
+    as_base: String,
+    mcp: Proc,
+    port: ReservedPort,
+    mcp_base: String,
+    tables: String,
+}
+
+async fn fixtures(as_args: &[&str]) -> Fixtures {
+    require_deps();
+    let py = path_str(&venv_python());
+    let mut args = vec!["tests/fixtures/oauth_as.py", "--port", "0"];
+    args.extend_from_slice(as_args);
+    let authz = Proc::start(&py, &args, &[]).await;
+    let as_base = format!("http://127.0.0.1:{}", authz.port);
+    let port = ReservedPort::new();
+    let mcp_base = format!("http://127.0.0.1:{}", port.port);
+    let audience = format!("{mcp_base}/mcp");
+    let p = port.port.to_string();
+    let mcp = Proc::start(
+        &py,
+        &[
+            "tests/fixtures/protected_mcp.py",
+            "--port",
+            &p,
+            "--audience",
+            &audience,
+            "--issuer",
+            &as_base,
+        ],
+        &[],
+    )
+    .await;
+    let tables = format!(
+        "[clients.alice]\ntoken = {ALICE:?}\n\n[clients.bob]\ntoken = {BOB:?}\n\n\
+         [servers.docs]\nurl = \"{audience}\"\nauth = {{ oauth = {{}} }}\n"
+    );
+    Fixtures {
+        authz,
+        as_base,
+        mcp,
+        port,
+        mcp_base,
+        tables,
+    }
+}
+
+async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
+    let f = fixtures(as_args).await;
+    let state = tempfile::tempdir().unwrap();
+    let config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
+    let gw = Gateway::start_with_env(&config, env);
+    Setup {
+        _as: f.authz,
+        as_base: f.as_base,
+        _mcp: f.mcp,
+        _port: f.port,
+        mcp_base: f.mcp_base,
+        gw,
+        state,
+    }
+}
+
+impl Setup {
+    async fn stats(&self) -> Value {
+        reqwest::get(format!("{}/stats", self.as_base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn control(&self, knobs: Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/control", self.as_base))
+            .body(knobs.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+
+    /// Every `Authorization` value the protected server received.
+    async fn seen(&self) -> Vec<String> {
+        reqwest::get(format!("{}/seen", self.mcp_base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// A session of `token` declaring URL elicitation.
+    async fn url_session(&self, token: &str) -> Session {
+        let http = bearer_client(token);
+        Session::open_on(http, &self.gw.url, json!({"elicitation": {"url": {}}})).await
+    }
+
+    /// Waits until `s` sees `tool` in its list (the catalog is listed once a user consented).
+    async fn wait_tool(&self, s: &Session, tool: &str) {
+        for _ in 0..300 {
+            if s.tool_names().await.iter().any(|t| t == tool) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{tool} never listed; gateway log:\n{}", self.gw.logs());
+    }
+
+    /// Asks `s` to call `tool`, expects -32042, and consents in a browser: the callback's page.
+    async fn consent(&self, s: &Session, tool: &str) -> Browsed {
+        let r = s.call(tool, json!({})).await;
+        let url = elicitation_url(&r);
+        let b = browse(&url, None).await;
+        assert_eq!(b.status, 200, "{b:?}\n{}", self.gw.logs());
+        b
+    }
+}
+
+/// What `whoami` answered: the claims of the token the server got.
+fn who(r: &Value) -> Value {
+    serde_json::from_str(&text(r)).unwrap_or_else(|_| panic!("not whoami's answer: {r}"))
+}
+
+fn bearer_client(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    reqwest::Client::builder().default_headers(headers).build().unwrap()
+}
+
+/// The URL of a -32042 answer's one URL elicitation.
+fn elicitation_url(r: &Value) -> String {
+    let e = &r["error"];
+    assert_eq!(e["code"], -32042, "{r}");
+    assert_eq!(e["message"], "URL elicitation required");
+    let el = &e["data"]["elicitations"][0];
+    assert_eq!(el["mode"], "url", "{r}");
+    assert!(el["elicitationId"].as_str().is_some_and(|s| s.len() >= 32), "{r}");
+    assert!(el["message"].as_str().unwrap().contains("docs"), "{r}");
+    el["url"].as_str().unwrap().to_owned()
+}
+
+/// What a browser did: each URL it went to, and the last answer.
+#[derive(Debug)]
+struct Browsed {
+    visited: Vec<String>,
+    status: u16,
+    body: String,
+    /// The gateway's cookies it held at the end.
+    cookies: HashMap<String, String>,
+}
+
+/// Follows redirects from `url` as a browser would, keeping the cookies each origin sets
+/// (by host:port) and sending them back; `auth` goes with the first request only.
+async fn browse(url: &str, auth: Option<&str>) -> Browsed {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let mut jar: HashMap<String, HashMap<String, String>> = HashMap::new();
+    let mut visited = Vec::new();
+    let mut next = url.to_owned();
+    for hop in 0..10 {
+        let u = reqwest::Url::parse(&next).unwrap();
+        let origin = format!("{}:{}", u.host_str().unwrap(), u.port().unwrap_or(80));
+        let mut req = http.get(u.clone());
+        if let Some(c) = jar.get(&origin) {
+            let v = c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
+            req = req.header("cookie", v);
+        }
+        if let (0, Some(t)) = (hop, auth) {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let r = req.send().await.unwrap();
+        visited.push(next.clone());
+        for sc in r.headers().get_all("set-cookie") {
+            let kv = sc.to_str().unwrap().split(';').next().unwrap();
+            let (k, v) = kv.split_once('=').unwrap();
+            jar.entry(origin.clone()).or_default().insert(k.into(), v.into());
+        }
+        let status = r.status().as_u16();
+        if status == 302 || status == 303 {
+            let loc = r.headers()["location"].to_str().unwrap();
+            next = u.join(loc).unwrap().to_string();
+            continue;
+        }
+        let gw_origin = jar.keys().next().cloned().unwrap_or_default();
+        return Browsed {
+            visited,
+            status,
+            body: r.text().await.unwrap(),
+            cookies: jar.remove(&gw_origin).unwrap_or_default(),
+        };
+    }
+    panic!("too many redirects: {visited:?}");
+}
+
+fn query_of(url: &str) -> HashMap<String, String> {
+    reqwest::Url::parse(url).unwrap().query_pairs().into_owned().collect()
+}
+
+/// The Python SDK client (`tests/interop/py_consent.py`), one JSON line each way.
+struct PyClient {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl PyClient {
+    fn start(url: &str, token: &str, ask: &str, then: &str) -> PyClient {
+        let mut child = Command::new(venv_python())
+            .arg(repo().join("tests/interop/py_consent.py"))
+            .args([url, "--token", token, "--ask", ask, "--then", then])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        PyClient { child, lines }
+    }
+
+    fn next(&self, event: &str) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("py_consent said nothing while waiting for {event}"));
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["event"], event, "{v}");
+        v
+    }
+}
+
+impl Drop for PyClient {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take().map(|mut s| s.flush()));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_client_consents_through_url_elicitation_and_then_calls_with_its_own_token() {
+    let s = setup(&[], &[("MCP_GATEWAY_LOG", "trace")]).await;
+    // No user has consented yet: the server offers only the tool that asks.
+    let probe = Session::open_as(&s.gw.url, ALICE).await;
+    assert_eq!(probe.tool_names().await, vec!["docs__authorize".to_owned()]);
+
+    let py = PyClient::start(&s.gw.url, ALICE, "docs__authorize", "docs__whoami");
+    let el = py.next("elicitation");
+    assert_eq!(el["code"], -32042);
+    assert_eq!(el["mode"], "url");
+    let url = el["url"].as_str().unwrap();
+    assert!(url.starts_with(&format!("{}/oauth/start?link=", s.gw.base)), "{url}");
+    let browsed = browse(url, None).await;
+    assert_eq!(browsed.status, 200, "{browsed:?}");
+    assert!(browsed.body.contains("You can close this page"), "{}", browsed.body);
+    // gateway → AS (PKCE S256, its own state, the registered callback) → gateway callback.
+    assert_eq!(browsed.visited.len(), 3, "{:?}", browsed.visited);
+    let authorize = query_of(&browsed.visited[1]);
+    assert!(browsed.visited[1].starts_with(&format!("{}/authorize?", s.as_base)));
+    assert_eq!(authorize["code_challenge_method"], "S256");
+    assert_eq!(authorize["redirect_uri"], format!("{}/oauth/callback", s.gw.base));
+    assert_eq!(authorize["resource"], format!("{}/mcp", s.mcp_base));
+    assert!(!url.contains(&authorize["state"]), "the AS's state is not the link");
+    let done = py.next("complete");
+    assert_eq!(done["elicitationId"], el["elicitationId"]);
+    let result = py.next("result");
+    assert_eq!(result["isError"], false, "{result}");
+    let me: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(me["sub"], "alice", "{result}");
+    assert_eq!(me["aud"], format!("{}/mcp", s.mcp_base));
+
+    // The server saw only tokens the AS issued, never the gateway's own client token.
+    let seen = s.seen().await;
+    assert!(!seen.is_empty());
+    for v in &seen {
+        let t = v.strip_prefix("Bearer ").unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(t.split('.').count(), 3, "a JWT of the AS: {v}");
+        assert!(!v.contains(ALICE) && !v.contains(BOB));
+    }
+    let stats = s.stats().await;
+    assert_eq!(stats["register"], 1, "{stats}");
+    assert_eq!(stats["authorize"], 1, "{stats}");
+    assert_eq!(stats["token"]["authorization_code"], 1, "{stats}");
+
+    // No token at trace level, on /status, or in the store's file in clear.
+    let code = query_of(&browsed.visited[2])["code"].clone();
+    let link = query_of(url)["link"].clone();
+    let logs = s.gw.logs();
+    assert!(logs.contains("TRACE") || logs.contains("trace"), "trace logging is on");
+    let status = reqwest::Client::new()
+        .get(format!("{}/status", s.gw.base))
+        .header("authorization", format!("Bearer {ALICE}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let file = std::fs::read_to_string(s.state.path().join("tokens.json")).unwrap();
+    for v in &seen {
+        let t = &v["Bearer ".len()..];
+        let sig = t.rsplit('.').next().unwrap();
+        assert!(!logs.contains(sig), "an access token in the gateway's log");
+        assert!(!status.contains(sig), "an access token on /status");
+        assert!(!file.contains(sig), "an access token in clear in tokens.json");
+    }
+    for (what, secret) in [
+        ("the code", &code),
+        ("the link", &link),
+        ("alice's token", &ALICE.to_owned()),
+    ] {
+        assert!(!logs.contains(secret.as_str()), "{what} in the gateway's log");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["tokens.json", "token.key"] {
+        let mode = std::fs::metadata(s.state.path().join(f)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_without_url_elicitation_gets_a_tool_error_with_the_link() {
+    let s = setup(&[], &[]).await;
+    let bob = Session::open_as(&s.gw.url, BOB).await;
+    let r = bob.call("docs__authorize", json!({})).await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    let text = text(&r);
+    let at = text.find("/oauth/start?link=").unwrap_or_else(|| panic!("{text}"));
+    let url = format!("{}{}", s.gw.base, text[at..].split_whitespace().next().unwrap());
+    let b = browse(&url, None).await;
+    assert_eq!(b.status, 200, "{b:?}");
+    // bob's own next call goes with bob's token (his catalog came with the consent).
+    s.wait_tool(&bob, "docs__whoami").await;
+    let r = bob.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "the AS's one user: {r}");
+    // An unauthenticated caller cannot consent: the endpoint refuses it (401).
+    let anon = reqwest::Client::new()
+        .post(&s.gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anon.status(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stolen_replayed_and_redirected_consents_are_refused() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
+    let link = query_of(&url)["link"].clone();
+
+    // An open-redirect attempt: /oauth/start takes nothing but the link.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for extra in [
+        "redirect_uri=https://evil.example/cb",
+        "next=https://evil.example/",
+        "link=again",
+    ] {
+        let r = http.get(format!("{url}&{extra}")).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{extra}");
+        assert!(r.headers().get("location").is_none(), "{extra}");
+    }
+    // Stolen: bob (authenticated as bob) opens alice's link.
+    let stolen = browse(&url, Some(BOB)).await;
+    assert_eq!(stolen.status, 403, "{stolen:?}");
+    assert!(stolen.body.contains("another client"), "{}", stolen.body);
+    assert_eq!(stolen.visited.len(), 1, "no redirect for a stolen link");
+    assert_eq!(s.stats().await["authorize"], 0);
+
+    // The link still works once for alice's browser; the callback in another browser
+    // (no cookie) is refused, and the flow it began is spent.
+    let http2 = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let start = http2.get(&url).send().await.unwrap();
+    assert_eq!(start.status(), 302);
+    let to_as = start.headers()["location"].to_str().unwrap().to_owned();
+    assert!(
+        to_as.starts_with(&format!("{}/authorize?", s.as_base)),
+        "only to the AS: {to_as}"
+    );
+    let cookie = start.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"),
+        "{cookie}"
+    );
+    let back = http2.get(&to_as).send().await.unwrap();
+    assert_eq!(back.status(), 302);
+    let callback = back.headers()["location"].to_str().unwrap().to_owned();
+    assert!(callback.starts_with(&format!("{}/oauth/callback?", s.gw.base)));
+    let other_browser = http2.get(&callback).send().await.unwrap();
+    assert_eq!(other_browser.status(), 403);
+    assert!(other_browser.headers().get("location").is_none());
+    let again = http2
+        .get(&callback)
+        .header("cookie", cookie.split(';').next().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 400, "a spent flow");
+    // The link was used once: a second start is refused.
+    assert_eq!(http2.get(&url).send().await.unwrap().status(), 404);
+    assert_eq!(s.stats().await["token_requests"], 0, "no code was exchanged");
+
+    // A fresh link, completed properly, then its callback replayed.
+    let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
+    assert_ne!(query_of(&url)["link"], link);
+    let b = browse(&url, Some(ALICE)).await;
+    assert_eq!(b.status, 200, "{b:?}");
+    let cookie = b
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let replay = http2.get(&b.visited[2]).header("cookie", cookie).send().await.unwrap();
+    assert_eq!(replay.status(), 400, "a replayed callback");
+    assert_eq!(s.stats().await["token"]["authorization_code"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_refresh_token_is_used_before_the_user_is_asked_again() {
+    // Tokens live 30 s: each is within the gateway's refresh margin at once.
+    let s = setup(&["--expires-in", "30"], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    s.control(json!({"reset_stats": true, "expires_in": 3600})).await;
+    let r = alice.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+    let stats = s.stats().await;
+    assert!(stats["token"]["refresh_token"].as_u64().unwrap() >= 1, "{stats}");
+    assert_eq!(stats["authorize"], 0, "not asked again: {stats}");
+    // A refreshed token lives an hour now: the next call uses it as it is.
+    let before = s.stats().await["token_requests"].clone();
+    let r = alice.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+    assert_eq!(s.stats().await["token_requests"], before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_are_revoked_by_delete_and_by_the_command_line() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let r = alice.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+
+    let del = |token: &'static str, server: &'static str| {
+        let url = format!("{}/oauth/tokens/{server}", s.gw.base);
+        async move {
+            let r = bearer_client(token).delete(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    assert_eq!(del(BOB, "docs").await.0, 404, "bob has none");
+    let (status, body) = del(ALICE, "nope").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("nope"), "{body}");
+    assert_eq!(del(ALICE, "docs").await.0, 204);
+    assert_eq!(s.stats().await["revoke"], 1, "the refresh token was revoked at the AS");
+    elicitation_url(&alice.call("docs__whoami", json!({})).await);
+    assert_eq!(del(ALICE, "docs").await.0, 404, "gone already");
+    let unauthenticated = reqwest::Client::new()
+        .delete(format!("{}/oauth/tokens/docs", s.gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthenticated.status(), 401);
+
+    // Again, then revoked on the command line (the store's file, read by the running gateway).
+    s.consent(&alice, "docs__whoami").await;
+    let r = alice.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+    let cli = |client: &str| {
+        Command::new(BIN)
+            .args(["tokens", "revoke", "--client", client, "--server", "docs", "--config"])
+            .arg(s.gw.config_path())
+            .output()
+            .unwrap()
+    };
+    let out = cli("alice");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("revoked alice's tokens for server 'docs'"));
+    elicitation_url(&alice.call("docs__whoami", json!({})).await);
+    let out = cli("alice");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("alice has no tokens"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_the_users_tokens_through_redis_sealed() {
+    let redis = Redis::start();
+    let f = fixtures(&[]).await;
+    let gws = crate::cluster::replicas(2, &redis, &f.tables, "");
+    let on_a = Session::open_on(bearer_client(ALICE), &gws[0].url, json!({"elicitation": {"url": {}}})).await;
+    let mut stream = on_a.get_stream().await;
+    let r = on_a.call("docs__authorize", json!({})).await;
+    let url = elicitation_url(&r);
+    let eid = r["error"]["data"]["elicitations"][0]["elicitationId"].clone();
+    assert!(url.starts_with(&format!("{}/oauth/start?", gws[0].base)), "{url}");
+    // The browser reaches the other replica (a balancer without sticky sessions): the
+    // link and the flow are in Redis, and the session asked hears of it over the bus.
+    let url = url.replace(&gws[0].base, &gws[1].base);
+    let b = browse(&url, None).await;
+    assert_eq!(b.status, 200, "{b:?}\n{}", gws[1].logs());
+    assert!(
+        b.visited[2].starts_with(&format!("{}/oauth/callback?", gws[1].base)),
+        "{b:?}"
+    );
+    let note = loop {
+        let m = stream
+            .next(Duration::from_secs(10))
+            .await
+            .expect("notifications/elicitation/complete on the GET stream");
+        if m["method"] == "notifications/elicitation/complete" {
+            break m;
+        }
+    };
+    assert_eq!(note["params"]["elicitationId"], eid);
+    // Single use across replicas: the same link on replica a is spent.
+    let again = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(url.replace(&gws[1].base, &gws[0].base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 404);
+
+    // Replica b finds alice's tokens in Redis: no new consent.
+    let on_b = Session::open_on(bearer_client(ALICE), &gws[1].url, json!({"elicitation": {"url": {}}})).await;
+    // (It served the callback, so it lists the server's catalog at once.)
+    for _ in 0..300 {
+        if on_b.tool_names().await.iter().any(|t| t == "docs__whoami") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = on_b.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+    // Replica a, where alice was asked, uses the tokens replica b stored.
+    let r = if on_a.tool_names().await.iter().any(|t| t == "docs__whoami") {
+        let r = on_a.call("docs__whoami", json!({})).await;
+        assert_eq!(who(&r)["sub"], "alice", "{r}");
+        r
+    } else {
+        let r = on_a.call("docs__authorize", json!({})).await;
+        assert!(text(&r).contains("You have authorized"), "{r}");
+        r
+    };
+    assert!(r.get("error").is_none(), "{r}");
+    let stats: Value = reqwest::get(format!("{}/stats", f.as_base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["authorize"], 1, "one consent for both replicas: {stats}");
+
+    // What Redis holds is sealed.
+    let stored = redis.cli(&["HGET", "mcpgw:oauth:tokens:docs", "alice"]);
+    assert!(stored.starts_with("1.") && !stored.contains("eyJ"), "{stored}");
+
+    // The command line revokes in Redis: both replicas ask again.
+    let out = Command::new(BIN)
+        .args(["tokens", "revoke", "--client", "alice", "--server", "docs", "--config"])
+        .arg(gws[1].config_path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Redis"));
+    // (Replica a may still list only `docs__authorize`: it lists the catalog on its next
+    // start, up to 30 s later; replica b was woken by the consent it served.)
+    let tool = if on_a.tool_names().await.iter().any(|t| t == "docs__whoami") {
+        "docs__whoami"
+    } else {
+        "docs__authorize"
+    };
+    elicitation_url(&on_a.call(tool, json!({})).await);
+    elicitation_url(&on_b.call("docs__whoami", json!({})).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stdio_gateway_uses_the_stored_tokens_but_cannot_ask() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, "docs__authorize").await;
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let mut as_alice = StdioGateway::start(&config, &[("MCP_GATEWAY_CLIENT", "alice")]);
+    as_alice.initialize();
+    let (_, r) = as_alice.request(json!(2), "tools/call", json!({"name": "docs__whoami", "arguments": {}}));
+    assert_eq!(who(&r)["sub"], "alice", "{r}\n{}", as_alice.logs());
+    let mut as_bob = StdioGateway::start(&config, &[("MCP_GATEWAY_CLIENT", "bob")]);
+    as_bob.initialize();
+    let (_, r) = as_bob.request(json!(2), "tools/call", json!({"name": "docs__whoami", "arguments": {}}));
+    let e = r["error"]["message"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(e.contains("mcp-gateway serve"), "{r}");
+    assert!(
+        as_bob.stdout.lock().unwrap().iter().all(|l| l.starts_with('{')),
+        "stdout: JSON-RPC only"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_without_oauth_servers_keeps_no_state() {
+    let state = tempfile::tempdir().unwrap();
+    let xdg = path_str(state.path());
+    let gw = Gateway::start_with_env(
+        &server("calc", &unique("calc"), &[], ""),
+        &[("XDG_STATE_HOME", xdg.as_str())],
+    );
+    let s = gw.session().await;
+    assert!(!s.tool_names().await.is_empty());
+    assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0, "no token.key made");
+}
