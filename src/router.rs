@@ -287,7 +287,7 @@ impl Gateway {
     /// this process, and in cluster mode wherever its GET stream is held.
     fn deliver(&self, key: &str, line: Bytes) {
         if let Some(c) = self.live(key) {
-            let _ = c.own.send(line.clone());
+            c.send_own(line.clone());
         }
         self.deliver_elsewhere(key, line);
     }
