@@ -271,7 +271,7 @@ impl Stateless {
         if m == Method::SubscriptionsListen {
             let listen = Listening {
                 id,
-                params: env.params,
+                params: env.params.into_raw(),
                 capabilities: env.capabilities,
                 client,
                 identity,
@@ -314,7 +314,7 @@ impl Stateless {
             client,
             id,
             method: m,
-            params: env.params,
+            params: env.params.into_raw(),
             parent,
             finish,
             held,

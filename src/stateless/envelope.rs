@@ -54,8 +54,9 @@ pub struct Envelope {
     pub capabilities: Map<String, Value>,
     /// The log level rank its `_meta` asked for; none: no log messages.
     pub log_rank: Option<usize>,
-    /// The params for the router: the revision's own `_meta` keys taken out.
-    pub params: Option<Box<RawValue>>,
+    /// The params for the router: the revision's own `_meta` keys taken out, left opened
+    /// (the router does not parse them again).
+    pub params: message::Incoming,
     /// `params.uri` of a `resources/read`, for its not-found error.
     pub uri: Option<String>,
     /// What a call that may ask questions is resumed by: its target (`params.name` or
@@ -195,7 +196,11 @@ pub fn check(
         retry.state = opened("requestState");
         retry.responses = opened("inputResponses");
     }
-    let params = (!p.is_empty() || given).then(|| p.into_raw());
+    let params = if p.is_empty() && !given {
+        message::Incoming::Raw(None)
+    } else {
+        message::Incoming::Opened(p)
+    };
     Ok(Envelope {
         capabilities,
         log_rank,
@@ -413,6 +418,43 @@ mod tests {
         assert!(peek_meta("null").is_none());
         assert!(peek_meta("[]").is_none());
         assert!(peek_meta("{}").unwrap().iter().all(Option::is_none));
+    }
+
+    /// The params the router gets opened are the ones it would get written out and parsed
+    /// again (as before they were handed over opened): the same bytes go downstream.
+    #[test]
+    fn opened_params_go_downstream_as_written_ones_would() {
+        let meta = format!(r#""{META_VERSION}":"{VERSION}","{META_CAPS}":{{}}"#);
+        for text in [
+            format!(r#"{{"name":"s__e","arguments":{{"t":"x"}},"_meta":{{{meta}}}}}"#),
+            format!(
+                r#"{{ "name" : "s__e", "arguments":{{"z":1.50, "a" : [2e3]}},"_meta":{{{meta},"progressToken":1.50,"k":"caf\u00e9"}},"task":{{}}}}"#
+            ),
+            format!(
+                r#"{{"n\u0061me":"s__e","name":"s__f","_meta":{{{meta},"io.modelcontextprotocol/clientInfo":{{"name":"c"}}}},"x":null}}"#
+            ),
+            format!(r#"{{"_meta":{{{meta},"progress\u0054oken":"t"}},"name":"s__e"}}"#),
+        ] {
+            let envelope = || {
+                let raw = RawValue::from_string(text.clone()).unwrap();
+                check(None, "tools/call", Method::ToolsCall, Some(raw), |_| None)
+                    .ok()
+                    .unwrap()
+                    .params
+            };
+            // What call_named and forward do to them.
+            let downstream = |mut m: message::Members| {
+                m.insert_str("name", "e");
+                let token = m.take_progress().map(|t| t.get().to_owned());
+                let mut out = Vec::new();
+                m.write_to(&mut out);
+                (String::from_utf8(out).unwrap(), token)
+            };
+            let opened = downstream(envelope().into_members().unwrap());
+            let again = message::Incoming::Raw(envelope().into_raw());
+            assert!(matches!(envelope(), message::Incoming::Opened(_)));
+            assert_eq!(opened, downstream(again.into_members().unwrap()), "{text}");
+        }
     }
 
     #[test]
