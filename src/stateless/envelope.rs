@@ -241,18 +241,6 @@ fn peek_meta(raw: &str) -> Option<[Option<&RawValue>; 3]> {
     serde::Deserializer::deserialize_map(&mut de, Own).ok().flatten()
 }
 
-/// Whether a tool's `inputSchema` asks for any `Mcp-Param-*` header (see
-/// [`check_param_headers`]).
-pub fn has_param_headers(schema: &Value) -> bool {
-    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
-        return false;
-    };
-    props.values().any(|prop| match prop.get("x-mcp-header") {
-        Some(Value::String(_)) => true,
-        _ => prop.get("properties").is_some() && has_param_headers(prop),
-    })
-}
-
 /// Checks the `Mcp-Param-{h}` headers a tool's `inputSchema` asks for (`x-mcp-header: h` on a
 /// property reached through `properties` keys only) against the call's arguments: a value
 /// in the body needs its header, equal after Base64 decoding (numbers compared as numbers).
