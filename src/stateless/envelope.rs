@@ -26,7 +26,16 @@ const NAME_HEADER: &str = "mcp-name";
 pub trait Headers {
     /// The value of the header `name` (lowercase), as sent; the first one if repeated.
     fn header(&self, name: &str) -> Option<&[u8]>;
+
+    /// `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name`, as [`Headers::header`] gives
+    /// them (a transport may find the three at once).
+    fn mcp(&self) -> [Option<&[u8]>; 3] {
+        MCP_HEADERS.map(|name| self.header(name))
+    }
 }
+
+/// The headers every request of the revision carries, in [`Headers::mcp`] order.
+pub const MCP_HEADERS: [&str; 3] = [VERSION_HEADER, METHOD_HEADER, NAME_HEADER];
 
 /// True when a request is one of this revision: its `params._meta` names a protocol
 /// version, or (for any method but `initialize`) the transport's `MCP-Protocol-Version`
@@ -133,8 +142,14 @@ pub fn check(
     let Some(Value::Object(capabilities)) = capabilities else {
         return Err(bad(&format!("params._meta needs {META_CAPS} (an object)")));
     };
-    if let Some(h) = headers {
-        agrees(text(h, VERSION_HEADER)?, "MCP-Protocol-Version", &version, "_meta")?;
+    let [sent_version, sent_method, sent_name] = headers.map(Headers::mcp).unwrap_or_default();
+    if headers.is_some() {
+        agrees(
+            visible(VERSION_HEADER, sent_version)?,
+            "MCP-Protocol-Version",
+            &version,
+            "_meta",
+        )?;
     }
     if version != VERSION {
         return Err(Error::client(
@@ -147,8 +162,8 @@ pub fn check(
         .with_data(json!({ "supported": super::supported_versions(), "requested": version }))
         .with_status(400));
     }
-    if let Some(h) = headers {
-        agrees(text(h, METHOD_HEADER)?, "Mcp-Method", method, "body")?;
+    if headers.is_some() {
+        agrees(visible(METHOD_HEADER, sent_method)?, "Mcp-Method", method, "body")?;
     }
     if !m.is_stateless() {
         return Err(Error::client(
@@ -162,7 +177,7 @@ pub fn check(
     if let Some(field) = m.target_field() {
         if let Some(body) = p.get_str(field) {
             if let Some(h) = headers {
-                let name = text(h, NAME_HEADER)?.map(decode).transpose()?;
+                let name = visible(NAME_HEADER, sent_name)?.map(decode).transpose()?;
                 agrees(name.as_deref(), "Mcp-Name", &body, "body")?;
                 if m == Method::ToolsCall {
                     if let Some(schema) = tool_schema(&body) {
@@ -279,7 +294,12 @@ pub fn check_param_headers(headers: &dyn Headers, schema: &Value, arguments: Opt
 
 /// A header's value, trimmed; -32020 when it is not visible ASCII (or tabs).
 fn text<'h>(headers: &'h dyn Headers, name: &str) -> Result<Option<&'h str>, Error> {
-    let Some(v) = headers.header(name) else {
+    visible(name, headers.header(name))
+}
+
+/// [`text`] of a value looked up already.
+fn visible<'h>(name: &str, value: Option<&'h [u8]>) -> Result<Option<&'h str>, Error> {
+    let Some(v) = value else {
         return Ok(None);
     };
     let visible = v.iter().all(|&b| (32..127).contains(&b) || b == b'\t');

@@ -18,20 +18,33 @@ use futures::StreamExt;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+/// The flow's own header names, parsed once (in [`Headers::mcp`] order): looking a header
+/// up by `&str` parses and validates the name every time (a few hundred instructions).
+static KNOWN: [HeaderName; 3] = [
+    HeaderName::from_static("mcp-protocol-version"),
+    HeaderName::from_static("mcp-method"),
+    HeaderName::from_static("mcp-name"),
+];
+
 impl Headers for HeaderMap {
     fn header(&self, name: &str) -> Option<&[u8]> {
-        // The flow's own names are parsed once: looking a header up by `&str` parses and
-        // validates the name every time (a few hundred instructions per lookup).
-        static KNOWN: [HeaderName; 3] = [
-            HeaderName::from_static("mcp-protocol-version"),
-            HeaderName::from_static("mcp-method"),
-            HeaderName::from_static("mcp-name"),
-        ];
         match KNOWN.iter().find(|k| k.as_str() == name) {
             Some(k) => self.get(k),
             None => self.get(name),
         }
         .map(|v| v.as_bytes())
+    }
+
+    /// One pass over the request's few headers instead of three hashed lookups; the first
+    /// value of each, as [`HeaderMap::get`] gives.
+    fn mcp(&self) -> [Option<&[u8]>; 3] {
+        let mut out = [None; 3];
+        for (name, value) in self {
+            if let Some(i) = KNOWN.iter().position(|k| k == name) {
+                out[i].get_or_insert(value.as_bytes());
+            }
+        }
+        out
     }
 }
 
@@ -122,5 +135,25 @@ pub(super) async fn serve(
             });
             sse_response(Body::from_stream(frames))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn the_three_headers_at_once_are_the_ones_looked_up() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("x"));
+        h.append("mcp-name", HeaderValue::from_static("first"));
+        h.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        h.append("mcp-name", HeaderValue::from_static("second"));
+        h.insert("mcp-param-x", HeaderValue::from_static("y"));
+        let one_by_one = crate::stateless::envelope::MCP_HEADERS.map(|n| h.header(n));
+        assert_eq!(h.mcp(), one_by_one);
+        assert_eq!(h.mcp(), [None, Some(&b"tools/call"[..]), Some(&b"first"[..])]);
+        assert_eq!(HeaderMap::new().mcp(), [None; 3]);
     }
 }
