@@ -41,21 +41,12 @@ pub const MCP_HEADERS: [&str; 3] = [VERSION_HEADER, METHOD_HEADER, NAME_HEADER];
 /// version, or (for any method but `initialize`) the transport's `MCP-Protocol-Version`
 /// header names this revision.
 pub fn is_stateless(headers: Option<&dyn Headers>, method: &str, params: Option<&RawValue>) -> bool {
-    (method != "initialize" && headers.is_some_and(names_revision))
-        || meta(params).is_some_and(|m| m.contains_key(META_VERSION))
+    (method != "initialize" && headers.is_some_and(names_revision)) || message::meta_has(params, META_VERSION)
 }
 
 /// True when the `MCP-Protocol-Version` header names this revision.
 pub fn names_revision(headers: &dyn Headers) -> bool {
     matches!(text(headers, VERSION_HEADER), Ok(Some(v)) if v == VERSION)
-}
-
-fn meta(params: Option<&RawValue>) -> Option<Map<String, Value>> {
-    let mut p = message::params_object(params).ok()?;
-    match p.remove("_meta") {
-        Some(Value::Object(m)) => Some(m),
-        _ => None,
-    }
 }
 
 /// A request that passed [`check`].
