@@ -48,6 +48,31 @@ impl Headers for HeaderMap {
     }
 }
 
+/// What a stateless request's client id starts with (the principal follows).
+const CLIENT_PREFIX: &str = "stateless:";
+
+/// An address as `Display` writes it; an IPv4 one without the formatting machinery (a
+/// thousand instructions per request).
+fn ip_text(ip: std::net::IpAddr) -> String {
+    let std::net::IpAddr::V4(v4) = ip else {
+        return ip.to_string();
+    };
+    let mut s = String::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        if octet >= 100 {
+            s.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            s.push(char::from(b'0' + octet / 10 % 10));
+        }
+        s.push(char::from(b'0' + octet % 10));
+    }
+    s
+}
+
 /// A 2026-07-28 request, run as an ephemeral client named after the caller's identity
 /// (with auth) or IP address.
 pub(super) async fn serve(
@@ -74,16 +99,19 @@ pub(super) async fn serve(
     };
     let principal = match (&who, peer) {
         (Some(i), _) => i.name.clone(),
-        (None, Some(ip)) => ip.to_string(),
+        (None, Some(ip)) => ip_text(ip),
         (None, None) => "unknown".to_owned(),
     };
+    let mut client = String::with_capacity(CLIENT_PREFIX.len() + principal.len());
+    client.push_str(CLIENT_PREFIX);
+    client.push_str(&principal);
     let request = stateless::Request {
         id,
         method,
         params,
         headers: Some(headers),
         identity: who,
-        client: format!("stateless:{principal}"),
+        client,
         principal,
         parent: crate::telemetry::from_headers(headers),
         streams: accept.is_some_and(|a| a.sse),
@@ -155,5 +183,25 @@ mod tests {
         assert_eq!(h.mcp(), one_by_one);
         assert_eq!(h.mcp(), [None, Some(&b"tools/call"[..]), Some(&b"first"[..])]);
         assert_eq!(HeaderMap::new().mcp(), [None; 3]);
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for ip in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.200.9.100",
+            "::1",
+            "::ffff:1.2.3.4",
+            "fe80::1",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+        for o in 0..=255u8 {
+            let ip = std::net::IpAddr::from([o, 0, o, 9]);
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
     }
 }
