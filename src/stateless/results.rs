@@ -28,13 +28,13 @@ pub struct Finish {
 }
 
 impl Finish {
-    /// The response as the revision sends it. A large result of the usual case goes out
-    /// in parts, its own bytes shared (as on the session path), the revision's members
-    /// after them: see [`message::Answer::spliced`].
+    /// The response as the revision sends it. A result of the usual case is written
+    /// once, the revision's members spliced in (a large one goes out in parts, its own
+    /// bytes shared, as on the session path): see [`message::Answer::spliced`].
     pub fn answer(&self, id: &Id, out: Outcome) -> message::Answer {
         if let Outcome::Result(r) = &out {
             let usual = self.hint.is_none() && !self.method.is_cacheable();
-            if usual && r.get().len() >= message::LARGE_RESULT {
+            if usual {
                 if let Some((keep, rest)) = splice_at(r.get(), "", "") {
                     return message::Answer::spliced(id, r, keep, &rest);
                 }
@@ -281,6 +281,30 @@ mod tests {
         match complete(Method::ToolsCall, v, &server_info(), false) {
             Outcome::Result(r) => r.get().to_owned(),
             Outcome::Error(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_small_result_is_written_once_as_its_decorated_outcome_would_be() {
+        let f = Finish {
+            method: Method::ToolsCall,
+            private: false,
+            uri: None,
+            hint: None,
+        };
+        let id = Id::string("c");
+        for r in [
+            r#"{"content":[{"type":"text","text":"hi"}]}"#,
+            r#" { "content" : [ ] , "isError" : true } "#,
+            "{}",
+            r#"{"content":[],"_meta":{"k":1}}"#,
+            "[1]",
+        ] {
+            let out = || Outcome::Result(message::Raw::written(r.to_owned()));
+            let message::Answer::Whole(line) = f.answer(&id, out()) else {
+                panic!("a small answer in parts")
+            };
+            assert_eq!(line, message::response(&id, &f.apply(out())), "{r}");
         }
     }
 
