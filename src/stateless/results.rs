@@ -182,9 +182,16 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
     static MIDDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let text = result.trim();
     let inner = text.strip_prefix('{')?.strip_suffix('}')?;
-    let top: Top = serde_json::from_str(text).ok()?;
-    if top.result_type.0 || top.meta.0 || top.ttl.0 || top.scope.0 {
-        return None;
+    // A result whose text spells none of those names (nor any `\u` escape, which could
+    // spell one) has none of them: it is valid JSON, so an object, and is not parsed.
+    let spelled = [&b"resultType"[..], b"_meta", b"ttlMs", b"cacheScope", b"\\u"]
+        .iter()
+        .any(|n| memchr::memmem::find(text.as_bytes(), n).is_some());
+    if spelled {
+        let top: Top = serde_json::from_str(text).ok()?;
+        if top.result_type.0 || top.meta.0 || top.ttl.0 || top.scope.0 {
+            return None;
+        }
     }
     let middle = MIDDLE.get_or_init(|| {
         let meta = json!({ META_SERVER_INFO: server_info() });
@@ -339,6 +346,8 @@ mod tests {
             r#"{"content":[{"type":"text","text":"hi"}],"isError":false}"#,
             r#"{}"#,
             r#"{"structuredContent":{"a":[1,2.5,"x\"y"]},"content":[]}"#,
+            // The names inside, not as members: parsed to see, then spliced.
+            r#"{"content":[{"type":"text","text":"_meta resultType"}],"x":{"ttlMs":1}}"#,
         ] {
             assert_eq!(splice(r, "", "").unwrap(), through_tree(r), "{r}");
         }
@@ -348,12 +357,18 @@ mod tests {
         let tree: Value = serde_json::from_str(&through_tree(r)).unwrap();
         assert_eq!(spliced, tree);
         assert_eq!(splice("{ }", "", "").unwrap(), through_tree("{}"));
+        // An escape stays as the server wrote it: the same JSON.
+        let r = r#"{"content":[{"type":"text","text":"caf\u00e9"}]}"#;
+        let spliced: Value = serde_json::from_str(&splice(r, "", "").unwrap()).unwrap();
+        assert_eq!(spliced, serde_json::from_str::<Value>(&through_tree(r)).unwrap());
         // Members the splice would repeat (or a repeated one), non-objects: the tree decides.
         for r in [
             r#"{"resultType":"input_required"}"#,
             r#"{"_meta":{"x":1},"content":[]}"#,
             r#"{"_meta":null}"#,
             r#"{"resultType":"complete","resultType":"complete"}"#,
+            r#"{"content":[],"_m\u0065ta":{}}"#,
+            r#"{"\u0074tlMs":1}"#,
             r#"[1]"#,
             r#""text""#,
         ] {
