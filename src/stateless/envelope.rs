@@ -295,7 +295,9 @@ fn visible<'h>(name: &str, value: Option<&'h [u8]>) -> Result<Option<&'h str>, E
     };
     let visible = v.iter().all(|&b| (32..127).contains(&b) || b == b'\t');
     match std::str::from_utf8(v) {
-        Ok(s) if visible => Ok(Some(s.trim())),
+        // Visible ASCII: its only whitespace is spaces and tabs, which `trim_ascii` trims as
+        // `trim` would, without decoding chars.
+        Ok(s) if visible => Ok(Some(s.trim_ascii())),
         _ => Err(mismatch(format_args!("the {name} header has invalid characters"))),
     }
 }
