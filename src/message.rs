@@ -29,6 +29,7 @@ mod members;
 mod peek;
 mod write;
 
+#[cfg(test)]
 pub use answer::LARGE_RESULT;
 pub use answer::{response, Answer, Outcome, Raw};
 pub use envelope::{Kind, MAX_NAME_LEN};
