@@ -182,12 +182,10 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
     static MIDDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let text = result.trim();
     let inner = text.strip_prefix('{')?.strip_suffix('}')?;
-    // A result whose text spells none of those names (nor any `\u` escape, which could
-    // spell one) has none of them: it is valid JSON, so an object, and is not parsed.
-    let spelled = [&b"resultType"[..], b"_meta", b"ttlMs", b"cacheScope", b"\\u"]
-        .iter()
-        .any(|n| memchr::memmem::find(text.as_bytes(), n).is_some());
-    if spelled {
+    // A result whose text has none of those names as a quoted string (nor any `\u`
+    // escape, which could spell one) has none of them: it is valid JSON, so an object,
+    // and is not parsed to look.
+    if may_name(text.as_bytes()) {
         let top: Top = serde_json::from_str(text).ok()?;
         if top.result_type.0 || top.meta.0 || top.ttl.0 || top.scope.0 {
             return None;
@@ -212,6 +210,20 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
     rest.push_str(tail);
     rest.push('}');
     Some((keep, rest))
+}
+
+/// Whether `text` has `"resultType"`, `"_meta"`, `"ttlMs"` or `"cacheScope"`, or a `\u`
+/// escape, anywhere: one pass over its quotes and backslashes (a `memmem` searcher per
+/// name costs more to build than a small result costs to scan).
+fn may_name(text: &[u8]) -> bool {
+    const NAMES: [&[u8]; 4] = [b"resultType\"", b"_meta\"", b"ttlMs\"", b"cacheScope\""];
+    memchr::memchr2_iter(b'"', b'\\', text).any(|i| {
+        let rest = text.get(i + 1..).unwrap_or_default();
+        match text[i] {
+            b'\\' => rest.first() == Some(&b'u'),
+            _ => NAMES.iter().any(|n| rest.starts_with(n)),
+        }
+    })
 }
 
 /// The error for a `requestState` that does not verify (the reason goes to the log only).
@@ -336,6 +348,28 @@ mod tests {
                 panic!()
             };
             assert_eq!(spliced.get(), tree.get(), "hint private {hint_private}, auth {auth}");
+        }
+    }
+
+    #[test]
+    fn only_results_that_may_have_the_members_are_parsed_to_look() {
+        for (text, may) in [
+            (r#"{"content":[{"type":"text","text":"hi"}],"isError":false}"#, false),
+            // In a string a name is escaped quotes away; deeper down it is a member: then
+            // the parse decides.
+            (r#"{"content":[{"type":"text","text":"a \"_meta\" b"}]}"#, false),
+            (r#"{"structuredContent":{"_meta":1}}"#, true),
+            (r#"{"x":"resultType"}"#, true),
+            (r#"{"x":"resultTypes"}"#, false),
+            (r#"{"resultType":1}"#, true),
+            (r#"{"_meta":{}}"#, true),
+            (r#"{"ttlMs":1}"#, true),
+            (r#"{"cacheScope":"x"}"#, true),
+            (r#"{"text":"caf\u00e9"}"#, true),
+            (r#"{"text":"line\nbreak \\ \""}"#, false),
+            ("{}", false),
+        ] {
+            assert_eq!(may_name(text.as_bytes()), may, "{text}");
         }
     }
 
