@@ -314,9 +314,11 @@ impl Gateway {
             transport: client.transport,
             parent,
         };
-        let span = match telemetry::exporting() {
-            true => telemetry::request_span(origin, id, method, params.to_raw().as_deref()),
-            false => telemetry::request_span(origin, id, method, None),
+        // Opened params are written out for the span only when spans are exported.
+        let span = if telemetry::exporting() {
+            telemetry::request_span(origin, id, method, params.to_raw().as_deref())
+        } else {
+            telemetry::request_span(origin, id, method, None)
         };
         // Servers' questions about this call (sampling, elicitation, roots) go back to this client.
         // A question still unanswered when this request ends is withdrawn then.
