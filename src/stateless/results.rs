@@ -159,7 +159,7 @@ fn splice(result: &str, head: &str, tail: &str) -> Option<String> {
 /// [`splice`] without the copy: how many bytes of `result` to keep (up to, not including,
 /// its closing brace; all of `{` when it is empty) and what follows them (the members
 /// added, then `}`).
-fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
+fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, std::borrow::Cow<'static, str>)> {
     /// Whether a member is there, whatever its value (`null` included).
     #[derive(Default)]
     struct Seen(bool);
@@ -198,18 +198,26 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
     // Offsets in `result` itself (its leading whitespace stays, its trailing goes).
     let open = result.len() - result.trim_start().len();
     let close = open + text.len() - 1;
-    let mut rest = String::with_capacity(head.len() + middle.len() + tail.len() + 2);
-    let keep = if inner.trim().is_empty() {
-        open + 1
+    let (keep, comma) = if inner.trim().is_empty() {
+        (open + 1, "")
     } else {
-        rest.push(',');
-        close
+        (close, ",")
     };
+    if head.is_empty() && tail.is_empty() {
+        // The usual case (a tools/call result): the same members every time, written once.
+        static ALONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        static AFTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let cell = if comma.is_empty() { &ALONE } else { &AFTER };
+        let rest = cell.get_or_init(|| format!("{comma}{middle}}}"));
+        return Some((keep, std::borrow::Cow::Borrowed(rest.as_str())));
+    }
+    let mut rest = String::with_capacity(head.len() + middle.len() + tail.len() + 2);
+    rest.push_str(comma);
     rest.push_str(head);
     rest.push_str(middle);
     rest.push_str(tail);
     rest.push('}');
-    Some((keep, rest))
+    Some((keep, std::borrow::Cow::Owned(rest)))
 }
 
 /// Whether `text` has `"resultType"`, `"_meta"`, `"ttlMs"` or `"cacheScope"`, or a `\u`
