@@ -104,7 +104,16 @@ pub fn check(
     let given = params.is_some();
     let mut p = message::Members::parse(params).map_err(|e| bad(&e))?;
     let peeked = p.get_raw("_meta").and_then(peek_meta).map(|members| {
-        let open = |r: Option<&RawValue>| r.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+        // The usual values (a plain string, an empty object) are taken as they are.
+        let open = |r: Option<&RawValue>| {
+            r.and_then(|r| match r.get() {
+                "{}" => Some(Value::Object(Map::new())),
+                t => match t.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+                    Some(plain) if !plain.contains('\\') => Some(Value::String(plain.to_owned())),
+                    _ => serde_json::from_str::<Value>(t).ok(),
+                },
+            })
+        };
         members.map(open)
     });
     let [version, capabilities, log] = match peeked {
@@ -455,6 +464,29 @@ mod tests {
             let again = message::Incoming::Raw(envelope().into_raw());
             assert!(matches!(envelope(), message::Incoming::Opened(_)));
             assert_eq!(opened, downstream(again.into_members().unwrap()), "{text}");
+        }
+    }
+
+    #[test]
+    fn meta_values_read_as_they_are_or_parsed_agree() {
+        let run = |version: &str, caps: &str| {
+            let text = format!(r#"{{"name":"t","_meta":{{"{META_VERSION}":{version},"{META_CAPS}":{caps}}}}}"#);
+            let raw = RawValue::from_string(text).unwrap();
+            check(None, "tools/call", Method::ToolsCall, Some(raw), |_| None).map(|e| Value::Object(e.capabilities))
+        };
+        assert_eq!(run(r#""2026-07-28""#, "{}").ok(), Some(json!({})));
+        assert_eq!(run(r#""2026\u002d07-28""#, "{ }").ok(), Some(json!({})));
+        assert_eq!(
+            run(r#""2026-07-28""#, r#"{"roots":{}}"#).ok(),
+            Some(json!({"roots": {}}))
+        );
+        assert_eq!(
+            run(r#""2025-11-25""#, "{}").err().map(|e| e.code),
+            Some(code::UNSUPPORTED_VERSION)
+        );
+        for (v, c) in [("7", "{}"), (r#""2026-07-28""#, r#""{}""#), (r#""2026-07-28""#, "[]")] {
+            let e = run(v, c).err().expect("refused");
+            assert_eq!(e.code, code::INVALID_PARAMS, "{v} {c}");
         }
     }
 
