@@ -485,7 +485,7 @@ mod tests {
             Some(code::UNSUPPORTED_VERSION)
         );
         for (v, c) in [("7", "{}"), (r#""2026-07-28""#, r#""{}""#), (r#""2026-07-28""#, "[]")] {
-            let e = run(v, c).err().expect("refused");
+            let e = run(v, c).expect_err("refused");
             assert_eq!(e.code, code::INVALID_PARAMS, "{v} {c}");
         }
     }
