@@ -166,6 +166,10 @@ pub struct Catalog {
     /// of its parts, private if any part is; a handshake-era server's part counts as
     /// `ttlMs` 0 (it promises nothing).
     pub hints: [Hint; 4],
+    /// The `inputSchema` of each tool whose schema asks for `Mcp-Param-*` headers
+    /// ([`asks_param_headers`]), by public name, as its server lists it: what a
+    /// 2026-07-28 call's headers are checked against. Usually empty (no lookup at all).
+    pub param_schemas: HashMap<String, Value>,
     /// Each server's name, prefix (with the separator) and instructions, for the index.
     servers: Vec<ServerText>,
     /// The tool search index, built on first use ([`Catalog::search_index`]).
@@ -278,6 +282,21 @@ impl Catalog {
             }
         }
         let problems = overrides::problems(separator, sources, &tools);
+        let mut param_schemas = HashMap::new();
+        for (i, s) in sources.iter().enumerate() {
+            for t in &s.lists.tools {
+                let Some(schema) = t.get("inputSchema").filter(|s| asks_param_headers(s)) else {
+                    continue;
+                };
+                let name = t.get("name").and_then(Value::as_str);
+                if let Some((public, _)) = tools
+                    .iter()
+                    .find(|(_, r)| r.server == i && Some(r.name.as_str()) == name)
+                {
+                    param_schemas.insert(public.clone(), schema.clone());
+                }
+            }
+        }
         let result = |key: &str, list: Vec<Value>| {
             let mut m = Map::new();
             m.insert(key.into(), Value::Array(list));
@@ -295,6 +314,7 @@ impl Catalog {
             entries,
             notes,
             problems,
+            param_schemas,
             servers: sources
                 .iter()
                 .map(|s| ServerText {
@@ -424,6 +444,19 @@ fn merge_named(
         }
     }
     (table, list)
+}
+
+/// Whether a tool's `inputSchema` asks for any `Mcp-Param-*` header (`x-mcp-header` on a
+/// property reached through `properties` keys only; see
+/// `stateless::envelope::check_param_headers`).
+pub fn asks_param_headers(schema: &Value) -> bool {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return false;
+    };
+    props.values().any(|prop| match prop.get("x-mcp-header") {
+        Some(Value::String(_)) => true,
+        _ => prop.get("properties").is_some() && asks_param_headers(prop),
+    })
 }
 
 fn join(prefix: &str, separator: &str, name: &str) -> String {

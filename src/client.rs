@@ -36,7 +36,10 @@ pub struct Client {
     pub(crate) asked: Mutex<HashMap<String, tokio::sync::oneshot::Sender<Outcome>>>,
     pub(crate) next_ask: std::sync::atomic::AtomicU64,
     /// Server-initiated messages for this session only (resources/updated it subscribed to).
-    pub(crate) own: broadcast::Sender<Bytes>,
+    /// Made by the first [`Client::subscribe_own`] (a stream that listens): a stateless
+    /// request's client, which never listens, makes none. Until then nothing is sent,
+    /// which is what a channel without receivers does too.
+    own: OnceLock<broadcast::Sender<Bytes>>,
     /// The least severe log level it wants (`logging/setLevel`), as a rank; none: all.
     pub(crate) log_level: RwLock<Option<usize>>,
     /// The servers its calls went to (its roots/list_changed goes to these).
@@ -222,7 +225,7 @@ impl Client {
             capabilities: RwLock::new(None),
             asked: Mutex::new(HashMap::new()),
             next_ask: std::sync::atomic::AtomicU64::new(1),
-            own: broadcast::channel(64).0,
+            own: OnceLock::new(),
             log_level: RwLock::new(None),
             used: Mutex::new(std::collections::HashSet::new()),
             stateless: false,
@@ -262,7 +265,15 @@ impl Client {
 
     /// Messages meant for this session alone (its resource subscriptions).
     pub fn subscribe_own(&self) -> broadcast::Receiver<Bytes> {
-        self.own.subscribe()
+        self.own.get_or_init(|| broadcast::channel(64).0).subscribe()
+    }
+
+    /// Sends a message meant for this session alone to its listening streams (none yet:
+    /// dropped, as a channel without receivers drops it).
+    pub(crate) fn send_own(&self, line: Bytes) {
+        if let Some(own) = self.own.get() {
+            let _ = own.send(line);
+        }
     }
 
     /// Sets `network.transport` for this session's spans.

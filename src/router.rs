@@ -93,7 +93,7 @@ pub struct Request<'a> {
     pub method: Method,
     /// The method's name as sent: what -32601 names for [`Method::Other`].
     pub name: &'a str,
-    pub params: Option<Box<RawValue>>,
+    pub params: message::Incoming,
 }
 
 impl<'a> Request<'a> {
@@ -103,17 +103,17 @@ impl<'a> Request<'a> {
             id,
             method: Method::parse(name),
             name,
-            params,
+            params: params.into(),
         }
     }
 
-    /// A request of a known method.
-    pub fn of(id: &'a Id, method: Method, params: Option<Box<RawValue>>) -> Request<'a> {
+    /// A request of a known method, its params raw or opened already.
+    pub fn of(id: &'a Id, method: Method, params: impl Into<message::Incoming>) -> Request<'a> {
         Request {
             id,
             method,
             name: method.as_str(),
-            params,
+            params: params.into(),
         }
     }
 }
@@ -291,7 +291,7 @@ impl Gateway {
     /// this process, and in cluster mode wherever its GET stream is held.
     fn deliver(&self, key: &str, line: Bytes) {
         if let Some(c) = self.live(key) {
-            let _ = c.own.send(line.clone());
+            c.send_own(line.clone());
         }
         self.deliver_elsewhere(key, line);
     }
@@ -330,7 +330,12 @@ impl Gateway {
             transport: client.transport,
             parent,
         };
-        let span = telemetry::request_span(origin, id, method, params.as_deref());
+        // Opened params are written out for the span only when spans are exported.
+        let span = if telemetry::exporting() {
+            telemetry::request_span(origin, id, method, params.to_raw().as_deref())
+        } else {
+            telemetry::request_span(origin, id, method, None)
+        };
         // Servers' questions about this call (sampling, elicitation, roots) go back to this client.
         // A question still unanswered when this request ends is withdrawn then.
         let call_over = CancellationToken::new();
@@ -428,15 +433,16 @@ impl Gateway {
     }
 
     /// The one `match` on a request's method: each arm is its concern's handler.
-    async fn dispatch(&self, cx: &mut Call<'_>, method: Method, name: &str, params: Option<Box<RawValue>>) -> Outcome {
+    async fn dispatch(&self, cx: &mut Call<'_>, method: Method, name: &str, params: message::Incoming) -> Outcome {
         use Method::*;
-        if !matches!(method, ToolsCall | PromptsGet) {
-            cx.info.progress = message::progress_token_of(params.as_deref());
+        if matches!(method, ToolsCall | PromptsGet) {
+            return self.call_named(cx, method, params).await;
         }
+        let params = params.into_raw();
+        cx.info.progress = message::progress_token_of(params.as_deref());
         match method {
             Ping => empty(),
             ToolsList | PromptsList | ResourcesList | ResourcesTemplatesList => self.list(cx, method, params),
-            ToolsCall | PromptsGet => self.call_named(cx, method, params).await,
             CompletionComplete => self.complete(cx, params).await,
             ResourcesRead => self.read(cx, params).await,
             ResourcesSubscribe | ResourcesUnsubscribe => self.subscription(cx, method, params).await,

@@ -224,9 +224,11 @@ impl Stateless {
         let m = Method::parse(&method);
         let topo = self.gw.topology();
         let shown = view.as_ref().map(|k| topo.view(k));
-        // A tool the caller's allowlist or view hides is not looked at (it is answered as
-        // unknown); a schema is given only when it asks for param headers.
+        // A schema is given only when it asks for param headers (the catalog keeps those:
+        // usually none, so no lookup at all); a tool the caller's allowlist or view hides
+        // is not looked at (it is answered as unknown).
         let tool_schema = |name: &str| -> Option<Value> {
+            let schema = topo.catalog.param_schemas.get(name)?;
             if !identity.as_ref().is_none_or(|i| i.permits(name)) {
                 return None;
             }
@@ -234,15 +236,7 @@ impl Stateless {
             if !shown.as_ref().is_none_or(|v| v.has_tool(name, route.server)) {
                 return None;
             }
-            let state = topo.servers.get(route.server)?.state();
-            let tool = state
-                .lists
-                .tools
-                .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some(&route.name))?;
-            tool.get("inputSchema")
-                .filter(|s| envelope::has_param_headers(s))
-                .cloned()
+            Some(schema.clone())
         };
         let env = match envelope::check(headers, &method, m, params, tool_schema) {
             Ok(e) => e,
@@ -271,7 +265,7 @@ impl Stateless {
         if m == Method::SubscriptionsListen {
             let listen = Listening {
                 id,
-                params: env.params,
+                params: env.params.into_raw(),
                 capabilities: env.capabilities,
                 client,
                 identity,
@@ -314,7 +308,7 @@ impl Stateless {
             client,
             id,
             method: m,
-            params: env.params,
+            params: env.params.into_raw(),
             parent,
             finish,
             held,

@@ -129,10 +129,20 @@ impl Answer {
         }
     }
 
-    /// A large result with members added: its first `keep` bytes (all of it up to its
-    /// closing brace, shared, not copied), then `rest` (the members and the result's
-    /// closing brace), then the response's `}`.
+    /// A result with members added: its first `keep` bytes (all of it up to its closing
+    /// brace), then `rest` (the members and the result's closing brace), then the
+    /// response's `}`. A large result's bytes are shared, not copied; a small one is
+    /// written with the rest into one line (the one copy [`Answer::new`] makes too).
     pub fn spliced(id: &Id, result: &Raw, keep: usize, rest: &str) -> Answer {
+        let text = result.get().as_bytes();
+        if text.len() < LARGE_RESULT {
+            let kept = text.get(..keep).unwrap_or(text);
+            let mut out = response_head(id, "result", kept.len() + rest.len() + 1);
+            out.extend_from_slice(kept);
+            out.extend_from_slice(rest.as_bytes());
+            out.push(b'}');
+            return Answer::Whole(out);
+        }
         let mut tail = Vec::with_capacity(rest.len() + 1);
         tail.extend_from_slice(rest.as_bytes());
         tail.push(b'}');

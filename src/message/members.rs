@@ -302,6 +302,53 @@ impl Members {
     }
 }
 
+/// A request's params on their way to the router: as the client wrote them, or already
+/// opened one level by a front that had to look inside (the 2026-07-28 envelope's checks),
+/// so that the router does not parse them again nor the front write them back.
+pub enum Incoming {
+    /// The client's own text (none: the request had no params).
+    Raw(Option<Box<RawValue>>),
+    /// Opened, with the front's edits made (the envelope's `_meta` members taken out).
+    Opened(Members),
+}
+
+impl Incoming {
+    /// The params as one raw value (opened ones written out).
+    pub fn into_raw(self) -> Option<Box<RawValue>> {
+        match self {
+            Incoming::Raw(r) => r,
+            Incoming::Opened(m) => Some(m.into_raw()),
+        }
+    }
+
+    /// The params opened one level (absent params read as an empty object).
+    pub fn into_members(self) -> Result<Members, String> {
+        match self {
+            Incoming::Raw(r) => Members::parse(r),
+            Incoming::Opened(m) => Ok(m),
+        }
+    }
+
+    /// The params' text, written out if they were opened (for a span's attributes).
+    pub fn to_raw(&self) -> Option<std::borrow::Cow<'_, RawValue>> {
+        match self {
+            Incoming::Raw(r) => r.as_deref().map(std::borrow::Cow::Borrowed),
+            Incoming::Opened(m) => {
+                let mut out = Vec::with_capacity(m.len_hint());
+                m.write_to(&mut out);
+                let raw = String::from_utf8(out).ok().and_then(|t| RawValue::from_string(t).ok());
+                Some(std::borrow::Cow::Owned(raw.unwrap_or_else(empty_object)))
+            }
+        }
+    }
+}
+
+impl From<Option<Box<RawValue>>> for Incoming {
+    fn from(r: Option<Box<RawValue>>) -> Incoming {
+        Incoming::Raw(r)
+    }
+}
+
 /// Whether some key occurs twice (linear for the usual handful, hashed beyond).
 fn has_repeats(m: &Members, entries: &[(MemberKey, MemberValue)]) -> bool {
     if entries.len() <= 16 {

@@ -139,6 +139,84 @@ pub fn error_summary(err: &RawValue) -> (i64, String) {
     }
 }
 
+/// Whether params (an object) have a `_meta` object with a member named `key`, read
+/// without opening anything else: the keys compared decoded, the last `_meta` counting
+/// when it is repeated (as in a parsed map). Params that are not an object give false.
+pub fn meta_has(params: Option<&RawValue>, key: &str) -> bool {
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+    struct Top<'k>(&'k str);
+    struct Meta<'k>(&'k str);
+    impl<'de> Visitor<'de> for Meta<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            let mut found = false;
+            while let Some(JsonStr(k)) = map.next_key::<JsonStr<'de>>()? {
+                map.next_value::<IgnoredAny>()?;
+                found |= k == self.0;
+            }
+            Ok(found)
+        }
+        // Any other value: not an object, so no member.
+        fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(false)
+        }
+    }
+    impl<'de, 'k> serde::de::DeserializeSeed<'de> for Meta<'k> {
+        type Value = bool;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Top<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            let mut found = false;
+            while let Some(JsonStr(k)) = map.next_key::<JsonStr<'de>>()? {
+                if k == "_meta" {
+                    found = map.next_value_seed(Meta(self.0))?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    let Some(params) = params else { return false };
+    // Most params have no `_meta` at all: no parse for them (a key spelled with escapes
+    // is read decoded, so text with a backslash is parsed).
+    let text = params.get().as_bytes();
+    if memchr::memmem::find(text, b"_meta").is_none() && memchr::memchr(b'\\', text).is_none() {
+        return false;
+    }
+    let mut de = serde_json::Deserializer::from_str(params.get());
+    serde::Deserializer::deserialize_map(&mut de, Top(key)).unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +238,37 @@ mod tests {
         assert!(!yes(r#"[{"isError":true}]"#));
         assert!(!yes(r#""isError""#));
         assert!(!yes(r#"{"text":"caf\u00e9"}"#));
+    }
+
+    #[test]
+    fn meta_members_are_found_as_a_parsed_map_finds_them() {
+        let has = |s: &str| meta_has(Some(&RawValue::from_string(s.to_owned()).unwrap()), "v");
+        // The same answer as opening params into a map and asking it.
+        let parsed = |s: &str| {
+            let p: serde_json::Map<String, serde_json::Value> = match serde_json::from_str(s) {
+                Ok(p) => p,
+                Err(_) => return false,
+            };
+            p.get("_meta")
+                .and_then(|m| m.as_object())
+                .is_some_and(|m| m.contains_key("v"))
+        };
+        for s in [
+            r#"{"_meta":{"v":1}}"#,
+            r#"{"a":[{"_meta":{"v":1}}],"_meta":{"w":{"v":2}}}"#,
+            r#"{"_meta":{"v":1},"_meta":{"w":1}}"#,
+            r#"{"_meta":{"w":1},"_meta":{"x":[1,{"y":"\""}],"v":null}}"#,
+            r#"{"_m\u0065ta":{"\u0076":1}}"#,
+            r#"{"_meta":"v"}"#,
+            r#"{"_meta":["v"]}"#,
+            r#"{"_meta":null,"v":1}"#,
+            r#"{"name":"_meta","v":1}"#,
+            r#"[{"_meta":{"v":1}}]"#,
+            r#"{}"#,
+        ] {
+            assert_eq!(has(s), parsed(s), "{s}");
+        }
+        assert!(has(r#"{"_m\u0065ta":{"\u0076":1}}"#));
+        assert!(!meta_has(None, "v"));
     }
 }

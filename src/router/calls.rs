@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 impl Gateway {
     /// tools/call and prompts/get.
-    pub(super) async fn call_named(&self, cx: &mut Call<'_>, method: Method, params: Option<Box<RawValue>>) -> Outcome {
+    pub(super) async fn call_named(&self, cx: &mut Call<'_>, method: Method, params: message::Incoming) -> Outcome {
         let topo = cx.topo;
         let tool = method == Method::ToolsCall;
         let (table, what) = if tool {
@@ -23,8 +23,9 @@ impl Gateway {
         } else {
             (&topo.catalog.prompts, "prompt")
         };
-        // Opened one level only: `arguments` goes on as the client wrote it.
-        let mut p = match message::Members::parse(params) {
+        // Opened one level only (or already, by the stateless envelope's checks):
+        // `arguments` goes on as the client wrote it.
+        let mut p = match params.into_members() {
             Ok(p) => p,
             Err(e) => return Error::invalid_params(e).into(),
         };

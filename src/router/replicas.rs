@@ -198,7 +198,7 @@ impl Gateway {
         match note {
             Note::Deliver { sid, line } => {
                 if let Some(c) = self.live(&sid) {
-                    let _ = c.own.send(Bytes::from(line));
+                    c.send_own(Bytes::from(line));
                 }
             }
             Note::All { line, reach } => {

@@ -26,14 +26,22 @@ const NAME_HEADER: &str = "mcp-name";
 pub trait Headers {
     /// The value of the header `name` (lowercase), as sent; the first one if repeated.
     fn header(&self, name: &str) -> Option<&[u8]>;
+
+    /// `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name`, as [`Headers::header`] gives
+    /// them (a transport may find the three at once).
+    fn mcp(&self) -> [Option<&[u8]>; 3] {
+        MCP_HEADERS.map(|name| self.header(name))
+    }
 }
+
+/// The headers every request of the revision carries, in [`Headers::mcp`] order.
+pub const MCP_HEADERS: [&str; 3] = [VERSION_HEADER, METHOD_HEADER, NAME_HEADER];
 
 /// True when a request is one of this revision: its `params._meta` names a protocol
 /// version, or (for any method but `initialize`) the transport's `MCP-Protocol-Version`
 /// header names this revision.
 pub fn is_stateless(headers: Option<&dyn Headers>, method: &str, params: Option<&RawValue>) -> bool {
-    (method != "initialize" && headers.is_some_and(names_revision))
-        || meta(params).is_some_and(|m| m.contains_key(META_VERSION))
+    (method != "initialize" && headers.is_some_and(names_revision)) || message::meta_has(params, META_VERSION)
 }
 
 /// True when the `MCP-Protocol-Version` header names this revision.
@@ -41,21 +49,14 @@ pub fn names_revision(headers: &dyn Headers) -> bool {
     matches!(text(headers, VERSION_HEADER), Ok(Some(v)) if v == VERSION)
 }
 
-fn meta(params: Option<&RawValue>) -> Option<Map<String, Value>> {
-    let mut p = message::params_object(params).ok()?;
-    match p.remove("_meta") {
-        Some(Value::Object(m)) => Some(m),
-        _ => None,
-    }
-}
-
 /// A request that passed [`check`].
 pub struct Envelope {
     pub capabilities: Map<String, Value>,
     /// The log level rank its `_meta` asked for; none: no log messages.
     pub log_rank: Option<usize>,
-    /// The params for the router: the revision's own `_meta` keys taken out.
-    pub params: Option<Box<RawValue>>,
+    /// The params for the router: the revision's own `_meta` keys taken out, left opened
+    /// (the router does not parse them again).
+    pub params: message::Incoming,
     /// `params.uri` of a `resources/read`, for its not-found error.
     pub uri: Option<String>,
     /// What a call that may ask questions is resumed by: its target (`params.name` or
@@ -103,7 +104,16 @@ pub fn check(
     let given = params.is_some();
     let mut p = message::Members::parse(params).map_err(|e| bad(&e))?;
     let peeked = p.get_raw("_meta").and_then(peek_meta).map(|members| {
-        let open = |r: Option<&RawValue>| r.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+        // The usual values (a plain string, an empty object) are taken as they are.
+        let open = |r: Option<&RawValue>| {
+            r.and_then(|r| match r.get() {
+                "{}" => Some(Value::Object(Map::new())),
+                t => match t.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+                    Some(plain) if !plain.contains('\\') => Some(Value::String(plain.to_owned())),
+                    _ => serde_json::from_str::<Value>(t).ok(),
+                },
+            })
+        };
         members.map(open)
     });
     let [version, capabilities, log] = match peeked {
@@ -132,8 +142,14 @@ pub fn check(
     let Some(Value::Object(capabilities)) = capabilities else {
         return Err(bad(&format!("params._meta needs {META_CAPS} (an object)")));
     };
-    if let Some(h) = headers {
-        agrees(text(h, VERSION_HEADER)?, "MCP-Protocol-Version", &version, "_meta")?;
+    let [sent_version, sent_method, sent_name] = headers.map(Headers::mcp).unwrap_or_default();
+    if headers.is_some() {
+        agrees(
+            visible(VERSION_HEADER, sent_version)?,
+            "MCP-Protocol-Version",
+            &version,
+            "_meta",
+        )?;
     }
     if version != VERSION {
         return Err(Error::client(
@@ -146,8 +162,8 @@ pub fn check(
         .with_data(json!({ "supported": super::supported_versions(), "requested": version }))
         .with_status(400));
     }
-    if let Some(h) = headers {
-        agrees(text(h, METHOD_HEADER)?, "Mcp-Method", method, "body")?;
+    if headers.is_some() {
+        agrees(visible(METHOD_HEADER, sent_method)?, "Mcp-Method", method, "body")?;
     }
     if !m.is_stateless() {
         return Err(Error::client(
@@ -161,7 +177,7 @@ pub fn check(
     if let Some(field) = m.target_field() {
         if let Some(body) = p.get_str(field) {
             if let Some(h) = headers {
-                let name = text(h, NAME_HEADER)?.map(decode).transpose()?;
+                let name = visible(NAME_HEADER, sent_name)?.map(decode).transpose()?;
                 agrees(name.as_deref(), "Mcp-Name", &body, "body")?;
                 if m == Method::ToolsCall {
                     if let Some(schema) = tool_schema(&body) {
@@ -195,7 +211,11 @@ pub fn check(
         retry.state = opened("requestState");
         retry.responses = opened("inputResponses");
     }
-    let params = (!p.is_empty() || given).then(|| p.into_raw());
+    let params = if p.is_empty() && !given {
+        message::Incoming::Raw(None)
+    } else {
+        message::Incoming::Opened(p)
+    };
     Ok(Envelope {
         capabilities,
         log_rank,
@@ -236,18 +256,6 @@ fn peek_meta(raw: &str) -> Option<[Option<&RawValue>; 3]> {
     serde::Deserializer::deserialize_map(&mut de, Own).ok().flatten()
 }
 
-/// Whether a tool's `inputSchema` asks for any `Mcp-Param-*` header (see
-/// [`check_param_headers`]).
-pub fn has_param_headers(schema: &Value) -> bool {
-    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
-        return false;
-    };
-    props.values().any(|prop| match prop.get("x-mcp-header") {
-        Some(Value::String(_)) => true,
-        _ => prop.get("properties").is_some() && has_param_headers(prop),
-    })
-}
-
 /// Checks the `Mcp-Param-{h}` headers a tool's `inputSchema` asks for (`x-mcp-header: h` on a
 /// property reached through `properties` keys only) against the call's arguments: a value
 /// in the body needs its header, equal after Base64 decoding (numbers compared as numbers).
@@ -286,12 +294,19 @@ pub fn check_param_headers(headers: &dyn Headers, schema: &Value, arguments: Opt
 
 /// A header's value, trimmed; -32020 when it is not visible ASCII (or tabs).
 fn text<'h>(headers: &'h dyn Headers, name: &str) -> Result<Option<&'h str>, Error> {
-    let Some(v) = headers.header(name) else {
+    visible(name, headers.header(name))
+}
+
+/// [`text`] of a value looked up already.
+fn visible<'h>(name: &str, value: Option<&'h [u8]>) -> Result<Option<&'h str>, Error> {
+    let Some(v) = value else {
         return Ok(None);
     };
     let visible = v.iter().all(|&b| (32..127).contains(&b) || b == b'\t');
     match std::str::from_utf8(v) {
-        Ok(s) if visible => Ok(Some(s.trim())),
+        // Visible ASCII: its only whitespace is spaces and tabs, which `trim_ascii` trims as
+        // `trim` would, without decoding chars.
+        Ok(s) if visible => Ok(Some(s.trim_ascii())),
         _ => Err(mismatch(format_args!("the {name} header has invalid characters"))),
     }
 }
@@ -413,6 +428,66 @@ mod tests {
         assert!(peek_meta("null").is_none());
         assert!(peek_meta("[]").is_none());
         assert!(peek_meta("{}").unwrap().iter().all(Option::is_none));
+    }
+
+    /// The params the router gets opened are the ones it would get written out and parsed
+    /// again (as before they were handed over opened): the same bytes go downstream.
+    #[test]
+    fn opened_params_go_downstream_as_written_ones_would() {
+        let meta = format!(r#""{META_VERSION}":"{VERSION}","{META_CAPS}":{{}}"#);
+        for text in [
+            format!(r#"{{"name":"s__e","arguments":{{"t":"x"}},"_meta":{{{meta}}}}}"#),
+            format!(
+                r#"{{ "name" : "s__e", "arguments":{{"z":1.50, "a" : [2e3]}},"_meta":{{{meta},"progressToken":1.50,"k":"caf\u00e9"}},"task":{{}}}}"#
+            ),
+            format!(
+                r#"{{"n\u0061me":"s__e","name":"s__f","_meta":{{{meta},"io.modelcontextprotocol/clientInfo":{{"name":"c"}}}},"x":null}}"#
+            ),
+            format!(r#"{{"_meta":{{{meta},"progress\u0054oken":"t"}},"name":"s__e"}}"#),
+        ] {
+            let envelope = || {
+                let raw = RawValue::from_string(text.clone()).unwrap();
+                check(None, "tools/call", Method::ToolsCall, Some(raw), |_| None)
+                    .ok()
+                    .unwrap()
+                    .params
+            };
+            // What call_named and forward do to them.
+            let downstream = |mut m: message::Members| {
+                m.insert_str("name", "e");
+                let token = m.take_progress().map(|t| t.get().to_owned());
+                let mut out = Vec::new();
+                m.write_to(&mut out);
+                (String::from_utf8(out).unwrap(), token)
+            };
+            let opened = downstream(envelope().into_members().unwrap());
+            let again = message::Incoming::Raw(envelope().into_raw());
+            assert!(matches!(envelope(), message::Incoming::Opened(_)));
+            assert_eq!(opened, downstream(again.into_members().unwrap()), "{text}");
+        }
+    }
+
+    #[test]
+    fn meta_values_read_as_they_are_or_parsed_agree() {
+        let run = |version: &str, caps: &str| {
+            let text = format!(r#"{{"name":"t","_meta":{{"{META_VERSION}":{version},"{META_CAPS}":{caps}}}}}"#);
+            let raw = RawValue::from_string(text).unwrap();
+            check(None, "tools/call", Method::ToolsCall, Some(raw), |_| None).map(|e| Value::Object(e.capabilities))
+        };
+        assert_eq!(run(r#""2026-07-28""#, "{}").ok(), Some(json!({})));
+        assert_eq!(run(r#""2026\u002d07-28""#, "{ }").ok(), Some(json!({})));
+        assert_eq!(
+            run(r#""2026-07-28""#, r#"{"roots":{}}"#).ok(),
+            Some(json!({"roots": {}}))
+        );
+        assert_eq!(
+            run(r#""2025-11-25""#, "{}").err().map(|e| e.code),
+            Some(code::UNSUPPORTED_VERSION)
+        );
+        for (v, c) in [("7", "{}"), (r#""2026-07-28""#, r#""{}""#), (r#""2026-07-28""#, "[]")] {
+            let e = run(v, c).expect_err("refused");
+            assert_eq!(e.code, code::INVALID_PARAMS, "{v} {c}");
+        }
     }
 
     #[test]

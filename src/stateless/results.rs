@@ -28,13 +28,13 @@ pub struct Finish {
 }
 
 impl Finish {
-    /// The response as the revision sends it. A large result of the usual case goes out
-    /// in parts, its own bytes shared (as on the session path), the revision's members
-    /// after them: see [`message::Answer::spliced`].
+    /// The response as the revision sends it. A result of the usual case is written
+    /// once, the revision's members spliced in (a large one goes out in parts, its own
+    /// bytes shared, as on the session path): see [`message::Answer::spliced`].
     pub fn answer(&self, id: &Id, out: Outcome) -> message::Answer {
         if let Outcome::Result(r) = &out {
             let usual = self.hint.is_none() && !self.method.is_cacheable();
-            if usual && r.get().len() >= message::LARGE_RESULT {
+            if usual {
                 if let Some((keep, rest)) = splice_at(r.get(), "", "") {
                     return message::Answer::spliced(id, r, keep, &rest);
                 }
@@ -159,7 +159,7 @@ fn splice(result: &str, head: &str, tail: &str) -> Option<String> {
 /// [`splice`] without the copy: how many bytes of `result` to keep (up to, not including,
 /// its closing brace; all of `{` when it is empty) and what follows them (the members
 /// added, then `}`).
-fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
+fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, std::borrow::Cow<'static, str>)> {
     /// Whether a member is there, whatever its value (`null` included).
     #[derive(Default)]
     struct Seen(bool);
@@ -182,9 +182,14 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
     static MIDDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let text = result.trim();
     let inner = text.strip_prefix('{')?.strip_suffix('}')?;
-    let top: Top = serde_json::from_str(text).ok()?;
-    if top.result_type.0 || top.meta.0 || top.ttl.0 || top.scope.0 {
-        return None;
+    // A result whose text has none of those names as a quoted string (nor any `\u`
+    // escape, which could spell one) has none of them: it is valid JSON, so an object,
+    // and is not parsed to look.
+    if may_name(text.as_bytes()) {
+        let top: Top = serde_json::from_str(text).ok()?;
+        if top.result_type.0 || top.meta.0 || top.ttl.0 || top.scope.0 {
+            return None;
+        }
     }
     let middle = MIDDLE.get_or_init(|| {
         let meta = json!({ META_SERVER_INFO: server_info() });
@@ -193,18 +198,40 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, String)> {
     // Offsets in `result` itself (its leading whitespace stays, its trailing goes).
     let open = result.len() - result.trim_start().len();
     let close = open + text.len() - 1;
-    let mut rest = String::with_capacity(head.len() + middle.len() + tail.len() + 2);
-    let keep = if inner.trim().is_empty() {
-        open + 1
+    let (keep, comma) = if inner.trim().is_empty() {
+        (open + 1, "")
     } else {
-        rest.push(',');
-        close
+        (close, ",")
     };
+    if head.is_empty() && tail.is_empty() {
+        // The usual case (a tools/call result): the same members every time, written once.
+        static ALONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        static AFTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let cell = if comma.is_empty() { &ALONE } else { &AFTER };
+        let rest = cell.get_or_init(|| format!("{comma}{middle}}}"));
+        return Some((keep, std::borrow::Cow::Borrowed(rest.as_str())));
+    }
+    let mut rest = String::with_capacity(head.len() + middle.len() + tail.len() + 2);
+    rest.push_str(comma);
     rest.push_str(head);
     rest.push_str(middle);
     rest.push_str(tail);
     rest.push('}');
-    Some((keep, rest))
+    Some((keep, std::borrow::Cow::Owned(rest)))
+}
+
+/// Whether `text` has `"resultType"`, `"_meta"`, `"ttlMs"` or `"cacheScope"`, or a `\u`
+/// escape, anywhere: one pass over its quotes and backslashes (a `memmem` searcher per
+/// name costs more to build than a small result costs to scan).
+fn may_name(text: &[u8]) -> bool {
+    const NAMES: [&[u8]; 4] = [b"resultType\"", b"_meta\"", b"ttlMs\"", b"cacheScope\""];
+    memchr::memchr2_iter(b'"', b'\\', text).any(|i| {
+        let rest = text.get(i + 1..).unwrap_or_default();
+        match text[i] {
+            b'\\' => rest.first() == Some(&b'u'),
+            _ => NAMES.iter().any(|n| rest.starts_with(n)),
+        }
+    })
 }
 
 /// The error for a `requestState` that does not verify (the reason goes to the log only).
@@ -285,6 +312,30 @@ mod tests {
     }
 
     #[test]
+    fn a_small_result_is_written_once_as_its_decorated_outcome_would_be() {
+        let f = Finish {
+            method: Method::ToolsCall,
+            private: false,
+            uri: None,
+            hint: None,
+        };
+        let id = Id::string("c");
+        for r in [
+            r#"{"content":[{"type":"text","text":"hi"}]}"#,
+            r#" { "content" : [ ] , "isError" : true } "#,
+            "{}",
+            r#"{"content":[],"_meta":{"k":1}}"#,
+            "[1]",
+        ] {
+            let out = || Outcome::Result(message::Raw::written(r.to_owned()));
+            let message::Answer::Whole(line) = f.answer(&id, out()) else {
+                panic!("a small answer in parts")
+            };
+            assert_eq!(line, message::response(&id, &f.apply(out())), "{r}");
+        }
+    }
+
+    #[test]
     fn a_merged_list_is_spliced_as_the_tree_writes_it() {
         let list = r#"{"tools":[{"name":"a__x","inputSchema":{"type":"object"}}],"nextCursor":"ab"}"#;
         for (hint_private, auth) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -309,12 +360,36 @@ mod tests {
     }
 
     #[test]
+    fn only_results_that_may_have_the_members_are_parsed_to_look() {
+        for (text, may) in [
+            (r#"{"content":[{"type":"text","text":"hi"}],"isError":false}"#, false),
+            // In a string a name is escaped quotes away; deeper down it is a member: then
+            // the parse decides.
+            (r#"{"content":[{"type":"text","text":"a \"_meta\" b"}]}"#, false),
+            (r#"{"structuredContent":{"_meta":1}}"#, true),
+            (r#"{"x":"resultType"}"#, true),
+            (r#"{"x":"resultTypes"}"#, false),
+            (r#"{"resultType":1}"#, true),
+            (r#"{"_meta":{}}"#, true),
+            (r#"{"ttlMs":1}"#, true),
+            (r#"{"cacheScope":"x"}"#, true),
+            (r#"{"text":"caf\u00e9"}"#, true),
+            (r#"{"text":"line\nbreak \\ \""}"#, false),
+            ("{}", false),
+        ] {
+            assert_eq!(may_name(text.as_bytes()), may, "{text}");
+        }
+    }
+
+    #[test]
     fn splicing_writes_what_the_tree_writes() {
         // Compact results come out byte for byte as through the tree.
         for r in [
             r#"{"content":[{"type":"text","text":"hi"}],"isError":false}"#,
             r#"{}"#,
             r#"{"structuredContent":{"a":[1,2.5,"x\"y"]},"content":[]}"#,
+            // The names inside, not as members: parsed to see, then spliced.
+            r#"{"content":[{"type":"text","text":"_meta resultType"}],"x":{"ttlMs":1}}"#,
         ] {
             assert_eq!(splice(r, "", "").unwrap(), through_tree(r), "{r}");
         }
@@ -324,12 +399,18 @@ mod tests {
         let tree: Value = serde_json::from_str(&through_tree(r)).unwrap();
         assert_eq!(spliced, tree);
         assert_eq!(splice("{ }", "", "").unwrap(), through_tree("{}"));
+        // An escape stays as the server wrote it: the same JSON.
+        let r = r#"{"content":[{"type":"text","text":"caf\u00e9"}]}"#;
+        let spliced: Value = serde_json::from_str(&splice(r, "", "").unwrap()).unwrap();
+        assert_eq!(spliced, serde_json::from_str::<Value>(&through_tree(r)).unwrap());
         // Members the splice would repeat (or a repeated one), non-objects: the tree decides.
         for r in [
             r#"{"resultType":"input_required"}"#,
             r#"{"_meta":{"x":1},"content":[]}"#,
             r#"{"_meta":null}"#,
             r#"{"resultType":"complete","resultType":"complete"}"#,
+            r#"{"content":[],"_m\u0065ta":{}}"#,
+            r#"{"\u0074tlMs":1}"#,
             r#"[1]"#,
             r#""text""#,
         ] {

@@ -35,7 +35,6 @@ use crate::method::Method;
 use crate::router::Gateway;
 use bytes::Bytes;
 use ring::hmac;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -150,7 +149,7 @@ impl Call {
         gw: Arc<Gateway>,
         client: Client,
         id: Id,
-        params: Option<Box<RawValue>>,
+        params: message::Incoming,
         parent: Option<opentelemetry::Context>,
         binding: Binding,
     ) -> Call {
@@ -466,7 +465,7 @@ impl Round {
     pub fn start(
         self,
         client: Client,
-        params: Option<Box<RawValue>>,
+        params: message::Incoming,
         retry: super::envelope::Retry,
         parent: Option<opentelemetry::Context>,
     ) -> Result<impl futures::Stream<Item = super::Sent> + Send, Error> {

@@ -18,21 +18,59 @@ use futures::StreamExt;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+/// The flow's own header names, parsed once (in [`Headers::mcp`] order): looking a header
+/// up by `&str` parses and validates the name every time (a few hundred instructions).
+static KNOWN: [HeaderName; 3] = [
+    HeaderName::from_static("mcp-protocol-version"),
+    HeaderName::from_static("mcp-method"),
+    HeaderName::from_static("mcp-name"),
+];
+
 impl Headers for HeaderMap {
     fn header(&self, name: &str) -> Option<&[u8]> {
-        // The flow's own names are parsed once: looking a header up by `&str` parses and
-        // validates the name every time (a few hundred instructions per lookup).
-        static KNOWN: [HeaderName; 3] = [
-            HeaderName::from_static("mcp-protocol-version"),
-            HeaderName::from_static("mcp-method"),
-            HeaderName::from_static("mcp-name"),
-        ];
         match KNOWN.iter().find(|k| k.as_str() == name) {
             Some(k) => self.get(k),
             None => self.get(name),
         }
         .map(|v| v.as_bytes())
     }
+
+    /// One pass over the request's few headers instead of three hashed lookups; the first
+    /// value of each, as [`HeaderMap::get`] gives.
+    fn mcp(&self) -> [Option<&[u8]>; 3] {
+        let mut out = [None; 3];
+        for (name, value) in self {
+            if let Some(i) = KNOWN.iter().position(|k| k == name) {
+                out[i].get_or_insert(value.as_bytes());
+            }
+        }
+        out
+    }
+}
+
+/// What a stateless request's client id starts with (the principal follows).
+const CLIENT_PREFIX: &str = "stateless:";
+
+/// An address as `Display` writes it; an IPv4 one without the formatting machinery (a
+/// thousand instructions per request).
+fn ip_text(ip: std::net::IpAddr) -> String {
+    let std::net::IpAddr::V4(v4) = ip else {
+        return ip.to_string();
+    };
+    let mut s = String::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        if octet >= 100 {
+            s.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            s.push(char::from(b'0' + octet / 10 % 10));
+        }
+        s.push(char::from(b'0' + octet % 10));
+    }
+    s
 }
 
 /// A 2026-07-28 request, run as an ephemeral client named after the caller's identity
@@ -61,16 +99,19 @@ pub(super) async fn serve(
     };
     let principal = match (&who, peer) {
         (Some(i), _) => i.name.clone(),
-        (None, Some(ip)) => ip.to_string(),
+        (None, Some(ip)) => ip_text(ip),
         (None, None) => "unknown".to_owned(),
     };
+    let mut client = String::with_capacity(CLIENT_PREFIX.len() + principal.len());
+    client.push_str(CLIENT_PREFIX);
+    client.push_str(&principal);
     let request = stateless::Request {
         id,
         method,
         params,
         headers: Some(headers),
         identity: who,
-        client: format!("stateless:{principal}"),
+        client,
         principal,
         parent: crate::telemetry::from_headers(headers),
         streams: accept.is_some_and(|a| a.sse),
@@ -121,6 +162,46 @@ pub(super) async fn serve(
                 Some((Ok::<_, std::io::Error>(m), rx))
             });
             sse_response(Body::from_stream(frames))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn the_three_headers_at_once_are_the_ones_looked_up() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("x"));
+        h.append("mcp-name", HeaderValue::from_static("first"));
+        h.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        h.append("mcp-name", HeaderValue::from_static("second"));
+        h.insert("mcp-param-x", HeaderValue::from_static("y"));
+        let one_by_one = crate::stateless::envelope::MCP_HEADERS.map(|n| h.header(n));
+        assert_eq!(h.mcp(), one_by_one);
+        assert_eq!(h.mcp(), [None, Some(&b"tools/call"[..]), Some(&b"first"[..])]);
+        assert_eq!(HeaderMap::new().mcp(), [None; 3]);
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for ip in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.200.9.100",
+            "::1",
+            "::ffff:1.2.3.4",
+            "fe80::1",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+        for o in 0..=255u8 {
+            let ip = std::net::IpAddr::from([o, 0, o, 9]);
+            assert_eq!(ip_text(ip), ip.to_string());
         }
     }
 }
