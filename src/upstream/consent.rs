@@ -80,7 +80,9 @@ pub struct Consent {
     opening: (Config, Option<redis::aio::ConnectionManager>),
     /// `gateway.public_url`, else `http://` and the listening address (set by `serve`).
     public: Mutex<Option<String>>,
-    http: reqwest::Client,
+    /// Made on first use: loading the system's root certificates takes milliseconds, which
+    /// a gateway without `auth.oauth` servers should not spend at start.
+    http: OnceLock<reqwest::Client>,
     /// Single mode: pending links and flows, `kind:id` → (until, JSON).
     pending: Mutex<HashMap<String, (u64, String)>>,
     /// Each server's authorization server and client, found once.
@@ -264,13 +266,7 @@ impl Consent {
             store: OnceLock::new(),
             opening: (config.clone(), cluster),
             public: Mutex::new(config.gateway.public_url.clone()),
-            http: reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .connect_timeout(Duration::from_secs(10))
-                .timeout(Duration::from_secs(30))
-                .use_rustls_tls()
-                .build()
-                .unwrap_or_default(),
+            http: OnceLock::new(),
             pending: Mutex::default(),
             providers: tokio::sync::Mutex::default(),
             bearers: Mutex::default(),
@@ -278,6 +274,18 @@ impl Consent {
             notify: OnceLock::new(),
             serving: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    fn http(&self) -> &reqwest::Client {
+        self.http.get_or_init(|| {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(Duration::from_secs(10))
+                .timeout(Duration::from_secs(30))
+                .use_rustls_tls()
+                .build()
+                .unwrap_or_default()
+        })
     }
 
     /// Who to tell when a consent completes.
@@ -760,7 +768,10 @@ impl Consent {
         p: &Provider,
         mut form: Vec<(&'static str, String)>,
     ) -> Result<reqwest::Response, reqwest::Error> {
-        let mut req = self.http.post(url).header(reqwest::header::ACCEPT, "application/json");
+        let mut req = self
+            .http()
+            .post(url)
+            .header(reqwest::header::ACCEPT, "application/json");
         match &p.client_secret {
             Some(secret) => req = req.basic_auth(&p.client_id, Some(secret.expose())),
             None => form.push(("client_id", p.client_id.clone())),
@@ -870,7 +881,7 @@ impl Consent {
         let mut candidates = Vec::new();
         // The challenge of an unauthenticated request names the document.
         if let Ok(r) = self
-            .http
+            .http()
             .post(url.clone())
             .header(reqwest::header::ACCEPT, "application/json, text/event-stream")
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -939,7 +950,7 @@ impl Consent {
 
     async fn get_json(&self, url: &str) -> Option<Value> {
         let r = self
-            .http
+            .http()
             .get(url)
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
@@ -985,7 +996,7 @@ impl Consent {
             "scope": oauth.scopes.join(" "),
         });
         let resp = self
-            .http
+            .http()
             .post(&ep)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_string())
