@@ -131,10 +131,6 @@ pub struct Tuning {
     /// or a word nearly all its tools' names share): "in GitLab", "the Notion page". Its score
     /// is multiplied by `1 + server_match`.
     pub server_match: f32,
-    /// What a WordNet-related word of a query word counts ([`text::related`]), against the
-    /// word itself: below a hand synonym, as WordNet's senses are general. It does not count
-    /// for `name_coverage` (with it, tuned and held-out recall fell).
-    pub related: f32,
 }
 
 impl Default for Tuning {
@@ -148,7 +144,6 @@ impl Default for Tuning {
             idf_power: 0.5,
             name_coverage: 0.5,
             server_match: 0.5,
-            related: 0.5,
         }
     }
 }
@@ -460,7 +455,7 @@ impl Index {
         let mut touched: Vec<u32> = Vec::new();
         for word in &words {
             touched.clear();
-            for (term, factor, names) in self.forms(word) {
+            for (term, factor) in self.forms(word) {
                 for p in &self.terms[term].postings {
                     let d = p.doc as usize;
                     let w = p.weight * factor;
@@ -470,7 +465,7 @@ impl Index {
                     if w > best[d] {
                         best[d] = w;
                     }
-                    in_name[d] |= p.name && names;
+                    in_name[d] |= p.name;
                     of_server[d] |= p.server && factor >= 1.0;
                 }
             }
@@ -533,25 +528,22 @@ impl Index {
     /// The terms a query word matches, with their postings and how much each counts:
     /// the word itself; else the terms it is a prefix of, and the two halves of a compound;
     /// and its synonyms.
-    ///
-    /// Each with whether it counts for the name's coverage (`Tuning::name_coverage`): all
-    /// but WordNet's related words.
-    fn forms(&self, word: &str) -> Vec<(usize, f32, bool)> {
+    fn forms(&self, word: &str) -> Vec<(usize, f32)> {
         let mut forms = Vec::new();
         let own = self.term_index(word);
         match own {
-            Some(i) => forms.push((i, 1.0, true)),
+            Some(i) => forms.push((i, 1.0)),
             None if word.len() >= MIN_PREFIX => {
                 let start = self.terms.partition_point(|t| &*t.text < word);
                 let prefixed = self.terms[start..]
                     .iter()
                     .take_while(|t| t.text.starts_with(word))
                     .count();
-                forms.extend((start..start + prefixed).map(|i| (i, self.tuning.prefix, true)));
+                forms.extend((start..start + prefixed).map(|i| (i, self.tuning.prefix)));
                 // A compound the tools spell as two words (`subpages`, `codebase`).
                 if let Some((a, b)) = self.split(word) {
-                    forms.push((a, self.tuning.prefix, true));
-                    forms.push((b, self.tuning.prefix, true));
+                    forms.push((a, self.tuning.prefix));
+                    forms.push((b, self.tuning.prefix));
                 }
             }
             None => {}
@@ -561,15 +553,7 @@ impl Index {
                 // A synonym never says more than the word itself: a rarer one (higher IDF)
                 // counts with the word's IDF.
                 let cap = own.map_or(1.0, |o| (self.terms[o].idf / self.terms[i].idf).min(1.0));
-                forms.push((i, self.tuning.synonym * cap, true));
-            }
-        }
-        if self.tuning.related > 0.0 {
-            for s in text::related(word) {
-                if let Some(i) = self.term_index(s) {
-                    let cap = own.map_or(1.0, |o| (self.terms[o].idf / self.terms[i].idf).min(1.0));
-                    forms.push((i, self.tuning.related * cap, false));
-                }
+                forms.push((i, self.tuning.synonym * cap));
             }
         }
         forms
@@ -586,7 +570,7 @@ impl Index {
             let best = self
                 .forms(&word)
                 .into_iter()
-                .filter_map(|(t, f, _)| {
+                .filter_map(|(t, f)| {
                     let term = &self.terms[t];
                     term.postings
                         .iter()

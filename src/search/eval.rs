@@ -283,20 +283,10 @@ mod tests {
                 tuning,
             );
             let r = recall(&index, &f.queries);
-            let h = recall(&index, &f.heldout);
-            format!(
-                "tuned r@1 {:.3} r@5 {:.3} | held out r@1 {:.3} r@5 {:.3}",
-                r.at1, r.at5, h.at1, h.at5
-            )
+            format!("r@1 {:.3} r@5 {:.3}", r.at1, r.at5)
         };
         let base = Tuning::default();
         eprintln!("default: {}", run(base));
-        if std::env::var("RELATED").is_ok() {
-            for related in [0.0, 0.1, 0.2, 0.3, 0.5] {
-                eprintln!("related {related}: {}", run(Tuning { related, ..base }));
-            }
-            return;
-        }
         if std::env::var("GRID").is_ok() {
             for nc in [0.5, 0.75, 1.0] {
                 for sm in [0.25, 0.5, 1.0] {

@@ -395,34 +395,6 @@ pub fn synonyms(stemmed: &str) -> &'static [Box<str>] {
     table.get(stemmed).map_or(&[], Vec::as_slice)
 }
 
-/// WordNet's related words ([`THESAURUS`]) of a stemmed query word, stemmed, without the
-/// word itself and its hand synonyms ([`synonyms`]).
-pub fn related(stemmed: &str) -> &'static [Box<str>] {
-    static TABLE: OnceLock<HashMap<String, Vec<Box<str>>>> = OnceLock::new();
-    let table = TABLE.get_or_init(|| {
-        let mut table: HashMap<String, Vec<Box<str>>> = HashMap::new();
-        for line in THESAURUS.lines().filter(|l| !l.starts_with('#')) {
-            let Some((word, others)) = line.split_once('\t') else {
-                continue;
-            };
-            let key = stem(word);
-            let own = synonyms(&key);
-            let list = table.entry(key.clone()).or_default();
-            for o in others.split(' ').map(stem) {
-                if o != key && !own.iter().any(|s| **s == *o) && !list.iter().any(|s| **s == *o) {
-                    list.push(o.into_boxed_str());
-                }
-            }
-        }
-        table
-    });
-    table.get(stemmed).map_or(&[], Vec::as_slice)
-}
-
-/// A general-purpose related-word table from WordNet 3.1, for the words tool catalogs use
-/// (`scripts/search-thesaurus` generates it; its header names the source and license).
-const THESAURUS: &str = include_str!("thesaurus.tsv");
-
 #[cfg(test)]
 mod tests {
     use super::*;
