@@ -1992,6 +1992,9 @@ fn bench_search(args: &Args, targets: &mut Vec<TargetRow>) -> Result<()> {
     if o.tuned_only {
         cmd.arg("--tuned-only");
     }
+    if o.no_fresh {
+        cmd.arg("--no-fresh");
+    }
     let out = cmd
         .stderr(std::process::Stdio::inherit())
         .output()

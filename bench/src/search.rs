@@ -4,7 +4,8 @@
 //! built by `scripts/search-fixture`; the labeled requests, some held out; SOURCES.md there).
 //!
 //! - **Recall** on the real catalog: a request counts at k when one of its tools is among
-//!   the first k results; reported for the tuned and the held-out requests apart.
+//!   the first k results; reported for the tuned, the held-out and the fresh requests apart
+//!   (`--no-fresh` leaves the fresh ones out, `--tuned-only` both).
 //! - **Search latency** on a catalog of at least 1,000 tools: the real ones plus second
 //!   instances of whole servers under other names (`github-2`…, as a team with staging and
 //!   production instances has). Every request of the fixture, `--search-rounds` times,
@@ -36,9 +37,13 @@ pub struct Opts {
     /// held-out ones: they stay unseen).
     #[arg(long)]
     pub search_misses: bool,
-    /// Leave the held-out requests out of everything printed (while tuning).
+    /// Leave the held-out and the fresh requests out of everything printed (while tuning).
     #[arg(long)]
     pub tuned_only: bool,
+    /// Leave the fresh requests (`fresh.json`) out of everything printed: they are measured
+    /// once, at the end of a round, never while tuning.
+    #[arg(long)]
+    pub no_fresh: bool,
 }
 
 /// One line of the targets table.
@@ -81,22 +86,32 @@ pub fn run(args: &Opts) -> Result<Vec<Row>> {
     let real = Fixture::catalog(&f.servers);
     let index = real.search_index();
     eprintln!(
-        "  fixture: {} tools of {} servers; {} requests tuned on, {} held out",
+        "  fixture: {} tools of {} servers; {} requests tuned on, {} held out, {} fresh",
         index.len(),
         f.servers.len(),
         f.queries.len(),
-        f.heldout.len()
+        f.heldout.len(),
+        f.fresh.len()
     );
     let tuned = recall(index, &f.queries);
     let held = recall(index, &f.heldout);
+    let fresh = recall(index, &f.fresh);
     let all: Vec<_> = f.queries.iter().chain(&f.heldout).cloned().collect();
     let both = recall(index, &all);
-    let sets: &[(&str, &Recall)] = if args.tuned_only {
-        &[("tuned", &tuned)]
+    let with_fresh = !args.tuned_only && !args.no_fresh && !f.fresh.is_empty();
+    let sets: Vec<(&str, &Recall)> = if args.tuned_only {
+        vec![("tuned", &tuned)]
+    } else if with_fresh {
+        vec![
+            ("tuned", &tuned),
+            ("held out", &held),
+            ("fresh", &fresh),
+            ("tuned + held out", &both),
+        ]
     } else {
-        &[("tuned", &tuned), ("held out", &held), ("all", &both)]
+        vec![("tuned", &tuned), ("held out", &held), ("tuned + held out", &both)]
     };
-    for (set, r) in sets {
+    for (set, r) in &sets {
         eprintln!(
             "  recall ({set}, {} requests): @1 {:.3}, @5 {:.3}; labels found in the first 5: {:.3}",
             r.queries, r.at1, r.at5, r.labels_at5
@@ -121,9 +136,15 @@ pub fn run(args: &Opts) -> Result<Vec<Row>> {
     if !args.tuned_only {
         row(targets, "recall@5 (held out)", 0.90, &held, false);
     }
+    if with_fresh {
+        row(targets, "recall@5 (fresh)", 0.90, &fresh, false);
+    }
     row(targets, "recall@1 (tuned)", 0.70, &tuned, true);
     if !args.tuned_only {
         row(targets, "recall@1 (held out)", 0.70, &held, true);
+    }
+    if with_fresh {
+        row(targets, "recall@1 (fresh)", 0.70, &fresh, true);
     }
 
     let padded = f.padded(1000);

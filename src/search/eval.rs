@@ -30,12 +30,16 @@ pub struct Query {
     pub expect: Vec<String>,
 }
 
-/// The fixture: its servers (in file-name order), the requests tuned on, and the held-out
-/// ones (written with them, before any tuning, and never tuned on: see SOURCES.md).
+/// The fixture: its servers (in file-name order), the requests tuned on, the held-out ones
+/// (written with them, before any tuning, and never tuned on: see SOURCES.md), and the
+/// fresh ones (`fresh.json`, written in round 2 after the held-out set had been looked at,
+/// before any change of that round, and never looked at while tuning; empty when a fixture
+/// elsewhere has none).
 pub struct Fixture {
     pub servers: Vec<Server>,
     pub queries: Vec<Query>,
     pub heldout: Vec<Query>,
+    pub fresh: Vec<Query>,
 }
 
 impl Fixture {
@@ -66,6 +70,11 @@ impl Fixture {
             servers,
             queries: queries("queries.json")?,
             heldout: queries("heldout.json")?,
+            fresh: if dir.join("fresh.json").exists() {
+                queries("fresh.json")?
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -199,6 +208,7 @@ mod tests {
         let f = fixture();
         assert!(f.tools() >= 400 && f.servers.len() >= 10);
         assert!(f.queries.len() + f.heldout.len() >= 150 && f.heldout.len() >= 50);
+        assert!(f.fresh.len() >= 60, "fresh.json: {} requests", f.fresh.len());
         for s in &f.servers {
             assert!(
                 s.source.starts_with("npm:") || s.source.starts_with("pypi:"),
@@ -210,7 +220,7 @@ mod tests {
         let catalog = Fixture::catalog(&f.servers);
         let index = catalog.search_index();
         assert_eq!(index.len(), f.tools(), "every fixture tool keeps its name");
-        let results: Vec<(&str, Recall)> = [("tuned", &f.queries), ("held out", &f.heldout)]
+        let results: Vec<(&str, Recall)> = [("tuned", &f.queries), ("held out", &f.heldout), ("fresh", &f.fresh)]
             .into_iter()
             .map(|(set, queries)| {
                 for q in queries.iter() {
@@ -232,17 +242,16 @@ mod tests {
                 r.at1, r.at5, r.labels_at5
             );
         }
-        for (set, r) in &results {
-            let (at5, at1) = FLOORS[usize::from(*set != "tuned")];
+        for ((set, r), (at5, at1)) in results.iter().zip(FLOORS) {
             assert!(r.at5 >= at5, "{set}: recall@5 {:.3} < {at5}", r.at5);
             assert!(r.at1 >= at1, "{set}: recall@1 {:.3} < {at1}", r.at1);
         }
     }
 
-    /// (recall@5, recall@1) floors of the tuned and the held-out requests, a little under
-    /// what was measured at the commit that set them (tuned 0.919 / 0.713, held out
-    /// 0.838 / 0.559).
-    const FLOORS: [(f64, f64); 2] = [(0.90, 0.69), (0.81, 0.53)];
+    /// (recall@5, recall@1) floors of the tuned, the held-out and the fresh requests, a
+    /// little under what was measured at the commit that set them (tuned 0.919 / 0.713,
+    /// held out 0.838 / 0.559, fresh 0.737 / 0.505).
+    const FLOORS: [(f64, f64); 3] = [(0.90, 0.69), (0.81, 0.53), (0.71, 0.48)];
 
     /// While tuning: one number at a time around the defaults, on the tuned requests.
     /// `cargo test --lib sweep_search -- --ignored --nocapture`
