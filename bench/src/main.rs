@@ -2139,11 +2139,24 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
             out.push(r);
         }
     }
+    remote_targets(out, targets, &format!("remote {kind} server"), dname, gname);
+    gw.stop().await;
+    drop(fix.stdin.take());
+    if tokio::time::timeout(Duration::from_secs(5), fix.wait()).await.is_err() {
+        let _ = fix.start_kill();
+        let _ = fix.wait().await;
+    }
+    Ok(())
+}
+
+/// Issue #20's two targets for a remote server `what`, from its direct and gateway cases:
+/// added p50 at c=1 ≤ 100 µs, throughput at c=64 ≥ 0.9× direct.
+fn remote_targets(out: &[CaseResult], targets: &mut Vec<TargetRow>, what: &str, dname: &str, gname: &str) {
     if let (Some(d), Some(g)) = (find(out, dname, 1), find(out, gname, 1)) {
         let added = g.p50_us - d.p50_us;
         target_row(
             targets,
-            &format!("remote {kind} server, tools/call c=1: added p50 (gateway − direct)"),
+            &format!("{what}, tools/call c=1: added p50 (gateway − direct)"),
             "≤ 100 us",
             format!("{added:.1} us ({:.1} − {:.1})", g.p50_us, d.p50_us),
             added <= 100.0,
@@ -2153,19 +2166,12 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
         let ratio = per(g.calls_per_sec, d.calls_per_sec);
         target_row(
             targets,
-            &format!("remote {kind} server, tools/call c=64, one session: gateway / direct throughput"),
+            &format!("{what}, tools/call c=64, one session: gateway / direct throughput"),
             "≥ 0.9×",
             format!("{ratio:.2}× ({:.0} / {:.0} calls/s)", g.calls_per_sec, d.calls_per_sec),
             ratio >= 0.9,
         );
     }
-    gw.stop().await;
-    drop(fix.stdin.take());
-    if tokio::time::timeout(Duration::from_secs(5), fix.wait()).await.is_err() {
-        let _ = fix.start_kill();
-        let _ = fix.wait().await;
-    }
-    Ok(())
 }
 
 /// remote-url: the bench's client straight to `--remote-url` with a session of its own
@@ -2248,26 +2254,7 @@ async fn bench_remote_url(args: &Args, out: &mut Vec<CaseResult>, targets: &mut 
             out.push(r);
         }
     }
-    if let (Some(d), Some(g)) = (find(out, "url-direct", 1), find(out, "url-gateway", 1)) {
-        let added = g.p50_us - d.p50_us;
-        target_row(
-            targets,
-            &format!("server at {url}, tools/call c=1: added p50 (gateway − direct)"),
-            "≤ 100 us",
-            format!("{added:.1} us ({:.1} − {:.1})", g.p50_us, d.p50_us),
-            added <= 100.0,
-        );
-    }
-    if let (Some(d), Some(g)) = (find(out, "url-direct", 64), find(out, "url-gateway", 64)) {
-        let ratio = per(g.calls_per_sec, d.calls_per_sec);
-        target_row(
-            targets,
-            &format!("server at {url}, tools/call c=64, one session: gateway / direct throughput"),
-            "≥ 0.9×",
-            format!("{ratio:.2}× ({:.0} / {:.0} calls/s)", g.calls_per_sec, d.calls_per_sec),
-            ratio >= 0.9,
-        );
-    }
+    remote_targets(out, targets, &format!("server at {url}"), "url-direct", "url-gateway");
     gw.stop().await;
     Ok(())
 }

@@ -94,22 +94,11 @@ async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
 
 impl Setup {
     async fn stats(&self) -> Value {
-        reqwest::get(format!("{}/stats", self.as_base))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        fetch_json(&format!("{}/stats", self.as_base)).await
     }
 
     async fn control(&self, knobs: Value) {
-        let r = reqwest::Client::new()
-            .post(format!("{}/control", self.as_base))
-            .body(knobs.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        post_ok(&format!("{}/control", self.as_base), &knobs).await
     }
 
     /// Every `Authorization` value the protected server received.

@@ -54,23 +54,11 @@ impl Fixture {
     }
 
     async fn get(&self, path: &str) -> Value {
-        let base = self.url.trim_end_matches("/mcp");
-        reqwest::get(format!("{base}{path}"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        fetch_json(&format!("{}{path}", self.url.trim_end_matches("/mcp"))).await
     }
 
     async fn control(&self, knobs: Value) {
-        let r = reqwest::Client::new()
-            .post(format!("{}/control", self.url))
-            .json(&knobs)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        post_ok(&format!("{}/control", self.url), &knobs).await
     }
 }
 

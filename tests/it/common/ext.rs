@@ -472,3 +472,20 @@ pub async fn read_response(s: &mut tokio::net::TcpStream) -> (u16, String, Strin
     let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string();
     (status, head, body)
 }
+
+/// `GET url` as JSON (a fixture's own counters: `/stats`, `/seen`).
+pub async fn fetch_json(url: &str) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// `POST url` with the JSON `body`, which must answer 200 (a fixture's `/control`).
+pub async fn post_ok(url: &str, body: &Value) {
+    let r = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "POST {url}");
+}
