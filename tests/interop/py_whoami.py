@@ -14,9 +14,10 @@ Exit 0 either way; on any other failure prints a message to stderr and exits 1.
 """
 
 import argparse
-import asyncio
 import json
 import sys
+
+from interop_run import report
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -49,17 +50,7 @@ def main() -> int:
     p.add_argument("--args", default="{}")
     p.add_argument("--mode", choices=["legacy", "auto"], default="legacy")
     p.add_argument("--timeout", type=float, default=30.0)
-    args = p.parse_args()
-    try:
-        out = asyncio.run(asyncio.wait_for(run(args), timeout=args.timeout * 2 + 10))
-    except BaseException as e:  # noqa: BLE001 - report anything, incl. ExceptionGroup
-        msg = repr(e)
-        if isinstance(e, BaseExceptionGroup):
-            msg += " :: " + "; ".join(repr(x) for x in e.exceptions)
-        print("py_whoami: " + msg, file=sys.stderr)
-        return 1
-    print(json.dumps(out))
-    return 0
+    return report("py_whoami", run, p.parse_args())
 
 
 if __name__ == "__main__":
