@@ -391,7 +391,10 @@ async fn an_input_required_retry_resumes_its_parked_call_on_any_replica_once() {
     .await;
     assert_eq!(again["error"]["data"]["reason"], "invalid_request_state", "{again}");
     // Tampered: refused.
-    let tampered = format!("{}0", &state2[..state2.len() - 1]);
+    // Its last digit changed (to one it is not: a state ending in 0 stays valid as "…0").
+    let mut tampered = state2.clone();
+    let last = tampered.pop().unwrap();
+    tampered.push(if last == '0' { '1' } else { '0' });
     let bad = stateless(
         &gws[2],
         json!(4),
