@@ -34,7 +34,8 @@ pub use answer::LARGE_RESULT;
 pub use answer::{response, Answer, Outcome, Raw};
 pub use envelope::{Kind, MAX_NAME_LEN};
 pub use id::{id_key, Id};
-pub use members::{Incoming, Members};
+pub use members::{Incoming, Members, MetaKeys, Peeked};
+pub(crate) use peek::Finder;
 pub use peek::{cancelled_request_id, error_summary, is_tool_error, meta_has, progress_token_of};
 pub use write::{
     blank_line_breaks, empty_object, error_object, frame_line, has_line_breaks, notification,

@@ -42,41 +42,160 @@ fn span_in(outer: &str, inner: &str) -> Option<std::ops::Range<usize>> {
     (end <= outer.len()).then_some(start..end)
 }
 
+/// The `_meta` keys [`Members::parse_meta`] reads: their values are given, in this order.
+/// `skipped` keys may be there too; any other key makes `_meta` [`Peeked::Other`].
+pub struct MetaKeys {
+    pub own: [&'static str; 3],
+    pub skipped: &'static str,
+}
+
+/// What [`Members::parse_meta`] found in `_meta`.
+#[derive(Debug, PartialEq)]
+pub enum Peeked {
+    /// No `_meta`.
+    Absent,
+    /// `_meta` with the known keys only, taken out: the spans of `own`'s values, where given.
+    Own([Option<std::ops::Range<usize>>; 3]),
+    /// Anything else (kept in the members).
+    Other,
+}
+
+/// Reads `_meta` for [`Members::parse_meta`]: an object of known keys gives their
+/// values' spans in `text`; anything else is read past and is [`Peeked::Other`].
+struct MetaSeed<'a, 'k> {
+    text: &'a str,
+    keys: &'k MetaKeys,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for MetaSeed<'de, '_> {
+    type Value = Peeked;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Peeked, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for MetaSeed<'de, '_> {
+    type Value = Peeked;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Peeked, A::Error> {
+        let mut own: [Option<std::ops::Range<usize>>; 3] = Default::default();
+        let mut other = false;
+        while let Some(JsonStr(key)) = map.next_key::<JsonStr<'de>>()? {
+            let value: &'de RawValue = map.next_value()?;
+            match self.keys.own.iter().position(|k| *k == key) {
+                // A repeated key: the general path decides.
+                Some(i) if own[i].is_some() => other = true,
+                Some(i) => match span_in(self.text, value.get()) {
+                    Some(span) => own[i] = Some(span),
+                    None => other = true,
+                },
+                None if key == self.keys.skipped => {}
+                None => other = true,
+            }
+        }
+        Ok(if other { Peeked::Other } else { Peeked::Own(own) })
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Peeked, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Peeked::Other)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Peeked, E> {
+        Ok(Peeked::Other)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Peeked, E> {
+        Ok(Peeked::Other)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Peeked, E> {
+        Ok(Peeked::Other)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Peeked, E> {
+        Ok(Peeked::Other)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Peeked, E> {
+        Ok(Peeked::Other)
+    }
+    fn visit_unit<E>(self) -> Result<Peeked, E> {
+        Ok(Peeked::Other)
+    }
+}
+
 impl Members {
     /// Opens params (absent params read as an empty object).
     pub fn parse(params: Option<Box<RawValue>>) -> Result<Members, String> {
+        Members::parse_peeking(params, None).map(|(m, _)| m)
+    }
+
+    /// [`Members::parse`], with `_meta` read as it is passed (one scan of it, not two):
+    /// when it is an object whose keys are all among `peek.own` and `peek.skipped`, it
+    /// is taken out of the members and the values of `own`'s keys are given as
+    /// [`Peeked::Own`] (spans of the text: [`Members::text_of`]). Any other `_meta`
+    /// gives [`Peeked::Other`], and the members are parsed again as [`Members::parse`]
+    /// opens them (`_meta` kept).
+    pub fn parse_meta(params: Option<Box<RawValue>>, peek: &MetaKeys) -> Result<(Members, Peeked), String> {
+        let (members, peeked) = Members::parse_peeking(params, Some(peek))?;
+        match peeked {
+            Peeked::Other => Members::parse(Some(members.text)).map(|m| (m, Peeked::Other)),
+            p => Ok((members, p)),
+        }
+    }
+
+    /// The JSON text a span of [`Peeked::Own`] names.
+    pub fn text_of(&self, span: &std::ops::Range<usize>) -> Option<&str> {
+        self.text.get().get(span.clone())
+    }
+
+    fn parse_peeking(params: Option<Box<RawValue>>, peek: Option<&MetaKeys>) -> Result<(Members, Peeked), String> {
         use serde::de::{MapAccess, Visitor};
         let text = params.unwrap_or_else(empty_object);
         type Entries = Vec<(MemberKey, MemberValue)>;
-        struct Top<'a>(&'a str);
-        impl<'de> Visitor<'de> for Top<'de> {
-            type Value = Entries;
+        struct Top<'a, 'k> {
+            text: &'a str,
+            peek: Option<&'k MetaKeys>,
+        }
+        impl<'de> Visitor<'de> for Top<'de, '_> {
+            type Value = (Entries, Peeked);
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("params must be an object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut out: Entries = Vec::with_capacity(4);
+                let mut peeked = Peeked::Absent;
                 while let Some(JsonStr(key)) = map.next_key::<JsonStr<'de>>()? {
+                    if let Some(keys) = self.peek.filter(|_| key == "_meta") {
+                        peeked = match peeked {
+                            // A repeated `_meta`: the general path decides.
+                            Peeked::Absent => map.next_value_seed(MetaSeed { text: self.text, keys })?,
+                            _ => {
+                                map.next_value::<serde::de::IgnoredAny>()?;
+                                Peeked::Other
+                            }
+                        };
+                        continue;
+                    }
                     let value: &'de RawValue = map.next_value()?;
-                    let value = match span_in(self.0, value.get()) {
+                    let text = self.text;
+                    let value = match span_in(text, value.get()) {
                         Some(r) => MemberValue::Span(r),
                         None => MemberValue::Raw(value.to_owned()),
                     };
                     let key = match &key {
-                        std::borrow::Cow::Borrowed(k) => span_in(self.0, k)
-                            .filter(|r| r.start > 0 && r.end < self.0.len())
+                        std::borrow::Cow::Borrowed(k) => span_in(text, k)
+                            .filter(|r| r.start > 0 && r.end < text.len())
                             .map(|r| MemberKey::Span(r.start - 1..r.end + 1)),
                         std::borrow::Cow::Owned(_) => None,
                     }
                     .unwrap_or_else(|| MemberKey::Owned(key.into_owned()));
                     out.push((key, value));
                 }
-                Ok(out)
+                Ok((out, peeked))
             }
         }
         let raw = text.get();
         let mut de = serde_json::Deserializer::from_str(raw);
-        let mut entries = serde::Deserializer::deserialize_map(&mut de, Top(raw)).map_err(|e| {
+        let top = Top { text: raw, peek };
+        let (mut entries, peeked) = serde::Deserializer::deserialize_map(&mut de, top).map_err(|e| {
             if raw.trim_start().starts_with('{') {
                 e.to_string()
             } else {
@@ -99,7 +218,7 @@ impl Members {
         } else {
             members.entries = entries;
         }
-        Ok(members)
+        Ok((members, peeked))
     }
 
     fn key_of<'a>(&'a self, k: &'a MemberKey) -> &'a str {

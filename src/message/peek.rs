@@ -31,6 +31,13 @@ impl<'de> Deserialize<'de> for JsonStr<'de> {
     }
 }
 
+/// A searcher for a needle, built once per process: `memmem::find` builds one for every
+/// search, which on a small text costs more than the search.
+pub(crate) type Finder = std::sync::LazyLock<memchr::memmem::Finder<'static>>;
+
+static PROGRESS_TOKEN: Finder = Finder::new(|| memchr::memmem::Finder::new(b"progressToken"));
+static META: Finder = Finder::new(|| memchr::memmem::Finder::new(b"_meta"));
+
 /// `progressToken` of a `_meta` object's JSON text, as its own text.
 pub(super) fn progress_token_in(meta: &str) -> Option<Id> {
     #[derive(Deserialize)]
@@ -40,7 +47,7 @@ pub(super) fn progress_token_in(meta: &str) -> Option<Id> {
     }
     // A `_meta` without the key spelled out gives none here (the opened map still finds
     // one written with escapes).
-    memchr::memmem::find(meta.as_bytes(), b"progressToken")?;
+    PROGRESS_TOKEN.find(meta.as_bytes())?;
     let m: Meta = serde_json::from_str(meta).ok()?;
     m.token.map(|t| Id::from_json(t.get()))
 }
@@ -57,7 +64,7 @@ pub fn progress_token_of(params: Option<&RawValue>) -> Option<Id> {
     }
     let text = params?.get();
     // Most params carry no token: no parse for them.
-    memchr::memmem::find(text.as_bytes(), b"progressToken")?;
+    PROGRESS_TOKEN.find(text.as_bytes())?;
     let p: P = serde_json::from_str(text).ok()?;
     progress_token_in(p.meta?.get())
 }
@@ -210,7 +217,7 @@ pub fn meta_has(params: Option<&RawValue>, key: &str) -> bool {
     // Most params have no `_meta` at all: no parse for them (a key spelled with escapes
     // is read decoded, so text with a backslash is parsed).
     let text = params.get().as_bytes();
-    if memchr::memmem::find(text, b"_meta").is_none() && memchr::memchr(b'\\', text).is_none() {
+    if META.find(text).is_none() && memchr::memchr(b'\\', text).is_none() {
         return false;
     }
     let mut de = serde_json::Deserializer::from_str(params.get());

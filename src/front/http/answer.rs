@@ -5,7 +5,7 @@ use super::session::Session;
 use super::{json_response, reject, Http};
 use crate::downstream::{Sink, SINK_QUEUE};
 use crate::error::{code, Error};
-use crate::message::{self, Id, Kind, Outcome};
+use crate::message::{self, Finder, Id, Kind, Outcome};
 use crate::router::Client;
 use crate::stateless::Finish;
 use axum::body::Body;
@@ -49,7 +49,8 @@ pub(super) fn task_failed() -> Response {
 /// 400 on HTTP in 2026-07-28. An answer whose text has no `-3202` in it carries none of
 /// them, and is not parsed again to look.
 pub(super) fn stateless_json(answer: bytes::Bytes) -> Response {
-    if memchr::memmem::find(&answer, b"-3202").is_none() {
+    static STATELESS_CODES: Finder = Finder::new(|| memchr::memmem::Finder::new(b"-3202"));
+    if STATELESS_CODES.find(&answer).is_none() {
         return json_response(answer);
     }
     let status = match Kind::parse(&answer) {
@@ -74,7 +75,8 @@ fn unavailable(answer: &message::Answer) -> bool {
     let message::Answer::Whole(v) = answer else {
         return false;
     };
-    if memchr::memmem::find(v, b"-32030").is_none() {
+    static UNAVAILABLE: Finder = Finder::new(|| memchr::memmem::Finder::new(b"-32030"));
+    if UNAVAILABLE.find(v).is_none() {
         return false;
     }
     matches!(
