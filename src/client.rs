@@ -192,6 +192,17 @@ impl crate::downstream::Peer for Client {
     }
 }
 
+/// What a stateless request's client is made of ([`Client::stateless`]).
+pub struct StatelessClient {
+    pub id: String,
+    pub transport: &'static str,
+    pub version: &'static str,
+    pub capabilities: Map<String, Value>,
+    pub log_rank: Option<usize>,
+    pub identity: Option<Arc<Identity>>,
+    pub view: Option<ViewKey>,
+}
+
 impl Client {
     /// Keeps the capabilities from the client's `initialize` params.
     pub fn set_capabilities(&self, params: Option<&RawValue>) {
@@ -247,14 +258,38 @@ impl Client {
         self.view.as_ref()
     }
 
-    /// Makes this a 2026-07-28 (stateless) client with the capabilities its request's
-    /// `_meta` declared and the log level it asked for (none: no log messages).
-    pub fn stateless(mut self, capabilities: Map<String, Value>, log_rank: Option<usize>) -> Client {
-        self.stateless = true;
-        self.silent = log_rank.is_none();
-        self.capabilities = RwLock::new(Some(capabilities));
-        self.log_level = RwLock::new(log_rank);
-        self
+    /// A 2026-07-28 (stateless) request's client, made in one step (it is made for every
+    /// such request): speaking `version`, with the capabilities its request's `_meta`
+    /// declared and the log level it asked for (none: no log messages).
+    pub fn stateless(request: StatelessClient) -> Client {
+        let StatelessClient {
+            id,
+            transport,
+            version,
+            capabilities,
+            log_rank,
+            identity,
+            view,
+        } = request;
+        Client {
+            id,
+            transport,
+            protocol_version: OnceLock::from(version.to_owned()),
+            identity: RwLock::new(identity),
+            inflight: Mutex::new(HashMap::new()),
+            finished: tokio::sync::Notify::new(),
+            capabilities: RwLock::new(Some(capabilities)),
+            asked: Mutex::new(HashMap::new()),
+            next_ask: std::sync::atomic::AtomicU64::new(1),
+            own: OnceLock::new(),
+            log_level: RwLock::new(log_rank),
+            used: Mutex::new(std::collections::HashSet::new()),
+            stateless: true,
+            questions: None,
+            silent: log_rank.is_none(),
+            view,
+            stats: OnceLock::new(),
+        }
     }
 
     /// Lets a stateless client's servers ask it questions, through `tx` (the stateless flow's rounds).

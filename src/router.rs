@@ -415,7 +415,9 @@ impl Gateway {
             }
         };
         let info = call.info;
-        if let Some(server) = &info.server {
+        // (A stateless request's client lives for that request alone: nobody asks it
+        // later which servers it used.)
+        if let Some(server) = info.server.as_ref().filter(|_| !client.stateless) {
             crate::sync::lock(&client.used).insert(server.clone());
         }
         let ended = Instant::now();

@@ -99,7 +99,7 @@ pub enum Answer {
     Call(Call),
     /// A call whose server may ask questions: what to send, in order (related messages,
     /// then the response). Dropping it before its end cancels the call.
-    Rounds(std::pin::Pin<Box<dyn futures::Stream<Item = Sent> + Send>>),
+    Rounds(rounds::Rounds),
     /// A `subscriptions/listen` stream, for [`listen::run`].
     Listen(listen::Listen),
 }
@@ -298,7 +298,7 @@ impl Stateless {
                 _held: held,
             };
             return match round.start(client, env.params, env.retry, parent) {
-                Ok(rounds) => Answer::Rounds(Box::pin(rounds)),
+                Ok(rounds) => Answer::Rounds(rounds),
                 Err(e) => Answer::Refused(id, e),
             };
         }
@@ -381,13 +381,15 @@ impl Stateless {
         identity: Option<Arc<Identity>>,
         view: Option<ViewKey>,
     ) -> Client {
-        let client = Client::new(id)
-            .transport(self.transport.name)
-            .stateless(capabilities, log_rank)
-            .in_view(view);
-        let _ = client.protocol_version.set(VERSION.to_owned());
-        client.set_identity(identity);
-        client
+        Client::stateless(crate::client::StatelessClient {
+            id,
+            transport: self.transport.name,
+            version: VERSION,
+            capabilities,
+            log_rank,
+            identity,
+            view,
+        })
     }
 
     /// Cancels the request in flight that `notifications/cancelled` (its `params`) names;

@@ -276,7 +276,7 @@ async fn send_stateless(
         Answer::Rounds(mut rounds) => {
             crate::background::spawn(async move {
                 // Cancelled: the rounds end, which cancels the call; no answer.
-                while let Some(sent) = futures::StreamExt::next(&mut rounds).await {
+                while let Some(sent) = rounds.next().await {
                     match sent {
                         stateless::Sent::Related(m) => {
                             if out.send(m).await.is_err() {

@@ -18,21 +18,34 @@ use serde_json::{json, Map, Value};
 
 use crate::message::meta::{META_CAPS, META_INFO, META_LOG, META_VERSION};
 
+/// The revision's own `_meta` members, read while the params are opened: the version,
+/// the capabilities and the log level (in that order); `clientInfo` is not read.
+static META_KEYS: message::MetaKeys = message::MetaKeys {
+    own: [META_VERSION, META_CAPS, META_LOG],
+    skipped: META_INFO,
+};
+
 const VERSION_HEADER: &str = "mcp-protocol-version";
 const METHOD_HEADER: &str = "mcp-method";
 const NAME_HEADER: &str = "mcp-name";
 
 /// A transport's request headers, as the checks read them (HTTP's, through its adapter).
 pub trait Headers {
-    /// The value of the header `name` (lowercase), as sent; the first one if repeated.
-    fn header(&self, name: &str) -> Option<&[u8]>;
+    /// The value of the header `name` (lowercase), as sent (the first one if repeated):
+    /// its text when it is visible ASCII and tabs (what HTTP's `HeaderValue::to_str`
+    /// accepts), else [`Invisible`].
+    fn header(&self, name: &str) -> Option<Result<&str, Invisible>>;
 
     /// `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name`, as [`Headers::header`] gives
     /// them (a transport may find the three at once).
-    fn mcp(&self) -> [Option<&[u8]>; 3] {
+    fn mcp(&self) -> [Option<Result<&str, Invisible>>; 3] {
         MCP_HEADERS.map(|name| self.header(name))
     }
 }
+
+/// A header value with bytes other than visible ASCII and tabs.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Invisible;
 
 /// The headers every request of the revision carries, in [`Headers::mcp`] order.
 pub const MCP_HEADERS: [&str; 3] = [VERSION_HEADER, METHOD_HEADER, NAME_HEADER];
@@ -102,27 +115,23 @@ pub fn check(
 ) -> Result<Envelope, Error> {
     let bad = |m: &str| Error::invalid_params(m).with_status(400);
     let given = params.is_some();
-    let mut p = message::Members::parse(params).map_err(|e| bad(&e))?;
-    let peeked = p.get_raw("_meta").and_then(peek_meta).map(|members| {
-        // The usual values (a plain string, an empty object) are taken as they are.
-        let open = |r: Option<&RawValue>| {
-            r.and_then(|r| match r.get() {
-                "{}" => Some(Value::Object(Map::new())),
-                t => match t.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-                    Some(plain) if !plain.contains('\\') => Some(Value::String(plain.to_owned())),
-                    _ => serde_json::from_str::<Value>(t).ok(),
-                },
-            })
-        };
-        members.map(open)
-    });
+    let (mut p, peeked) = message::Members::parse_meta(params, &META_KEYS).map_err(|e| bad(&e))?;
     let [version, capabilities, log] = match peeked {
-        // Only the revision's own members: all of `_meta` is taken out.
-        Some(members) => {
-            p.remove("_meta");
-            members
+        // Only the revision's own members: all of `_meta` was taken out.
+        message::Peeked::Own(spans) => {
+            // The usual values (a plain string, an empty object) are taken as they are.
+            let open = |span: Option<std::ops::Range<usize>>| {
+                span.and_then(|s| p.text_of(&s)).and_then(|t| match t {
+                    "{}" => Some(Value::Object(Map::new())),
+                    t => match t.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+                        Some(plain) if !plain.contains('\\') => Some(Value::String(plain.to_owned())),
+                        _ => serde_json::from_str::<Value>(t).ok(),
+                    },
+                })
+            };
+            spans.map(open)
         }
-        None => {
+        message::Peeked::Absent | message::Peeked::Other => {
             let Some(meta) = p.meta() else {
                 return Err(bad(
                     "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
@@ -225,37 +234,6 @@ pub fn check(
     })
 }
 
-/// The protocol version, client capabilities and log level in `_meta` (its raw text), as
-/// the client wrote them, when `_meta` is an object of the revision's own members only
-/// (`clientInfo` besides), with plain keys; `None` otherwise, for the general path
-/// (`_meta` opened into a map) to decide. `clientInfo` is not parsed.
-fn peek_meta(raw: &str) -> Option<[Option<&RawValue>; 3]> {
-    use serde::de::{MapAccess, Visitor};
-    struct Own;
-    impl<'de> Visitor<'de> for Own {
-        type Value = Option<[Option<&'de RawValue>; 3]>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = [None; 3];
-            while let Some(key) = map.next_key::<&'de str>()? {
-                let value: &'de RawValue = map.next_value()?;
-                match key {
-                    META_VERSION => out[0] = Some(value),
-                    META_CAPS => out[1] = Some(value),
-                    META_LOG => out[2] = Some(value),
-                    META_INFO => {}
-                    _ => return Ok(None),
-                }
-            }
-            Ok(Some(out))
-        }
-    }
-    let mut de = serde_json::Deserializer::from_str(raw);
-    serde::Deserializer::deserialize_map(&mut de, Own).ok().flatten()
-}
-
 /// Checks the `Mcp-Param-{h}` headers a tool's `inputSchema` asks for (`x-mcp-header: h` on a
 /// property reached through `properties` keys only) against the call's arguments: a value
 /// in the body needs its header, equal after Base64 decoding (numbers compared as numbers).
@@ -298,16 +276,13 @@ fn text<'h>(headers: &'h dyn Headers, name: &str) -> Result<Option<&'h str>, Err
 }
 
 /// [`text`] of a value looked up already.
-fn visible<'h>(name: &str, value: Option<&'h [u8]>) -> Result<Option<&'h str>, Error> {
-    let Some(v) = value else {
-        return Ok(None);
-    };
-    let visible = v.iter().all(|&b| (32..127).contains(&b) || b == b'\t');
-    match std::str::from_utf8(v) {
+fn visible<'h>(name: &str, value: Option<Result<&'h str, Invisible>>) -> Result<Option<&'h str>, Error> {
+    match value {
+        None => Ok(None),
         // Visible ASCII: its only whitespace is spaces and tabs, which `trim_ascii` trims as
         // `trim` would, without decoding chars.
-        Ok(s) if visible => Ok(Some(s.trim_ascii())),
-        _ => Err(mismatch(format_args!("the {name} header has invalid characters"))),
+        Some(Ok(s)) => Ok(Some(s.trim_ascii())),
+        Some(Err(Invisible)) => Err(mismatch(format_args!("the {name} header has invalid characters"))),
     }
 }
 
@@ -364,8 +339,10 @@ mod tests {
     struct List(Vec<(String, String)>);
 
     impl Headers for List {
-        fn header(&self, name: &str) -> Option<&[u8]> {
-            self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_bytes())
+        fn header(&self, name: &str) -> Option<Result<&str, Invisible>> {
+            let visible = |v: &str| v.bytes().all(|b| (32..127).contains(&b) || b == b'\t');
+            let found = self.0.iter().find(|(k, _)| k == name);
+            found.map(|(_, v)| if visible(v) { Ok(v.as_str()) } else { Err(Invisible) })
         }
     }
 
@@ -415,19 +392,46 @@ mod tests {
     }
 
     #[test]
-    fn meta_peeked_only_when_it_holds_the_revisions_own_members() {
+    fn meta_taken_out_only_when_it_holds_the_revisions_own_members() {
+        // Whether `_meta` stays in the members, and the own members' texts when taken out.
+        let parse = |meta: &str| {
+            let params = RawValue::from_string(format!(r#"{{"name":"t","_meta":{meta}}}"#)).unwrap();
+            let (m, peeked) = message::Members::parse_meta(Some(params), &META_KEYS).unwrap();
+            let texts = match peeked {
+                message::Peeked::Own(spans) => Some(spans.map(|s| s.and_then(|s| m.text_of(&s)).map(str::to_owned))),
+                message::Peeked::Absent | message::Peeked::Other => None,
+            };
+            assert_eq!(m.get_str("name").as_deref(), Some("t"));
+            (m.contains_key("_meta"), texts)
+        };
         let own =
             format!(r#"{{"{META_VERSION}":"v","{META_CAPS}":{{}},"{META_INFO}":{{"name":"x"}},"{META_LOG}":"info"}}"#);
-        let [v, c, l] = peek_meta(&own).unwrap();
+        let some = |t: &str| Some(t.to_owned());
         assert_eq!(
-            (v.unwrap().get(), c.unwrap().get(), l.unwrap().get()),
-            (r#""v""#, "{}", r#""info""#)
+            parse(&own),
+            (false, Some([some(r#""v""#), some("{}"), some(r#""info""#)]))
         );
-        assert!(peek_meta(&format!(r#"{{"{META_VERSION}":"v","progressToken":1}}"#)).is_none());
-        assert!(peek_meta(r#"{"io.modelcontextprotocol\/protocolVersion":"v"}"#).is_none());
-        assert!(peek_meta("null").is_none());
-        assert!(peek_meta("[]").is_none());
-        assert!(peek_meta("{}").unwrap().iter().all(Option::is_none));
+        // Any other member, a repeated one, or not an object: kept, for the general path.
+        assert_eq!(
+            parse(&format!(r#"{{"{META_VERSION}":"v","progressToken":1}}"#)),
+            (true, None)
+        );
+        assert_eq!(
+            parse(&format!(r#"{{"{META_VERSION}":"v","{META_VERSION}":"w"}}"#)),
+            (true, None)
+        );
+        for other in ["null", "[]", "[1,{}]", "1", "\"x\"", "true"] {
+            assert_eq!(parse(other), (true, None), "{other}");
+        }
+        // A key written with escapes is read decoded.
+        let escaped = r#"{"io.modelcontextprotocol\/protocolVersion":"v"}"#;
+        assert_eq!(parse(escaped), (false, Some([some(r#""v""#), None, None])));
+        assert_eq!(parse("{}"), (false, Some([None, None, None])));
+        // Two `_meta` members: the general path decides (the last one's value, as a map keeps).
+        let params = RawValue::from_string(format!(r#"{{"_meta":{own},"_meta":{{"k":1}}}}"#)).unwrap();
+        let (mut m, peeked) = message::Members::parse_meta(Some(params), &META_KEYS).unwrap();
+        assert_eq!(peeked, message::Peeked::Other);
+        assert_eq!(m.meta().map(|m| Value::Object(m.clone())), Some(json!({"k": 1})));
     }
 
     /// The params the router gets opened are the ones it would get written out and parsed

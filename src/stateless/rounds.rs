@@ -458,17 +458,17 @@ pub struct Round {
 
 impl Round {
     /// Starts the call (or resumes the one `params.requestState` names, giving it
-    /// `params.inputResponses`). Yields what to send, in order: related messages
-    /// (`false`), then the response (`true`): the decorated result, or `input_required`
-    /// with the call parked. Dropping the stream before its end cancels the call. A state
-    /// that does not verify is the error to answer with.
+    /// `params.inputResponses`). Its [`Rounds`] give what to send, in order: related
+    /// messages, then the response: the decorated result, or `input_required` with the
+    /// call parked. Dropping them before their end cancels the call. A state that does not
+    /// verify is the error to answer with.
     pub fn start(
-        self,
+        mut self,
         client: Client,
         params: message::Incoming,
         retry: super::envelope::Retry,
         parent: Option<opentelemetry::Context>,
-    ) -> Result<impl futures::Stream<Item = super::Sent> + Send, Error> {
+    ) -> Result<Rounds, Error> {
         let method = self.finish.method;
         let super::envelope::Retry {
             target,
@@ -478,7 +478,7 @@ impl Round {
         let binding = Binding {
             method,
             target,
-            principal: self.principal.clone(),
+            principal: std::mem::take(&mut self.principal),
         };
         let (call, previous) = match state {
             None | Some(Value::Null) => {
@@ -519,47 +519,71 @@ impl Round {
                 return Err(invalid_state());
             }
         };
-        let round = Arc::new(self);
-        Ok(futures::stream::unfold(Some((call, previous)), move |state| {
-            let round = round.clone();
-            async move {
-                let (mut call, previous) = state?;
-                let step = match &round.stop {
-                    None => call.next().await,
-                    Some(stop) => tokio::select! {
-                        step = call.next() => step,
-                        () = stop.cancelled() => return None,
-                    },
-                };
-                let out = match step {
-                    Step::Related(m) => return Some((super::Sent::Related(m), Some((call, previous)))),
-                    Step::Done(out) => {
-                        let out =
-                            out.unwrap_or_else(|| Error::client(code::REQUEST_CANCELLED, "request cancelled").into());
-                        // A large result's bytes go on shared, as on the session path.
-                        return Some((super::Sent::Answer(round.finish.answer(&round.id, out)), None));
-                    }
-                    Step::InputRequired(requests) => {
-                        let state = match call {
-                            Driving::Here(call) => round.parked.park(call, previous),
-                            // Its replica keeps it parked as the next round; the state is
-                            // minted here, with the key every replica shares.
-                            Driving::There(_, binding) => {
-                                previous.map(|(id, r)| round.parked.mint(&id, r + 1, &binding))
-                            }
-                        };
-                        match state {
-                            Some(state) => round.finish.input_required(requests, state),
-                            None => Error::gateway(
-                                "the server asked for input, but too many calls are waiting for input in mcp-gateway; try again later",
-                            )
-                            .into(),
-                        }
-                    }
-                };
-                Some((super::Sent::Answer(message::Answer::new(&round.id, out)), None))
+        Ok(Rounds {
+            round: self,
+            state: Some((call, previous)),
+        })
+    }
+}
+
+/// A request's rounds, as they run: [`Rounds::next`] gives what to send, in order
+/// (related messages, then the response). Dropping it before its end cancels the call.
+/// The usual request is answered by its first `next` (no stream, nothing boxed); a
+/// front that streams related messages makes it a stream ([`Rounds::into_stream`]).
+pub struct Rounds {
+    round: Round,
+    /// The call, and the call and round a retry resumed; none once answered.
+    state: Option<(Driving, Option<(String, u64)>)>,
+}
+
+impl Rounds {
+    /// The next thing to send: a related message, or (last) the response; none after
+    /// the response, or once the round is stopped.
+    pub async fn next(&mut self) -> Option<super::Sent> {
+        let (mut call, previous) = self.state.take()?;
+        let round = &self.round;
+        let step = match &round.stop {
+            None => call.next().await,
+            Some(stop) => tokio::select! {
+                step = call.next() => step,
+                () = stop.cancelled() => return None,
+            },
+        };
+        let out = match step {
+            Step::Related(m) => {
+                self.state = Some((call, previous));
+                return Some(super::Sent::Related(m));
             }
-        }))
+            Step::Done(out) => {
+                let out = out.unwrap_or_else(|| Error::client(code::REQUEST_CANCELLED, "request cancelled").into());
+                // A large result's bytes go on shared, as on the session path.
+                return Some(super::Sent::Answer(round.finish.answer(&round.id, out)));
+            }
+            Step::InputRequired(requests) => {
+                let state = match call {
+                    Driving::Here(call) => round.parked.park(call, previous),
+                    // Its replica keeps it parked as the next round; the state is
+                    // minted here, with the key every replica shares.
+                    Driving::There(_, binding) => previous.map(|(id, r)| round.parked.mint(&id, r + 1, &binding)),
+                };
+                match state {
+                    Some(state) => round.finish.input_required(requests, state),
+                    None => Error::gateway(
+                        "the server asked for input, but too many calls are waiting for input in mcp-gateway; try again later",
+                    )
+                    .into(),
+                }
+            }
+        };
+        Some(super::Sent::Answer(message::Answer::new(&round.id, out)))
+    }
+
+    /// The rest of the rounds as a stream.
+    pub fn into_stream(self) -> impl futures::Stream<Item = super::Sent> + Send {
+        futures::stream::unfold(self, |mut rounds| async move {
+            let sent = rounds.next().await?;
+            Some((sent, rounds))
+        })
     }
 }
 

@@ -10,6 +10,7 @@ use crate::catalog::view::ViewKey;
 use crate::downstream::SINK_QUEUE;
 use crate::error::code;
 use crate::message::{self, Kind};
+use crate::stateless::envelope::Invisible;
 use crate::stateless::{self, Answer, Headers, Sent};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
@@ -26,22 +27,30 @@ static KNOWN: [HeaderName; 3] = [
     HeaderName::from_static("mcp-name"),
 ];
 
+/// A value's text as the flow takes it: `to_str` accepts what it accepts (visible ASCII
+/// and tabs), without decoding the bytes again.
+fn text(v: &axum::http::HeaderValue) -> Result<&str, Invisible> {
+    v.to_str().map_err(|_| Invisible)
+}
+
 impl Headers for HeaderMap {
-    fn header(&self, name: &str) -> Option<&[u8]> {
+    fn header(&self, name: &str) -> Option<Result<&str, Invisible>> {
         match KNOWN.iter().find(|k| k.as_str() == name) {
             Some(k) => self.get(k),
             None => self.get(name),
         }
-        .map(|v| v.as_bytes())
+        .map(text)
     }
 
     /// One pass over the request's few headers instead of three hashed lookups; the first
     /// value of each, as [`HeaderMap::get`] gives.
-    fn mcp(&self) -> [Option<&[u8]>; 3] {
-        let mut out = [None; 3];
+    fn mcp(&self) -> [Option<Result<&str, Invisible>>; 3] {
+        let mut out = [None, None, None];
         for (name, value) in self {
             if let Some(i) = KNOWN.iter().position(|k| k == name) {
-                out[i].get_or_insert(value.as_bytes());
+                if out[i].is_none() {
+                    out[i] = Some(text(value));
+                }
             }
         }
         out
@@ -140,7 +149,7 @@ pub(super) async fn serve(
             Some(Sent::Answer(parts)) => json_response(answer_body(parts)),
             Some(Sent::Related(first)) => sse_answer(
                 first,
-                rounds.map(|s| match s {
+                rounds.into_stream().map(|s| match s {
                     Sent::Related(m) => m,
                     Sent::Answer(a) => bytes::Bytes::from(a.into_vec()),
                 }),
@@ -181,8 +190,13 @@ mod tests {
         h.insert("mcp-param-x", HeaderValue::from_static("y"));
         let one_by_one = crate::stateless::envelope::MCP_HEADERS.map(|n| h.header(n));
         assert_eq!(h.mcp(), one_by_one);
-        assert_eq!(h.mcp(), [None, Some(&b"tools/call"[..]), Some(&b"first"[..])]);
-        assert_eq!(HeaderMap::new().mcp(), [None; 3]);
+        assert_eq!(h.mcp(), [None, Some(Ok("tools/call")), Some(Ok("first"))]);
+        assert_eq!(HeaderMap::new().mcp(), [None, None, None]);
+        // Bytes past visible ASCII (tabs allowed) are not text.
+        let mut h = HeaderMap::new();
+        h.insert("mcp-method", HeaderValue::from_bytes(b"tools/\tcall").unwrap());
+        h.insert("mcp-name", HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
+        assert_eq!(h.mcp(), [None, Some(Ok("tools/\tcall")), Some(Err(Invisible))]);
     }
 
     #[test]
