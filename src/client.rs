@@ -122,7 +122,7 @@ impl crate::downstream::Peer for Client {
             if self.stateless {
                 let Some(questions) = &self.questions else {
                     return Outcome::from(Error::client(code::METHOD_NOT_FOUND, format!(
-                            "the client speaks 2026-07-28 (stateless) and can only be asked {method} during tools/call, prompts/get or resources/read"
+                            "the client speaks 2026-07-28 (stateless): it can be asked {method} only during tools/call, prompts/get or resources/read, and only for a capability it declared (sampling, elicitation, roots)"
                         )));
                 };
                 let (tx, rx) = tokio::sync::oneshot::channel();

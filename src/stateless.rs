@@ -55,6 +55,10 @@ pub fn supported_versions() -> Vec<&'static str> {
     all
 }
 
+/// The client capabilities a server's questions need (`sampling/createMessage`,
+/// `elicitation/create`, `roots/list`).
+const ASKED_FOR: [&str; 3] = ["sampling", "elicitation", "roots"];
+
 /// What the flow needs to know of a front's transport.
 pub struct Transport {
     /// `network.transport` on its clients' spans: `tcp` or `pipe`.
@@ -282,8 +286,13 @@ impl Stateless {
             None => principal,
             Some(k) => format!("{principal} at {}", k.encode()),
         };
+        // A server can ask a client only what it declared (`Client::ask` refuses the rest
+        // before any round would see it): a call whose client declared none of it, and
+        // that resumes nothing, runs as any other call, without rounds.
+        let can_be_asked = ASKED_FOR.iter().any(|cap| env.capabilities.contains_key(*cap));
+        let rounds = m.may_ask() && (can_be_asked || env.retry.state.is_some());
         let client = self.client(client, env.capabilities, env.log_rank, identity, view);
-        if m.may_ask() {
+        if rounds {
             let stop = key.is_some().then(CancellationToken::new);
             let held = stop
                 .as_ref()

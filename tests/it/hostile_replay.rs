@@ -332,20 +332,6 @@ async fn sub(s: &Session, method: &str, uri: &str) {
     assert_eq!(r["result"], json!({}), "{method}: {r}");
 }
 
-/// `mcp_gateway_requests_in_flight` from /metrics.
-async fn in_flight(gw: &Gateway) -> i64 {
-    let text = reqwest::get(format!("{}/metrics", gw.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("mcp_gateway_requests_in_flight "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(-1)
-}
-
 fn pid_of(st: &Value) -> i32 {
     st["pid"].as_i64().unwrap_or_else(|| panic!("no pid in {st}")) as i32
 }
@@ -387,7 +373,7 @@ async fn f_kill_9_under_100_calls_fails_them_fast_and_the_server_returns() {
         })
         .collect();
     let deadline = Instant::now() + T;
-    while in_flight(&gw).await < 100 {
+    while gw.in_flight().await < 100 {
         assert!(Instant::now() < deadline, "the 100 calls were never in flight together");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

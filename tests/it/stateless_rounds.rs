@@ -251,31 +251,53 @@ async fn state_is_bound_to_its_principal_and_expires() {
     refused(&post(&gw, Some("alice-mrtr-token"), id, "tools/call", p).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stateless_call_whose_client_goes_away_is_cancelled() {
-    let n = unique("mrtr-gone");
-    let gw = Gateway::start(&server("s0", &n, &[], ""));
+/// A slow call of a 2026-07-28 client that may be asked questions (`elicitation`: it runs in
+/// rounds) or may not (no capabilities: it runs as any call), with a progress token or not.
+fn slow_call(gw: &Gateway, caps: Value, progress: bool) -> reqwest::RequestBuilder {
     let mut params = json!({"name": "s0__slow", "arguments": {"seconds": 30, "steps": 30}});
-    let mut md = meta(json!({}));
-    md["progressToken"] = json!("p");
+    let mut md = meta(caps);
+    if progress {
+        md["progressToken"] = json!("p");
+    }
     params["_meta"] = md;
-    let r = reqwest::Client::new()
+    reqwest::Client::new()
         .post(&gw.url)
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", V)
         .header("mcp-method", "tools/call")
         .header("mcp-name", "s0__slow")
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}))
-        .send()
-        .await
-        .unwrap();
-    let mut m = Messages::new(r);
-    let first = m.next(T).await.expect("a progress notification");
-    assert_eq!(first["method"], "notifications/progress", "{first}");
-    drop(m);
-    assert!(
-        gw.wait_log("[mock] cancelled", T).await,
-        "the server heard the cancellation: {}",
-        gw.logs()
-    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_call_whose_client_goes_away_is_cancelled() {
+    for caps in [json!({}), json!({"elicitation": {}})] {
+        // Gone after the first progress notification (the answer had become a stream).
+        let n = unique("mrtr-gone");
+        let gw = Gateway::start(&server("s0", &n, &[], ""));
+        let r = slow_call(&gw, caps.clone(), true).send().await.unwrap();
+        let mut m = Messages::new(r);
+        let first = m.next(T).await.expect("a progress notification");
+        assert_eq!(first["method"], "notifications/progress", "{first}");
+        drop(m);
+        assert!(
+            gw.wait_log("[mock] cancelled", T).await,
+            "{caps}: the server heard the cancellation: {}",
+            gw.logs()
+        );
+        // Gone while the answer was still to come as plain JSON (nothing sent yet).
+        let n = unique("mrtr-gone-json");
+        let gw = Gateway::start(&server("s0", &n, &[], ""));
+        let call = tokio::spawn(slow_call(&gw, caps.clone(), false).send());
+        assert!(
+            gw.wait_log("[mock] slow started", T).await,
+            "{caps}: the call reached the server"
+        );
+        call.abort();
+        assert!(
+            gw.wait_log("[mock] cancelled", T).await,
+            "{caps}: the server heard the cancellation of a JSON answer's call: {}",
+            gw.logs()
+        );
+    }
 }

@@ -104,21 +104,27 @@ pub(super) async fn request(
     let stateless = finish.is_some();
     // Only a cluster's requests may be refused for Redis (503); one process never looks.
     let clustered = gw.cluster().is_some();
-    let mut task = Detached(Some(Box::pin(async move {
-        let out = gw
-            .request(
-                &client,
-                crate::router::Request::new(&id, &method, params),
-                Some(Sink::new(sink)),
-                parent,
-            )
-            .await;
-        let out = out.unwrap_or_else(cancelled);
-        match finish {
-            Some(f) => f.answer(&id, out),
-            None => message::Answer::new(&id, out),
-        }
-    })));
+    // A session's call goes on when its client goes away (it may resume the stream); a
+    // stateless request is cancelled by closing its connection: dropped, its call is.
+    let keeps = session.is_some();
+    let mut task = Detached(
+        keeps,
+        Some(Box::pin(async move {
+            let out = gw
+                .request(
+                    &client,
+                    crate::router::Request::new(&id, &method, params),
+                    Some(Sink::new(sink)),
+                    parent,
+                )
+                .await;
+            let out = out.unwrap_or_else(cancelled);
+            match finish {
+                Some(f) => f.answer(&id, out),
+                None => message::Answer::new(&id, out),
+            }
+        })),
+    );
     // The request runs right here, without a task of its own, until the first thing to
     // send is known: the answer (the usual case: plain JSON), or a related message (then
     // it moves to a task, and the answer follows on an SSE stream). A 2025-11-25 session's
@@ -131,7 +137,7 @@ pub(super) async fn request(
     }
     let slow = session.is_some_and(|(s, sse_ok)| sse_ok && s.priming);
     let first = {
-        let Some(fut) = task.0.as_mut() else {
+        let Some(fut) = task.1.as_mut() else {
             return task_failed();
         };
         let mut open = true;
@@ -155,7 +161,7 @@ pub(super) async fn request(
     };
     match first {
         First::Answer(answer) => {
-            task.0 = None;
+            task.1 = None;
             match related.try_recv() {
                 Err(_) if clustered && unavailable(&answer) => {
                     (StatusCode::SERVICE_UNAVAILABLE, json_response(answer_body(answer))).into_response()
@@ -178,20 +184,29 @@ pub(super) async fn request(
             }
         }
         First::Related(_) | First::Slow => {
-            let (done_tx, done) = oneshot::channel::<Vec<u8>>();
-            if let Some(fut) = task.0.take() {
-                crate::background::spawn(async move {
-                    let _ = done_tx.send(fut.await.into_vec());
-                });
-            }
+            let Some(fut) = task.1.take() else {
+                return task_failed();
+            };
             let m = match first {
                 First::Related(m) => Some(m),
                 _ => None,
             };
-            let rest = outgoing(related, done).map(|(_, m)| m);
             match (session, m) {
-                (Some((s, _)), m) => session_sse(&http, s, m, rest),
-                (None, Some(m)) => sse_answer(m, rest),
+                (Some((s, _)), m) => {
+                    // A task runs the call; the stream records what it sends.
+                    let (done_tx, done) = oneshot::channel::<Vec<u8>>();
+                    crate::background::spawn(async move {
+                        let _ = done_tx.send(fut.await.into_vec());
+                    });
+                    let done = Box::pin(async move { done.await.ok() });
+                    session_sse(&http, s, m, outgoing(related, done).map(|(_, m)| m))
+                }
+                // Stateless: the call runs inside the response's stream, so a client that
+                // closes the connection drops it, which cancels it downstream.
+                (None, Some(m)) => {
+                    let done = Box::pin(async move { Some(fut.await.into_vec()) });
+                    sse_answer(m, outgoing(related, done).map(|(_, m)| m))
+                }
                 (None, None) => task_failed(),
             }
         }
@@ -241,8 +256,12 @@ pub(super) fn live_body(
 }
 
 /// A request still running, with the answer it will make. Dropped unfinished (the client
-/// went away), it goes on in a task of its own, as if it had been spawned.
-struct Detached(Option<std::pin::Pin<Box<dyn std::future::Future<Output = message::Answer> + Send>>>);
+/// went away), a session's (`true`) goes on in a task of its own, as if it had been
+/// spawned; a stateless request's is dropped, which cancels it.
+struct Detached(
+    bool,
+    Option<std::pin::Pin<Box<dyn std::future::Future<Output = message::Answer> + Send>>>,
+);
 
 /// A JSON answer's body. A large result goes to the socket from its own buffer, after the
 /// head and before the closing brace, with its length known (Content-Length).
@@ -296,7 +315,7 @@ impl axum::body::HttpBody for Chunks {
 
 impl Drop for Detached {
     fn drop(&mut self) {
-        if let Some(fut) = self.0.take() {
+        if let Some(fut) = self.1.take().filter(|_| self.0) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 crate::background::spawn_on(
                     async move {
@@ -309,14 +328,14 @@ impl Drop for Detached {
     }
 }
 
+/// A request's answer as it will come (none: it never will).
+type Done = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<u8>>> + Send>>;
+
 /// What one request sends back, in order: related messages, then the answer (flagged
 /// `true`). Related messages queued before the answer always go out before it.
-fn outgoing(
-    related: mpsc::Receiver<bytes::Bytes>,
-    done: oneshot::Receiver<Vec<u8>>,
-) -> impl futures::Stream<Item = (bool, bytes::Bytes)> {
+fn outgoing(related: mpsc::Receiver<bytes::Bytes>, done: Done) -> impl futures::Stream<Item = (bool, bytes::Bytes)> {
     enum Answer {
-        Pending(oneshot::Receiver<Vec<u8>>),
+        Pending(Done),
         Ready(Vec<u8>),
         Sent,
     }
@@ -331,7 +350,7 @@ fn outgoing(
                 biased;
                 Some(m) = rx.recv() => Some(((false, m), (rx, Answer::Pending(done)))),
                 out = &mut done => {
-                    let out = out.ok()?;
+                    let out = out?;
                     match rx.try_recv() {
                         Ok(m) => Some(((false, m), (rx, Answer::Ready(out)))),
                         Err(_) => Some(((true, bytes::Bytes::from(out)), (rx, Answer::Sent))),

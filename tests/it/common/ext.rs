@@ -49,6 +49,20 @@ impl Gateway {
         until(timeout, || log.lock().unwrap().contains(needle)).await
     }
 
+    /// `mcp_gateway_requests_in_flight` from /metrics.
+    pub async fn in_flight(&self) -> i64 {
+        let text = reqwest::get(format!("{}/metrics", self.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("mcp_gateway_requests_in_flight "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(-1)
+    }
+
     /// GET on a path of the gateway (e.g. `/status`), as JSON.
     pub async fn get_json(&self, path: &str) -> Value {
         reqwest::get(format!("{}{path}", self.base))
