@@ -95,20 +95,6 @@ fn slow_params(tool: &str, seconds: f64, steps: u32) -> Value {
     json!({"name": tool, "arguments": {"seconds": seconds, "steps": steps}, "_meta": {"progressToken": "p"}})
 }
 
-/// `mcp_gateway_requests_in_flight` from /metrics.
-async fn in_flight(gw: &Gateway) -> i64 {
-    let text = reqwest::get(format!("{}/metrics", gw.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("mcp_gateway_requests_in_flight "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(-1)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_under_100_calls_fails_them_at_once_and_the_server_comes_back() {
     let name = unique("kill9");
@@ -130,7 +116,7 @@ async fn sigkill_under_100_calls_fails_them_at_once_and_the_server_comes_back() 
         }));
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while in_flight(&gw).await < 100 {
+    while gw.in_flight().await < 100 {
         assert!(Instant::now() < deadline, "the 100 calls never were in flight together");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
