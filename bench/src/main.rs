@@ -8,6 +8,10 @@
 //!   envelope in params, `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers;
 //!   each answer must be a `resultType: "complete"` result. With `gateway` in the same
 //!   run, the stateless/session targets (issue #19) are printed.
+//! - `stateless-ab`: one gateway, the `gateway` and `stateless` calls in alternating slices
+//!   of `--warmup` + `--duration` each (`--ab-pairs` pairs per concurrency level, the order
+//!   swapped every pair), so that a noisy machine moves both halves of a pair alike; the
+//!   stateless/session targets are judged on the median pair.
 //! - `baseline`: a bare hyper server (own runtime, same process) answering fixed
 //!   JSON-RPC bytes to every POST: the cost of the HTTP hop alone.
 //!
@@ -220,6 +224,9 @@ struct Args {
     /// (e.g. `protocol = "handshake"`).
     #[arg(long, default_value = "")]
     remote_server_toml: String,
+    /// stateless-ab: pairs of slices (session, stateless) per concurrency level.
+    #[arg(long, default_value_t = 6)]
+    ab_pairs: usize,
     #[command(flatten)]
     search: mcp_gateway_bench::search::Opts,
 }
@@ -243,6 +250,9 @@ enum Mode {
     /// The `gateway` fixture and call, sent as a 2026-07-28 client sends it: no session,
     /// the `_meta` envelope and the `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` headers.
     Stateless,
+    /// `gateway` and `stateless` through one gateway, in alternating slices (issue #19's
+    /// targets on a noisy machine).
+    StatelessAb,
     /// The `gateway` case with `[cluster]`: one replica and a real `redis-server` (issue
     /// #16's cost: no Redis round trip on a call without limits).
     Cluster,
@@ -269,6 +279,7 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::Gateway => "gateway",
             Mode::Stateless => "stateless",
+            Mode::StatelessAb => "stateless-ab",
             Mode::Cluster => "cluster",
             Mode::ClusterLimited => "cluster-limited",
             Mode::Baseline => "baseline",
@@ -1183,6 +1194,11 @@ async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseR
         // One session for the whole run.
         _ => checked_session(addr, &path, &tool, args).await?,
     };
+    // The other half of an interleaved run.
+    let stateless = match mode {
+        Mode::StatelessAb => Some(checked_stateless(addr, &path, &tool, args).await?),
+        _ => None,
+    };
 
     let fixture = children(pid).first().copied();
     let procs = Procs {
@@ -1194,17 +1210,25 @@ async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseR
         ..GatewayInfo::default()
     };
     for &c in &args.concurrency {
-        let mut workers = Vec::with_capacity(c);
-        for _ in 0..c {
-            workers.push(Worker::Http {
-                conn: HttpConn::open(args.client, &target).await?,
-                target: target.clone(),
-                check_id: true,
-            });
+        let Some((st_target, st_sh)) = &stateless else {
+            let workers = http_workers(args, &target, c).await?;
+            let r = run_case(mode.name(), c, workers, sh.clone(), args, &procs).await;
+            progress(&r);
+            out.push(r);
+            continue;
+        };
+        for pair in 0..args.ab_pairs {
+            let halves = [(AB_SESSION, &target, &sh), (AB_STATELESS, st_target, st_sh)];
+            // The order swaps every pair, so a drifting machine favours neither half.
+            let order = if pair % 2 == 0 { [0, 1] } else { [1, 0] };
+            for i in order {
+                let (name, t, s) = halves[i];
+                let workers = http_workers(args, t, c).await?;
+                let r = run_case(name, c, workers, s.clone(), args, &procs).await;
+                progress(&r);
+                out.push(r);
+            }
         }
-        let r = run_case(mode.name(), c, workers, sh.clone(), args, &procs).await;
-        progress(&r);
-        out.push(r);
     }
     if let Some((rss, hwm)) = rss_kib(pid) {
         info.final_rss_kib = Some(rss);
@@ -1233,6 +1257,23 @@ async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseR
     let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
     info.warnings = said.lock().unwrap().clone();
     Ok(info)
+}
+
+/// The two halves of a `stateless-ab` run, as their results are named.
+const AB_SESSION: &str = "ab-session";
+const AB_STATELESS: &str = "ab-stateless";
+
+/// `c` workers, each on a keep-alive connection of its own to `target`.
+async fn http_workers(args: &Args, target: &Target, c: usize) -> Result<Vec<Worker>> {
+    let mut workers = Vec::with_capacity(c);
+    for _ in 0..c {
+        workers.push(Worker::Http {
+            conn: HttpConn::open(args.client, target).await?,
+            target: target.clone(),
+            check_id: true,
+        });
+    }
+    Ok(workers)
 }
 
 /// The echoed text as it appears inside the JSON result (escaped).
@@ -2355,6 +2396,54 @@ fn call_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
             added <= 10.0,
         );
     }
+    ab_targets(rs, targets);
+}
+
+/// Issue #19's targets on a `stateless-ab` run: each pair's stateless/session throughput
+/// ratio and p50 difference, judged on the median pair (min and max shown).
+fn ab_targets(rs: &[CaseResult], targets: &mut Vec<TargetRow>) {
+    let pairs = |c: usize| -> Vec<(&CaseResult, &CaseResult)> {
+        let of = |name: &'static str| rs.iter().filter(move |r| r.mode == name && r.concurrency == c);
+        of(AB_SESSION).zip(of(AB_STATELESS)).collect()
+    };
+    let median = |mut v: Vec<f64>| -> (f64, f64, f64) {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let mid = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        (mid, v[0], v[n - 1])
+    };
+    let p = pairs(64);
+    if !p.is_empty() {
+        let (mid, lo, hi) = median(p.iter().map(|(g, s)| per(s.calls_per_sec, g.calls_per_sec)).collect());
+        target_row(
+            targets,
+            &format!(
+                "tools/call c=64: stateless / session throughput, interleaved (median of {} pairs)",
+                p.len()
+            ),
+            "≥ 0.95×",
+            format!("{mid:.2}× (pairs {lo:.2}–{hi:.2}×)"),
+            mid >= 0.95,
+        );
+    }
+    let p = pairs(1);
+    if !p.is_empty() {
+        let (mid, lo, hi) = median(p.iter().map(|(g, s)| s.p50_us - g.p50_us).collect());
+        target_row(
+            targets,
+            &format!(
+                "tools/call c=1: stateless added p50, interleaved (median of {} pairs)",
+                p.len()
+            ),
+            "≤ 10 us",
+            format!("{mid:+.1} us (pairs {lo:+.1} to {hi:+.1} us)"),
+            mid <= 10.0,
+        );
+    }
 }
 
 // ---------------------------------------------------------------- output
@@ -2571,7 +2660,7 @@ async fn bench_main(mut args: Args) -> Result<()> {
         eprintln!("{}:", mode.name());
         let r = match mode {
             Mode::Direct => bench_direct(&args, &mut results).await,
-            Mode::Gateway | Mode::Stateless | Mode::Cluster | Mode::ClusterLimited => {
+            Mode::Gateway | Mode::Stateless | Mode::StatelessAb | Mode::Cluster | Mode::ClusterLimited => {
                 bench_gateway(&args, mode, &mut results).await.map(|g| {
                     gw_info.get_or_insert(g);
                 })
