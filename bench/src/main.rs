@@ -1211,7 +1211,7 @@ async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseR
     };
     for &c in &args.concurrency {
         let Some((st_target, st_sh)) = &stateless else {
-            let workers = http_workers(args, &target, c).await?;
+            let workers = http_workers(args, &target, c, true).await?;
             let r = run_case(mode.name(), c, workers, sh.clone(), args, &procs).await;
             progress(&r);
             out.push(r);
@@ -1223,7 +1223,7 @@ async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseR
             let order = if pair % 2 == 0 { [0, 1] } else { [1, 0] };
             for i in order {
                 let (name, t, s) = halves[i];
-                let workers = http_workers(args, t, c).await?;
+                let workers = http_workers(args, t, c, true).await?;
                 let r = run_case(name, c, workers, s.clone(), args, &procs).await;
                 progress(&r);
                 out.push(r);
@@ -1263,14 +1263,15 @@ async fn run_gateway(args: &Args, mode: Mode, config: &Path, out: &mut Vec<CaseR
 const AB_SESSION: &str = "ab-session";
 const AB_STATELESS: &str = "ab-stateless";
 
-/// `c` workers, each on a keep-alive connection of its own to `target`.
-async fn http_workers(args: &Args, target: &Target, c: usize) -> Result<Vec<Worker>> {
+/// `c` workers, each on a keep-alive connection of its own to `target` (`check_id`: each
+/// answer must carry its request's id).
+async fn http_workers(args: &Args, target: &Target, c: usize, check_id: bool) -> Result<Vec<Worker>> {
     let mut workers = Vec::with_capacity(c);
     for _ in 0..c {
         workers.push(Worker::Http {
             conn: HttpConn::open(args.client, target).await?,
             target: target.clone(),
-            check_id: true,
+            check_id,
         });
     }
     Ok(workers)
@@ -1423,14 +1424,8 @@ async fn bench_baseline(args: &Args, out: &mut Vec<CaseResult>) -> Result<()> {
     };
     let sh = Arc::new(Shared::new(format!("{SERVER}__echo"), &args.text));
     for &c in &args.concurrency {
-        let mut workers = Vec::with_capacity(c);
-        for _ in 0..c {
-            workers.push(Worker::Http {
-                conn: HttpConn::open(args.client, &target).await?,
-                target: target.clone(),
-                check_id: false, // fixed answer bytes
-            });
-        }
+        // The baseline answers fixed bytes: no ids to check.
+        let workers = http_workers(args, &target, c, false).await?;
         let r = run_case(Mode::Baseline.name(), c, workers, sh.clone(), args, &procs).await;
         progress(&r);
         out.push(r);
@@ -1878,14 +1873,7 @@ async fn bench_soak(args: &Args, out: &mut Vec<CaseResult>, targets: &mut Vec<Ta
     let (target, sh) = checked_session(gw.addr, &gw.path, &format!("{SERVER}__echo"), args).await?;
     let start_done = sh.done.load(Ordering::Relaxed);
     let mut samples: Vec<(u64, u64)> = vec![(0, gw.rss().unwrap_or(0))];
-    let mut workers = Vec::with_capacity(c);
-    for _ in 0..c {
-        workers.push(Worker::Http {
-            conn: HttpConn::open(args.client, &target).await?,
-            target: target.clone(),
-            check_id: true,
-        });
-    }
+    let workers = http_workers(args, &target, c, true).await?;
     let procs = Procs {
         gateway: Some(gw.pid),
         fixture: children(gw.pid).first().copied(),
@@ -2158,14 +2146,7 @@ async fn bench_remote(args: &Args, sse: bool, out: &mut Vec<CaseResult>, targets
     };
     for &c in &args.concurrency {
         for (name, (target, sh), procs) in [(dname, &direct, &dprocs), (gname, &through, &gprocs)] {
-            let mut workers = Vec::with_capacity(c);
-            for _ in 0..c {
-                workers.push(Worker::Http {
-                    conn: HttpConn::open(args.client, target).await?,
-                    target: target.clone(),
-                    check_id: true,
-                });
-            }
+            let workers = http_workers(args, target, c, true).await?;
             let before = fixture_connections(faddr).await?;
             let r = run_case(name, c, workers, sh.clone(), args, procs).await;
             let after = fixture_connections(faddr).await?;
@@ -2282,14 +2263,7 @@ async fn bench_remote_url(args: &Args, out: &mut Vec<CaseResult>, targets: &mut 
     };
     for &c in &args.concurrency {
         for (name, (target, sh), procs) in [("url-direct", &direct, &dprocs), ("url-gateway", &through, &gprocs)] {
-            let mut workers = Vec::with_capacity(c);
-            for _ in 0..c {
-                workers.push(Worker::Http {
-                    conn: HttpConn::open(args.client, target).await?,
-                    target: target.clone(),
-                    check_id: true,
-                });
-            }
+            let workers = http_workers(args, target, c, true).await?;
             let r = run_case(name, c, workers, sh.clone(), args, procs).await;
             progress(&r);
             out.push(r);
