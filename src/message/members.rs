@@ -15,18 +15,21 @@ use serde_json::{Map, Value};
 /// members is dropped, and a key spelled with escapes is written decoded. A repeated key
 /// keeps its first position and its last value, as a `serde_json::Map`
 /// (with `preserve_order`) does.
+#[derive(Clone)]
 pub struct Members {
     /// The client's params, which the spans below index.
     text: Box<RawValue>,
     entries: Vec<(MemberKey, MemberValue)>,
 }
 
+#[derive(Clone)]
 enum MemberKey {
     /// The key with its quotes, in `text`; it had no escapes.
     Span(std::ops::Range<usize>),
     Owned(String),
 }
 
+#[derive(Clone)]
 enum MemberValue {
     Span(std::ops::Range<usize>),
     Raw(Box<RawValue>),

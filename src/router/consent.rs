@@ -3,16 +3,15 @@
 //! consent: -32042 for a 2025-11-25 client that declared `elicitation.url`, else a tool
 //! error (or, for other methods, an error) carrying the link.
 
-use super::forward::{downstream_span, stamp};
+use super::forward::{failed, forward_plain, forward_stamped, stamp};
 use super::Call;
 use super::Gateway;
-use crate::downstream::{DsError, OpenParams, Params};
+use crate::downstream::{DsError, OpenParams};
 use crate::error::Error;
 use crate::message::Outcome;
 use crate::method::Method;
 use crate::upstream::consent::{self, Need};
 use serde_json::Value;
-use tracing::{warn, Instrument};
 
 impl Gateway {
     pub(super) async fn forward_for_user(
@@ -20,7 +19,7 @@ impl Gateway {
         cx: &mut Call<'_>,
         server: usize,
         method: Method,
-        mut params: impl OpenParams,
+        mut params: impl OpenParams + Clone,
     ) -> Outcome {
         let s = cx.topo.servers[server].clone();
         let Some(consent) = consent::get() else {
@@ -56,12 +55,15 @@ impl Gateway {
         let placeholder = method == Method::ToolsCall
             && params.name().as_deref() == Some(consent::PLACEHOLDER)
             && s.awaiting_consent();
-        let mut params = params.into_map();
-        let mut headers = Vec::new();
-        if s.stateless() {
-            stamp(&s, cx.client, method, &mut params, &mut headers);
-        }
-        let timeout = s.settings().timeout;
+        // A 2026-07-28 server gets the envelope on the whole map; a handshake-era one the
+        // params as opened, as `forward` sends them (values nobody touched stay the
+        // client's own text).
+        let stamped = s.stateless().then(|| {
+            let mut map = params.clone().into_map();
+            let mut headers = Vec::new();
+            stamp(&s, cx.client, method, &mut map, &mut headers);
+            (map, headers)
+        });
         let _busy = crate::console::Busy::new(&s.in_flight);
         for attempt in 0..2 {
             let conn = match consent.connection(&s, identity.as_deref(), session.as_deref()).await {
@@ -76,23 +78,13 @@ impl Gateway {
                 }))
                 .into());
             }
-            let mut p = params.clone();
-            let ds = downstream_span(&s, method, p.name().as_deref());
-            ds.inject(&mut p);
-            let res = conn
-                .call_with_headers(
-                    method.as_str(),
-                    Params::Object {
-                        params: p,
-                        progress: progress.clone(),
-                    },
-                    sink.clone(),
-                    timeout,
-                    headers.clone(),
-                )
-                .instrument(ds.span.clone())
-                .await;
-            ds.finish(&res);
+            let res = match &stamped {
+                Some((map, headers)) => {
+                    let (map, headers, progress) = (map.clone(), headers.clone(), progress.clone());
+                    forward_stamped(&s, &conn, method, map, headers, progress, sink.clone()).await
+                }
+                None => forward_plain(&s, &conn, method, params.clone(), progress.clone(), sink.clone()).await,
+            };
             match res {
                 Ok(out) => return out,
                 Err(DsError::Status { status: 401 | 403, .. }) => {
@@ -103,10 +95,7 @@ impl Gateway {
                     }
                     break;
                 }
-                Err(e) => {
-                    warn!(server = %s.name, %method, error = %e, "downstream call failed");
-                    return Outcome::Error(e.to_error_object());
-                }
+                Err(e) => return failed(&s, method, e),
             }
         }
         match consent.connection(&s, identity.as_deref(), session.as_deref()).await {

@@ -6,7 +6,7 @@
 use super::{Call, Gateway};
 use crate::client::Client;
 use crate::config::Transport;
-use crate::downstream::{stateless, Connection, OpenParams, Params, Sink, LOG_LEVELS};
+use crate::downstream::{stateless, Connection, DsError, OpenParams, Params, Sink, LOG_LEVELS};
 use crate::message::{Id, Outcome};
 use crate::method::Method;
 use crate::supervisor::{Caller, Server};
@@ -21,7 +21,7 @@ impl Gateway {
         cx: &mut Call<'_>,
         server: usize,
         method: Method,
-        mut params: impl OpenParams,
+        mut params: impl OpenParams + Clone,
     ) -> Outcome {
         let topo = cx.topo;
         let s = &topo.servers[server];
@@ -75,7 +75,9 @@ impl Gateway {
         if !stateless {
             // Handshake era: no envelope, no bridge; the params go on as opened (for
             // tools/call and prompts/get, Members: untouched values stay raw).
-            return forward_plain(s, &conn, method, params, progress, sink).await;
+            return forward_plain(s, &conn, method, params, progress, sink)
+                .await
+                .unwrap_or_else(|e| failed(s, method, e));
         }
         // The 2026-07-28 envelope and the input_required retry work on the whole map.
         let mut params = params.into_map();
@@ -85,26 +87,10 @@ impl Gateway {
         // it itself and retries (the first bridge).
         let bridge = !cx.client.stateless && method.may_ask();
         let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
-        let ds = downstream_span(s, method, params.name().as_deref());
-        ds.inject(&mut params);
         let timeout = s.settings().timeout;
-        let res = conn
-            .call_with_headers(
-                method.as_str(),
-                Params::Object { params, progress },
-                sink,
-                timeout,
-                headers,
-            )
-            .instrument(ds.span.clone())
-            .await;
-        ds.finish(&res);
-        let out = match res {
+        let out = match forward_stamped(s, &conn, method, params, headers, progress, sink).await {
             Ok(out) => out,
-            Err(e) => {
-                warn!(server = %s.name, %method, error = %e, "downstream call failed");
-                return Outcome::Error(e.to_error_object());
-            }
+            Err(e) => return failed(s, method, e),
         };
         match retry {
             Some((params, headers, progress, sink)) => {
@@ -153,14 +139,14 @@ impl Gateway {
 }
 
 /// A call to a handshake-era server: trace context in, params out as they are.
-async fn forward_plain(
+pub(super) async fn forward_plain(
     s: &Server,
     conn: &Connection,
     method: Method,
     mut params: impl OpenParams,
     progress: Option<Id>,
     sink: Option<Sink>,
-) -> Outcome {
+) -> Result<Outcome, DsError> {
     let ds = downstream_span(s, method, params.name().as_deref());
     ds.inject(&mut params);
     let res = conn
@@ -173,13 +159,40 @@ async fn forward_plain(
         .instrument(ds.span.clone())
         .await;
     ds.finish(&res);
-    match res {
-        Ok(out) => out,
-        Err(e) => {
-            warn!(server = %s.name, %method, error = %e, "downstream call failed");
-            Outcome::Error(e.to_error_object())
-        }
-    }
+    res
+}
+
+/// A call to a 2026-07-28 server, its params stamped with the envelope ([`stamp`]) and
+/// `headers` the `Mcp-Param-*` ones: trace context in, the map out.
+pub(super) async fn forward_stamped(
+    s: &Server,
+    conn: &Connection,
+    method: Method,
+    mut params: Map<String, Value>,
+    headers: Vec<(String, String)>,
+    progress: Option<Id>,
+    sink: Option<Sink>,
+) -> Result<Outcome, DsError> {
+    let ds = downstream_span(s, method, params.name().as_deref());
+    ds.inject(&mut params);
+    let res = conn
+        .call_with_headers(
+            method.as_str(),
+            Params::Object { params, progress },
+            sink,
+            s.settings().timeout,
+            headers,
+        )
+        .instrument(ds.span.clone())
+        .await;
+    ds.finish(&res);
+    res
+}
+
+/// A downstream call that failed, logged and answered.
+pub(super) fn failed(s: &Server, method: Method, e: DsError) -> Outcome {
+    warn!(server = %s.name, %method, error = %e, "downstream call failed");
+    Outcome::Error(e.to_error_object())
 }
 
 /// The 2026-07-28 envelope for a call to a stateless server: the calling client's own
