@@ -102,12 +102,7 @@ impl crate::downstream::Peer for Client {
         sink: Sink,
     ) -> futures::future::BoxFuture<'static, Outcome> {
         Box::pin(async move {
-            let needs = match method.as_str() {
-                "sampling/createMessage" => Some("sampling"),
-                "elicitation/create" => Some("elicitation"),
-                "roots/list" => Some("roots"),
-                _ => None,
-            };
+            let needs = ASKED_FOR.iter().find(|(m, _)| *m == method).map(|(_, cap)| *cap);
             if let Some(cap) = needs {
                 let declared = crate::sync::read(&self.capabilities)
                     .as_ref()
@@ -191,6 +186,13 @@ impl crate::downstream::Peer for Client {
         })
     }
 }
+
+/// The questions a server may ask a client, each with the client capability it needs.
+pub const ASKED_FOR: [(&str, &str); 3] = [
+    ("sampling/createMessage", "sampling"),
+    ("elicitation/create", "elicitation"),
+    ("roots/list", "roots"),
+];
 
 /// What a stateless request's client is made of ([`Client::stateless`]).
 pub struct StatelessClient {

@@ -55,10 +55,6 @@ pub fn supported_versions() -> Vec<&'static str> {
     all
 }
 
-/// The client capabilities a server's questions need (`sampling/createMessage`,
-/// `elicitation/create`, `roots/list`).
-const ASKED_FOR: [&str; 3] = ["sampling", "elicitation", "roots"];
-
 /// What the flow needs to know of a front's transport.
 pub struct Transport {
     /// `network.transport` on its clients' spans: `tcp` or `pipe`.
@@ -289,7 +285,9 @@ impl Stateless {
         // A server can ask a client only what it declared (`Client::ask` refuses the rest
         // before any round would see it): a call whose client declared none of it, and
         // that resumes nothing, runs as any other call, without rounds.
-        let can_be_asked = ASKED_FOR.iter().any(|cap| env.capabilities.contains_key(*cap));
+        let can_be_asked = crate::client::ASKED_FOR
+            .iter()
+            .any(|(_, cap)| env.capabilities.contains_key(*cap));
         let rounds = m.may_ask() && (can_be_asked || env.retry.state.is_some());
         let client = self.client(client, env.capabilities, env.log_rank, identity, view);
         if rounds {
