@@ -83,6 +83,8 @@ pub struct Gateway {
     forwarding: Mutex<HashMap<String, mpsc::Sender<crate::stateless::remote::Step>>>,
     /// Cluster mode: calls another replica forwarded here, running, by correlation id.
     serving: Mutex<HashMap<String, CancellationToken>>,
+    /// Cluster mode: notes waiting for the other replicas' `Applied`, by correlation id.
+    applied: Mutex<HashMap<String, mpsc::UnboundedSender<()>>>,
     /// `auth.token_exchange`: the callers' exchanged tokens (src/upstream/).
     exchanger: crate::upstream::exchange::Exchanger,
 }
@@ -203,6 +205,7 @@ impl Gateway {
             rounds: std::sync::OnceLock::new(),
             forwarding: Mutex::new(HashMap::new()),
             serving: Mutex::new(HashMap::new()),
+            applied: Mutex::new(HashMap::new()),
             exchanger: crate::upstream::exchange::Exchanger::new(),
         })
     }

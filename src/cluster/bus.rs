@@ -57,10 +57,21 @@ pub enum Note {
     RootsChanged { sid: String },
     /// Session `sid` ended (DELETE, expiry): replicas forget their copy.
     Ended { sid: String },
-    /// Session `sid` chose log level `rank`.
-    Level { sid: String, rank: usize },
-    /// Every downstream runs at log level `rank` now.
+    /// Session `sid` chose log level `rank`, and every downstream runs at `downstream`
+    /// now when that changed. With `ack`, the receiver says `Applied` once both hold there.
+    Level {
+        sid: String,
+        rank: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        downstream: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ack: Option<Ack>,
+    },
+    /// Every downstream runs at log level `rank` now (from a replica before `Level` carried
+    /// it; still understood, no longer sent).
     DownstreamLevel { rank: usize },
+    /// What note `corr` asked for holds on the replica that sends this.
+    Applied { corr: String },
     /// Some session subscribed to `uri` of `server` (`on`), or the last one left.
     Subscription { server: String, uri: String, on: bool },
     /// To the replica holding parked call `call`: a retry landed on `reply_to`; resume
@@ -85,6 +96,13 @@ pub enum Note {
     /// To the replica holding a session's process: run this call on it (see
     /// `router::forwarded`).
     Forward(Forwarded),
+}
+
+/// Where a replica answers [`Note::Applied`], and under which correlation id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ack {
+    pub corr: String,
+    pub reply_to: String,
 }
 
 /// A call sent to the replica holding session `sid`'s process of `server`; its steps go

@@ -22,10 +22,14 @@ impl Gateway {
         };
         *crate::sync::write(&cx.client.log_level) = Some(rank);
         let downstream = self.shared.set_log_level(&cx.client.id, rank).await;
-        self.level_elsewhere(&cx.client.id, rank, downstream);
-        if let Some(rank) = downstream {
-            apply_log_level(cx.topo, rank).await;
-        }
+        // Answered once the level holds here and on the other replicas: the client's next
+        // request may land on any of them.
+        let here = async {
+            if let Some(rank) = downstream {
+                apply_log_level(cx.topo, rank).await;
+            }
+        };
+        tokio::join!(here, self.level_elsewhere(&cx.client.id, rank, downstream));
         empty()
     }
 }

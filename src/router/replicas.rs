@@ -4,7 +4,7 @@
 
 use super::Gateway;
 use crate::catalog::view::{Announcement, Reach, ViewKey};
-use crate::cluster::bus::{Note, To, WireReach};
+use crate::cluster::bus::{Ack, Note, To, WireReach};
 use crate::cluster::Cluster;
 use crate::downstream::{Params, LOG_LEVELS};
 use crate::message::{self, Kind};
@@ -19,6 +19,20 @@ use tracing::{debug, warn};
 /// A list_changed from the bus within this long of the same one sent here is the same
 /// change seen by another replica's child: it is not sent twice.
 const SAME_CHANGE: Duration = Duration::from_millis(500);
+/// How long a `logging/setLevel` waits for the other replicas to apply it.
+const SETTLES: Duration = Duration::from_secs(1);
+
+/// A note's wait for `Applied`: forgotten however the wait ends.
+struct Waiting<'a> {
+    gw: &'a Gateway,
+    corr: &'a str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        crate::sync::lock(&self.gw.applied).remove(self.corr);
+    }
+}
 
 impl Gateway {
     /// Joins the cluster: state goes to Redis from now on, and notes from the other
@@ -57,6 +71,14 @@ impl Gateway {
         let Some(c) = self.cluster.get().cloned() else { return };
         crate::background::spawn(async move {
             c.publish(to, note).await;
+        });
+    }
+
+    /// [`Gateway::publish`] to one replica.
+    fn publish_to(&self, replica: String, note: Note) {
+        let Some(c) = self.cluster.get().cloned() else { return };
+        crate::background::spawn(async move {
+            c.publish(To::Replica(&replica), note).await;
         });
     }
 
@@ -147,14 +169,40 @@ impl Gateway {
 
     /// Cluster mode: tells the other replicas a session's level, and the downstreams'
     /// when it changed.
-    pub(super) fn level_elsewhere(&self, session: &str, rank: usize, downstream: Option<usize>) {
-        if self.cluster.get().is_none() {
+    ///
+    /// Returns once every other replica listening on the bus said the level holds there
+    /// (or after [`SETTLES`]: a replica too old to say so, or one gone mid-way).
+    pub(super) async fn level_elsewhere(&self, session: &str, rank: usize, downstream: Option<usize>) {
+        let Some(cluster) = self.cluster.get() else {
             return;
-        }
-        let sid = self.shared.key(session);
-        self.publish(To::All, Note::Level { sid, rank });
-        if let Some(rank) = downstream {
-            self.publish(To::All, Note::DownstreamLevel { rank });
+        };
+        let corr = crate::cluster::random_id();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        crate::sync::lock(&self.applied).insert(corr.clone(), tx);
+        let _waiting = Waiting { gw: self, corr: &corr };
+        let note = Note::Level {
+            sid: self.shared.key(session),
+            rank,
+            downstream,
+            ack: Some(Ack {
+                corr: corr.clone(),
+                reply_to: cluster.replica.clone(),
+            }),
+        };
+        // Every listener on the bus counts, this replica's own among them.
+        let others = cluster.publish(To::All, note).await.unwrap_or(0).saturating_sub(1);
+        let all = async {
+            for _ in 0..others {
+                if rx.recv().await.is_none() {
+                    return;
+                }
+            }
+        };
+        if tokio::time::timeout(SETTLES, all).await.is_err() {
+            debug!(
+                replicas = others,
+                "not every replica said the new log level holds there"
+            );
         }
     }
 
@@ -244,9 +292,25 @@ impl Gateway {
                     let _ = self.ended.send(c.id.clone());
                 }
             }
-            Note::Level { sid, rank } => {
+            Note::Level {
+                sid,
+                rank,
+                downstream,
+                ack,
+            } => {
                 if let Some(c) = self.live(&sid) {
                     *crate::sync::write(&c.log_level) = Some(rank);
+                }
+                if let Some(rank) = downstream.filter(|r| *r < LOG_LEVELS.len()) {
+                    super::logging::apply_log_level(&self.topology(), rank).await;
+                }
+                if let Some(Ack { corr, reply_to }) = ack {
+                    self.publish_to(reply_to, Note::Applied { corr });
+                }
+            }
+            Note::Applied { corr } => {
+                if let Some(tx) = crate::sync::lock(&self.applied).get(&corr) {
+                    let _ = tx.send(());
                 }
             }
             Note::DownstreamLevel { rank } => {

@@ -1,6 +1,7 @@
 //! `[cluster]`: replicas sharing one real Redis (issue #16).
 
 use crate::common::*;
+use serde_json::json;
 use std::time::Duration;
 
 /// 32 bytes and more: the cluster key every replica of a test shares.
@@ -110,6 +111,42 @@ async fn a_session_opened_on_one_replica_is_served_by_every_replica() {
     // Redis never holds a session id.
     let keys = redis.cli(&["KEYS", "*"]);
     assert!(!keys.contains(&a.id), "{keys}");
+}
+
+/// `logging/setLevel` through one replica is answered once the level holds on the others:
+/// a call sent to another replica right after it is filtered at the new level, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_level_set_through_one_replica_holds_on_the_next_at_once() {
+    let redis = Redis::start();
+    let gws = replicas(3, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let others = [via(&a, &gws[1]), via(&a, &gws[2])];
+    for round in 0..10 {
+        let (level, heard) = if round % 2 == 0 {
+            ("error", false)
+        } else {
+            ("info", true)
+        };
+        let r = a
+            .request(json!(round), "logging/setLevel", json!({"level": level}))
+            .await;
+        assert_eq!(r["result"], json!({}), "{r}");
+        let on = &others[round % 2];
+        let message = format!("round-{round}");
+        let mut m = on
+            .start(
+                json!("log"),
+                "tools/call",
+                json!({"name": "calc__log", "arguments": {"message": message}}),
+            )
+            .await;
+        let (notes, r) = m.response(T).await;
+        assert_eq!(text(&r), "logged", "{r}");
+        let logged = notes
+            .iter()
+            .any(|n| n["method"] == "notifications/message" && n["params"]["data"] == message.as_str());
+        assert_eq!(logged, heard, "round {round} at {level}: {notes:?}");
+    }
 }
 
 #[tokio::test]
