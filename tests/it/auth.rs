@@ -647,11 +647,11 @@ fn stdio_acts_as_the_named_client() {
         let status = gw.wait_exit(Duration::from_secs(30)).expect("exits");
         assert_eq!(status.code(), Some(64), "{}", gw.logs());
         // The stderr reader may lag the exit a little.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !gw.logs().contains(want) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(gw.logs().contains(want), "{want} not in {}", gw.logs());
+        assert!(
+            gw.wait_log_blocking(want, Duration::from_secs(5)),
+            "{want} not in {}",
+            gw.logs()
+        );
     }
 }
 

@@ -102,7 +102,7 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         assert!(status.success(), "replica {i}: {status}\n{}", gw.logs());
-        assert!(gw.logs().contains("draining"), "{}", gw.logs());
+        assert!(gw.wait_log("draining", Duration::from_secs(10)).await, "{}", gw.logs());
         self.retired.push(gw);
         let before = self.nginx.upstreams_used().len();
         let id = format!("gw-{i}.{}", self.started);
@@ -435,7 +435,8 @@ async fn sdk_clients_through_nginx_keep_one_session_on_every_replica() {
         let distinct: std::collections::HashSet<&String> = used.iter().collect();
         assert!(distinct.len() >= 2, "the calls spread over the replicas: {used:?}");
     }
-    assert!(c.logs().contains("forwarding the call"), "{}", c.logs());
+    let forwarded = until(T, || c.logs().contains("forwarding the call")).await;
+    assert!(forwarded, "{}", c.logs());
     // Changes the other client causes, on replicas round-robin: each client's GET stream
     // gets them, whichever replica holds it.
     subscribed_everywhere(&c, README).await;

@@ -79,7 +79,11 @@ async fn response_without_id_is_ignored() {
 async fn stdout_noise_is_skipped() {
     let (gw, s) = quirky("noise").await;
     concurrent_echoes(&s, "q__echo", 10).await;
-    assert!(gw.logs().contains("not JSON-RPC"), "noise not logged:\n{}", gw.logs());
+    assert!(
+        gw.wait_log("not JSON-RPC", Duration::from_secs(10)).await,
+        "noise not logged:\n{}",
+        gw.logs()
+    );
     assert_eq!(gw.server_status("q").await["state"], "ready");
 }
 

@@ -150,7 +150,11 @@ async fn a_second_signal_ends_the_drain_at_once() {
         second.elapsed()
     );
     assert_eq!(status.code(), Some(0), "{}", gw.logs());
-    assert!(gw.logs().contains("the drain ends early"), "{}", gw.logs());
+    assert!(
+        gw.wait_log("the drain ends early", Duration::from_secs(10)).await,
+        "{}",
+        gw.logs()
+    );
 }
 
 #[tokio::test]

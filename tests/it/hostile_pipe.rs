@@ -247,7 +247,7 @@ async fn a_stopped_child_is_degraded_then_restarted() {
         }
     }
     assert!(new_pid.is_some(), "not restarted: {}", gw.server_status("e").await);
-    assert!(gw.logs().contains("stalled"), "{}", gw.logs());
+    assert!(gw.wait_log("stalled", Duration::from_secs(10)).await, "{}", gw.logs());
     let r = s.call("e__echo", json!({"text": "back"})).await;
     assert_eq!(text(&r), "back");
     assert_eq!(reqwest::get(format!("{base}/readyz")).await.unwrap().status(), 200);

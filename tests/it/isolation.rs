@@ -205,7 +205,12 @@ async fn an_idle_process_is_stopped_and_started_again_on_the_next_call() {
     assert_ne!(pa2, pa);
     assert!(running(pa2));
     let _ = pb;
-    assert!(gw.logs().contains("stopping an idle session's process"));
+    assert!(
+        gw.wait_log("stopping an idle session's process", Duration::from_secs(10))
+            .await,
+        "{}",
+        gw.logs()
+    );
 }
 
 #[tokio::test]
@@ -381,5 +386,9 @@ fn stdio_session_gets_its_own_process_and_eof_leaves_none() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(live_mocks(&name).is_empty(), "left behind: {:?}", live_mocks(&name));
-    assert!(gw.logs().contains("stopping a session's process"), "{}", gw.logs());
+    assert!(
+        gw.wait_log_blocking("stopping a session's process", Duration::from_secs(10)),
+        "{}",
+        gw.logs()
+    );
 }

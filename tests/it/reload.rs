@@ -211,7 +211,11 @@ async fn invalid_edits_are_logged_with_line_and_column_and_ignored() {
         a_lines + b_table.trim_end().lines().count() + 1
     );
     assert!(gw.wait_log(&at, WAIT).await, "no {at:?} in the log:\n{}", gw.logs());
-    assert!(gw.logs().contains("invalid config, keeping the running one"));
+    assert!(
+        gw.wait_log("invalid config, keeping the running one", WAIT).await,
+        "{}",
+        gw.logs()
+    );
 
     // Neither applied: a serves as before, b was never started.
     assert_eq!(text(&s.call("a__echo", json!({"text": "still"})).await), "still");

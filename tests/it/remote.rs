@@ -231,7 +231,11 @@ async fn forgotten_session_is_reinitialized_transparently() {
     assert_eq!(sessions.len(), 2, "{sessions:?}");
     let initialized = remote.posts_of("notifications/initialized");
     assert_eq!(initialized.len(), 2, "{:#?}", remote.records());
-    assert!(gw.logs().contains("forgot the session"));
+    assert!(
+        gw.wait_log("forgot the session", Duration::from_secs(10)).await,
+        "{}",
+        gw.logs()
+    );
     assert_eq!(gw.server_status("fg").await["state"], "ready");
 }
 

@@ -245,7 +245,12 @@ async fn a_crash_loop_marks_the_server_failed_while_others_keep_serving() {
     assert!(served > 10, "served only {served} calls during the loop");
     let why = failed["lastError"].as_str().unwrap_or_default();
     assert!(why.contains("crash loop"), "lastError should say crash loop: {failed}");
-    assert!(gw.logs().contains("crash loop: 5 failures within 60s"), "{}", gw.logs());
+    assert!(
+        gw.wait_log("crash loop: 5 failures within 60s", Duration::from_secs(10))
+            .await,
+        "{}",
+        gw.logs()
+    );
     let steady = gw.server_status("steady").await;
     assert_eq!(
         (steady["state"].as_str(), steady["restarts"].as_u64()),

@@ -437,6 +437,19 @@ impl StdioGateway {
     pub fn logs(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+
+    /// Waits (blocking the thread) until the gateway's stderr contains `needle`: the reader
+    /// thread may lag what the gateway did, its exit too.
+    pub fn wait_log_blocking(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !self.logs().contains(needle) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
 }
 
 impl Drop for StdioGateway {
