@@ -110,7 +110,8 @@ pub struct Call {
     pub client: Arc<Client>,
     pub id: Id,
     pub method: Method,
-    pub params: Option<Box<RawValue>>,
+    /// Opened already, the envelope's `_meta` members taken out.
+    pub params: message::Incoming,
     pub parent: Option<opentelemetry::Context>,
     pub finish: Finish,
     /// Its entry in the table of requests in flight, until it is answered.
@@ -315,7 +316,7 @@ impl Stateless {
             client,
             id,
             method: m,
-            params: env.params.into_raw(),
+            params: env.params,
             parent,
             finish,
             held,

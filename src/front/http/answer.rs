@@ -94,7 +94,7 @@ pub(super) async fn request(
     client: Arc<Client>,
     id: Id,
     method: std::borrow::Cow<'static, str>,
-    params: Option<Box<serde_json::value::RawValue>>,
+    params: message::Incoming,
     parent: Option<opentelemetry::Context>,
     finish: Option<Finish>,
     session: Option<(&Arc<Session>, bool)>,
@@ -113,7 +113,12 @@ pub(super) async fn request(
             let out = gw
                 .request(
                     &client,
-                    crate::router::Request::new(&id, &method, params),
+                    crate::router::Request {
+                        id: &id,
+                        method: crate::method::Method::parse(&method),
+                        name: &method,
+                        params,
+                    },
                     Some(Sink::new(sink)),
                     parent,
                 )

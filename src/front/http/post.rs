@@ -192,7 +192,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
                 client,
                 id,
                 method.into(),
-                params,
+                params.into(),
                 parent,
                 None,
                 Some((&session, sse_ok)),
