@@ -43,7 +43,7 @@ async fn the_test_balancer_is_round_robin_across_two_replicas() {
     assert_eq!(seen.iter().filter(|r| *r == "gw-b").count(), 5, "{seen:?}");
     assert!(seen.windows(2).all(|w| w[0] != w[1]), "alternating: {seen:?}");
     // nginx's own record agrees: one upstream per request, alternating.
-    let used = nginx.upstreams_used();
+    let used = nginx.upstreams_of(10, T).await;
     assert_eq!(used.len(), 10, "{used:?}");
     for (who, upstream) in seen.iter().zip(&used) {
         let expected = if who == "gw-a" { addr(&a) } else { addr(&b) };
@@ -126,7 +126,7 @@ async fn the_compose_balancer_is_round_robin_and_retries_a_refused_connect() {
         let r = client.get(format!("{}/healthz", nginx.base)).send().await.unwrap();
         assert_eq!(r.status(), 200);
     }
-    let used = nginx.upstreams_used();
+    let used = nginx.upstreams_of(6, T).await;
     assert_eq!(used.len(), 6, "{used:?}");
     for (i, u) in used.iter().enumerate() {
         assert_eq!(u, &addrs[i % 3], "round-robin over the three: {used:?}");
@@ -140,7 +140,7 @@ async fn the_compose_balancer_is_round_robin_and_retries_a_refused_connect() {
         let r = client.get(format!("{}/healthz", nginx.base)).send().await.unwrap();
         assert_eq!(r.status(), 200, "{}", nginx.error_log());
     }
-    let after = &nginx.upstreams_used()[6..];
+    let after = &nginx.upstreams_of(12, T).await[6..];
     assert!(
         after.iter().any(|u| u.starts_with(&format!("{}, ", addrs[1]))),
         "a refused connect was retried: {after:?}"

@@ -431,7 +431,7 @@ async fn sdk_clients_through_nginx_keep_one_session_on_every_replica() {
         for n in 1..=4 {
             assert_eq!(sdk.call("iso__counter", json!({})).await, n.to_string(), "{}", sdk.name);
         }
-        let used = c.nginx.upstreams_used()[before..].to_vec();
+        let used = c.nginx.upstreams_of(before + 4, T).await[before..].to_vec();
         let distinct: std::collections::HashSet<&String> = used.iter().collect();
         assert!(distinct.len() >= 2, "the calls spread over the replicas: {used:?}");
     }

@@ -218,7 +218,7 @@ async fn a_server_behind_an_http_proxy_is_reached_through_it() {
     let s = gw.session().await;
     calls(&s, 3).await;
     let fixture = format!("127.0.0.1:{}", fx.port());
-    let through = proxy.upstreams_used();
+    let through = proxy.upstreams_of(6, Duration::from_secs(10)).await;
     assert!(
         through.iter().filter(|u| **u == fixture).count() >= 5,
         "initialize, initialized, tools/list and 3 calls went through the proxy: {through:?}\n{}",

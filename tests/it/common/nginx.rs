@@ -107,6 +107,14 @@ impl Nginx {
 
     /// The upstream (`127.0.0.1:port`) that served each request so far, in order; a
     /// request retried on another upstream lists both (`a, b`), as nginx logs it.
+    /// [`Nginx::upstreams_used`] once it lists `n` requests (nginx writes a request's
+    /// line after its response is sent, so a client may see the answer first), or what
+    /// it lists after `timeout`.
+    pub async fn upstreams_of(&self, n: usize, timeout: Duration) -> Vec<String> {
+        super::until(timeout, || self.upstreams_used().len() >= n).await;
+        self.upstreams_used()
+    }
+
     pub fn upstreams_used(&self) -> Vec<String> {
         std::fs::read_to_string(self.path("access.log"))
             .unwrap_or_default()
