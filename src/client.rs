@@ -114,6 +114,15 @@ impl crate::downstream::Peer for Client {
                     ));
                 }
             }
+            if self.stateless && needs.is_none() {
+                // A 2026-07-28 client is asked only sampling, elicitation and roots (an
+                // InputRequest is one of those; a server's ping never gets here, see
+                // `downstream::answer_server_request`): anything else has no way to it.
+                return Outcome::from(Error::client(
+                    code::METHOD_NOT_FOUND,
+                    format!("Method not found: {method} (a 2026-07-28 client can be asked sampling/createMessage, elicitation/create and roots/list only)"),
+                ));
+            }
             if self.stateless {
                 let Some(questions) = &self.questions else {
                     return Outcome::from(Error::client(code::METHOD_NOT_FOUND, format!(

@@ -202,6 +202,24 @@ async fn questions_become_input_required_and_retries_resume_the_call() {
     .await;
     assert_eq!(text(&r), r#"{"roots":[{"uri":"file:///x"}]}"#, "{r}");
 
+    // A server's ping is answered by the gateway, and a method an InputRequest cannot be
+    // (it is sampling, elicitation or roots) is refused to the server as -32601: neither
+    // becomes an input_required.
+    let r = call(&gw, json!(21), "s0__ask_roots", json!({"method": "ping"}), json!({})).await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert_eq!(text(&r), "{}", "{r}");
+    let r = call(
+        &gw,
+        json!(22),
+        "s0__ask_roots",
+        json!({"method": "x/whatever"}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(text(&r).contains("Method not found: x/whatever"), "{r}");
+
     // A client that did not declare the capability is never asked.
     let mut p = json!({"name": "s0__ask_elicit", "arguments": {"message": "x"}});
     p["_meta"] = meta(json!({"sampling": {}}));
