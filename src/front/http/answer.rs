@@ -124,10 +124,13 @@ pub(super) async fn request(
                 )
                 .await;
             let out = out.unwrap_or_else(cancelled);
-            match finish {
+            // Only an error may change the status: a result's text is not searched.
+            let error = matches!(out, Outcome::Error(_));
+            let answer = match finish {
                 Some(f) => f.answer(&id, out),
                 None => message::Answer::new(&id, out),
-            }
+            };
+            (answer, error)
         })),
     );
     // The request runs right here, without a task of its own, until the first thing to
@@ -136,7 +139,7 @@ pub(super) async fn request(
     // call still running after SSE_AFTER moves too: its stream starts with the priming
     // event, so the client can resume it. Other sessions never arm the timer.
     enum First {
-        Answer(message::Answer),
+        Answer((message::Answer, bool)),
         Related(bytes::Bytes),
         Slow,
     }
@@ -165,16 +168,13 @@ pub(super) async fn request(
         }
     };
     match first {
-        First::Answer(answer) => {
+        First::Answer((answer, error)) => {
             task.1 = None;
             match related.try_recv() {
-                Err(_) if clustered && unavailable(&answer) => {
+                Err(_) if error && clustered && unavailable(&answer) => {
                     (StatusCode::SERVICE_UNAVAILABLE, json_response(answer_body(answer))).into_response()
                 }
-                // (A large answer is a result, never one of the errors that change the status.)
-                Err(_) if stateless && matches!(answer, message::Answer::Whole(_)) => {
-                    stateless_json(answer.into_vec().into())
-                }
+                Err(_) if error && stateless => stateless_json(answer.into_vec().into()),
                 Err(_) => json_response(answer_body(answer)),
                 // Related messages queued before the answer go out before it, on SSE.
                 Ok(m) => {
@@ -201,7 +201,7 @@ pub(super) async fn request(
                     // A task runs the call; the stream records what it sends.
                     let (done_tx, done) = oneshot::channel::<Vec<u8>>();
                     crate::background::spawn(async move {
-                        let _ = done_tx.send(fut.await.into_vec());
+                        let _ = done_tx.send(fut.await.0.into_vec());
                     });
                     let done = Box::pin(async move { done.await.ok() });
                     session_sse(&http, s, m, outgoing(related, done).map(|(_, m)| m))
@@ -209,7 +209,7 @@ pub(super) async fn request(
                 // Stateless: the call runs inside the response's stream, so a client that
                 // closes the connection drops it, which cancels it downstream.
                 (None, Some(m)) => {
-                    let done = Box::pin(async move { Some(fut.await.into_vec()) });
+                    let done = Box::pin(async move { Some(fut.await.0.into_vec()) });
                     sse_answer(m, outgoing(related, done).map(|(_, m)| m))
                 }
                 (None, None) => task_failed(),
@@ -265,7 +265,8 @@ pub(super) fn live_body(
 /// spawned; a stateless request's is dropped, which cancels it.
 struct Detached(
     bool,
-    Option<std::pin::Pin<Box<dyn std::future::Future<Output = message::Answer> + Send>>>,
+    /// The call, to the answer and whether it is an error.
+    Option<std::pin::Pin<Box<dyn std::future::Future<Output = (message::Answer, bool)> + Send>>>,
 );
 
 /// A JSON answer's body. A large result goes to the socket from its own buffer, after the
