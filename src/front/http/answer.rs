@@ -263,11 +263,10 @@ pub(super) fn live_body(
 /// A request still running, with the answer it will make. Dropped unfinished (the client
 /// went away), a session's (`true`) goes on in a task of its own, as if it had been
 /// spawned; a stateless request's is dropped, which cancels it.
-struct Detached(
-    bool,
-    /// The call, to the answer and whether it is an error.
-    Option<std::pin::Pin<Box<dyn std::future::Future<Output = (message::Answer, bool)> + Send>>>,
-);
+struct Detached(bool, Option<Answering>);
+
+/// A request's call, to its answer and whether that is an error.
+type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = (message::Answer, bool)> + Send>>;
 
 /// A JSON answer's body. A large result goes to the socket from its own buffer, after the
 /// head and before the closing brace, with its length known (Content-Length).
