@@ -3,7 +3,7 @@
 //! consent: -32042 for a 2025-11-25 client that declared `elicitation.url`, else a tool
 //! error (or, for other methods, an error) carrying the link.
 
-use super::forward::{failed, forward_plain, forward_stamped, stamp};
+use super::forward::{failed, forward_bridged, forward_plain, stamp};
 use super::Call;
 use super::Gateway;
 use crate::downstream::{DsError, OpenParams};
@@ -81,7 +81,7 @@ impl Gateway {
             let res = match &stamped {
                 Some((map, headers)) => {
                     let (map, headers, progress) = (map.clone(), headers.clone(), progress.clone());
-                    forward_stamped(&s, &conn, method, map, headers, progress, sink.clone()).await
+                    forward_bridged(&s, &conn, client, method, map, headers, progress, sink.clone()).await
                 }
                 None => forward_plain(&s, &conn, method, params.clone(), progress.clone(), sink.clone()).await,
             };

@@ -83,33 +83,47 @@ impl Gateway {
         let mut params = params.into_map();
         let mut headers = Vec::new();
         stamp(s, cx.client, method, &mut params, &mut headers);
-        // A handshake-era client cannot take an input_required result: the gateway asks
-        // it itself and retries (the first bridge).
-        let bridge = !cx.client.stateless && method.may_ask();
-        let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
-        let timeout = s.settings().timeout;
-        let out = match forward_stamped(s, &conn, method, params, headers, progress, sink).await {
-            Ok(out) => out,
-            Err(e) => return failed(s, method, e),
-        };
-        match retry {
-            Some((params, headers, progress, sink)) => {
-                stateless::bridge_input_required(
-                    &conn,
-                    &s.name,
-                    method.as_str(),
-                    out,
-                    params,
-                    headers,
-                    progress,
-                    sink,
-                    timeout,
-                )
-                .await
-            }
-            None => out,
-        }
+        forward_bridged(s, &conn, cx.client, method, params, headers, progress, sink)
+            .await
+            .unwrap_or_else(|e| failed(s, method, e))
     }
+}
+
+/// [`forward_stamped`], and for a handshake-era client of a call that may ask, the bridge:
+/// such a client cannot take an `input_required` result, so the gateway asks it the
+/// server's questions itself and retries (the first bridge).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn forward_bridged(
+    s: &Server,
+    conn: &Connection,
+    client: &Client,
+    method: Method,
+    params: Map<String, Value>,
+    headers: Vec<(String, String)>,
+    progress: Option<Id>,
+    sink: Option<Sink>,
+) -> Result<Outcome, DsError> {
+    let bridge = !client.stateless && method.may_ask();
+    let retry = bridge.then(|| (params.clone(), headers.clone(), progress.clone(), sink.clone()));
+    let timeout = s.settings().timeout;
+    let out = forward_stamped(s, conn, method, params, headers, progress, sink).await?;
+    Ok(match retry {
+        Some((params, headers, progress, sink)) => {
+            stateless::bridge_input_required(
+                conn,
+                &s.name,
+                method.as_str(),
+                out,
+                params,
+                headers,
+                progress,
+                sink,
+                timeout,
+            )
+            .await
+        }
+        None => out,
+    })
 }
 
 impl Gateway {

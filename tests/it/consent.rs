@@ -347,6 +347,34 @@ async fn the_python_sdk_client_consents_through_url_elicitation_and_then_calls_w
     }
 }
 
+/// The protected server speaks 2026-07-28, so it asks with an `input_required` result: a
+/// handshake-era client is asked by the gateway (elicitation/create on the call's own
+/// stream) and gets the call's final result, as from any other 2026-07-28 server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consented_servers_input_required_is_asked_of_a_handshake_client() {
+    let s = setup(&[], &[]).await;
+    let caps = json!({"elicitation": {"form": {}, "url": {}}});
+    let alice = Session::open_on(bearer_client(ALICE), &s.gw.url, caps).await;
+    s.consent(&alice, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__greet").await;
+    let t = Duration::from_secs(20);
+    let mut m = alice
+        .start(
+            json!("greet"),
+            "tools/call",
+            json!({"name": "docs__greet", "arguments": {}}),
+        )
+        .await;
+    let q = m.next(t).await.expect("the server's question");
+    assert_eq!(q["method"], "elicitation/create", "{q}");
+    assert_eq!(q["params"]["message"], "Your name?", "{q}");
+    let answer = json!({"jsonrpc": "2.0", "id": q["id"], "result": {"action": "accept", "content": {"name": "Ada"}}});
+    let (status, body) = alice.post_text(answer.to_string()).await;
+    assert_eq!(status, 202, "{body}");
+    let (_, r) = m.response(t).await;
+    assert_eq!(text(&r), "Hello, Ada!", "{r}\n{}", s.gw.logs());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_without_url_elicitation_gets_a_tool_error_with_the_link() {
     let s = setup(&[], &[]).await;
