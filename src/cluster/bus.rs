@@ -72,8 +72,15 @@ pub enum Note {
     DownstreamLevel { rank: usize },
     /// What note `corr` asked for holds on the replica that sends this.
     Applied { corr: String },
-    /// Some session subscribed to `uri` of `server` (`on`), or the last one left.
-    Subscription { server: String, uri: String, on: bool },
+    /// Some session subscribed to `uri` of `server` (`on`), or the last one left. With
+    /// `ack`, the receiver says `Applied` once its downstream followed.
+    Subscription {
+        server: String,
+        uri: String,
+        on: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ack: Option<Ack>,
+    },
     /// To the replica holding parked call `call`: a retry landed on `reply_to`; resume
     /// round `round` with these answers (see `stateless::remote`).
     Resume {

@@ -173,6 +173,20 @@ impl Gateway {
     /// Returns once every other replica listening on the bus said the level holds there
     /// (or after [`SETTLES`]: a replica too old to say so, or one gone mid-way).
     pub(super) async fn level_elsewhere(&self, session: &str, rank: usize, downstream: Option<usize>) {
+        let sid = self.shared.key(session);
+        self.applied_everywhere(|ack| Note::Level {
+            sid,
+            rank,
+            downstream,
+            ack,
+        })
+        .await;
+    }
+
+    /// Publishes the note `make` gives to every replica, and returns once every other
+    /// replica listening on the bus said it holds there (or after [`SETTLES`]: a replica too
+    /// old to say so, or one gone mid-way). No wait without a cluster, or with Redis down.
+    async fn applied_everywhere(&self, make: impl FnOnce(Option<Ack>) -> Note) {
         let Some(cluster) = self.cluster.get() else {
             return;
         };
@@ -180,15 +194,10 @@ impl Gateway {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         crate::sync::lock(&self.applied).insert(corr.clone(), tx);
         let _waiting = Waiting { gw: self, corr: &corr };
-        let note = Note::Level {
-            sid: self.shared.key(session),
-            rank,
-            downstream,
-            ack: Some(Ack {
-                corr: corr.clone(),
-                reply_to: cluster.replica.clone(),
-            }),
-        };
+        let note = make(Some(Ack {
+            corr: corr.clone(),
+            reply_to: cluster.replica.clone(),
+        }));
         // Every listener on the bus counts, this replica's own among them.
         let others = cluster.publish(To::All, note).await.unwrap_or(0).saturating_sub(1);
         let all = async {
@@ -199,24 +208,27 @@ impl Gateway {
             }
         };
         if tokio::time::timeout(SETTLES, all).await.is_err() {
-            debug!(
-                replicas = others,
-                "not every replica said the new log level holds there"
-            );
+            debug!(replicas = others, "not every replica said a change holds there");
         }
     }
 
-    /// Cluster mode: every replica's downstream subscribes to `uri` (or unsubscribes).
-    pub(super) fn subscription_elsewhere(&self, server: &str, uri: &str, on: bool) {
-        if self.cluster.get().is_none() {
-            return;
+    /// Says `Applied` for a note that asked for it.
+    fn ack(&self, ack: Option<Ack>) {
+        if let Some(Ack { corr, reply_to }) = ack {
+            self.publish_to(reply_to, Note::Applied { corr });
         }
-        let note = Note::Subscription {
+    }
+
+    /// Cluster mode: every replica's downstream subscribes to `uri` (or unsubscribes);
+    /// returns once they did (see [`Gateway::applied_everywhere`]).
+    pub(super) async fn subscription_elsewhere(&self, server: &str, uri: &str, on: bool) {
+        self.applied_everywhere(|ack| Note::Subscription {
             server: server.to_owned(),
             uri: uri.to_owned(),
             on,
-        };
-        self.publish(To::All, note);
+            ack,
+        })
+        .await;
     }
 
     /// This replica's copy of a session goes (another replica serves it on, or ended it):
@@ -304,9 +316,7 @@ impl Gateway {
                 if let Some(rank) = downstream.filter(|r| *r < LOG_LEVELS.len()) {
                     super::logging::apply_log_level(&self.topology(), rank).await;
                 }
-                if let Some(Ack { corr, reply_to }) = ack {
-                    self.publish_to(reply_to, Note::Applied { corr });
-                }
+                self.ack(ack);
             }
             Note::Applied { corr } => {
                 if let Some(tx) = crate::sync::lock(&self.applied).get(&corr) {
@@ -318,7 +328,10 @@ impl Gateway {
                     super::logging::apply_log_level(&self.topology(), rank).await;
                 }
             }
-            Note::Subscription { server, uri, on } => self.subscribe_here(&server, &uri, on).await,
+            Note::Subscription { server, uri, on, ack } => {
+                self.subscribe_here(&server, &uri, on).await;
+                self.ack(ack);
+            }
             Note::Forward(f) => self.serve_forwarded(f),
             Note::Step { corr, step } => {
                 // A forwarded call's, or else a parked call's (the stateless flow's).

@@ -68,15 +68,17 @@ impl Gateway {
             // Refcounted: the downstream already is (or still must stay) subscribed.
             return empty();
         }
-        // Cluster mode: every replica's downstream follows (their children see changes too).
-        self.subscription_elsewhere(&s.name, &uri, subscribe);
+        let name = s.name.clone();
+        // Cluster mode: every replica's downstream follows (their children see changes
+        // too), before the answer: a change right after it, wherever it happens, is heard.
+        let elsewhere = self.subscription_elsewhere(&name, &uri, subscribe);
         if s.stateless() {
             // 2026-07-28 has no resources/subscribe: the URI joins the server's listen stream.
             s.listen_uri(&uri, subscribe);
+            elsewhere.await;
             return empty();
         }
-        let name = s.name.clone();
-        let out = self.forward(cx, server, method, p).await;
+        let (out, ()) = tokio::join!(self.forward(cx, server, method, p), elsewhere);
         if subscribe && matches!(out, Outcome::Error(_)) {
             self.shared.unsubscribe(&name, &uri, session).await;
         }

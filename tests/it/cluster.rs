@@ -149,6 +149,32 @@ async fn a_log_level_set_through_one_replica_holds_on_the_next_at_once() {
     }
 }
 
+/// `resources/subscribe` through one replica is answered once every replica's child
+/// subscribed, and `resources/unsubscribe` once they left: a change right after either,
+/// on any replica, is heard or not as the client was told (the calc child here notifies a
+/// change only for a URI it was subscribed to, as a real server does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_through_one_replica_holds_on_every_replica_at_once() {
+    const README: &str = "mock://calc/readme";
+    let redis = Redis::start();
+    let calc = server("calc", "calc", &["--two-way", "--quirk", "subscribed-only"], "");
+    let gws = replicas(3, &redis, &calc, "");
+    let first = gws[0].session().await;
+    let all: Vec<Session> = gws.iter().map(|g| via(&first, g)).collect();
+    for round in 0..6 {
+        let (here, there) = (&all[round % 3], &all[(round + 1) % 3]);
+        let (method, want) = if round % 2 == 0 {
+            ("resources/subscribe", format!("updated {README}"))
+        } else {
+            ("resources/unsubscribe", format!("not subscribed to {README}"))
+        };
+        let r = here.request(json!(round), method, json!({"uri": README})).await;
+        assert_eq!(r["result"], json!({}), "{r}");
+        let r = there.call("calc__update_resource", json!({"uri": README})).await;
+        assert_eq!(text(&r), want, "round {round}, {method}: {r}");
+    }
+}
+
 #[tokio::test]
 async fn a_session_outlives_the_replica_it_was_opened_on() {
     let redis = Redis::start();
