@@ -114,16 +114,16 @@ impl crate::downstream::Peer for Client {
                     ));
                 }
             }
-            if self.stateless && needs.is_none() {
-                // A 2026-07-28 client is asked only sampling, elicitation and roots (an
-                // InputRequest is one of those; a server's ping never gets here, see
-                // `downstream::answer_server_request`): anything else has no way to it.
-                return Outcome::from(Error::client(
-                    code::METHOD_NOT_FOUND,
-                    format!("Method not found: {method} (a 2026-07-28 client can be asked sampling/createMessage, elicitation/create and roots/list only)"),
-                ));
-            }
             if self.stateless {
+                if needs.is_none() {
+                    // A 2026-07-28 client is asked only sampling, elicitation and roots (an
+                    // InputRequest is one of those; a server's ping never gets here, see
+                    // `downstream::answer_server_request`): anything else has no way to it.
+                    return Outcome::from(Error::client(
+                        code::METHOD_NOT_FOUND,
+                        format!("Method not found: {method} (a 2026-07-28 client can be asked sampling/createMessage, elicitation/create and roots/list only)"),
+                    ));
+                }
                 let Some(questions) = &self.questions else {
                     return Outcome::from(Error::client(code::METHOD_NOT_FOUND, format!(
                             "the client speaks 2026-07-28 (stateless): it can be asked {method} only during tools/call, prompts/get or resources/read, and only for a capability it declared (sampling, elicitation, roots)"
@@ -283,23 +283,15 @@ impl Client {
             view,
         } = request;
         Client {
-            id,
             transport,
             protocol_version: OnceLock::from(version.to_owned()),
             identity: RwLock::new(identity),
-            inflight: Mutex::new(HashMap::new()),
-            finished: tokio::sync::Notify::new(),
             capabilities: RwLock::new(Some(capabilities)),
-            asked: Mutex::new(HashMap::new()),
-            next_ask: std::sync::atomic::AtomicU64::new(1),
-            own: OnceLock::new(),
             log_level: RwLock::new(log_rank),
-            used: Mutex::new(std::collections::HashSet::new()),
             stateless: true,
-            questions: None,
             silent: log_rank.is_none(),
             view,
-            stats: OnceLock::new(),
+            ..Client::new(id)
         }
     }
 
