@@ -100,28 +100,7 @@ impl<'de> serde::de::Visitor<'de> for MetaSeed<'de, '_> {
         }
         Ok(if other { Peeked::Other } else { Peeked::Own(own) })
     }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Peeked, A::Error> {
-        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(Peeked::Other)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Peeked, E> {
-        Ok(Peeked::Other)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Peeked, E> {
-        Ok(Peeked::Other)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Peeked, E> {
-        Ok(Peeked::Other)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Peeked, E> {
-        Ok(Peeked::Other)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Peeked, E> {
-        Ok(Peeked::Other)
-    }
-    fn visit_unit<E>(self) -> Result<Peeked, E> {
-        Ok(Peeked::Other)
-    }
+    super::peek::non_objects_give!(Peeked, Peeked::Other);
 }
 
 impl Members {

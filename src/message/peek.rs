@@ -146,6 +146,36 @@ pub fn error_summary(err: &RawValue) -> (i64, String) {
     }
 }
 
+/// A `serde::de::Visitor`'s methods for every JSON value but an object: each reads its
+/// value past (an array's elements too) and gives `$v`.
+macro_rules! non_objects_give {
+    ($t:ty, $v:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<$t, E> {
+            Ok($v)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<$t, E> {
+            Ok($v)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<$t, E> {
+            Ok($v)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<$t, E> {
+            Ok($v)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<$t, E> {
+            Ok($v)
+        }
+        fn visit_unit<E>(self) -> Result<$t, E> {
+            Ok($v)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<$t, A::Error> {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok($v)
+        }
+    };
+}
+pub(super) use non_objects_give;
+
 /// Whether params (an object) have a `_meta` object with a member named `key`, read
 /// without opening anything else: the keys compared decoded, the last `_meta` counting
 /// when it is repeated (as in a parsed map). Params that are not an object give false.
@@ -167,28 +197,7 @@ pub fn meta_has(params: Option<&RawValue>, key: &str) -> bool {
             Ok(found)
         }
         // Any other value: not an object, so no member.
-        fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_unit<E>(self) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(false)
-        }
+        non_objects_give!(bool, false);
     }
     impl<'de, 'k> serde::de::DeserializeSeed<'de> for Meta<'k> {
         type Value = bool;
