@@ -191,7 +191,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
                 http,
                 client,
                 id,
-                method.into(),
+                (crate::method::Method::parse(&method), method.into()),
                 params.into(),
                 parent,
                 None,

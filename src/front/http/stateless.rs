@@ -134,7 +134,7 @@ pub(super) async fn serve(
                 http,
                 c.client,
                 c.id,
-                c.method.as_str().into(),
+                (c.method, c.method.as_str().into()),
                 c.params,
                 c.parent,
                 Some(c.finish),
