@@ -19,7 +19,8 @@ use tracing::{debug, warn};
 /// A list_changed from the bus within this long of the same one sent here is the same
 /// change seen by another replica's child: it is not sent twice.
 const SAME_CHANGE: Duration = Duration::from_millis(500);
-/// How long a `logging/setLevel` waits for the other replicas to apply it.
+/// How long a change the client is answered for (`logging/setLevel`,
+/// `resources/subscribe`) waits for the other replicas to apply it.
 const SETTLES: Duration = Duration::from_secs(1);
 
 /// A note's wait for `Applied`: forgotten however the wait ends.
@@ -168,10 +169,7 @@ impl Gateway {
     }
 
     /// Cluster mode: tells the other replicas a session's level, and the downstreams'
-    /// when it changed.
-    ///
-    /// Returns once every other replica listening on the bus said the level holds there
-    /// (or after [`SETTLES`]: a replica too old to say so, or one gone mid-way).
+    /// when it changed; returns once it holds there (see [`Gateway::applied_everywhere`]).
     pub(super) async fn level_elsewhere(&self, session: &str, rank: usize, downstream: Option<usize>) {
         let sid = self.shared.key(session);
         self.applied_everywhere(|ack| Note::Level {
