@@ -242,12 +242,7 @@ async fn children_get_only_their_own_env_and_secrets_stay_hidden() {
         std::env::var("HOME").unwrap_or_else(|_| "<unset>".into())
     );
 
-    let status = reqwest::get(format!("{}/status", gw.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let status = gw.get_text("/status").await;
     assert!(status.contains("keeper"), "{status}");
     assert!(!status.contains(&secret), "secret in /status");
     // Debug logging is on: an unknown client notification is logged at debug level.

@@ -171,12 +171,7 @@ async fn a_child_flooding_stderr_is_logged_at_a_bounded_rate_and_never_blocked()
 
 /// `mcp_gateway_downstream_restarts_total{server="NAME"}` from /metrics.
 async fn metric_restarts(gw: &Gateway, server: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", gw.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.get_text("/metrics").await;
     let key = format!("mcp_gateway_downstream_restarts_total{{server=\"{server}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())

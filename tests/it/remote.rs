@@ -477,12 +477,7 @@ async fn secrets_in_headers_and_url_never_show() {
         assert!(e.get("error").is_some(), "{e}");
         leaks("an error to a client", &e.to_string());
     }
-    let status = reqwest::get(format!("{}/status", gw.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let status = gw.get_text("/status").await;
     assert!(status.contains("\"gone\""), "{status}");
     leaks("/status", &status);
     let logs = gw.logs();

@@ -51,16 +51,22 @@ impl Gateway {
 
     /// `mcp_gateway_requests_in_flight` from /metrics.
     pub async fn in_flight(&self) -> i64 {
-        let text = reqwest::get(format!("{}/metrics", self.base))
+        self.get_text("/metrics")
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("mcp_gateway_requests_in_flight "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(-1)
+    }
+
+    /// GET on a path of the gateway (e.g. `/metrics`), its body as text.
+    pub async fn get_text(&self, path: &str) -> String {
+        reqwest::get(format!("{}{path}", self.base))
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("mcp_gateway_requests_in_flight "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(-1)
+            .unwrap()
     }
 
     /// GET on a path of the gateway (e.g. `/status`), as JSON.
