@@ -6,7 +6,7 @@
 use super::{Call, Gateway};
 use crate::client::Client;
 use crate::config::Transport;
-use crate::downstream::{stateless, Connection, DsError, OpenParams, Params, Sink, LOG_LEVELS};
+use crate::downstream::{stateless, Connection, DsError, OpenParams, Sink, LOG_LEVELS};
 use crate::message::{Id, Outcome};
 use crate::method::Method;
 use crate::supervisor::{Caller, Server};
@@ -157,23 +157,11 @@ pub(super) async fn forward_plain(
     s: &Server,
     conn: &Connection,
     method: Method,
-    mut params: impl OpenParams,
+    params: impl OpenParams,
     progress: Option<Id>,
     sink: Option<Sink>,
 ) -> Result<Outcome, DsError> {
-    let ds = downstream_span(s, method, params.name().as_deref());
-    ds.inject(&mut params);
-    let res = conn
-        .call(
-            method.as_str(),
-            params.into_params(progress),
-            sink,
-            s.settings().timeout,
-        )
-        .instrument(ds.span.clone())
-        .await;
-    ds.finish(&res);
-    res
+    traced(s, conn, method, params, Vec::new(), progress, sink).await
 }
 
 /// A call to a 2026-07-28 server, its params stamped with the envelope ([`stamp`]) and
@@ -182,7 +170,21 @@ pub(super) async fn forward_stamped(
     s: &Server,
     conn: &Connection,
     method: Method,
-    mut params: Map<String, Value>,
+    params: Map<String, Value>,
+    headers: Vec<(String, String)>,
+    progress: Option<Id>,
+    sink: Option<Sink>,
+) -> Result<Outcome, DsError> {
+    traced(s, conn, method, params, headers, progress, sink).await
+}
+
+/// One downstream call in its span: the trace context injected into the params, which go
+/// out with `headers` (ignored by stdio servers).
+async fn traced(
+    s: &Server,
+    conn: &Connection,
+    method: Method,
+    mut params: impl OpenParams,
     headers: Vec<(String, String)>,
     progress: Option<Id>,
     sink: Option<Sink>,
@@ -192,7 +194,7 @@ pub(super) async fn forward_stamped(
     let res = conn
         .call_with_headers(
             method.as_str(),
-            Params::Object { params, progress },
+            params.into_params(progress),
             sink,
             s.settings().timeout,
             headers,
