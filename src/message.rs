@@ -34,9 +34,9 @@ pub use answer::LARGE_RESULT;
 pub use answer::{response, Answer, Outcome, Raw};
 pub use envelope::{Kind, MAX_NAME_LEN};
 pub use id::{id_key, Id};
-pub use members::{Incoming, Members, MetaKeys, Peeked};
+pub use members::{Incoming, Members, Peeked};
 pub(crate) use peek::Finder;
-pub use peek::{cancelled_request_id, error_summary, is_tool_error, meta_has, progress_token_of};
+pub use peek::{cancelled_request_id, error_summary, is_tool_error, progress_token_of};
 pub use write::{
     blank_line_breaks, empty_object, error_object, frame_line, has_line_breaks, notification,
     notification_with_members, params_object, request, request_with_members, request_with_object, to_raw,

@@ -100,7 +100,7 @@ pub struct Request<'a> {
 
 impl<'a> Request<'a> {
     /// The request named `name`, its method parsed.
-    pub fn new(id: &'a Id, name: &'a str, params: Option<Box<RawValue>>) -> Request<'a> {
+    pub fn new(id: &'a Id, name: &'a str, params: impl Into<message::Incoming>) -> Request<'a> {
         Request {
             id,
             method: Method::parse(name),

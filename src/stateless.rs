@@ -70,7 +70,7 @@ pub struct Transport {
 pub struct Request<'a> {
     pub id: Id,
     pub method: String,
-    pub params: Option<Box<RawValue>>,
+    pub params: crate::message::Incoming,
     /// The transport's headers, checked against the body; none: a transport without any.
     pub headers: Option<&'a dyn Headers>,
     /// Who the caller is, when auth is configured.

@@ -384,7 +384,7 @@ impl Shared {
             Ok(Kind::Request { id, method, params }) => {
                 // On a call's own stream a request belongs to that call's client.
                 let why = "it arrived on the server's GET stream, outside any call";
-                let outcome = super::answer_server_request(sink.cloned(), method, params, why).await;
+                let outcome = super::answer_server_request(sink.cloned(), method, params.into_raw(), why).await;
                 self.send(message::response(&id, &outcome)).await;
                 None
             }

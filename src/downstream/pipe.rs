@@ -464,7 +464,7 @@ impl Actor {
                 crate::background::spawn(
                     async move {
                         let _permit = permit;
-                        let outcome = super::answer_server_request(caller, method, params, &why).await;
+                        let outcome = super::answer_server_request(caller, method, params.into_raw(), &why).await;
                         let mut out = message::response(&id, &outcome);
                         out.push(b'\n');
                         // Counted like the outbox's lines: the writer subtracts what it writes.

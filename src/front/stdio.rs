@@ -130,9 +130,7 @@ pub async fn serve<R, W>(
             }
         };
         match msg {
-            Kind::Request { id, method, params }
-                if stateless::envelope::is_stateless(None, &method, params.as_deref()) =>
-            {
+            Kind::Request { id, method, params } if stateless::envelope::is_stateless(None, &method, &params) => {
                 let identity = match client_identity(&gw, as_client.as_deref()) {
                     Ok(i) => i,
                     Err(err) => {
@@ -155,6 +153,7 @@ pub async fn serve<R, W>(
                 send_stateless(&gw, flow.serve(request), &out_tx, &large_tx).await;
             }
             Kind::Request { id, method, params } if method == "initialize" => {
+                let params = params.to_raw();
                 client.set_capabilities(params.as_deref());
                 let identity = client_identity(&gw, as_client.as_deref()).ok().flatten();
                 let out = gw.initialize_result_for(params.as_deref(), identity.as_deref(), view.as_ref());

@@ -4,6 +4,8 @@
 use super::answer::{Outcome, Raw, LARGE_RESULT};
 use super::code;
 use super::id::Id;
+use super::members::{self, Incoming, Members, OpenSeed};
+use super::peek::JsonStr;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -36,7 +38,9 @@ pub enum Kind {
     Request {
         id: Id,
         method: String,
-        params: Option<Box<RawValue>>,
+        /// Opened already ([`Incoming::Opened`]) for a `tools/call` or `prompts/get`
+        /// whose `method` came before its params.
+        params: Incoming,
     },
     Notification {
         method: String,
@@ -76,20 +80,88 @@ impl ParseError {
     }
 }
 
-#[derive(Deserialize)]
+/// A message's members as read: `params` of a `tools/call` or `prompts/get` opened in
+/// the same pass ([`Members`]), when `method` came before them.
 struct Wire<'a> {
-    #[serde(borrow, default)]
     jsonrpc: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
-    #[serde(default)]
-    method: Option<String>,
-    #[serde(borrow, default)]
-    params: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    params: Option<WireParams<'a>>,
     result: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     error: Option<&'a RawValue>,
+}
+
+enum WireParams<'a> {
+    Raw(&'a RawValue),
+    Opened(Box<Members>),
+}
+
+impl WireParams<'_> {
+    fn owned(self) -> Incoming {
+        match self {
+            WireParams::Raw(r) => Incoming::Raw(Some(r.to_owned())),
+            WireParams::Opened(m) => Incoming::Opened(m),
+        }
+    }
+}
+
+/// Reads a message object ([`Wire`]); `text` is the message being read.
+struct WireSeed<'a>(&'a str);
+
+impl<'de> serde::de::Visitor<'de> for WireSeed<'de> {
+    type Value = Wire<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON-RPC message object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Wire<'de>, A::Error> {
+        use serde::de::Error;
+        let mut w = Wire {
+            jsonrpc: None,
+            id: None,
+            method: None,
+            params: None,
+            result: None,
+            error: None,
+        };
+        // Which members were read: a repeated one makes the message invalid.
+        let mut seen = 0u8;
+        while let Some(JsonStr(key)) = map.next_key::<JsonStr<'de>>()? {
+            let bit = match &*key {
+                "jsonrpc" => 1,
+                "id" => 2,
+                "method" => 4,
+                "params" => 8,
+                "result" => 16,
+                "error" => 32,
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    continue;
+                }
+            };
+            if seen & bit != 0 {
+                return Err(A::Error::custom(format_args!("duplicate field `{key}`")));
+            }
+            seen |= bit;
+            match bit {
+                1 => w.jsonrpc = map.next_value()?,
+                // `"id": null` is an id (null), not an absent one.
+                2 => w.id = Some(map.next_value()?),
+                4 => w.method = map.next_value::<Option<JsonStr<'de>>>()?.map(|m| m.0),
+                8 => {
+                    let opens = matches!(w.method.as_deref(), Some("tools/call" | "prompts/get"));
+                    w.params = match opens.then(|| members::object_after(self.0, &key)).flatten() {
+                        Some(start) => Some(WireParams::Opened(Box::new(
+                            map.next_value_seed(OpenSeed::at(self.0, start))?,
+                        ))),
+                        None => map.next_value::<Option<&'de RawValue>>()?.map(WireParams::Raw),
+                    }
+                }
+                16 => w.result = map.next_value()?,
+                _ => w.error = map.next_value()?,
+            }
+        }
+        Ok(w)
+    }
 }
 
 /// Distinguishes `"id": null` (Some(null)) from an absent id (None).
@@ -188,7 +260,9 @@ impl Kind {
         // serde_json re-validates every one of them).
         let text =
             std::str::from_utf8(bytes).map_err(|e| ParseError::Json(format!("the message is not UTF-8: {e}")))?;
-        let wire: Wire = match serde_json::from_str(text) {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let read = serde::Deserializer::deserialize_map(&mut de, WireSeed(text)).and_then(|w| de.end().map(|()| w));
+        let wire = match read {
             Ok(w) => w,
             Err(e) => {
                 // Valid JSON of the wrong shape (an array, a number, a field of the wrong
@@ -203,12 +277,11 @@ impl Kind {
             Some("\"2.0\"") => {}
             _ => return Err(ParseError::Shape("\"jsonrpc\" must be \"2.0\"".into())),
         }
-        let owned = |r: Option<&RawValue>| r.map(RawValue::to_owned);
         if let Some(method) = wire.method {
             if wire.result.is_some() || wire.error.is_some() {
                 return Err(ParseError::Shape("a request cannot carry a result or error".into()));
             }
-            if let Some(p) = wire.params {
+            if let Some(WireParams::Raw(p)) = wire.params {
                 if !matches!(p.get().as_bytes().first(), Some(b'{') | Some(b'[')) {
                     return Err(ParseError::Shape("\"params\" must be an object".into()));
                 }
@@ -236,15 +309,17 @@ impl Kind {
                     "the message nests arrays and objects more than {MAX_DEPTH} levels deep"
                 )));
             }
+            let method = method.into_owned();
+            let params = wire.params.map(WireParams::owned);
             return Ok(match id {
                 None => Kind::Notification {
                     method,
-                    params: owned(wire.params),
+                    params: params.and_then(Incoming::into_raw),
                 },
                 Some(id) => Kind::Request {
                     id,
                     method,
-                    params: owned(wire.params),
+                    params: params.unwrap_or(Incoming::Raw(None)),
                 },
             });
         }
@@ -499,6 +574,102 @@ mod tests {
     }
 
     #[test]
+    fn call_params_are_opened_as_the_message_is_read() {
+        let written = |m: &Members| {
+            let mut out = Vec::new();
+            m.write_to(&mut out);
+            String::from_utf8(out).unwrap()
+        };
+        let meta = r#"{ "io.modelcontextprotocol/protocolVersion" : "2026-07-28","io.modelcontextprotocol/clientCapabilities":{ },
+            "io.modelcontextprotocol/clientInfo":{"name":"x"} }"#;
+        let params = format!(
+            r#"{{ "name":"s__e", "arguments" : {{"t":1.50, "u" : [1e400]}}, "_meta" :{meta}
+        }}"#
+        );
+        let lines = [
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#),
+            format!(r#"{{ "method" : "prompts/get" , "params" : {params} , "jsonrpc":"2.0","id":"1"}}"#),
+        ];
+        for line in lines {
+            let Kind::Request {
+                params: Incoming::Opened(m),
+                ..
+            } = Kind::parse(line.as_bytes()).unwrap()
+            else {
+                panic!("not opened: {line}")
+            };
+            assert_eq!(m.get_raw("_meta"), Some(meta));
+            assert_eq!(m.get_raw("arguments"), Some(r#"{"t":1.50, "u" : [1e400]}"#));
+            let Peeked::Own(spans) = m.peeked() else {
+                panic!("{:?}", m.peeked())
+            };
+            let texts = spans.clone().map(|s| s.and_then(|s| m.text_of(&s)));
+            assert_eq!(texts, [Some(r#""2026-07-28""#), Some("{ }"), None]);
+            // The same members as the params read on their own.
+            let alone = Members::parse(Some(RawValue::from_string(params.clone()).unwrap())).unwrap();
+            assert_eq!(written(&m), written(&alone));
+            assert_eq!(alone.peeked(), m.peeked());
+        }
+        // Params before the method, another method, null or no params: as sent.
+        let raw = |line: &str| match Kind::parse(line.as_bytes()).unwrap() {
+            Kind::Request {
+                params: Incoming::Raw(r),
+                ..
+            } => r.map(|r| r.get().to_owned()),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            raw(r#"{"jsonrpc":"2.0","id":1,"params":{"name":"x"},"method":"tools/call"}"#).as_deref(),
+            Some(r#"{"name":"x"}"#)
+        );
+        assert_eq!(
+            raw(r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"a"}}"#).as_deref(),
+            Some(r#"{"uri":"a"}"#)
+        );
+        assert_eq!(
+            raw(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":null}"#),
+            None
+        );
+        assert_eq!(raw(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#), None);
+        // Empty params, a `_meta` spelled with escapes, one that is not an object.
+        for (params, meta, peeked) in [
+            ("{ }", None, Peeked::Absent),
+            (r#"{"\u005fmeta":{"k":1}}"#, Some(r#"{"k":1}"#), Peeked::Other),
+            (r#"{"_meta":[{}]}"#, Some("[{}]"), Peeked::Other),
+            (r#"{"_meta":{},"_meta":{"k":2}}"#, Some(r#"{"k":2}"#), Peeked::Other),
+        ] {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#);
+            let Kind::Request {
+                params: Incoming::Opened(m),
+                ..
+            } = Kind::parse(line.as_bytes()).unwrap()
+            else {
+                panic!("not opened: {line}")
+            };
+            assert_eq!((m.get_raw("_meta"), m.peeked()), (meta, &peeked), "{params}");
+        }
+        // A notification's params stay raw; a repeated member or an array of params still
+        // make an invalid request; bad JSON inside opened params is still a parse error.
+        match Kind::parse(br#"{"jsonrpc":"2.0","method":"tools/call","params":{ "name":"x" }}"#).unwrap() {
+            Kind::Notification { params, .. } => assert_eq!(params.unwrap().get(), r#"{"name":"x"}"#),
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{},"params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"a":1},"name":5}"#,
+        ] {
+            let e = Kind::parse(bad.as_bytes()).unwrap_err();
+            let want = if bad.ends_with("5}") {
+                code::PARSE_ERROR
+            } else {
+                code::INVALID_REQUEST
+            };
+            assert_eq!(e.code(), want, "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn a_20_mb_argument_string_passes_and_the_scan_costs_little() {
         // Plain text, and (the scan's worst case) an escaped quote every 5 bytes.
         for text in ["xxx[{".repeat(4 * 1024 * 1024), "x\\\"[{".repeat(4 * 1024 * 1024)] {
@@ -510,10 +681,11 @@ mod tests {
             assert!(!nested_deeper_than(line.as_bytes(), MAX_DEPTH));
             let scan = t.elapsed();
             let t = std::time::Instant::now();
-            let Kind::Request { params: Some(p), .. } = Kind::parse(line.as_bytes()).unwrap() else {
-                panic!("not a request with params")
+            let Kind::Request { params, .. } = Kind::parse(line.as_bytes()).unwrap() else {
+                panic!("not a request")
             };
             let parse = t.elapsed();
+            let p = params.to_raw().unwrap();
             assert_eq!(
                 p.get().len(),
                 line.len() - r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":}"#.len()

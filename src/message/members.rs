@@ -1,10 +1,12 @@
 //! [`Members`]: params opened one level, each member's value left as raw JSON text.
 
 use super::id::Id;
+use super::meta::{META_CAPS, META_INFO, META_LOG, META_VERSION};
 use super::peek::{progress_token_in, JsonStr};
 use super::write::{empty_object, write_str};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::ops::Range;
 
 /// A JSON object opened one level deep, for the few edits forwarding makes to
 /// `tools/call` and `prompts/get` params (rename `name`, drop `task`, move
@@ -15,23 +17,28 @@ use serde_json::{Map, Value};
 /// members is dropped, and a key spelled with escapes is written decoded. A repeated key
 /// keeps its first position and its last value, as a `serde_json::Map`
 /// (with `preserve_order`) does.
+///
+/// While the params are opened, `_meta` is read one level too, for the 2026-07-28
+/// envelope's own members ([`Members::peeked`]): one scan of it, not two.
 #[derive(Clone)]
 pub struct Members {
     /// The client's params, which the spans below index.
-    text: Box<RawValue>,
+    text: Box<str>,
     entries: Vec<(MemberKey, MemberValue)>,
+    /// What `_meta` held when the params were opened (edits since do not change it).
+    peeked: Peeked,
 }
 
 #[derive(Clone)]
 enum MemberKey {
     /// The key with its quotes, in `text`; it had no escapes.
-    Span(std::ops::Range<usize>),
+    Span(Range<usize>),
     Owned(String),
 }
 
 #[derive(Clone)]
 enum MemberValue {
-    Span(std::ops::Range<usize>),
+    Span(Range<usize>),
     Raw(Box<RawValue>),
     /// JSON text the gateway wrote itself (a serialized string), so valid as it is.
     Written(String),
@@ -39,145 +46,214 @@ enum MemberValue {
 }
 
 /// Where `inner` lies in `outer`, when it is a slice of it.
-fn span_in(outer: &str, inner: &str) -> Option<std::ops::Range<usize>> {
+fn span_in(outer: &str, inner: &str) -> Option<Range<usize>> {
     let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
     let end = start.checked_add(inner.len())?;
     (end <= outer.len()).then_some(start..end)
 }
 
-/// The `_meta` keys [`Members::parse_meta`] reads: their values are given, in this order.
-/// `skipped` keys may be there too; any other key makes `_meta` [`Peeked::Other`].
-pub struct MetaKeys {
-    pub own: [&'static str; 3],
-    pub skipped: &'static str,
-}
+/// The `_meta` members of the 2026-07-28 envelope that [`Peeked::Own`] gives, in this
+/// order: the version, the capabilities and the log level.
+pub const PEEKED_KEYS: [&str; 3] = [META_VERSION, META_CAPS, META_LOG];
 
-/// What [`Members::parse_meta`] found in `_meta`.
-#[derive(Debug, PartialEq)]
+/// What opening the params found in `_meta`.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Peeked {
     /// No `_meta`.
     Absent,
-    /// `_meta` with the known keys only, taken out: the spans of `own`'s values, where given.
-    Own([Option<std::ops::Range<usize>>; 3]),
-    /// Anything else (kept in the members).
+    /// `_meta`, an object of the envelope's own members only ([`PEEKED_KEYS`], and
+    /// `clientInfo`, which is not read): the spans of the [`PEEKED_KEYS`] values, where
+    /// given ([`Members::text_of`]).
+    Own([Option<Range<usize>>; 3]),
+    /// Any other `_meta` (read it opened: [`Members::meta`]).
     Other,
 }
 
-/// Reads `_meta` for [`Members::parse_meta`]: an object of known keys gives their
-/// values' spans in `text`; anything else is read past and is [`Peeked::Other`].
-struct MetaSeed<'a, 'k> {
+/// The index of the first byte at or after `at` that is not JSON whitespace.
+fn skip_ws(text: &[u8], mut at: usize) -> usize {
+    while matches!(text.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        at += 1;
+    }
+    at
+}
+
+/// Where the value of a member starts, its key's closing quote being at `quote`: past the
+/// colon and the whitespace around it.
+fn value_start(text: &[u8], quote: usize) -> Option<usize> {
+    let colon = skip_ws(text, quote + 1);
+    (text.get(colon) == Some(&b':')).then(|| skip_ws(text, colon + 1))
+}
+
+/// Just past the `}` of an object whose last value ends at `from` (with no member: whose
+/// `{` is just before `from`).
+fn object_end(text: &[u8], from: usize) -> Option<usize> {
+    let at = skip_ws(text, from);
+    (text.get(at) == Some(&b'}')).then_some(at + 1)
+}
+
+/// Where the object value of a member starts, when it is one: its key a slice of `text`
+/// (a key read with escapes is a copy: none), the next byte after the colon `{`.
+pub(super) fn object_after(text: &str, key: &str) -> Option<usize> {
+    let quote = span_in(text, key)?.end;
+    value_start(text.as_bytes(), quote).filter(|&s| text.as_bytes().get(s) == Some(&b'{'))
+}
+
+/// Spans of values in `text` (the text being read), made relative to `base`, where the
+/// object being opened starts.
+#[derive(Clone, Copy)]
+struct Spans<'a> {
     text: &'a str,
-    keys: &'k MetaKeys,
+    base: usize,
 }
 
-impl<'de> serde::de::DeserializeSeed<'de> for MetaSeed<'de, '_> {
-    type Value = Peeked;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Peeked, D::Error> {
-        d.deserialize_any(self)
+impl Spans<'_> {
+    fn of(&self, inner: &str) -> Option<Range<usize>> {
+        let r = span_in(self.text, inner)?;
+        Some(r.start.checked_sub(self.base)?..r.end.checked_sub(self.base)?)
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for MetaSeed<'de, '_> {
-    type Value = Peeked;
+/// Reads a `_meta` object (its spans as [`Spans`] gives them): [`Peeked::Own`] or
+/// [`Peeked::Other`], and where its last value ends in the text read (none: it is empty).
+struct MetaSeed<'a>(Spans<'a>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for MetaSeed<'de> {
+    type Value = (Peeked, Option<usize>);
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for MetaSeed<'de> {
+    type Value = (Peeked, Option<usize>);
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
+        f.write_str("an object")
     }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Peeked, A::Error> {
-        let mut own: [Option<std::ops::Range<usize>>; 3] = Default::default();
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut own: [Option<Range<usize>>; 3] = Default::default();
         let mut other = false;
+        let mut last = None;
         while let Some(JsonStr(key)) = map.next_key::<JsonStr<'de>>()? {
             let value: &'de RawValue = map.next_value()?;
-            match self.keys.own.iter().position(|k| *k == key) {
+            last = span_in(self.0.text, value.get()).map(|r| r.end);
+            match PEEKED_KEYS.iter().position(|k| *k == key) {
                 // A repeated key: the general path decides.
                 Some(i) if own[i].is_some() => other = true,
-                Some(i) => match span_in(self.text, value.get()) {
+                Some(i) => match self.0.of(value.get()) {
                     Some(span) => own[i] = Some(span),
                     None => other = true,
                 },
-                None if key == self.keys.skipped => {}
+                None if key == META_INFO => {}
                 None => other = true,
             }
         }
-        Ok(if other { Peeked::Other } else { Peeked::Own(own) })
+        let peeked = if other { Peeked::Other } else { Peeked::Own(own) };
+        Ok((peeked, last))
     }
-    super::peek::non_objects_give!(Peeked, Peeked::Other);
+}
+
+type Entries = Vec<(MemberKey, MemberValue)>;
+
+/// An object opened one level from the text being read ([`Spans`]): its members, what
+/// its `_meta` held, and where its last value ends in that text (none: no member).
+struct Opened {
+    entries: Entries,
+    peeked: Peeked,
+    last: Option<usize>,
+}
+
+/// Opens an object one level ([`Members`]), reading `_meta` in the same pass.
+pub(super) struct OpenSeed<'a>(Spans<'a>);
+
+impl<'a> OpenSeed<'a> {
+    /// Opens the object that starts at `base` in `text`, the text being read.
+    pub(super) fn at(text: &'a str, base: usize) -> OpenSeed<'a> {
+        OpenSeed(Spans { text, base })
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for OpenSeed<'de> {
+    type Value = Members;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Members, D::Error> {
+        use serde::de::Error;
+        let spans = self.0;
+        let opened = d.deserialize_map(Open(spans))?;
+        let bytes = spans.text.as_bytes();
+        let end = object_end(bytes, opened.last.unwrap_or(spans.base + 1))
+            .ok_or_else(|| D::Error::custom("an object opened one level did not close where expected"))?;
+        let text = spans.text.get(spans.base..end).unwrap_or("{}");
+        Ok(Members::assemble(text.into(), opened))
+    }
+}
+
+/// [`OpenSeed`]'s visitor.
+struct Open<'a>(Spans<'a>);
+
+impl<'de> serde::de::Visitor<'de> for Open<'de> {
+    type Value = Opened;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("params must be an object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Opened, A::Error> {
+        use serde::de::Error;
+        let Spans { text, .. } = self.0;
+        let mut entries: Entries = Vec::with_capacity(4);
+        let mut peeked = Peeked::Absent;
+        let mut last = None;
+        while let Some(JsonStr(key)) = map.next_key::<JsonStr<'de>>()? {
+            let meta_at = (key == "_meta").then(|| object_after(text, &key));
+            let value = match meta_at {
+                // The first `_meta`, an object where it can be found: read one level.
+                Some(Some(start)) if peeked == Peeked::Absent => {
+                    let (p, inner_last) = map.next_value_seed(MetaSeed(self.0))?;
+                    let end = object_end(text.as_bytes(), inner_last.unwrap_or(start + 1))
+                        .ok_or_else(|| A::Error::custom("_meta did not close where expected"))?;
+                    peeked = p;
+                    last = Some(end);
+                    let whole = text.get(start..end).unwrap_or("{}");
+                    match self.0.of(whole) {
+                        Some(r) => MemberValue::Span(r),
+                        None => MemberValue::Written(whole.to_owned()),
+                    }
+                }
+                _ => {
+                    if meta_at.is_some() {
+                        // Not an object, repeated, or spelled with escapes: read opened.
+                        peeked = Peeked::Other;
+                    }
+                    let value: &'de RawValue = map.next_value()?;
+                    last = span_in(text, value.get()).map(|r| r.end);
+                    match self.0.of(value.get()) {
+                        Some(r) => MemberValue::Span(r),
+                        None => MemberValue::Raw(value.to_owned()),
+                    }
+                }
+            };
+            let key = match &key {
+                std::borrow::Cow::Borrowed(k) => self
+                    .0
+                    .of(k)
+                    .filter(|r| r.start > 0)
+                    .map(|r| MemberKey::Span(r.start - 1..r.end + 1)),
+                std::borrow::Cow::Owned(_) => None,
+            }
+            .unwrap_or_else(|| MemberKey::Owned(key.into_owned()));
+            entries.push((key, value));
+        }
+        Ok(Opened { entries, peeked, last })
+    }
 }
 
 impl Members {
-    /// Opens params (absent params read as an empty object).
+    /// Opens params (absent params read as an empty object), reading `_meta` as they are
+    /// opened ([`Members::peeked`]).
     pub fn parse(params: Option<Box<RawValue>>) -> Result<Members, String> {
-        Members::parse_peeking(params, None).map(|(m, _)| m)
-    }
-
-    /// [`Members::parse`], with `_meta` read as it is passed (one scan of it, not two):
-    /// when it is an object whose keys are all among `peek.own` and `peek.skipped`, it
-    /// is taken out of the members and the values of `own`'s keys are given as
-    /// [`Peeked::Own`] (spans of the text: [`Members::text_of`]). Any other `_meta`
-    /// gives [`Peeked::Other`], and the members are parsed again as [`Members::parse`]
-    /// opens them (`_meta` kept).
-    pub fn parse_meta(params: Option<Box<RawValue>>, peek: &MetaKeys) -> Result<(Members, Peeked), String> {
-        let (members, peeked) = Members::parse_peeking(params, Some(peek))?;
-        match peeked {
-            Peeked::Other => Members::parse(Some(members.text)).map(|m| (m, Peeked::Other)),
-            p => Ok((members, p)),
-        }
-    }
-
-    /// The JSON text a span of [`Peeked::Own`] names.
-    pub fn text_of(&self, span: &std::ops::Range<usize>) -> Option<&str> {
-        self.text.get().get(span.clone())
-    }
-
-    fn parse_peeking(params: Option<Box<RawValue>>, peek: Option<&MetaKeys>) -> Result<(Members, Peeked), String> {
-        use serde::de::{MapAccess, Visitor};
-        let text = params.unwrap_or_else(empty_object);
-        type Entries = Vec<(MemberKey, MemberValue)>;
-        struct Top<'a, 'k> {
-            text: &'a str,
-            peek: Option<&'k MetaKeys>,
-        }
-        impl<'de> Visitor<'de> for Top<'de, '_> {
-            type Value = (Entries, Peeked);
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("params must be an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out: Entries = Vec::with_capacity(4);
-                let mut peeked = Peeked::Absent;
-                while let Some(JsonStr(key)) = map.next_key::<JsonStr<'de>>()? {
-                    if let Some(keys) = self.peek.filter(|_| key == "_meta") {
-                        peeked = match peeked {
-                            // A repeated `_meta`: the general path decides.
-                            Peeked::Absent => map.next_value_seed(MetaSeed { text: self.text, keys })?,
-                            _ => {
-                                map.next_value::<serde::de::IgnoredAny>()?;
-                                Peeked::Other
-                            }
-                        };
-                        continue;
-                    }
-                    let value: &'de RawValue = map.next_value()?;
-                    let text = self.text;
-                    let value = match span_in(text, value.get()) {
-                        Some(r) => MemberValue::Span(r),
-                        None => MemberValue::Raw(value.to_owned()),
-                    };
-                    let key = match &key {
-                        std::borrow::Cow::Borrowed(k) => span_in(text, k)
-                            .filter(|r| r.start > 0 && r.end < text.len())
-                            .map(|r| MemberKey::Span(r.start - 1..r.end + 1)),
-                        std::borrow::Cow::Owned(_) => None,
-                    }
-                    .unwrap_or_else(|| MemberKey::Owned(key.into_owned()));
-                    out.push((key, value));
-                }
-                Ok((out, peeked))
-            }
-        }
-        let raw = text.get();
+        let Some(params) = params else {
+            return Ok(Members::new());
+        };
+        let raw = params.get();
         let mut de = serde_json::Deserializer::from_str(raw);
-        let top = Top { text: raw, peek };
-        let (mut entries, peeked) = serde::Deserializer::deserialize_map(&mut de, top).map_err(|e| {
+        let members = serde::de::DeserializeSeed::deserialize(OpenSeed::at(raw, 0), &mut de).map_err(|e| {
             if raw.trim_start().starts_with('{') {
                 e.to_string()
             } else {
@@ -185,12 +261,31 @@ impl Members {
             }
         })?;
         de.end().map_err(|e| e.to_string())?;
+        Ok(members)
+    }
+
+    /// What `_meta` held when the params were opened.
+    pub fn peeked(&self) -> &Peeked {
+        &self.peeked
+    }
+
+    /// The JSON text a span of [`Peeked::Own`] names.
+    pub fn text_of(&self, span: &Range<usize>) -> Option<&str> {
+        self.text.get(span.clone())
+    }
+
+    /// The members of an object opened from `text`; a repeated key keeps its first
+    /// position and its last value.
+    fn assemble(text: Box<str>, opened: Opened) -> Members {
+        let Opened {
+            mut entries, peeked, ..
+        } = opened;
         let mut members = Members {
             text,
             entries: Vec::new(),
+            peeked,
         };
         if has_repeats(&members, &entries) {
-            // First position, last value.
             for (k, v) in entries.drain(..) {
                 match members.position(members.key_of(&k)) {
                     Some(i) => members.entries[i].1 = v,
@@ -200,12 +295,12 @@ impl Members {
         } else {
             members.entries = entries;
         }
-        Ok((members, peeked))
+        members
     }
 
     fn key_of<'a>(&'a self, k: &'a MemberKey) -> &'a str {
         match k {
-            MemberKey::Span(r) => self.text.get().get(r.start + 1..r.end - 1).unwrap_or(""),
+            MemberKey::Span(r) => self.text.get(r.start + 1..r.end - 1).unwrap_or(""),
             MemberKey::Owned(s) => s,
         }
     }
@@ -218,7 +313,7 @@ impl Members {
     pub fn get_raw(&self, key: &str) -> Option<&str> {
         let (_, v) = &self.entries[self.position(key)?];
         match v {
-            MemberValue::Span(r) => self.text.get().get(r.clone()),
+            MemberValue::Span(r) => self.text.get(r.clone()),
             MemberValue::Raw(b) => Some(b.get()),
             MemberValue::Written(t) => Some(t),
             MemberValue::Object(_) => None,
@@ -264,7 +359,8 @@ impl Members {
 
     /// Removes a member; whether it was there.
     pub fn remove(&mut self, key: &str) -> bool {
-        match self.position(key) {
+        // From the end: keys are unique, and what is taken out (`_meta`) is usually last.
+        match self.entries.iter().rposition(|(k, _)| self.key_of(k) == key) {
             Some(i) => {
                 self.entries.remove(i);
                 true
@@ -332,7 +428,7 @@ impl Members {
 
     /// Writes the object.
     pub fn write_to(&self, out: &mut Vec<u8>) {
-        let text = self.text.get();
+        let text = &*self.text;
         out.push(b'{');
         for (i, (k, v)) in self.entries.iter().enumerate() {
             if i > 0 {
@@ -363,11 +459,7 @@ impl Members {
         let mut out = Map::with_capacity(self.entries.len());
         for (k, v) in &self.entries {
             let value = match v {
-                MemberValue::Span(r) => self
-                    .text
-                    .get()
-                    .get(r.clone())
-                    .and_then(|t| serde_json::from_str(t).ok()),
+                MemberValue::Span(r) => self.text.get(r.clone()).and_then(|t| serde_json::from_str(t).ok()),
                 MemberValue::Raw(b) => serde_json::from_str(b.get()).ok(),
                 MemberValue::Written(t) => serde_json::from_str(t).ok(),
                 MemberValue::Object(m) => Some(Value::Object(m.clone())),
@@ -382,8 +474,9 @@ impl Members {
     /// An empty object, to fill.
     pub fn new() -> Members {
         Members {
-            text: empty_object(),
+            text: "{}".into(),
             entries: Vec::new(),
+            peeked: Peeked::Absent,
         }
     }
 
@@ -399,7 +492,7 @@ impl Members {
 
     /// About how many bytes [`Members::write_to`] writes.
     pub fn len_hint(&self) -> usize {
-        self.text.get().len() + 16
+        self.text.len() + 16
     }
 }
 
@@ -410,7 +503,8 @@ pub enum Incoming {
     /// The client's own text (none: the request had no params).
     Raw(Option<Box<RawValue>>),
     /// Opened, with the front's edits made (the envelope's `_meta` members taken out).
-    Opened(Members),
+    /// Boxed: a message carries it through many futures, which would all grow.
+    Opened(Box<Members>),
 }
 
 impl Incoming {
@@ -422,10 +516,33 @@ impl Incoming {
         }
     }
 
+    /// Whether the params have a `_meta` object with a member named `key`.
+    pub fn meta_has(&self, key: &str) -> bool {
+        match self {
+            Incoming::Raw(r) => super::peek::meta_has(r.as_deref(), key),
+            Incoming::Opened(m) => match (m.peeked(), PEEKED_KEYS.iter().position(|k| *k == key)) {
+                (Peeked::Own(spans), Some(i)) if m.contains_key("_meta") => spans[i].is_some(),
+                _ => match m.position("_meta").map(|i| &m.entries[i].1) {
+                    Some(MemberValue::Object(o)) => o.contains_key(key),
+                    Some(_) => m.get_raw("_meta").is_some_and(|raw| super::peek::object_has(raw, key)),
+                    None => false,
+                },
+            },
+        }
+    }
+
     /// The params opened one level (absent params read as an empty object).
     pub fn into_members(self) -> Result<Members, String> {
         match self {
             Incoming::Raw(r) => Members::parse(r),
+            Incoming::Opened(m) => Ok(*m),
+        }
+    }
+
+    /// [`Incoming::into_members`], boxed (to be [`Incoming::Opened`] again).
+    pub fn into_boxed_members(self) -> Result<Box<Members>, String> {
+        match self {
+            Incoming::Raw(r) => Members::parse(r).map(Box::new),
             Incoming::Opened(m) => Ok(m),
         }
     }
@@ -440,6 +557,15 @@ impl Incoming {
                 let raw = String::from_utf8(out).ok().and_then(|t| RawValue::from_string(t).ok());
                 Some(std::borrow::Cow::Owned(raw.unwrap_or_else(empty_object)))
             }
+        }
+    }
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.to_raw() {
+            Some(raw) => write!(f, "{}", raw.get()),
+            None => f.write_str("(none)"),
         }
     }
 }

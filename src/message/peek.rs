@@ -174,7 +174,6 @@ macro_rules! non_objects_give {
         }
     };
 }
-pub(super) use non_objects_give;
 
 /// Whether params (an object) have a `_meta` object with a member named `key`, read
 /// without opening anything else: the keys compared decoded, the last `_meta` counting
@@ -182,29 +181,6 @@ pub(super) use non_objects_give;
 pub fn meta_has(params: Option<&RawValue>, key: &str) -> bool {
     use serde::de::{IgnoredAny, MapAccess, Visitor};
     struct Top<'k>(&'k str);
-    struct Meta<'k>(&'k str);
-    impl<'de> Visitor<'de> for Meta<'_> {
-        type Value = bool;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any value")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-            let mut found = false;
-            while let Some(JsonStr(k)) = map.next_key::<JsonStr<'de>>()? {
-                map.next_value::<IgnoredAny>()?;
-                found |= k == self.0;
-            }
-            Ok(found)
-        }
-        // Any other value: not an object, so no member.
-        non_objects_give!(bool, false);
-    }
-    impl<'de, 'k> serde::de::DeserializeSeed<'de> for Meta<'k> {
-        type Value = bool;
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-            d.deserialize_any(self)
-        }
-    }
     impl<'de> Visitor<'de> for Top<'_> {
         type Value = bool;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -214,7 +190,7 @@ pub fn meta_has(params: Option<&RawValue>, key: &str) -> bool {
             let mut found = false;
             while let Some(JsonStr(k)) = map.next_key::<JsonStr<'de>>()? {
                 if k == "_meta" {
-                    found = map.next_value_seed(Meta(self.0))?;
+                    found = map.next_value_seed(Has(self.0))?;
                 } else {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -231,6 +207,39 @@ pub fn meta_has(params: Option<&RawValue>, key: &str) -> bool {
     }
     let mut de = serde_json::Deserializer::from_str(params.get());
     serde::Deserializer::deserialize_map(&mut de, Top(key)).unwrap_or(false)
+}
+
+/// Whether `json` (JSON text) is an object with a member named `key` (compared decoded).
+pub fn object_has(json: &str, key: &str) -> bool {
+    let mut de = serde_json::Deserializer::from_str(json);
+    serde::de::DeserializeSeed::deserialize(Has(key), &mut de).unwrap_or(false)
+}
+
+/// Reads a value past: whether it is an object with a member named `.0`.
+struct Has<'k>(&'k str);
+
+impl<'de> serde::de::Visitor<'de> for Has<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any value")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut found = false;
+        while let Some(JsonStr(k)) = map.next_key::<JsonStr<'de>>()? {
+            map.next_value::<serde::de::IgnoredAny>()?;
+            found |= k == self.0;
+        }
+        Ok(found)
+    }
+    // Any other value: not an object, so no member.
+    non_objects_give!(bool, false);
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Has<'_> {
+    type Value = bool;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
 }
 
 #[cfg(test)]

@@ -13,17 +13,9 @@ use super::VERSION;
 use crate::error::{code, Error};
 use crate::message;
 use crate::method::Method;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::message::meta::{META_CAPS, META_INFO, META_LOG, META_VERSION};
-
-/// The revision's own `_meta` members, read while the params are opened: the version,
-/// the capabilities and the log level (in that order); `clientInfo` is not read.
-static META_KEYS: message::MetaKeys = message::MetaKeys {
-    own: [META_VERSION, META_CAPS, META_LOG],
-    skipped: META_INFO,
-};
 
 const VERSION_HEADER: &str = "mcp-protocol-version";
 const METHOD_HEADER: &str = "mcp-method";
@@ -53,8 +45,8 @@ pub const MCP_HEADERS: [&str; 3] = [VERSION_HEADER, METHOD_HEADER, NAME_HEADER];
 /// True when a request is one of this revision: its `params._meta` names a protocol
 /// version, or (for any method but `initialize`) the transport's `MCP-Protocol-Version`
 /// header names this revision.
-pub fn is_stateless(headers: Option<&dyn Headers>, method: &str, params: Option<&RawValue>) -> bool {
-    (method != "initialize" && headers.is_some_and(names_revision)) || message::meta_has(params, META_VERSION)
+pub fn is_stateless(headers: Option<&dyn Headers>, method: &str, params: &message::Incoming) -> bool {
+    (method != "initialize" && headers.is_some_and(names_revision)) || params.meta_has(META_VERSION)
 }
 
 /// True when the `MCP-Protocol-Version` header names this revision.
@@ -110,15 +102,16 @@ pub fn check(
     headers: Option<&dyn Headers>,
     method: &str,
     m: Method,
-    params: Option<Box<RawValue>>,
+    params: message::Incoming,
     tool_schema: impl Fn(&str) -> Option<Value>,
 ) -> Result<Envelope, Error> {
     let bad = |m: &str| Error::invalid_params(m).with_status(400);
-    let given = params.is_some();
-    let (mut p, peeked) = message::Members::parse_meta(params, &META_KEYS).map_err(|e| bad(&e))?;
-    let [version, capabilities, log] = match peeked {
-        // Only the revision's own members: all of `_meta` was taken out.
+    let given = !matches!(params, message::Incoming::Raw(None));
+    let mut p = params.into_boxed_members().map_err(|e| bad(&e))?;
+    let [version, capabilities, log] = match p.peeked().clone() {
+        // Only the revision's own members: all of `_meta` is taken out.
         message::Peeked::Own(spans) => {
+            p.remove("_meta");
             // The usual values (a plain string, an empty object) are taken as they are.
             let open = |span: Option<std::ops::Range<usize>>| {
                 span.and_then(|s| p.text_of(&s)).and_then(|t| match t {
@@ -334,6 +327,7 @@ fn base64(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::value::RawValue;
 
     /// Headers as a list of (lowercase name, value).
     struct List(Vec<(String, String)>);
@@ -392,45 +386,44 @@ mod tests {
     }
 
     #[test]
-    fn meta_taken_out_only_when_it_holds_the_revisions_own_members() {
-        // Whether `_meta` stays in the members, and the own members' texts when taken out.
+    fn meta_is_read_for_the_revisions_own_members() {
+        // The own members' texts, when `_meta` holds only those; `_meta` stays a member,
+        // as it was written, either way.
         let parse = |meta: &str| {
             let params = RawValue::from_string(format!(r#"{{"name":"t","_meta":{meta}}}"#)).unwrap();
-            let (m, peeked) = message::Members::parse_meta(Some(params), &META_KEYS).unwrap();
-            let texts = match peeked {
-                message::Peeked::Own(spans) => Some(spans.map(|s| s.and_then(|s| m.text_of(&s)).map(str::to_owned))),
+            let m = message::Members::parse(Some(params)).unwrap();
+            let texts = match m.peeked() {
+                message::Peeked::Own(spans) => {
+                    Some(spans.clone().map(|s| s.and_then(|s| m.text_of(&s)).map(str::to_owned)))
+                }
                 message::Peeked::Absent | message::Peeked::Other => None,
             };
             assert_eq!(m.get_str("name").as_deref(), Some("t"));
-            (m.contains_key("_meta"), texts)
+            assert_eq!(m.get_raw("_meta"), Some(meta));
+            texts
         };
         let own =
             format!(r#"{{"{META_VERSION}":"v","{META_CAPS}":{{}},"{META_INFO}":{{"name":"x"}},"{META_LOG}":"info"}}"#);
         let some = |t: &str| Some(t.to_owned());
-        assert_eq!(
-            parse(&own),
-            (false, Some([some(r#""v""#), some("{}"), some(r#""info""#)]))
-        );
+        assert_eq!(parse(&own), Some([some(r#""v""#), some("{}"), some(r#""info""#)]));
         // Any other member, a repeated one, or not an object: kept, for the general path.
-        assert_eq!(
-            parse(&format!(r#"{{"{META_VERSION}":"v","progressToken":1}}"#)),
-            (true, None)
-        );
+        assert_eq!(parse(&format!(r#"{{"{META_VERSION}":"v","progressToken":1}}"#)), None);
         assert_eq!(
             parse(&format!(r#"{{"{META_VERSION}":"v","{META_VERSION}":"w"}}"#)),
-            (true, None)
+            None
         );
         for other in ["null", "[]", "[1,{}]", "1", "\"x\"", "true"] {
-            assert_eq!(parse(other), (true, None), "{other}");
+            assert_eq!(parse(other), None, "{other}");
         }
         // A key written with escapes is read decoded.
         let escaped = r#"{"io.modelcontextprotocol\/protocolVersion":"v"}"#;
-        assert_eq!(parse(escaped), (false, Some([some(r#""v""#), None, None])));
-        assert_eq!(parse("{}"), (false, Some([None, None, None])));
+        assert_eq!(parse(escaped), Some([some(r#""v""#), None, None]));
+        assert_eq!(parse("{}"), Some([None, None, None]));
+        assert_eq!(parse("{ \n}"), Some([None, None, None]));
         // Two `_meta` members: the general path decides (the last one's value, as a map keeps).
         let params = RawValue::from_string(format!(r#"{{"_meta":{own},"_meta":{{"k":1}}}}"#)).unwrap();
-        let (mut m, peeked) = message::Members::parse_meta(Some(params), &META_KEYS).unwrap();
-        assert_eq!(peeked, message::Peeked::Other);
+        let mut m = message::Members::parse(Some(params)).unwrap();
+        assert_eq!(m.peeked(), &message::Peeked::Other);
         assert_eq!(m.meta().map(|m| Value::Object(m.clone())), Some(json!({"k": 1})));
     }
 
@@ -451,7 +444,7 @@ mod tests {
         ] {
             let envelope = || {
                 let raw = RawValue::from_string(text.clone()).unwrap();
-                check(None, "tools/call", Method::ToolsCall, Some(raw), |_| None)
+                check(None, "tools/call", Method::ToolsCall, Some(raw).into(), |_| None)
                     .ok()
                     .unwrap()
                     .params
@@ -476,7 +469,8 @@ mod tests {
         let run = |version: &str, caps: &str| {
             let text = format!(r#"{{"name":"t","_meta":{{"{META_VERSION}":{version},"{META_CAPS}":{caps}}}}}"#);
             let raw = RawValue::from_string(text).unwrap();
-            check(None, "tools/call", Method::ToolsCall, Some(raw), |_| None).map(|e| Value::Object(e.capabilities))
+            check(None, "tools/call", Method::ToolsCall, Some(raw).into(), |_| None)
+                .map(|e| Value::Object(e.capabilities))
         };
         assert_eq!(run(r#""2026-07-28""#, "{}").ok(), Some(json!({})));
         assert_eq!(run(r#""2026\u002d07-28""#, "{ }").ok(), Some(json!({})));

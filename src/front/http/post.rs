@@ -141,7 +141,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
     };
     if !headers.contains_key(&SESSION_HEADER) {
         let stateless = match &msg {
-            Kind::Request { method, params, .. } => envelope::is_stateless(Some(&headers), method, params.as_deref()),
+            Kind::Request { method, params, .. } => envelope::is_stateless(Some(&headers), method, params),
             _ => envelope::names_revision(&headers),
         };
         if stateless {
@@ -153,7 +153,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
         if method == "initialize" {
             let peer = client_ip(&http, &headers, &extensions);
             // Boxed, like every rare path: its Redis calls would grow every request's future.
-            return Box::pin(initialize(&http, id, params.as_deref(), who, peer, view)).await;
+            return Box::pin(initialize(&http, id, params.to_raw().as_deref(), who, peer, view)).await;
         }
     }
     let id = match &msg {
@@ -192,7 +192,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
                 client,
                 id,
                 (crate::method::Method::parse(&method), method.into()),
-                params.into(),
+                params,
                 parent,
                 None,
                 Some((&session, sse_ok)),
