@@ -32,7 +32,7 @@ mod write;
 #[cfg(test)]
 pub use answer::LARGE_RESULT;
 pub use answer::{response, Answer, Outcome, Raw};
-pub use envelope::{Kind, MAX_NAME_LEN};
+pub use envelope::{lanes_of, Kind, MAX_NAME_LEN};
 pub use id::{id_key, Id};
 pub use members::{Incoming, Members, Peeked};
 pub(crate) use peek::Finder;

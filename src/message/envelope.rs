@@ -216,22 +216,27 @@ pub fn nested_deeper_than(json: &[u8], max: usize) -> bool {
     false
 }
 
-/// Whether `json` has more than `max` bytes `[` or `{` (in strings too), counted eight
-/// bytes at a time: `b | 0x20` is `{` for those two bytes only, and a lane of the word is
-/// zero where it was. Lanes sum to at most 31 × 8 in a block, so the block's total fits the
-/// top byte of one multiplication.
-fn opens_more_than(json: &[u8], max: usize) -> bool {
+/// 0x80 in each byte (lane) of `word` that is `byte`, 0 in the others: exactly, as no
+/// borrow crosses lanes.
+pub fn lanes_of(word: u64, byte: u8) -> u64 {
     const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    let v = word ^ (u64::from(byte) * 0x0101_0101_0101_0101);
+    !(((v & LOW7) + LOW7) | v | LOW7)
+}
+
+/// Whether `json` has more than `max` bytes `[` or `{` (in strings too), counted eight
+/// bytes at a time: `b | 0x20` is `{` for those two bytes only ([`lanes_of`] finds them).
+/// Lanes sum to at most 31 × 8 in a block, so the block's total fits the top byte of one
+/// multiplication.
+fn opens_more_than(json: &[u8], max: usize) -> bool {
     const CASE: u64 = 0x2020_2020_2020_2020;
-    const BRACE: u64 = 0x7B7B_7B7B_7B7B_7B7B;
     let mut total = 0usize;
     for block in json.chunks(8 * 31) {
         let mut lanes = 0u64;
         let mut words = block.chunks_exact(8);
         for w in &mut words {
-            let v = (u64::from_le_bytes(<[u8; 8]>::try_from(w).unwrap_or_default()) | CASE) ^ BRACE;
-            // 0x80 in each zero lane, 0 elsewhere (no borrow crosses lanes).
-            lanes += !(((v & LOW7) + LOW7) | v | LOW7) >> 7;
+            let v = u64::from_le_bytes(<[u8; 8]>::try_from(w).unwrap_or_default()) | CASE;
+            lanes += lanes_of(v, b'{') >> 7;
         }
         total += (lanes.wrapping_mul(0x0101_0101_0101_0101) >> 56) as usize;
         total += words.remainder().iter().filter(|&&b| b | 0x20 == b'{').count();

@@ -222,8 +222,8 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, std::borrow
 
 /// Whether `text` has `"resultType"`, `"_meta"`, `"ttlMs"` or `"cacheScope"`, or a `\u`
 /// escape, anywhere: one pass over its quotes and backslashes (a `memmem` searcher per
-/// name costs more to build than a small result costs to scan). A small result is walked
-/// byte by byte: `memchr` per quote costs more than the bytes between them.
+/// name costs more to build than a small result costs to scan). A small result is read
+/// eight bytes at a time: `memchr` per quote costs more than the bytes between them.
 fn may_name(text: &[u8]) -> bool {
     let names = |i: usize| {
         let rest = text.get(i + 1..).unwrap_or_default();
@@ -237,7 +237,19 @@ fn may_name(text: &[u8]) -> bool {
         }
     };
     if text.len() <= 256 {
-        return (0..text.len()).any(|i| matches!(text[i], b'"' | b'\\') && names(i));
+        let mut words = text.chunks_exact(8);
+        for (n, w) in (&mut words).enumerate() {
+            let w = u64::from_le_bytes(<[u8; 8]>::try_from(w).unwrap_or_default());
+            let mut hits = message::lanes_of(w, b'"') | message::lanes_of(w, b'\\');
+            while hits != 0 {
+                if names(n * 8 + hits.trailing_zeros() as usize / 8) {
+                    return true;
+                }
+                hits &= hits - 1;
+            }
+        }
+        let tail = text.len() - words.remainder().len();
+        return (tail..text.len()).any(|i| matches!(text[i], b'"' | b'\\') && names(i));
     }
     memchr::memchr2_iter(b'"', b'\\', text).any(names)
 }
