@@ -36,7 +36,7 @@ pub trait Headers {
 }
 
 /// A header value with bytes other than visible ASCII and tabs.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Invisible;
 
 /// The headers every request of the revision carries, in [`Headers::mcp`] order.

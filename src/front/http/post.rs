@@ -140,13 +140,14 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
         }
     };
     if !headers.contains_key(&SESSION_HEADER) {
+        let read = super::stateless::Read::new(&headers);
         let stateless = match &msg {
-            Kind::Request { method, params, .. } => envelope::is_stateless(Some(&headers), method, params),
-            _ => envelope::names_revision(&headers),
+            Kind::Request { method, params, .. } => envelope::is_stateless(Some(&read), method, params),
+            _ => envelope::names_revision(&read),
         };
         if stateless {
             let peer = client_ip(&http, &headers, &extensions);
-            return super::stateless::serve(http, &headers, accept, msg, who, peer, view).await;
+            return super::stateless::serve(http, &read, accept, msg, who, peer, view).await;
         }
     }
     if let Kind::Request { id, method, params } = &msg {

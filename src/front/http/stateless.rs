@@ -10,7 +10,7 @@ use crate::catalog::view::ViewKey;
 use crate::downstream::SINK_QUEUE;
 use crate::error::code;
 use crate::message::{self, Kind};
-use crate::stateless::envelope::Invisible;
+use crate::stateless::envelope::{Invisible, MCP_HEADERS};
 use crate::stateless::{self, Answer, Headers, Sent};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
@@ -57,6 +57,32 @@ impl Headers for HeaderMap {
     }
 }
 
+/// A request's headers with the flow's own three read at once, before the request is
+/// known to be of the flow (that check reads one of them) and once for all the checks.
+pub(super) struct Read<'a> {
+    pub map: &'a HeaderMap,
+    mcp: [Option<Result<&'a str, Invisible>>; 3],
+}
+
+impl<'a> Read<'a> {
+    pub fn new(map: &'a HeaderMap) -> Read<'a> {
+        Read { map, mcp: map.mcp() }
+    }
+}
+
+impl Headers for Read<'_> {
+    fn header(&self, name: &str) -> Option<Result<&str, Invisible>> {
+        match MCP_HEADERS.iter().position(|h| *h == name) {
+            Some(i) => self.mcp[i],
+            None => self.map.header(name),
+        }
+    }
+
+    fn mcp(&self) -> [Option<Result<&str, Invisible>>; 3] {
+        self.mcp
+    }
+}
+
 /// What a stateless request's client id starts with (the principal follows).
 const CLIENT_PREFIX: &str = "stateless:";
 
@@ -86,7 +112,7 @@ fn ip_text(ip: std::net::IpAddr) -> String {
 /// (with auth) or IP address.
 pub(super) async fn serve(
     http: Http,
-    headers: &HeaderMap,
+    headers: &Read<'_>,
     accept: Option<Accepted>,
     msg: Kind,
     who: Option<Arc<Identity>>,
@@ -122,7 +148,7 @@ pub(super) async fn serve(
         identity: who,
         client,
         principal,
-        parent: crate::telemetry::from_headers(headers),
+        parent: crate::telemetry::from_headers(headers.map),
         streams: accept.is_some_and(|a| a.sse),
         view,
     };
