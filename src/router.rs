@@ -400,13 +400,17 @@ impl Gateway {
             Err(out) => Some(out),
             Ok(()) => {
                 // The span is current while dispatching: forward() parents its child on it.
-                let work = async {
-                    tokio::select! {
-                        out = self.dispatch(&mut call, parsed, method, params) => Some(out),
-                        _ = token.cancelled() => None,
-                    }
+                // Pinned where it is: instrumenting the future itself would move (copy)
+                // all of it, kilobytes, into the wrapper.
+                let out = {
+                    let work = std::pin::pin!(async {
+                        tokio::select! {
+                            out = self.dispatch(&mut call, parsed, method, params) => Some(out),
+                            _ = token.cancelled() => None,
+                        }
+                    });
+                    work.instrument(span.clone()).await
                 };
-                let out = work.instrument(span.clone()).await;
                 match out {
                     // Answered before any route spent the budget (an unknown name...).
                     Some(out) if call.budget.is_some() => Some(match self.spend_budget(&mut call, parsed).await {
@@ -450,9 +454,11 @@ impl Gateway {
             ToolsList | PromptsList | ResourcesList | ResourcesTemplatesList => self.list(cx, method, params),
             CompletionComplete => self.complete(cx, params).await,
             ResourcesRead => self.read(cx, params).await,
-            ResourcesSubscribe | ResourcesUnsubscribe => self.subscription(cx, method, params).await,
+            // Boxed, as the other rare large futures: every request's future is as large as
+            // its largest arm (a subscription waits on the other replicas too).
+            ResourcesSubscribe | ResourcesUnsubscribe => Box::pin(self.subscription(cx, method, params)).await,
             LoggingSetLevel => self.set_level(cx, params).await,
-            TasksGet | TasksResult | TasksCancel => self.task_request(cx, method, params).await,
+            TasksGet | TasksResult | TasksCancel => Box::pin(self.task_request(cx, method, params)).await,
             TasksList => self.list_tasks(cx).await,
             Initialize => Error::invalid_request("this session is already initialized").into(),
             _ => Error::method_not_found(name).into(),

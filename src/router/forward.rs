@@ -83,9 +83,13 @@ impl Gateway {
         let mut params = params.into_map();
         let mut headers = Vec::new();
         stamp(s, cx.client, method, &mut params, &mut headers);
-        forward_bridged(s, &conn, cx.client, method, params, headers, progress, sink)
-            .await
-            .unwrap_or_else(|e| failed(s, method, e))
+        // Boxed: the bridge's rounds are a large future, and inline they would make every
+        // call's future (a handshake-era server's too) that large.
+        Box::pin(forward_bridged(
+            s, &conn, cx.client, method, params, headers, progress, sink,
+        ))
+        .await
+        .unwrap_or_else(|e| failed(s, method, e))
     }
 }
 
@@ -191,16 +195,15 @@ async fn traced(
 ) -> Result<Outcome, DsError> {
     let ds = downstream_span(s, method, params.name().as_deref());
     ds.inject(&mut params);
-    let res = conn
-        .call_with_headers(
-            method.as_str(),
-            params.into_params(progress),
-            sink,
-            s.settings().timeout,
-            headers,
-        )
-        .instrument(ds.span.clone())
-        .await;
+    // Pinned where it is, not moved into the span's wrapper (a copy of all of it).
+    let call = std::pin::pin!(conn.call_with_headers(
+        method.as_str(),
+        params.into_params(progress),
+        sink,
+        s.settings().timeout,
+        headers,
+    ));
+    let res = call.instrument(ds.span.clone()).await;
     ds.finish(&res);
     res
 }
