@@ -71,6 +71,78 @@ async fn ids_come_back_byte_for_byte_over_http() {
     assert!(b.contains(r#"{"jsonrpc":"2.0","id":"1","result""#), "{b}");
 }
 
+/// The line the server got with `needle` in it (its `log-lines` quirk), as it got it.
+async fn server_line(gw: &Gateway, needle: &str) -> String {
+    assert!(
+        gw.wait_log(needle, Duration::from_secs(10)).await,
+        "the server got no line with {needle}: {}",
+        gw.logs()
+    );
+    let logs = gw.logs();
+    let line = logs.lines().find(|l| l.contains(needle)).unwrap_or_default();
+    line.split_once("[mock] line ").map_or(line, |(_, l)| l).to_owned()
+}
+
+/// A call's params reach the server as the client wrote them but for the name the gateway
+/// routes on, its progress token and the whitespace between top-level members: values keep
+/// every byte (numbers, escapes, inner whitespace, key order), a key written with escapes
+/// arrives decoded, and a 2026-07-28 client's `_meta` loses only the envelope's own members
+/// (a `_meta` the gateway edits is written anew, as docs/protocol.md says).
+#[tokio::test]
+async fn call_params_reach_the_server_as_written_over_http() {
+    let gw = Gateway::start(&format!(
+        "[gateway]\n{}",
+        server("m", &unique("params"), &["--two-way", "--quirk", "log-lines"], "")
+    ));
+    let s = gw.session().await;
+    let arguments = r#"{ "text" : "p\u0031 caf\u00e9" , "n":1.50,"big" : [1e400, -0 ] }"#;
+    let body = format!(
+        r#"{{ "jsonrpc" : "2.0", "id" : 1 , "method" : "tools/call" , "params" : {{ "name" : "m__echo" ,
+        "arguments" : {arguments} , "x\u0079" : {{ "k" : 1 }}, "_meta" : {{ "k" : "v" , "progressToken" : 7 }} }} }}"#
+    );
+    let (status, answer) = post_raw(&s, body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(text(&last_message(&answer)), "p1 café");
+    let got = server_line(&gw, "p\\u0031").await;
+    let want = format!(
+        r#""params":{{"name":"echo","arguments":{arguments},"xy":{{ "k" : 1 }},"_meta":{{"k":"v","progressToken":"#
+    );
+    assert!(got.contains(&want), "the server got {got}\nnot {want}");
+
+    // A 2026-07-28 request: the envelope's members go, another `_meta` member stays.
+    let meta = r#""io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"}"#;
+    for (n, (extra, kept)) in [("", None), (r#","k" : [ 2 ]"#, Some(r#","_meta":{"k":[2]}"#))]
+        .into_iter()
+        .enumerate()
+    {
+        let arguments = format!(r#"{{"text":"s{n}\u0021", "n":1.50}}"#);
+        let body = format!(
+            r#"{{"method":"tools/call","params":{{"name":"m__echo","arguments":{arguments},"_meta":{{{meta}{extra}}}}},"jsonrpc":"2.0","id":2}}"#
+        );
+        let answer = reqwest::Client::new()
+            .post(&gw.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "m__echo")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(text(&last_message(&answer)), format!("s{n}!"), "{answer}");
+        let got = server_line(&gw, &format!("s{n}\\u0021")).await;
+        let want = format!(
+            r#""params":{{"name":"echo","arguments":{arguments}{}}}"#,
+            kept.unwrap_or("")
+        );
+        assert!(got.contains(&want), "the server got {got}\nnot {want}");
+    }
+}
+
 #[tokio::test]
 async fn progress_tokens_and_cancellations_keep_their_text_over_http() {
     let gw = Gateway::start(&config(&unique("progress"), ""));
