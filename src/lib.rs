@@ -95,7 +95,7 @@ pub mod fuzzing {
     pub use crate::downstream::{encode_request, progress_token, restore_progress, Params};
     pub use crate::message::{
         cancelled_request_id, empty_object, frame_line, notification, params_object, request_with_members, response,
-        Id, Kind, Members, Outcome,
+        Id, Incoming, Kind, Members, Outcome, Peeked,
     };
     pub use crate::sse::Parser;
 }

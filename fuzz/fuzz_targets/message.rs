@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use mcp_gateway::fuzzing::{self as message, encode_request, progress_token, restore_progress, Params, Template};
-use mcp_gateway::fuzzing::{Id, Kind, Members, Outcome};
+use mcp_gateway::fuzzing::{Id, Incoming, Kind, Members, Outcome, Peeked};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 
@@ -41,7 +41,34 @@ fn check_child_line(mut line: Vec<u8>, minted: u64, how: &str) {
 fuzz_target!(|data: &[u8]| {
     if let Ok(kind) = Kind::parse(data) {
         match kind {
-            Kind::Request { id, method, params } => {
+            Kind::Request {
+                id,
+                method,
+                params: incoming,
+            } => {
+                let params = incoming.to_raw().map(std::borrow::Cow::into_owned);
+                // Params opened as the message was read (tools/call, prompts/get) are what
+                // opening their text on its own gives: the same members, the same `_meta`.
+                if let Incoming::Opened(opened) = &incoming {
+                    let members: HashMap<String, Box<RawValue>> =
+                        serde_json::from_slice(data).expect("a request is an object");
+                    let text = members.get("params").cloned();
+                    let alone = Members::parse(text).expect("opened params open on their own too");
+                    let written = |m: &Members| {
+                        let mut out = Vec::new();
+                        m.write_to(&mut out);
+                        out
+                    };
+                    assert_eq!(written(opened), written(&alone), "one pass and two disagree");
+                    let meta = |m: &Members| match m.peeked() {
+                        Peeked::Own(spans) => {
+                            Some(spans.clone().map(|s| s.and_then(|s| m.text_of(&s)).map(str::to_owned)))
+                        }
+                        Peeked::Absent => None,
+                        Peeked::Other => Some([Some("other".to_owned()), None, None]),
+                    };
+                    assert_eq!(meta(opened), meta(&alone), "one pass and two read _meta apart");
+                }
                 let answer = message::response(&id, &Outcome::Result(message::empty_object().into()));
                 match Kind::parse(&answer) {
                     Ok(Kind::Response { id: Some(back), .. }) => {
