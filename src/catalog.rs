@@ -214,8 +214,8 @@ impl Catalog {
     }
 
     /// The caching hint of a merged list method; `None` for any other method.
-    pub fn hint(&self, method: &str) -> Option<Hint> {
-        list_index(Method::parse(method)).map(|i| self.hints[i])
+    pub fn hint(&self, method: Method) -> Option<Hint> {
+        list_index(method).map(|i| self.hints[i])
     }
 }
 
@@ -511,7 +511,7 @@ mod tests {
         };
         let both = Catalog::build("__", &[src(&a), src(&b)]);
         assert_eq!(
-            both.hint("tools/list"),
+            both.hint(Method::ToolsList),
             Some(Hint {
                 ttl_ms: 5_000,
                 private: true
@@ -519,7 +519,7 @@ mod tests {
         );
         let one = Catalog::build("__", &[src(&a)]);
         assert_eq!(
-            one.hint("prompts/list"),
+            one.hint(Method::PromptsList),
             Some(Hint {
                 ttl_ms: 60_000,
                 private: false
@@ -527,13 +527,13 @@ mod tests {
         );
         let mixed = Catalog::build("__", &[src(&a), src(&legacy)]);
         assert_eq!(
-            mixed.hint("resources/list"),
+            mixed.hint(Method::ResourcesList),
             Some(Hint {
                 ttl_ms: 0,
                 private: false
             })
         );
-        assert_eq!(mixed.hint("tools/call"), None);
+        assert_eq!(mixed.hint(Method::ToolsCall), None);
     }
 
     #[test]

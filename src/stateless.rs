@@ -261,7 +261,7 @@ impl Stateless {
             method: m,
             private,
             uri: env.uri,
-            hint: topo.catalog.hint(&method),
+            hint: topo.catalog.hint(m),
         };
         if m == Method::SubscriptionsListen {
             let listen = Listening {
@@ -283,13 +283,7 @@ impl Stateless {
             None => principal,
             Some(k) => format!("{principal} at {}", k.encode()),
         };
-        // A server can ask a client only what it declared (`Client::ask` refuses the rest
-        // before any round would see it): a call whose client declared none of it, and
-        // that resumes nothing, runs as any other call, without rounds.
-        let can_be_asked = crate::client::ASKED_FOR
-            .iter()
-            .any(|(_, cap)| env.capabilities.contains_key(*cap));
-        let rounds = m.may_ask() && (can_be_asked || env.retry.state.is_some());
+        let rounds = env.rounds;
         let client = self.client(client, env.capabilities, env.log_rank, identity, view);
         if rounds {
             let stop = key.is_some().then(CancellationToken::new);

@@ -17,6 +17,9 @@ use serde_json::{json, Map, Value};
 
 use crate::message::meta::{META_CAPS, META_INFO, META_LOG, META_VERSION};
 
+/// [`VERSION`] as JSON text.
+const QUOTED_VERSION: &str = "\"2026-07-28\"";
+
 const VERSION_HEADER: &str = "mcp-protocol-version";
 const METHOD_HEADER: &str = "mcp-method";
 const NAME_HEADER: &str = "mcp-name";
@@ -65,8 +68,12 @@ pub struct Envelope {
     /// `params.uri` of a `resources/read`, for its not-found error.
     pub uri: Option<String>,
     /// What a call that may ask questions is resumed by: its target (`params.name` or
-    /// `params.uri`), `params.requestState` and `params.inputResponses`.
+    /// `params.uri`, read only for a call with [`Envelope::rounds`]), `params.requestState`
+    /// and `params.inputResponses`.
     pub retry: Retry,
+    /// The call runs in rounds: it may ask its client (which declared something a server
+    /// may ask for), or it resumes a call that asked.
+    pub rounds: bool,
 }
 
 /// The members of a request's params that a retry of a call that may ask carries.
@@ -108,11 +115,17 @@ pub fn check(
     let bad = |m: &str| Error::invalid_params(m).with_status(400);
     let given = !matches!(params, message::Incoming::Raw(None));
     let mut p = params.into_boxed_members().map_err(|e| bad(&e))?;
-    let [version, capabilities, log] = match p.peeked().clone() {
+    // The version's text, when it is a string.
+    let string = |v: Option<Value>| match v {
+        Some(Value::String(s)) => Some(std::borrow::Cow::<'static, str>::Owned(s)),
+        _ => None,
+    };
+    let (version, capabilities, log) = match p.peeked().clone() {
         // Only the revision's own members: all of `_meta` is taken out.
         message::Peeked::Own(spans) => {
             p.remove("_meta");
-            // The usual values (a plain string, an empty object) are taken as they are.
+            // The usual values (this revision, a plain string, an empty object) are taken
+            // as they are.
             let open = |span: Option<std::ops::Range<usize>>| {
                 span.and_then(|s| p.text_of(&s)).and_then(|t| match t {
                     "{}" => Some(Value::Object(Map::new())),
@@ -122,7 +135,13 @@ pub fn check(
                     },
                 })
             };
-            spans.map(open)
+            let [v, c, l] = spans;
+            // This revision, as written: not copied.
+            let version = match v.as_ref().and_then(|s| p.text_of(s)) {
+                Some(QUOTED_VERSION) => Some(VERSION.into()),
+                _ => string(open(v)),
+            };
+            (version, open(c), open(l))
         }
         message::Peeked::Absent | message::Peeked::Other => {
             let Some(meta) = p.meta() else {
@@ -130,15 +149,15 @@ pub fn check(
                     "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
                 ));
             };
-            let members = [META_VERSION, META_CAPS, META_LOG].map(|k| meta.remove(k));
+            let [v, c, l] = [META_VERSION, META_CAPS, META_LOG].map(|k| meta.remove(k));
             meta.remove(META_INFO);
             if meta.is_empty() {
                 p.remove("_meta");
             }
-            members
+            (string(v), c, l)
         }
     };
-    let Some(Value::String(version)) = version else {
+    let Some(version) = version else {
         return Err(bad(&format!("params._meta needs {META_VERSION} (a string)")));
     };
     let Some(Value::Object(capabilities)) = capabilities else {
@@ -176,6 +195,18 @@ pub fn check(
     }
     let mut uri = None;
     let mut retry = Retry::default();
+    if m.may_ask() {
+        let opened = |key| p.get_raw(key).and_then(|r| serde_json::from_str::<Value>(r).ok());
+        retry.state = opened("requestState");
+        retry.responses = opened("inputResponses");
+    }
+    // A server can ask a client only what it declared (`Client::ask` refuses the rest
+    // before any round would see it): a call whose client declared none of it, and that
+    // resumes nothing, runs as any other call, without rounds.
+    let can_be_asked = crate::client::ASKED_FOR
+        .iter()
+        .any(|(_, cap)| capabilities.contains_key(*cap));
+    let rounds = m.may_ask() && (can_be_asked || retry.state.is_some());
     if let Some(field) = m.target_field() {
         if let Some(body) = p.get_str(field) {
             if let Some(h) = headers {
@@ -191,7 +222,9 @@ pub fn check(
             if field == "uri" {
                 uri = Some(body.clone().into_owned());
             }
-            retry.target = body.into_owned();
+            if rounds {
+                retry.target = body.into_owned();
+            }
         }
     }
     let log_rank = match log {
@@ -208,11 +241,6 @@ pub fn check(
         // Handshake-era tasks are not part of 2026-07-28 (tasks are an extension there).
         p.remove("task");
     }
-    if m.may_ask() {
-        let opened = |key| p.get_raw(key).and_then(|r| serde_json::from_str::<Value>(r).ok());
-        retry.state = opened("requestState");
-        retry.responses = opened("inputResponses");
-    }
     let params = if p.is_empty() && !given {
         message::Incoming::Raw(None)
     } else {
@@ -224,6 +252,7 @@ pub fn check(
         params,
         uri,
         retry,
+        rounds,
     })
 }
 
