@@ -119,20 +119,17 @@ async fn call_params_reach_the_server_as_written_over_http() {
         let body = format!(
             r#"{{"method":"tools/call","params":{{"name":"m__echo","arguments":{arguments},"_meta":{{{meta}{extra}}}}},"jsonrpc":"2.0","id":2}}"#
         );
-        let answer = reqwest::Client::new()
-            .post(&gw.url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", "m__echo")
-            .body(body)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let mut request = reqwest::Client::new().post(&gw.url).body(body);
+        for (name, value) in [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "m__echo"),
+        ] {
+            request = request.header(name, value);
+        }
+        let answer = request.send().await.unwrap().text().await.unwrap();
         assert_eq!(text(&last_message(&answer)), format!("s{n}!"), "{answer}");
         let got = server_line(&gw, &format!("s{n}\\u0021")).await;
         let want = format!(
