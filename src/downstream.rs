@@ -569,9 +569,8 @@ pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option
         }
         Params::Members { mut params, progress } => {
             if progress.is_some() {
-                if let Some(m) = params.meta_or_insert() {
-                    m.insert("progressToken".into(), Value::from(id));
-                }
+                // `_meta`'s other members go on as the client wrote them.
+                params.edit_meta(true, |m| m.insert_raw("progressToken", &id.to_string()));
             }
             (message::request_with_members(id, method, &params), progress)
         }

@@ -2,7 +2,7 @@
 
 use super::id::Id;
 use super::meta::{META_CAPS, META_INFO, META_LOG, META_VERSION};
-use super::peek::{progress_token_in, JsonStr};
+use super::peek::JsonStr;
 use super::write::{empty_object, write_str};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -248,10 +248,14 @@ impl Members {
     /// Opens params (absent params read as an empty object), reading `_meta` as they are
     /// opened ([`Members::peeked`]).
     pub fn parse(params: Option<Box<RawValue>>) -> Result<Members, String> {
-        let Some(params) = params else {
-            return Ok(Members::new());
-        };
-        let raw = params.get();
+        match params {
+            Some(params) => Members::parse_text(params.get()),
+            None => Ok(Members::new()),
+        }
+    }
+
+    /// [`Members::parse`] of JSON text (a copy of it is kept).
+    fn parse_text(raw: &str) -> Result<Members, String> {
         let mut de = serde_json::Deserializer::from_str(raw);
         let members = serde::de::DeserializeSeed::deserialize(OpenSeed::at(raw, 0), &mut de).map_err(|e| {
             if raw.trim_start().starts_with('{') {
@@ -386,11 +390,45 @@ impl Members {
     }
 
     /// Removes `_meta.progressToken` and returns it as the client wrote it (its own
-    /// text, read from `_meta` before `_meta` is opened into a map).
+    /// text). `_meta`'s other members keep their bytes ([`Members::edit_meta`]).
     pub fn take_progress(&mut self) -> Option<Id> {
-        let raw = self.get_raw("_meta").and_then(progress_token_in);
-        let value = self.meta()?.remove("progressToken")?;
-        Some(raw.unwrap_or_else(|| Id::from_value(&value)))
+        let mut taken = None;
+        self.edit_meta(false, |meta| {
+            taken = meta.get_raw("progressToken").map(Id::from_json);
+            meta.remove("progressToken");
+        });
+        taken
+    }
+
+    /// Edits `_meta` one level down, as [`Members`] too, so that its members the edit does
+    /// not touch keep their bytes; `_meta` is added empty first with `add`. Does nothing
+    /// when `_meta` is not an object. (A `_meta` opened into a map, [`Members::meta`], is
+    /// edited as the map it is.)
+    pub fn edit_meta(&mut self, add: bool, edit: impl FnOnce(&mut Members)) {
+        let i = match self.position("_meta") {
+            Some(i) => i,
+            None if add => {
+                let mut meta = Members::new();
+                edit(&mut meta);
+                self.insert_members("_meta", &meta);
+                return;
+            }
+            None => return,
+        };
+        let text = match &self.entries[i].1 {
+            // Opened into a map already (trace context was put in): its text.
+            MemberValue::Object(m) => std::borrow::Cow::Owned(Value::Object(m.clone()).to_string()),
+            _ => match self.get_raw("_meta") {
+                Some(t) => std::borrow::Cow::Borrowed(t),
+                None => return,
+            },
+        };
+        let Ok(mut meta) = Members::parse_text(&text) else {
+            // Not an object.
+            return;
+        };
+        edit(&mut meta);
+        self.insert_members("_meta", &meta);
     }
 
     /// Sets a member to an object ([`Members`] written out).

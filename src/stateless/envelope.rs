@@ -144,14 +144,21 @@ pub fn check(
             (version, open(c), open(l))
         }
         message::Peeked::Absent | message::Peeked::Other => {
-            let Some(meta) = p.meta() else {
+            // The envelope's members taken out; the others stay as the client wrote them.
+            let mut found = None;
+            p.edit_meta(false, |meta| {
+                let open = |k| meta.get_raw(k).and_then(|t| serde_json::from_str::<Value>(t).ok());
+                found = Some([META_VERSION, META_CAPS, META_LOG].map(open));
+                for k in [META_VERSION, META_CAPS, META_LOG, META_INFO] {
+                    meta.remove(k);
+                }
+            });
+            let Some([v, c, l]) = found else {
                 return Err(bad(
                     "a 2026-07-28 request needs params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities",
                 ));
             };
-            let [v, c, l] = [META_VERSION, META_CAPS, META_LOG].map(|k| meta.remove(k));
-            meta.remove(META_INFO);
-            if meta.is_empty() {
+            if p.get_raw("_meta") == Some("{}") {
                 p.remove("_meta");
             }
             (string(v), c, l)

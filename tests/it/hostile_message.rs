@@ -87,7 +87,7 @@ async fn server_line(gw: &Gateway, needle: &str) -> String {
 /// routes on, its progress token and the whitespace between top-level members: values keep
 /// every byte (numbers, escapes, inner whitespace, key order), a key written with escapes
 /// arrives decoded, and a 2026-07-28 client's `_meta` loses only the envelope's own members
-/// (a `_meta` the gateway edits is written anew, as docs/protocol.md says).
+/// (the members of a `_meta` the gateway edits keep their bytes too).
 #[tokio::test]
 async fn call_params_reach_the_server_as_written_over_http() {
     let gw = Gateway::start(&format!(
@@ -98,20 +98,20 @@ async fn call_params_reach_the_server_as_written_over_http() {
     let arguments = r#"{ "text" : "p\u0031 caf\u00e9" , "n":1.50,"big" : [1e400, -0 ] }"#;
     let body = format!(
         r#"{{ "jsonrpc" : "2.0", "id" : 1 , "method" : "tools/call" , "params" : {{ "name" : "m__echo" ,
-        "arguments" : {arguments} , "x\u0079" : {{ "k" : 1 }}, "_meta" : {{ "k" : "v" , "progressToken" : 7 }} }} }}"#
+        "arguments" : {arguments} , "x\u0079" : {{ "k" : 1 }}, "_meta" : {{ "k" : [ 1.50 ] , "progressToken" : 7 }} }} }}"#
     );
     let (status, answer) = post_raw(&s, body).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(text(&last_message(&answer)), "p1 café");
     let got = server_line(&gw, "p\\u0031").await;
     let want = format!(
-        r#""params":{{"name":"echo","arguments":{arguments},"xy":{{ "k" : 1 }},"_meta":{{"k":"v","progressToken":"#
+        r#""params":{{"name":"echo","arguments":{arguments},"xy":{{ "k" : 1 }},"_meta":{{"k":[ 1.50 ],"progressToken":"#
     );
     assert!(got.contains(&want), "the server got {got}\nnot {want}");
 
     // A 2026-07-28 request: the envelope's members go, another `_meta` member stays.
     let meta = r#""io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"}"#;
-    for (n, (extra, kept)) in [("", None), (r#","k" : [ 2 ]"#, Some(r#","_meta":{"k":[2]}"#))]
+    for (n, (extra, kept)) in [("", None), (r#","k" : [ 2.50 ]"#, Some(r#","_meta":{"k":[ 2.50 ]}"#))]
         .into_iter()
         .enumerate()
     {
