@@ -570,7 +570,10 @@ pub fn encode_request(id: u64, method: &str, params: Params) -> (Vec<u8>, Option
         Params::Members { mut params, progress } => {
             if progress.is_some() {
                 // `_meta`'s other members go on as the client wrote them.
-                params.edit_meta(true, |m| m.insert_raw("progressToken", &id.to_string()));
+                params.edit_meta(true, |m| {
+                    m.insert_raw("progressToken", &id.to_string());
+                    true
+                });
             }
             (message::request_with_members(id, method, &params), progress)
         }

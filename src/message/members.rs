@@ -392,25 +392,35 @@ impl Members {
     /// Removes `_meta.progressToken` and returns it as the client wrote it (its own
     /// text). `_meta`'s other members keep their bytes ([`Members::edit_meta`]).
     pub fn take_progress(&mut self) -> Option<Id> {
+        // Most `_meta`s name no token: not opened to look (a key spelled with escapes
+        // could, so text with a backslash is).
+        if self
+            .get_raw("_meta")
+            .is_some_and(|t| !super::peek::may_name_progress(t))
+        {
+            return None;
+        }
         let mut taken = None;
         self.edit_meta(false, |meta| {
             taken = meta.get_raw("progressToken").map(Id::from_json);
-            meta.remove("progressToken");
+            meta.remove("progressToken")
         });
         taken
     }
 
     /// Edits `_meta` one level down, as [`Members`] too, so that its members the edit does
-    /// not touch keep their bytes; `_meta` is added empty first with `add`. Does nothing
-    /// when `_meta` is not an object. (A `_meta` opened into a map, [`Members::meta`], is
-    /// edited as the map it is.)
-    pub fn edit_meta(&mut self, add: bool, edit: impl FnOnce(&mut Members)) {
+    /// not touch keep their bytes; `_meta` is added empty first with `add`. `edit` says
+    /// whether it changed anything (if not, `_meta` stays as it was). Does nothing when
+    /// `_meta` is not an object. (A `_meta` opened into a map, [`Members::meta`], is read
+    /// from the map's text.)
+    pub fn edit_meta(&mut self, add: bool, edit: impl FnOnce(&mut Members) -> bool) {
         let i = match self.position("_meta") {
             Some(i) => i,
             None if add => {
                 let mut meta = Members::new();
-                edit(&mut meta);
-                self.insert_members("_meta", &meta);
+                if edit(&mut meta) {
+                    self.insert_members("_meta", &meta);
+                }
                 return;
             }
             None => return,
@@ -427,8 +437,9 @@ impl Members {
             // Not an object.
             return;
         };
-        edit(&mut meta);
-        self.insert_members("_meta", &meta);
+        if edit(&mut meta) {
+            self.insert_members("_meta", &meta);
+        }
     }
 
     /// Sets a member to an object ([`Members`] written out).

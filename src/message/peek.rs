@@ -38,6 +38,12 @@ pub(crate) type Finder = std::sync::LazyLock<memchr::memmem::Finder<'static>>;
 static PROGRESS_TOKEN: Finder = Finder::new(|| memchr::memmem::Finder::new(b"progressToken"));
 static META: Finder = Finder::new(|| memchr::memmem::Finder::new(b"_meta"));
 
+/// Whether a `_meta` object's JSON text may have a `progressToken` member: the name
+/// spelled out, or a backslash (a key spelled with escapes).
+pub(super) fn may_name_progress(meta: &str) -> bool {
+    PROGRESS_TOKEN.find(meta.as_bytes()).is_some() || memchr::memchr(b'\\', meta.as_bytes()).is_some()
+}
+
 /// `progressToken` of a `_meta` object's JSON text, as its own text.
 pub(super) fn progress_token_in(meta: &str) -> Option<Id> {
     #[derive(Deserialize)]

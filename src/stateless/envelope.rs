@@ -149,9 +149,9 @@ pub fn check(
             p.edit_meta(false, |meta| {
                 let open = |k| meta.get_raw(k).and_then(|t| serde_json::from_str::<Value>(t).ok());
                 found = Some([META_VERSION, META_CAPS, META_LOG].map(open));
-                for k in [META_VERSION, META_CAPS, META_LOG, META_INFO] {
-                    meta.remove(k);
-                }
+                [META_VERSION, META_CAPS, META_LOG, META_INFO]
+                    .map(|k| meta.remove(k))
+                    .contains(&true)
             });
             let Some([v, c, l]) = found else {
                 return Err(bad(
