@@ -59,24 +59,19 @@ impl Gateway {
             .unwrap_or(-1)
     }
 
+    /// GET on a path of the gateway.
+    async fn get(&self, path: &str) -> reqwest::Response {
+        reqwest::get(format!("{}{path}", self.base)).await.unwrap()
+    }
+
     /// GET on a path of the gateway (e.g. `/metrics`), its body as text.
     pub async fn get_text(&self, path: &str) -> String {
-        reqwest::get(format!("{}{path}", self.base))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.get(path).await.text().await.unwrap()
     }
 
     /// GET on a path of the gateway (e.g. `/status`), as JSON.
     pub async fn get_json(&self, path: &str) -> Value {
-        reqwest::get(format!("{}{path}", self.base))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.get(path).await.json().await.unwrap()
     }
 
     /// GET on a path of the gateway as JSON, with `token` as the bearer (an admin's, for
