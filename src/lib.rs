@@ -105,6 +105,7 @@ pub mod fuzzing {
 pub mod searching {
     pub use crate::catalog::Catalog;
     pub use crate::search::eval::{recall, Fixture, Query, Recall, Server};
+    pub use crate::search::semantic::Semantic;
     pub use crate::search::{Hit, Index, Tool, Tuning, FIELDS};
 }
 
@@ -402,6 +403,21 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
         out.push_str(&format!("profiles: {}\n", shown.join(", ")));
     }
     out.push_str(&secret_warnings(&config));
+    // The model is read here as the gateway would read it, so a bad folder fails `check`.
+    let mut model_ok = true;
+    if let Some(dir) = &config.gateway.search_model {
+        match search::semantic::Semantic::shared(dir) {
+            Ok(s) => out.push_str(&format!(
+                "search model: {} ({} dimensions)\n",
+                dir.display(),
+                s.model.dim()
+            )),
+            Err(e) => {
+                model_ok = false;
+                out.push_str(&format!("search model: ERROR: {e}\n"));
+            }
+        }
+    }
     let overrides: usize = config.servers.iter().map(|s| s.overrides.len()).sum();
     if !connect {
         if overrides > 0 {
@@ -409,9 +425,9 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
                 "warning: {overrides} tool overrides are checked against the servers' tools only with --connect\n"
             ));
         }
-        return Ok((out, true));
+        return Ok((out, model_ok));
     }
-    let mut ok = true;
+    let mut ok = model_ok;
     if let Some(c) = &config.cluster {
         let line = match cluster::Cluster::start(c) {
             Ok(cluster) => match cluster.ping().await {

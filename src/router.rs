@@ -87,6 +87,8 @@ pub struct Gateway {
     applied: Mutex<HashMap<String, mpsc::UnboundedSender<()>>>,
     /// `auth.token_exchange`: the callers' exchanged tokens (src/upstream/).
     exchanger: crate::upstream::exchange::Exchanger,
+    /// `search_model`: the thread that computes the catalogs' vectors.
+    search_worker: Arc<crate::search::semantic::Worker>,
 }
 
 /// A request as the router takes it: its method parsed once, its params raw.
@@ -207,6 +209,7 @@ impl Gateway {
             serving: Mutex::new(HashMap::new()),
             applied: Mutex::new(HashMap::new()),
             exchanger: crate::upstream::exchange::Exchanger::new(),
+            search_worker: Arc::default(),
         })
     }
 

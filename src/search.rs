@@ -37,7 +37,10 @@
 
 pub mod eval;
 mod loose;
+pub mod model;
+pub mod semantic;
 pub mod text;
+pub mod wordpiece;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -230,6 +233,37 @@ impl<'a> Listed<'a> {
     }
 }
 
+/// A tool's text for a sentence-embedding model: `server: name words. title. description`
+/// (the name split as the index splits it, lower-cased).
+fn semantic_text(server: &str, own_name: &str, title: Option<&str>, description: &str) -> Box<str> {
+    let mut out = String::with_capacity(server.len() + own_name.len() + description.len() + 8);
+    out.push_str(server);
+    out.push(':');
+    let mut prev: Option<char> = None;
+    for c in own_name.chars() {
+        let split = matches!(c, '_' | '-' | '.' | '/' | ' ')
+            || (c.is_uppercase() && prev.is_some_and(|p| p.is_lowercase() || p.is_ascii_digit()));
+        if (split || prev.is_none()) && !out.ends_with(' ') {
+            out.push(' ');
+        }
+        if !matches!(c, '_' | '-' | '.' | '/' | ' ') {
+            out.extend(c.to_lowercase());
+        }
+        prev = Some(c);
+    }
+    out.push('.');
+    if let Some(t) = title.filter(|t| !t.trim().is_empty()) {
+        out.push(' ');
+        out.push_str(t);
+        out.push('.');
+    }
+    if !description.is_empty() {
+        out.push(' ');
+        out.push_str(description);
+    }
+    out.into_boxed_str()
+}
+
 /// One indexed tool.
 #[derive(Debug)]
 struct Doc {
@@ -250,6 +284,10 @@ pub struct Index {
     /// Terms, sorted (for prefix look-ups), each with its IDF and postings.
     terms: Vec<Term>,
     tuning: Tuning,
+    /// Each tool's text for a sentence-embedding model ([`semantic_text`]), by document.
+    texts: Vec<Box<str>>,
+    /// The tools' vectors, once [`Index::attach`] has computed them.
+    dense: std::sync::OnceLock<semantic::Dense>,
 }
 
 #[derive(Debug)]
@@ -314,6 +352,7 @@ impl Index {
         let mut raw: Map32<String, RawPostings> = Map32::default();
         let mut lengths: Vec<[u32; FIELDS.len()]> = Vec::with_capacity(tools.len());
         let mut docs = Vec::with_capacity(tools.len());
+        let mut texts = Vec::with_capacity(tools.len());
         for (t, own) in tools.iter().zip(&own_names) {
             let doc = docs.len() as u32;
             let mut len = [0u32; FIELDS.len()];
@@ -379,6 +418,7 @@ impl Index {
                 add(INSTRUCTIONS, i);
             }
             lengths.push(len);
+            texts.push(semantic_text(t.server, own, t.title, t.description));
             docs.push(Doc {
                 name: t.name.into(),
                 entry: entry(t.name, t.description, t.input_schema),
@@ -429,7 +469,32 @@ impl Index {
             })
             .collect();
         terms.sort_unstable_by(|a, b| a.text.cmp(&b.text));
-        Index { docs, terms, tuning }
+        Index {
+            docs,
+            terms,
+            tuning,
+            texts,
+            dense: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Computes the tools' vectors with `semantic`'s model (from its cache where a tool's
+    /// text is unchanged), after which searches rank by meaning too. Slow the first time (the
+    /// model runs once per tool): call it off the request path. A second call does nothing.
+    pub fn attach(&self, semantic: &std::sync::Arc<semantic::Semantic>) {
+        if self.dense.get().is_some() {
+            return;
+        }
+        let vectors = semantic.vectors(&self.texts);
+        let _ = self.dense.set(semantic::Dense {
+            semantic: semantic.clone(),
+            vectors,
+        });
+    }
+
+    /// Whether searches rank by meaning too ([`Index::attach`] is done).
+    pub fn is_semantic(&self) -> bool {
+        self.dense.get().is_some()
     }
 
     /// How many tools it holds.
@@ -445,6 +510,24 @@ impl Index {
     /// name), best first; ties keep catalog order. Tools no query word matches are not
     /// returned.
     pub fn search(&self, query: &str, limit: usize, visible: impl Fn(&str) -> bool) -> Vec<Hit<'_>> {
+        self.search_by(query, None, limit, visible)
+    }
+
+    /// The model that ranks by meaning, once [`Index::attach`] is done: its
+    /// [`semantic::Semantic::model`] makes the vector [`Index::search_by`] takes.
+    pub fn semantic(&self) -> Option<std::sync::Arc<semantic::Semantic>> {
+        self.dense.get().map(|d| d.semantic.clone())
+    }
+
+    /// [`Index::search`], with the request's vector already made by [`Index::semantic`]'s
+    /// model (so a caller can make it off its thread); `None` makes it here when needed.
+    pub fn search_by(
+        &self,
+        query: &str,
+        vector: Option<&[f32]>,
+        limit: usize,
+        visible: impl Fn(&str) -> bool,
+    ) -> Vec<Hit<'_>> {
         let words = Self::words(query);
         let mut scores = vec![0f32; self.docs.len()];
         let mut best = vec![0f32; self.docs.len()];
@@ -493,12 +576,35 @@ impl Index {
                 }
             }
         }
-        let mut hits: Vec<(u32, f32)> = scores
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| **s > 0.0)
-            .map(|(d, s)| (d as u32, *s))
-            .collect();
+        let mut hits: Vec<(u32, f32)> = match self.dense.get() {
+            // `lexical / best + WEIGHT · cosine`, over the tools a word of the request
+            // matches and those near enough in meaning.
+            Some(dense) => {
+                let best = scores.iter().copied().fold(0f32, f32::max);
+                let scale = if best > 0.0 { 1.0 / best } else { 0.0 };
+                let made;
+                let q = match vector.filter(|v| v.len() == dense.semantic.model.dim()) {
+                    Some(v) => v,
+                    None => {
+                        made = dense.semantic.model.embed(query);
+                        &made
+                    }
+                };
+                scores
+                    .iter()
+                    .zip(dense.cosines(q))
+                    .enumerate()
+                    .filter(|(_, (s, cos))| **s > 0.0 || *cos >= semantic::MIN_COSINE)
+                    .map(|(d, (s, cos))| (d as u32, s * scale + semantic::WEIGHT * cos))
+                    .collect()
+            }
+            None => scores
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| **s > 0.0)
+                .map(|(d, s)| (d as u32, *s))
+                .collect(),
+        };
         hits.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         hits.into_iter()
             .filter(|(d, _)| visible(&self.docs[*d as usize].name))

@@ -69,6 +69,7 @@ pub(super) struct RawGateway {
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
     search: Option<bool>,
+    search_model: Option<Spanned<String>>,
     console: Option<bool>,
     public_url: Option<Spanned<String>>,
     state_dir: Option<Spanned<String>>,
@@ -128,6 +129,10 @@ pub struct Gateway {
     /// `gateway__search_tools` and `gateway__call_tool` (every tool stays callable by name).
     /// Default: off.
     pub search: bool,
+    /// A sentence-embedding model's folder (a BERT model as sentence-transformers saves it:
+    /// docs/configuration.md, "Tool search"), relative to the config file's folder. With one,
+    /// search ranks by the request's meaning as well as its words. Default: none.
+    pub search_model: Option<std::path::PathBuf>,
     /// Balancers whose `X-Forwarded-For` is believed (addresses or CIDR blocks). A request
     /// from one of them counts as from the address it names, for `per_ip` and for the
     /// sessions' shares; from anyone else the header is ignored.
@@ -320,6 +325,7 @@ pub(super) fn parse(
         worker_threads: g.worker_threads.map(Spanned::into_inner),
         console: g.console.unwrap_or(true),
         search: g.search.unwrap_or(false),
+        search_model: g.search_model.as_ref().map(|m| base.join(m.get_ref())),
         trusted_proxies: g
             .trusted_proxies
             .iter()

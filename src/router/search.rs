@@ -155,15 +155,27 @@ pub(super) fn unwrap_call(p: &mut Members) -> Result<(), Error> {
 
 /// `gateway__search_tools`: the best matches the caller may see, as `structuredContent`
 /// and as the same JSON in a text block.
-pub(super) fn search_tools(cx: &Call<'_>, p: &Members) -> Outcome {
+pub(super) async fn search_tools(cx: &Call<'_>, p: &Members) -> Outcome {
     let (query, limit) = match search_args(p) {
         Ok(a) => a,
         Err(e) => return e.into(),
     };
     let index = cx.topo.catalog.search_index();
+    // With a model, the request's vector takes milliseconds of CPU: made on the blocking
+    // pool, not on the thread that serves every other request.
+    let vector = match index.semantic() {
+        Some(semantic) => match semantic.permits.acquire().await {
+            Ok(_permit) => {
+                let (q, s) = (query.clone(), semantic.clone());
+                tokio::task::spawn_blocking(move || s.model.embed(&q)).await.ok()
+            }
+            Err(_) => None,
+        },
+        None => None,
+    };
     // What the caller may see: its allowlist, and the view of its endpoint.
     let tools = &cx.topo.catalog.tools;
-    let hits = index.search(&query, limit, |name| {
+    let hits = index.search_by(&query, vector.as_deref(), limit, |name| {
         cx.visible(name) && (cx.view.is_none() || tools.get(name).is_some_and(|r| cx.sees(name, r.server, true)))
     });
     let mut tools = String::from(r#"{"tools":["#);

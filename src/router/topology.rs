@@ -137,7 +137,7 @@ impl Gateway {
             });
             (before, topo.clone())
         };
-        warm_search(&self.topology());
+        self.warm_search();
         self.announce(&before, &after, true, None);
         // A changed server's new process takes over its sessions' subscriptions and log level.
         for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
@@ -194,7 +194,7 @@ impl Gateway {
             });
             (before, topo.clone())
         };
-        warm_search(&self.topology());
+        self.warm_search();
         self.announce(&before, &after, notify, announced);
     }
 
@@ -325,19 +325,52 @@ fn differs(a: [&serde_json::value::RawValue; 4], b: [&serde_json::value::RawValu
     }
 }
 
-/// In search mode the index of a new catalog is built at once, so no search waits for it
-/// (and so the first search after a change costs what any other does).
-fn warm_search(topo: &Topology) {
-    let profiles = topo.config.profiles.iter().any(|p| p.search);
-    if topo.config.gateway.search || profiles {
-        let started = std::time::Instant::now();
-        let tools = topo.catalog.search_index().len();
-        debug!(
-            tools,
-            took_us = started.elapsed().as_micros() as u64,
-            "tool search index built"
-        );
+impl Gateway {
+    /// In search mode the index of a new catalog is built at once, so no search waits for
+    /// it (and so the first search after a change costs what any other does). With
+    /// `search_model`, its vectors are computed by the gateway's model thread; searches
+    /// are lexical until they are there.
+    fn warm_search(&self) {
+        let topo = self.topology();
+        let profiles = topo.config.profiles.iter().any(|p| p.search);
+        if topo.config.gateway.search || profiles {
+            let started = std::time::Instant::now();
+            let tools = topo.catalog.search_index().len();
+            debug!(
+                tools,
+                took_us = started.elapsed().as_micros() as u64,
+                "tool search index built"
+            );
+            if let Some(dir) = topo.config.gateway.search_model.clone() {
+                let catalog = Arc::downgrade(&topo.catalog);
+                self.search_worker
+                    .submit(Box::new(move || embed_catalog(&dir, &catalog)));
+            }
+        }
     }
+}
+
+/// Computes the vectors of `catalog`'s tools, unless a newer catalog has replaced it.
+fn embed_catalog(dir: &std::path::Path, catalog: &std::sync::Weak<Catalog>) {
+    let semantic = match crate::search::semantic::Semantic::shared(dir) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!("tool search model not loaded, searching by words only: {e}");
+            return;
+        }
+    };
+    let Some(catalog) = catalog.upgrade() else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let index = catalog.search_index();
+    index.attach(&semantic);
+    info!(
+        tools = index.len(),
+        model = %semantic.model.path,
+        took_ms = started.elapsed().as_millis() as u64,
+        "tool search vectors ready"
+    );
 }
 
 fn limits_for(config: &Config) -> Limits {

@@ -334,3 +334,121 @@ async fn a_profile_with_search_finds_only_its_own_tools_and_the_others_list_thei
     assert!(full.tool_names().await.contains(&"calc__echo".to_owned()));
     assert!(gw.session().await.tool_names().await.contains(&"docs__echo".to_owned()));
 }
+
+/// The sentence-embedding model scripts/setup-test-deps installs (or
+/// `MCP_GATEWAY_SEARCH_MODEL`); missing, the test fails saying how to get it.
+fn model_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("MCP_GATEWAY_SEARCH_MODEL").map_or_else(
+        || repo().join(".venv/models/all-MiniLM-L6-v2"),
+        std::path::PathBuf::from,
+    );
+    assert!(
+        dir.join("model.safetensors").exists(),
+        "no search model at {} (scripts/setup-test-deps installs it; or set MCP_GATEWAY_SEARCH_MODEL)",
+        dir.display()
+    );
+    dir
+}
+
+fn model_config(model: &std::path::Path) -> String {
+    format!(
+        "[gateway]\nsearch = true\nsearch_model = {:?}\n\n[servers.calc]\n{}\n[servers.docs]\n{}",
+        model.display().to_string(),
+        mock(&unique("calc"), &[]),
+        mock(&unique("docs"), &[])
+    )
+}
+
+/// Waits for the gateway's log to say `needle` (the event the test needs); false after 60 s.
+fn wait_log(gw: &Gateway, needle: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if gw.logs().contains(needle) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+#[tokio::test]
+async fn with_a_model_a_request_in_other_words_finds_the_tool() {
+    // "take a short nap" shares no word with "slow: Sleep for `seconds`, ...".
+    let query = json!({"query": "take a short nap", "limit": 3});
+    let plain = Gateway::start(&config(false));
+    let words = found(&search(&plain.session().await, query.clone()).await);
+    assert!(
+        !words.first().is_some_and(|n| n.ends_with("__slow")),
+        "by words alone slow is not found first: {words:?}"
+    );
+
+    let gw = Gateway::start(&model_config(&model_dir()));
+    assert!(wait_log(&gw, "tool search vectors ready"), "{}", gw.logs());
+    let s = gw.session().await;
+    let names = found(&search(&s, query).await);
+    assert!(
+        names.len() >= 2 && names[..2].iter().all(|n| n.ends_with("__slow")),
+        "both servers' slow come first: {names:?}"
+    );
+    // Words still count: the tool a request names comes first.
+    let names = found(&search(&s, json!({"query": "echo some text back", "limit": 1})).await);
+    assert!(names[0].ends_with("__echo"), "{names:?}");
+    // A request meaning nothing the tools do finds nothing, not the nearest noise.
+    let none = found(&search(&s, json!({"query": "zxqv frobnicate quux"})).await);
+    assert!(none.is_empty(), "{none:?}");
+    // A tool a server adds gets its vector too: found by meaning after list_changed (its
+    // description says "echo tool": only its name says multiply).
+    let r = s.call("calc__add_tool", json!({"name": "multiply_numbers"})).await;
+    assert_eq!(text(&r), "added");
+    assert!(wait_log(&gw, "tool search vectors ready tools=19"), "{}", gw.logs());
+    let names = found(&search(&s, json!({"query": "compute the product of six and seven", "limit": 5})).await);
+    assert!(names.iter().any(|n| n == "calc__multiply_numbers"), "{names:?}");
+}
+
+#[tokio::test]
+async fn a_folder_that_is_no_model_fails_check_and_search_goes_on_by_words() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), "{\"model_type\": \"bert\"").unwrap();
+    let config = model_config(dir.path());
+    let gw = Gateway::start(&config);
+    assert!(
+        wait_log(&gw, "tool search model not loaded, searching by words only"),
+        "{}",
+        gw.logs()
+    );
+    assert!(
+        gw.logs().contains("config.json"),
+        "the warning names the file: {}",
+        gw.logs()
+    );
+    let s = gw.session().await;
+    let one = found(&search(&s, json!({"query": "echo some text back", "limit": 1})).await);
+    assert!(one[0].ends_with("__echo"), "{one:?}");
+
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(gw.config_path())
+        .env_remove("MCP_GATEWAY_CONFIG")
+        .output()
+        .expect("run mcp-gateway check");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("search model: ERROR") && said.contains("config.json"),
+        "{said}"
+    );
+    let good = tempfile::tempdir().unwrap();
+    std::fs::write(good.path().join("gateway.toml"), model_config(&model_dir())).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(good.path().join("gateway.toml"))
+        .env_remove("MCP_GATEWAY_CONFIG")
+        .output()
+        .expect("run mcp-gateway check");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("(384 dimensions)"), "{said}");
+}

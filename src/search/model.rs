@@ -1,0 +1,622 @@
+//! A sentence encoder for tool search: a BERT model in the layout sentence-transformers
+//! saves (all-MiniLM-L6-v2 is the one the tests and BENCHMARKS.md use), run on the CPU.
+//!
+//! The operator points `[gateway] search_model` at the model's folder:
+//! - `config.json`: a `bert` model (`hidden_size`, `num_attention_heads`,
+//!   `num_hidden_layers`, `intermediate_size`, `layer_norm_eps`, `hidden_act = "gelu"`);
+//! - `model.safetensors`: its weights, in float32, float16 or bfloat16, with or without the
+//!   `bert.` prefix;
+//! - `tokenizer.json` (or `vocab.txt` with `tokenizer_config.json`'s `do_lower_case`);
+//! - optionally `sentence_bert_config.json` (`max_seq_length`, else 256) and
+//!   `1_Pooling/config.json` (mean pooling unless it says CLS).
+//!
+//! A text's vector is the pooled last layer, normalized to length 1, so a dot product is the
+//! cosine. No weights are fetched at run time: the folder is read once, when the config
+//! names it, and any missing or malformed part is an error naming the file.
+//!
+//! The arithmetic is the model's own, in f32: matrix products by `matrixmultiply` (which
+//! picks AVX2/FMA or AVX-512 at run time), one sequence at a time, so there is no padding
+//! and no attention mask; GELU with `erf` as BERT defines it.
+
+use super::wordpiece::WordPiece;
+use serde::Deserialize;
+use std::path::Path;
+
+/// A loaded sentence encoder.
+pub struct Model {
+    tokenizer: WordPiece,
+    dim: usize,
+    heads: usize,
+    eps: f32,
+    max_tokens: usize,
+    cls_pooling: bool,
+    word: Vec<f32>,
+    position: Vec<f32>,
+    /// The first token type's vector (a single sequence has only that type).
+    token_type: Vec<f32>,
+    embed_norm: Norm,
+    layers: Vec<Layer>,
+    /// Where it was read from, for `/status` and errors.
+    pub path: String,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("dim", &self.dim)
+            .field("layers", &self.layers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Norm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// `y = x · Wᵀ + b`, with `W` as stored: `out` rows of `inp` columns.
+struct Linear {
+    w: Vec<f32>,
+    b: Vec<f32>,
+    out: usize,
+    inp: usize,
+}
+
+struct Layer {
+    /// Query, key and value in one product: `3 · dim` outputs.
+    qkv: Linear,
+    attn_out: Linear,
+    attn_norm: Norm,
+    up: Linear,
+    down: Linear,
+    out_norm: Norm,
+}
+
+#[derive(Deserialize)]
+struct Config {
+    #[serde(default)]
+    model_type: Option<String>,
+    hidden_size: usize,
+    num_attention_heads: usize,
+    num_hidden_layers: usize,
+    intermediate_size: usize,
+    #[serde(default = "default_eps")]
+    layer_norm_eps: f32,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default = "default_positions")]
+    max_position_embeddings: usize,
+    vocab_size: usize,
+}
+
+fn default_eps() -> f32 {
+    1e-12
+}
+
+fn default_positions() -> usize {
+    512
+}
+
+impl Model {
+    /// Reads the model in `dir`.
+    pub fn load(dir: &Path) -> Result<Model, String> {
+        let file = |name: &str| dir.join(name);
+        let read =
+            |name: &str| std::fs::read_to_string(file(name)).map_err(|e| format!("{}: {e}", file(name).display()));
+        let config: Config = serde_json::from_str(&read("config.json")?)
+            .map_err(|e| format!("{}: {e}", file("config.json").display()))?;
+        let config_err = |what: String| format!("{}: {what}", file("config.json").display());
+        if let Some(t) = config.model_type.as_deref().filter(|t| *t != "bert") {
+            return Err(config_err(format!(
+                "model_type is {t:?}; only \"bert\" models are read"
+            )));
+        }
+        if let Some(act) = config.hidden_act.as_deref().filter(|a| *a != "gelu") {
+            return Err(config_err(format!("hidden_act is {act:?}; only \"gelu\" is read")));
+        }
+        let (dim, heads) = (config.hidden_size, config.num_attention_heads);
+        let sizes = [
+            config.num_hidden_layers,
+            config.intermediate_size,
+            config.vocab_size,
+            config.max_position_embeddings,
+        ];
+        if sizes.contains(&0) {
+            return Err(config_err(
+                "num_hidden_layers, intermediate_size, vocab_size and max_position_embeddings must not be 0".into(),
+            ));
+        }
+        if dim == 0 || heads == 0 || dim % heads != 0 {
+            return Err(config_err(format!(
+                "hidden_size {dim} is not a multiple of num_attention_heads {heads}"
+            )));
+        }
+        let tokenizer = if file("tokenizer.json").exists() {
+            WordPiece::from_tokenizer_json(&read("tokenizer.json")?)
+                .map_err(|e| format!("{}: {e}", file("tokenizer.json").display()))?
+        } else {
+            #[derive(Deserialize)]
+            struct TokenizerConfig {
+                #[serde(default = "yes")]
+                do_lower_case: bool,
+            }
+            fn yes() -> bool {
+                true
+            }
+            let lowercase = match read("tokenizer_config.json") {
+                Ok(t) => {
+                    serde_json::from_str::<TokenizerConfig>(&t)
+                        .map_err(|e| format!("{}: {e}", file("tokenizer_config.json").display()))?
+                        .do_lower_case
+                }
+                Err(_) => true,
+            };
+            WordPiece::from_vocab_txt(&read("vocab.txt")?, lowercase)
+                .map_err(|e| format!("{}: {e}", file("vocab.txt").display()))?
+        };
+        #[derive(Deserialize)]
+        struct Sbert {
+            #[serde(default)]
+            max_seq_length: Option<usize>,
+        }
+        let max_seq = match read("sentence_bert_config.json") {
+            Ok(t) => {
+                serde_json::from_str::<Sbert>(&t)
+                    .map_err(|e| format!("{}: {e}", file("sentence_bert_config.json").display()))?
+                    .max_seq_length
+            }
+            Err(_) => None,
+        };
+        #[derive(Deserialize)]
+        struct Pooling {
+            #[serde(default)]
+            pooling_mode_cls_token: bool,
+        }
+        let cls_pooling = match read("1_Pooling/config.json") {
+            Ok(t) => {
+                serde_json::from_str::<Pooling>(&t)
+                    .map_err(|e| format!("{}: {e}", file("1_Pooling/config.json").display()))?
+                    .pooling_mode_cls_token
+            }
+            Err(_) => false,
+        };
+
+        let path = file("model.safetensors");
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tensors = Tensors::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        let w = |name: &str, shape: &[usize]| tensors.get(name, shape).map_err(|e| format!("{}: {e}", path.display()));
+        let norm = |p: &str| -> Result<Norm, String> {
+            Ok(Norm {
+                weight: w(&format!("{p}.weight"), &[dim])?,
+                bias: w(&format!("{p}.bias"), &[dim])?,
+            })
+        };
+        let linear = |p: &str, out: usize, inp: usize| -> Result<Linear, String> {
+            Ok(Linear {
+                w: w(&format!("{p}.weight"), &[out, inp])?,
+                b: w(&format!("{p}.bias"), &[out])?,
+                out,
+                inp,
+            })
+        };
+        let inter = config.intermediate_size;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("encoder.layer.{i}");
+            let (q, k, v) = (
+                linear(&format!("{p}.attention.self.query"), dim, dim)?,
+                linear(&format!("{p}.attention.self.key"), dim, dim)?,
+                linear(&format!("{p}.attention.self.value"), dim, dim)?,
+            );
+            let qkv = Linear {
+                w: [q.w, k.w, v.w].concat(),
+                b: [q.b, k.b, v.b].concat(),
+                out: 3 * dim,
+                inp: dim,
+            };
+            layers.push(Layer {
+                qkv,
+                attn_out: linear(&format!("{p}.attention.output.dense"), dim, dim)?,
+                attn_norm: norm(&format!("{p}.attention.output.LayerNorm"))?,
+                up: linear(&format!("{p}.intermediate.dense"), inter, dim)?,
+                down: linear(&format!("{p}.output.dense"), dim, inter)?,
+                out_norm: norm(&format!("{p}.output.LayerNorm"))?,
+            });
+        }
+        let positions = config.max_position_embeddings;
+        let mut token_type = w("embeddings.token_type_embeddings.weight", &[0, dim])?;
+        token_type.truncate(dim);
+        Ok(Model {
+            tokenizer,
+            dim,
+            heads,
+            eps: config.layer_norm_eps,
+            max_tokens: max_seq.unwrap_or(256).clamp(2, positions),
+            cls_pooling,
+            word: w("embeddings.word_embeddings.weight", &[config.vocab_size, dim])?,
+            position: w("embeddings.position_embeddings.weight", &[positions, dim])?,
+            token_type,
+            embed_norm: norm("embeddings.LayerNorm")?,
+            layers,
+            path: dir.display().to_string(),
+        })
+    }
+
+    /// The length of its vectors.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The vector of `text`: length [`Model::dim`], norm 1 (all zeros for a text that is
+    /// nothing but special tokens' worth of nothing, which cannot happen: [CLS] is always in).
+    pub fn embed(&self, text: &str) -> Vec<f32> {
+        let ids = self.tokenizer.encode(text, self.max_tokens);
+        self.embed_ids(&ids)
+    }
+
+    fn embed_ids(&self, ids: &[u32]) -> Vec<f32> {
+        let (n, d) = (ids.len(), self.dim);
+        let vocab = self.word.len() / d;
+        let mut x = vec![0f32; n * d];
+        for (t, &id) in ids.iter().enumerate() {
+            let id = (id as usize).min(vocab.saturating_sub(1));
+            let row = &mut x[t * d..(t + 1) * d];
+            let word = &self.word[id * d..(id + 1) * d];
+            let pos = &self.position[t * d..(t + 1) * d];
+            for (((r, w), p), ty) in row.iter_mut().zip(word).zip(pos).zip(&self.token_type) {
+                *r = w + p + ty;
+            }
+        }
+        layer_norm(&mut x, &self.embed_norm, d, self.eps);
+        let hd = d / self.heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut qkv = Vec::new();
+        let mut scores = vec![0f32; n * n];
+        let mut ctx = vec![0f32; n * d];
+        let mut attn = Vec::new();
+        let mut up = Vec::new();
+        let mut down = Vec::new();
+        for layer in &self.layers {
+            layer.qkv.apply(&x, n, &mut qkv);
+            for h in 0..self.heads {
+                let q = &qkv[h * hd..];
+                let k = &qkv[d + h * hd..];
+                let v = &qkv[2 * d + h * hd..];
+                // scores = Q_h · K_hᵀ · scale
+                gemm([n, hd, n], scale, (q, 3 * d, 1), (k, 1, 3 * d), 0.0, (&mut scores, n));
+                for row in scores.chunks_exact_mut(n) {
+                    softmax(row);
+                }
+                // ctx_h = P · V_h
+                gemm(
+                    [n, n, hd],
+                    1.0,
+                    (&scores, n, 1),
+                    (v, 3 * d, 1),
+                    0.0,
+                    (&mut ctx[h * hd..], d),
+                );
+            }
+            layer.attn_out.apply(&ctx, n, &mut attn);
+            for (a, x) in attn.iter_mut().zip(&x) {
+                *a += x;
+            }
+            layer_norm(&mut attn, &layer.attn_norm, d, self.eps);
+            layer.up.apply(&attn, n, &mut up);
+            for u in up.iter_mut() {
+                *u = gelu(*u);
+            }
+            layer.down.apply(&up, n, &mut down);
+            for (o, a) in down.iter_mut().zip(&attn) {
+                *o += a;
+            }
+            layer_norm(&mut down, &layer.out_norm, d, self.eps);
+            std::mem::swap(&mut x, &mut down);
+        }
+        let mut out = vec![0f32; d];
+        if self.cls_pooling {
+            out.copy_from_slice(&x[..d]);
+        } else {
+            for row in x.chunks_exact(d) {
+                for (o, v) in out.iter_mut().zip(row) {
+                    *o += v;
+                }
+            }
+        }
+        let norm = out.iter().map(|v| v * v).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            for o in &mut out {
+                *o /= norm;
+            }
+        }
+        out
+    }
+}
+
+impl Linear {
+    /// `out = x · Wᵀ + b` for `n` rows of `x`.
+    fn apply(&self, x: &[f32], n: usize, out: &mut Vec<f32>) {
+        out.clear();
+        for _ in 0..n {
+            out.extend_from_slice(&self.b);
+        }
+        // W is out × inp, read transposed: inp × out with row stride 1, column stride inp.
+        gemm(
+            [n, self.inp, self.out],
+            1.0,
+            (x, self.inp, 1),
+            (&self.w, 1, self.inp),
+            1.0,
+            (out, self.out),
+        );
+    }
+}
+
+/// `c = alpha · a · b + beta · c` for `a` m × k, `b` k × n, `c` m × n (`[m, k, n]`), each
+/// given as a slice with its row and column strides (`c`'s columns are adjacent). Every
+/// element the strides reach is checked to be inside its slice before `matrixmultiply`
+/// runs, so this is safe whatever the shapes.
+fn gemm(
+    [m, k, n]: [usize; 3],
+    alpha: f32,
+    (a, rsa, csa): (&[f32], usize, usize),
+    (b, rsb, csb): (&[f32], usize, usize),
+    beta: f32,
+    (c, rsc): (&mut [f32], usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + cols.saturating_sub(1) * cs;
+    let fits = k > 0
+        && last(m, k, rsa, csa) < a.len()
+        && last(k, n, rsb, csb) < b.len()
+        && last(m, n, rsc, 1) < c.len()
+        && [rsa, csa, rsb, csb, rsc].iter().all(|s| isize::try_from(*s).is_ok());
+    assert!(fits, "matrix product out of bounds: {m}×{k}·{k}×{n}");
+    #[allow(unsafe_code)]
+    // SAFETY: checked above: every (row, column) the strides reach in a, b and c is inside
+    // its slice, and c is borrowed mutably, so nothing else reads it meanwhile.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            rsc as isize,
+            1,
+        );
+    }
+}
+
+fn layer_norm(x: &mut [f32], norm: &Norm, d: usize, eps: f32) {
+    for row in x.chunks_exact_mut(d) {
+        let mean = row.iter().sum::<f32>() / d as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, w), b) in row.iter_mut().zip(&norm.weight).zip(&norm.bias) {
+            *v = (*v - mean) * inv * w + b;
+        }
+    }
+}
+
+fn softmax(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in row.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// BERT's GELU: `x · Φ(x)`, with `erf`.
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `erf`, to within 1.2e-7 (Numerical Recipes' `erfc` by Chebyshev fit), in f64.
+fn erf(x: f32) -> f32 {
+    let z = f64::from(x).abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let erfc = t * poly.exp();
+    let r = 1.0 - erfc;
+    (if x >= 0.0 { r } else { -r }) as f32
+}
+
+/// The tensors of a `.safetensors` file: an 8-byte little-endian header length, a JSON
+/// header (`{name: {dtype, shape, data_offsets}}`), then the data.
+struct Tensors<'a> {
+    header: serde_json::Map<String, serde_json::Value>,
+    data: &'a [u8],
+}
+
+impl<'a> Tensors<'a> {
+    fn parse(bytes: &'a [u8]) -> Result<Tensors<'a>, String> {
+        let len = bytes
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .ok_or("not a safetensors file: shorter than its header length")?;
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| l.checked_add(8))
+            .filter(|e| *e <= bytes.len())
+            .ok_or("not a safetensors file: its header runs past the end")?;
+        let header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&bytes[8..end]).map_err(|e| format!("its header: {e}"))?;
+        Ok(Tensors {
+            header,
+            data: &bytes[end..],
+        })
+    }
+
+    /// The tensor `name` (or `bert.name`) as f32, checked against `shape`; a 0 in `shape`
+    /// takes whatever the file has there.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
+        let prefixed = format!("bert.{name}");
+        let entry = self
+            .header
+            .get(name)
+            .or_else(|| self.header.get(&prefixed))
+            .ok_or_else(|| format!("no tensor {name}"))?;
+        #[derive(Deserialize)]
+        struct Entry {
+            dtype: String,
+            shape: Vec<usize>,
+            data_offsets: [usize; 2],
+        }
+        let e: Entry = serde_json::from_value(entry.clone()).map_err(|e| format!("tensor {name}: {e}"))?;
+        let fits = e.shape.len() == shape.len() && e.shape.iter().zip(shape).all(|(a, b)| *b == 0 || a == b);
+        if !fits {
+            return Err(format!("tensor {name} has shape {:?}, expected {shape:?}", e.shape));
+        }
+        let count: usize = e.shape.iter().product();
+        let raw = self
+            .data
+            .get(e.data_offsets[0]..e.data_offsets[1])
+            .ok_or_else(|| format!("tensor {name}: its data runs past the end of the file"))?;
+        let width = match e.dtype.as_str() {
+            "F32" => 4,
+            "F16" | "BF16" => 2,
+            other => return Err(format!("tensor {name} is {other}; F32, F16 and BF16 are read")),
+        };
+        if raw.len() != count * width {
+            return Err(format!("tensor {name}: {} bytes for {count} values", raw.len()));
+        }
+        Ok(match e.dtype.as_str() {
+            "F32" => raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            "BF16" => raw
+                .chunks_exact(2)
+                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+                .collect(),
+            _ => raw
+                .chunks_exact(2)
+                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+        })
+    }
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let frac = u32::from(h & 0x3ff);
+    let bits = match (exp, frac) {
+        (0, 0) => sign,
+        (0, f) => {
+            // Subnormal: normalize it.
+            let shift = f.leading_zeros() - 21;
+            sign | ((113 - shift) << 23) | ((f << (shift + 1)) & 0x3ff) << 13
+        }
+        (0x1f, f) => sign | 0x7f80_0000 | (f << 13),
+        (e, f) => sign | ((e + 112) << 23) | (f << 13),
+    };
+    f32::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The model the tests use: `MCP_GATEWAY_SEARCH_MODEL`, or what scripts/setup-test-deps
+    /// installs.
+    pub fn model_dir() -> std::path::PathBuf {
+        let dir = std::env::var_os("MCP_GATEWAY_SEARCH_MODEL").map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/models/all-MiniLM-L6-v2"),
+            Into::into,
+        );
+        assert!(
+            dir.join("model.safetensors").exists(),
+            "no search model at {} (scripts/setup-test-deps installs it; or set MCP_GATEWAY_SEARCH_MODEL)",
+            dir.display()
+        );
+        dir
+    }
+
+    #[test]
+    fn erf_and_f16_are_right() {
+        for (x, want) in [
+            (0.0f32, 0.0f32),
+            (0.5, 0.520_499_9),
+            (1.0, 0.842_700_8),
+            (-2.0, -0.995_322_3),
+            (3.5, 0.999_999_3),
+        ] {
+            assert!((erf(x) - want).abs() < 1e-6, "erf({x}) = {}", erf(x));
+        }
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert_eq!(f16_to_f32(0x0001), 5.960_464_5e-8);
+        assert_eq!(f16_to_f32(0x0000), 0.0);
+        assert!(f16_to_f32(0x7c00).is_infinite());
+    }
+
+    #[test]
+    fn a_broken_model_folder_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = Model::load(dir.path()).expect_err("empty folder");
+        assert!(err.contains("config.json"), "{err}");
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"model_type":"gpt2","hidden_size":8,"num_attention_heads":2,"num_hidden_layers":1,"intermediate_size":8,"vocab_size":4}"#,
+        )
+        .expect("write");
+        let err = Model::load(dir.path()).expect_err("gpt2");
+        assert!(err.contains("only \"bert\""), "{err}");
+        let bad = Tensors::parse(&[200, 0, 0, 0, 0, 0, 0, 0, b'{']);
+        assert!(bad.is_err());
+        assert!(Tensors::parse(b"short").is_err());
+    }
+
+    /// The vectors match the reference implementation's (scripts/search-model-reference:
+    /// numpy over the same weights, HF's tokenizer), and paraphrases are nearer than
+    /// unrelated requests.
+    #[test]
+    fn vectors_match_the_reference() {
+        let model = Model::load(&model_dir()).expect("model");
+        #[derive(Deserialize)]
+        struct Reference {
+            text: String,
+            vector: Vec<f32>,
+        }
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/search/model-reference.json");
+        let refs: Vec<Reference> =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("reference")).expect("reference json");
+        assert!(refs.len() >= 5);
+        for r in &refs {
+            let v = model.embed(&r.text);
+            assert_eq!(v.len(), r.vector.len());
+            let cos: f32 = v.iter().zip(&r.vector).map(|(a, b)| a * b).sum();
+            let worst = v.iter().zip(&r.vector).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(cos > 0.9999 && worst < 1e-3, "{:?}: cos {cos}, worst {worst}", r.text);
+        }
+        let a = model.embed("open a ticket about the login crash");
+        let b = model.embed("create a new issue in a repository");
+        let c = model.embed("list the files in a directory");
+        let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+        assert!(dot(&a, &b) > dot(&a, &c) + 0.05, "{} vs {}", dot(&a, &b), dot(&a, &c));
+    }
+}
