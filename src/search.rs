@@ -50,6 +50,7 @@ use std::collections::{HashMap, HashSet};
 /// The index's maps hash with foldhash: their keys are the catalog's words, and a build
 /// hashes every word of every tool.
 type Map32<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+type Set32<K> = HashSet<K, foldhash::fast::FixedState>;
 
 /// A term's documents while building: (document, frequency in each field).
 type RawPostings = Vec<(u32, [u16; FIELDS.len()])>;
@@ -744,19 +745,19 @@ fn decompound(raw: &mut Map32<String, RawPostings>) {
 
 /// The words that at least [`SHARED_NAME_SHARE`] of a server's tools (of a server with at
 /// least [`SHARED_NAME_MIN_TOOLS`]) have in their names, by (server, term).
-fn shared_name_words<'a>(tools: &[Tool<'a>], own_names: &[&str]) -> HashSet<(&'a str, String)> {
-    let mut per_server: HashMap<&str, (usize, HashMap<String, usize>)> = HashMap::new();
+fn shared_name_words<'a>(tools: &[Tool<'a>], own_names: &[&str]) -> Set32<(&'a str, String)> {
+    let mut per_server: Map32<&str, (usize, Map32<String, usize>)> = Map32::default();
     for (t, own) in tools.iter().zip(own_names) {
         let (count, words) = per_server.entry(t.server).or_default();
         *count += 1;
-        let mut seen = HashSet::new();
+        let mut seen = Set32::default();
         text::terms(own, |term| {
             if seen.insert(term.to_owned()) {
                 *words.entry(term.to_owned()).or_default() += 1;
             }
         });
     }
-    let mut out = HashSet::new();
+    let mut out = Set32::default();
     for (server, (count, words)) in per_server {
         if count < SHARED_NAME_MIN_TOOLS {
             continue;
@@ -774,22 +775,19 @@ fn shared_name_words<'a>(tools: &[Tool<'a>], own_names: &[&str]) -> HashSet<(&'a
 
 /// The terms at least [`SHARED_DESCRIPTION_SHARE`] of a server's descriptions (of a server
 /// with at least [`SHARED_NAME_MIN_TOOLS`] tools) have, by (server, term).
-fn shared_description_words<'a, 'b>(
-    tools: &[Tool<'a>],
-    descriptions: &'b [Vec<String>],
-) -> HashSet<(&'a str, &'b str)> {
-    let mut per_server: HashMap<&str, (usize, HashMap<&str, usize>)> = HashMap::new();
+fn shared_description_words<'a, 'b>(tools: &[Tool<'a>], descriptions: &'b [Vec<String>]) -> Set32<(&'a str, &'b str)> {
+    let mut per_server: Map32<&str, (usize, Map32<&str, usize>)> = Map32::default();
     for (t, terms) in tools.iter().zip(descriptions) {
         let (count, words) = per_server.entry(t.server).or_default();
         *count += 1;
-        let mut seen = HashSet::new();
+        let mut seen = Set32::default();
         for term in terms {
             if seen.insert(term.as_str()) {
                 *words.entry(term.as_str()).or_default() += 1;
             }
         }
     }
-    let mut out = HashSet::new();
+    let mut out = Set32::default();
     for (server, (count, words)) in per_server {
         if count < SHARED_NAME_MIN_TOOLS {
             continue;
@@ -969,7 +967,7 @@ struct Schema<'a> {
     #[serde(borrow, default)]
     description: loose::Str<'a>,
     #[serde(borrow, default)]
-    properties: Option<HashMap<Cow<'a, str>, Schema<'a>>>,
+    properties: Option<Map32<Cow<'a, str>, Schema<'a>>>,
     #[serde(default, rename = "enum")]
     values: Option<Vec<Value>>,
     #[serde(borrow, default)]

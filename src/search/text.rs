@@ -376,9 +376,10 @@ pub const PHRASES: &[(&str, &str)] = &[
 
 /// Each stemmed word of [`SYNONYMS`] and the other stems of its groups.
 pub fn synonyms(stemmed: &str) -> &'static [Box<str>] {
-    static TABLE: OnceLock<HashMap<String, Vec<Box<str>>>> = OnceLock::new();
+    type Table = HashMap<String, Vec<Box<str>>, foldhash::fast::FixedState>;
+    static TABLE: OnceLock<Table> = OnceLock::new();
     let table = TABLE.get_or_init(|| {
-        let mut table: HashMap<String, Vec<Box<str>>> = HashMap::new();
+        let mut table = Table::default();
         for group in SYNONYMS {
             let stems: Vec<String> = group.iter().map(|w| stem(w)).collect();
             for s in &stems {
