@@ -619,4 +619,27 @@ mod tests {
         let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
         assert!(dot(&a, &b) > dot(&a, &c) + 0.05, "{} vs {}", dot(&a, &b), dot(&a, &c));
     }
+
+    /// How long a request's and a tool's vectors take (run by hand, in release:
+    /// `cargo test --release --lib model::tests::speed -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn speed() {
+        let model = Model::load(&model_dir()).expect("model");
+        let tool = "github: create issue. Create a new issue in a GitHub repository. Use it to report bugs, ask for features or track tasks; labels, assignees and milestones can be set at once.";
+        for (what, text, n) in [
+            ("request", "open a ticket about the login crash", 200),
+            ("tool", tool, 50),
+        ] {
+            let t0 = std::time::Instant::now();
+            for _ in 0..n {
+                std::hint::black_box(model.embed(std::hint::black_box(text)));
+            }
+            let ids = model.tokenizer.encode(text, model.max_tokens).len();
+            eprintln!(
+                "{what} ({ids} ids): {:.0} us",
+                t0.elapsed().as_secs_f64() * 1e6 / n as f64
+            );
+        }
+    }
 }
