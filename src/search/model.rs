@@ -183,8 +183,9 @@ impl Model {
         };
 
         let path = file("model.safetensors");
-        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let tensors = Tensors::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        let opened = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tensors =
+            Tensors::parse(std::io::BufReader::new(opened)).map_err(|e| format!("{}: {e}", path.display()))?;
         let w = |name: &str, shape: &[usize]| tensors.get(name, shape).map_err(|e| format!("{}: {e}", path.display()));
         let norm = |p: &str| -> Result<Norm, String> {
             Ok(Norm {
@@ -443,29 +444,39 @@ fn erf(x: f32) -> f32 {
 }
 
 /// The tensors of a `.safetensors` file: an 8-byte little-endian header length, a JSON
-/// header (`{name: {dtype, shape, data_offsets}}`), then the data.
-struct Tensors<'a> {
+/// header (`{name: {dtype, shape, data_offsets}}`), then the data. Read tensor by tensor,
+/// through a small buffer, so loading holds the weights once, never the file's bytes too.
+struct Tensors<R> {
     header: serde_json::Map<String, serde_json::Value>,
-    data: &'a [u8],
+    /// Where the data starts, and its length.
+    data: (u64, u64),
+    reader: std::cell::RefCell<R>,
 }
 
-impl<'a> Tensors<'a> {
-    fn parse(bytes: &'a [u8]) -> Result<Tensors<'a>, String> {
-        let len = bytes
-            .get(..8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(u64::from_le_bytes)
-            .ok_or("not a safetensors file: shorter than its header length")?;
-        let end = usize::try_from(len)
-            .ok()
-            .and_then(|l| l.checked_add(8))
-            .filter(|e| *e <= bytes.len())
-            .ok_or("not a safetensors file: its header runs past the end")?;
+/// The longest header read (a BERT's is a few kilobytes).
+const MAX_HEADER: u64 = 16 << 20;
+
+impl<R: std::io::Read + std::io::Seek> Tensors<R> {
+    fn parse(mut reader: R) -> Result<Tensors<R>, String> {
+        let io = |e: std::io::Error| format!("not a safetensors file: {e}");
+        let total = reader.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+        reader.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+        let mut len = [0u8; 8];
+        reader
+            .read_exact(&mut len)
+            .map_err(|_| "not a safetensors file: shorter than its header length")?;
+        let len = u64::from_le_bytes(len);
+        if len > MAX_HEADER || len > total.saturating_sub(8) {
+            return Err("not a safetensors file: its header runs past the end".into());
+        }
+        let mut header = vec![0u8; len as usize];
+        reader.read_exact(&mut header).map_err(io)?;
         let header: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&bytes[8..end]).map_err(|e| format!("its header: {e}"))?;
+            serde_json::from_slice(&header).map_err(|e| format!("its header: {e}"))?;
         Ok(Tensors {
             header,
-            data: &bytes[end..],
+            data: (8 + len, total - 8 - len),
+            reader: std::cell::RefCell::new(reader),
         })
     }
 
@@ -482,40 +493,59 @@ impl<'a> Tensors<'a> {
         struct Entry {
             dtype: String,
             shape: Vec<usize>,
-            data_offsets: [usize; 2],
+            data_offsets: [u64; 2],
         }
         let e: Entry = serde_json::from_value(entry.clone()).map_err(|e| format!("tensor {name}: {e}"))?;
         let fits = e.shape.len() == shape.len() && e.shape.iter().zip(shape).all(|(a, b)| *b == 0 || a == b);
         if !fits {
             return Err(format!("tensor {name} has shape {:?}, expected {shape:?}", e.shape));
         }
-        let count: usize = e.shape.iter().product();
-        let raw = self
-            .data
-            .get(e.data_offsets[0]..e.data_offsets[1])
-            .ok_or_else(|| format!("tensor {name}: its data runs past the end of the file"))?;
-        let width = match e.dtype.as_str() {
+        let width: u64 = match e.dtype.as_str() {
             "F32" => 4,
             "F16" | "BF16" => 2,
             other => return Err(format!("tensor {name} is {other}; F32, F16 and BF16 are read")),
         };
-        if raw.len() != count * width {
-            return Err(format!("tensor {name}: {} bytes for {count} values", raw.len()));
+        let count = e
+            .shape
+            .iter()
+            .try_fold(1u64, |n, d| n.checked_mul(*d as u64))
+            .ok_or_else(|| format!("tensor {name}: its shape is too large"))?;
+        let [from, to] = e.data_offsets;
+        if from > to || to > self.data.1 {
+            return Err(format!("tensor {name}: its data runs past the end of the file"));
         }
-        Ok(match e.dtype.as_str() {
-            "F32" => raw
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            "BF16" => raw
-                .chunks_exact(2)
-                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-                .collect(),
-            _ => raw
-                .chunks_exact(2)
-                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
-                .collect(),
-        })
+        if Some(to - from) != count.checked_mul(width) {
+            return Err(format!("tensor {name}: {} bytes for {count} values", to - from));
+        }
+        let mut reader = self.reader.borrow_mut();
+        let io = |e: std::io::Error| format!("tensor {name}: {e}");
+        reader.seek(std::io::SeekFrom::Start(self.data.0 + from)).map_err(io)?;
+        let mut out = Vec::with_capacity(count as usize);
+        let mut left = to - from;
+        let mut buf = vec![0u8; 1 << 16];
+        while left > 0 {
+            let chunk = &mut buf[..left.min(1 << 16) as usize];
+            reader.read_exact(chunk).map_err(io)?;
+            left -= chunk.len() as u64;
+            match e.dtype.as_str() {
+                "F32" => out.extend(
+                    chunk
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                ),
+                "BF16" => out.extend(
+                    chunk
+                        .chunks_exact(2)
+                        .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
+                ),
+                _ => out.extend(
+                    chunk
+                        .chunks_exact(2)
+                        .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
+                ),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -586,9 +616,27 @@ mod tests {
         .expect("write");
         let err = Model::load(dir.path()).expect_err("gpt2");
         assert!(err.contains("only \"bert\""), "{err}");
-        let bad = Tensors::parse(&[200, 0, 0, 0, 0, 0, 0, 0, b'{']);
+        let bad = Tensors::parse(std::io::Cursor::new(vec![200, 0, 0, 0, 0, 0, 0, 0, b'{']));
         assert!(bad.is_err());
-        assert!(Tensors::parse(b"short").is_err());
+        assert!(Tensors::parse(std::io::Cursor::new(b"short".to_vec())).is_err());
+        // A tensor whose offsets run past the data, or whose size is not its shape's.
+        let file = |header: &str, data: &[u8]| {
+            let mut v = (header.len() as u64).to_le_bytes().to_vec();
+            v.extend_from_slice(header.as_bytes());
+            v.extend_from_slice(data);
+            Tensors::parse(std::io::Cursor::new(v)).expect("parses")
+        };
+        let t = file(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}}"#, &[0; 8]);
+        assert!(t.get("a", &[2]).expect_err("past the end").contains("past the end"));
+        let t = file(r#"{"a":{"dtype":"F16","shape":[3],"data_offsets":[0,4]}}"#, &[0; 4]);
+        assert!(t.get("a", &[3]).expect_err("size").contains("4 bytes for 3 values"));
+        let t = file(
+            r#"{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}"#,
+            &[0x00, 0x3c, 0x00, 0xc0],
+        );
+        assert_eq!(t.get("a", &[2]).expect("f16"), [1.0, -2.0]);
+        assert!(t.get("a", &[3]).expect_err("shape").contains("expected [3]"));
+        assert!(t.get("b", &[2]).expect_err("missing").contains("no tensor b"));
     }
 
     /// The vectors match the reference implementation's (scripts/search-model-reference:
