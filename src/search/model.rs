@@ -98,6 +98,18 @@ fn default_positions() -> usize {
     512
 }
 
+/// The JSON file `name` of the folder, if it has one.
+fn optional<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<T>, String> {
+    let path = dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
 impl Model {
     /// Reads the model in `dir`.
     pub fn load(dir: &Path) -> Result<Model, String> {
@@ -144,14 +156,7 @@ impl Model {
             fn yes() -> bool {
                 true
             }
-            let lowercase = match read("tokenizer_config.json") {
-                Ok(t) => {
-                    serde_json::from_str::<TokenizerConfig>(&t)
-                        .map_err(|e| format!("{}: {e}", file("tokenizer_config.json").display()))?
-                        .do_lower_case
-                }
-                Err(_) => true,
-            };
+            let lowercase = optional::<TokenizerConfig>(dir, "tokenizer_config.json")?.is_none_or(|c| c.do_lower_case);
             WordPiece::from_vocab_txt(&read("vocab.txt")?, lowercase)
                 .map_err(|e| format!("{}: {e}", file("vocab.txt").display()))?
         };
@@ -160,27 +165,13 @@ impl Model {
             #[serde(default)]
             max_seq_length: Option<usize>,
         }
-        let max_seq = match read("sentence_bert_config.json") {
-            Ok(t) => {
-                serde_json::from_str::<Sbert>(&t)
-                    .map_err(|e| format!("{}: {e}", file("sentence_bert_config.json").display()))?
-                    .max_seq_length
-            }
-            Err(_) => None,
-        };
+        let max_seq = optional::<Sbert>(dir, "sentence_bert_config.json")?.and_then(|c| c.max_seq_length);
         #[derive(Deserialize)]
         struct Pooling {
             #[serde(default)]
             pooling_mode_cls_token: bool,
         }
-        let cls_pooling = match read("1_Pooling/config.json") {
-            Ok(t) => {
-                serde_json::from_str::<Pooling>(&t)
-                    .map_err(|e| format!("{}: {e}", file("1_Pooling/config.json").display()))?
-                    .pooling_mode_cls_token
-            }
-            Err(_) => false,
-        };
+        let cls_pooling = optional::<Pooling>(dir, "1_Pooling/config.json")?.is_some_and(|c| c.pooling_mode_cls_token);
 
         let path = file("model.safetensors");
         let opened = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
