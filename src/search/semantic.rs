@@ -36,9 +36,6 @@ pub const MIN_COSINE: f32 = 0.25;
 pub struct Semantic {
     pub model: Model,
     cache: Mutex<TextMap<Arc<[f32]>>>,
-    /// Held while a catalog's vectors are computed, so two rebuilds in a row do not compute
-    /// the same new tools twice (the second finds them in the cache).
-    embedding: Mutex<()>,
     /// Requests' vectors made at once: one per CPU, so a burst of searches queues here
     /// instead of filling the blocking pool with threads that share the same cores.
     pub permits: tokio::sync::Semaphore,
@@ -62,7 +59,6 @@ impl Semantic {
         Semantic {
             model,
             cache: Mutex::new(TextMap::default()),
-            embedding: Mutex::new(()),
             permits: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
         }
     }
@@ -79,27 +75,20 @@ impl Semantic {
     }
 
     /// The vectors of `texts`, one after another (`texts.len() × dim`). The cache keeps
-    /// these texts' vectors and drops the rest.
+    /// these texts' vectors and drops the rest. The cache is held meanwhile, so two catalogs
+    /// in a row do not compute the same new tools twice (the second finds them in it).
     pub fn vectors(&self, texts: &[Box<str>]) -> Vec<f32> {
-        let _one = crate::sync::lock(&self.embedding);
-        let known: TextMap<Arc<[f32]>> = {
-            let cache = crate::sync::lock(&self.cache);
-            texts
-                .iter()
-                .filter_map(|t| cache.get(t).map(|v| (t.clone(), v.clone())))
-                .collect()
-        };
-        let mut kept = TextMap::default();
+        let mut cache = crate::sync::lock(&self.cache);
+        let mut old = std::mem::take(&mut *cache);
         let mut out = Vec::with_capacity(texts.len() * self.model.dim());
         for t in texts {
-            let v = match known.get(t).or_else(|| kept.get(t)) {
-                Some(v) => v.clone(),
+            let v = match old.remove(t).or_else(|| cache.get(t).cloned()) {
+                Some(v) => v,
                 None => Arc::from(self.model.embed(t)),
             };
             out.extend_from_slice(&v);
-            kept.insert(t.clone(), v);
+            cache.insert(t.clone(), v);
         }
-        *crate::sync::lock(&self.cache) = kept;
         out
     }
 }
@@ -114,12 +103,10 @@ pub struct Dense {
 
 impl Dense {
     /// The cosine of `query` (a vector) with each tool.
-    pub fn cosines(&self, query: &[f32]) -> impl Iterator<Item = f32> + '_ {
-        let dim = query.len().max(1);
-        let query = query.to_vec();
+    pub fn cosines<'a>(&'a self, query: &'a [f32]) -> impl Iterator<Item = f32> + 'a {
         self.vectors
-            .chunks_exact(dim)
-            .map(move |v| v.iter().zip(&query).map(|(a, b)| a * b).sum())
+            .chunks_exact(query.len().max(1))
+            .map(move |v| v.iter().zip(query).map(|(a, b)| a * b).sum())
     }
 }
 

@@ -810,7 +810,7 @@ mod tests {
             }
             let n = (rounds * texts.len()) as f64;
             let ns = start.elapsed().as_nanos() as f64 / n;
-            println!(
+            eprintln!(
                 "{what}: {ns:.0} ns each, {:.0} ids on average, {} texts",
                 ids as f64 / n,
                 texts.len()
