@@ -39,7 +39,8 @@ impl Gateway {
             }
             if own == Some(search::Own::Search) {
                 cx.info.tool = Some(crate::catalog::SEARCH_TOOLS.to_owned());
-                return search::search_tools(cx, &p).await;
+                // Boxed: a rare path, kept out of every call's future.
+                return Box::pin(search::search_tools(cx, &p)).await;
             }
         }
         let name = p.get_str("name");
