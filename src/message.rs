@@ -26,6 +26,7 @@ mod answer;
 mod envelope;
 mod id;
 mod members;
+mod memo;
 mod peek;
 mod write;
 

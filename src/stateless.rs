@@ -75,9 +75,8 @@ pub struct Request<'a> {
     pub headers: Option<&'a dyn Headers>,
     /// Who the caller is, when auth is configured.
     pub identity: Option<Arc<Identity>>,
-    /// Who may resume a parked call: the identity's name, or what the transport knows of
-    /// the caller.
-    pub principal: String,
+    /// Who may resume a parked call.
+    pub principal: Principal,
     /// The id of the request's ephemeral client (logs and spans).
     pub client: String,
     /// The caller's trace context.
@@ -87,6 +86,14 @@ pub struct Request<'a> {
     /// The view of the endpoint it came to (a profile, a tag query); none: the whole
     /// catalog.
     pub view: Option<ViewKey>,
+}
+
+/// Who may resume a request's parked call: the identity's name, or what the transport
+/// knows of the caller. Made into text only for a call that runs in rounds.
+pub enum Principal {
+    Named(String),
+    /// The request's client id, from this byte on.
+    InClient(usize),
 }
 
 /// What the front sends for a request.
@@ -279,13 +286,19 @@ impl Stateless {
         }
         // A call parked on one endpoint is resumed on the same endpoint only: its state
         // is issued for the principal there.
-        let principal = match &view {
-            None => principal,
-            Some(k) => format!("{principal} at {}", k.encode()),
-        };
         let rounds = env.rounds;
+        let principal = rounds.then(|| {
+            let named = match principal {
+                Principal::Named(p) => p,
+                Principal::InClient(at) => client.get(at..).unwrap_or_default().to_owned(),
+            };
+            match &view {
+                None => named,
+                Some(k) => format!("{named} at {}", k.encode()),
+            }
+        });
         let client = self.client(client, env.capabilities, env.log_rank, identity, view);
-        if rounds {
+        if let Some(principal) = principal {
             let stop = key.is_some().then(CancellationToken::new);
             let held = stop
                 .as_ref()

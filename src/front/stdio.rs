@@ -120,7 +120,7 @@ pub async fn serve<R, W>(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let msg = match Kind::parse(&line) {
+        let msg = match Kind::parse_from_client(&line) {
             Ok(m) => m,
             Err(e) => {
                 // Under the request's id when it could be read (a request over a limit).
@@ -144,7 +144,7 @@ pub async fn serve<R, W>(
                     params,
                     headers: None,
                     identity,
-                    principal: as_client.as_deref().unwrap_or("stdio").to_owned(),
+                    principal: stateless::Principal::Named(as_client.as_deref().unwrap_or("stdio").to_owned()),
                     client: "stdio".to_owned(),
                     parent: None,
                     streams: true,

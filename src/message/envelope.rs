@@ -4,7 +4,7 @@
 use super::answer::{Outcome, Raw, LARGE_RESULT};
 use super::code;
 use super::id::Id;
-use super::members::{self, Incoming, Members, OpenSeed};
+use super::members::{self, Incoming, Members, OpenSeed, Substituted};
 use super::peek::JsonStr;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -105,8 +105,9 @@ impl WireParams<'_> {
     }
 }
 
-/// Reads a message object ([`Wire`]); `text` is the message being read.
-struct WireSeed<'a>(&'a str);
+/// Reads a message object ([`Wire`]); `text` is the message being read (with a known
+/// `_meta` taken out of it: [`Substituted`]).
+struct WireSeed<'a>(&'a str, Option<&'a Substituted<'a>>);
 
 impl<'de> serde::de::Visitor<'de> for WireSeed<'de> {
     type Value = Wire<'de>;
@@ -149,9 +150,14 @@ impl<'de> serde::de::Visitor<'de> for WireSeed<'de> {
                 4 => w.method = map.next_value::<Option<JsonStr<'de>>>()?.map(|m| m.0),
                 8 => {
                     let opens = matches!(w.method.as_deref(), Some("tools/call" | "prompts/get"));
+                    if !opens && self.1.is_some() {
+                        // A known `_meta` is taken out of a call's params only: this
+                        // message is read again as it came.
+                        return Err(A::Error::custom("not a call"));
+                    }
                     w.params = match opens.then(|| members::object_after(self.0, &key)).flatten() {
                         Some(start) => Some(WireParams::Opened(Box::new(
-                            map.next_value_seed(OpenSeed::at(self.0, start))?,
+                            map.next_value_seed(OpenSeed::substituted(self.0, start, self.1))?,
                         ))),
                         None => map.next_value::<Option<&'de RawValue>>()?.map(WireParams::Raw),
                     }
@@ -250,23 +256,75 @@ fn opens_more_than(json: &[u8], max: usize) -> bool {
 impl Kind {
     /// Parses one JSON-RPC message (not a batch).
     pub fn parse(bytes: &[u8]) -> Result<Kind, ParseError> {
-        Kind::parse_with(bytes, None)
+        Kind::parse_with(bytes, None, false)
+    }
+
+    /// [`Kind::parse`] of a message a client sent to a front: a 2026-07-28 envelope read
+    /// lately is not read again ([`super::memo`]).
+    pub fn parse_from_client(bytes: &[u8]) -> Result<Kind, ParseError> {
+        Kind::parse_with(bytes, None, true)
     }
 
     /// [`Kind::parse`] of a message in a shared buffer: a large result is a slice of it,
     /// not a copy. (A small one is copied, so it does not keep the buffer alive.)
     pub fn parse_shared(buf: &bytes::Bytes) -> Result<Kind, ParseError> {
-        Kind::parse_with(buf, Some(buf))
+        Kind::parse_with(buf, Some(buf), false)
     }
 
-    fn parse_with(bytes: &[u8], shared: Option<&bytes::Bytes>) -> Result<Kind, ParseError> {
+    fn parse_with(bytes: &[u8], shared: Option<&bytes::Bytes>, client: bool) -> Result<Kind, ParseError> {
         // UTF-8 checked once over the whole message: parsing from a `&str` then borrows
         // each string and raw value without checking its bytes again (from a `&[u8]`,
         // serde_json re-validates every one of them).
         let text =
             std::str::from_utf8(bytes).map_err(|e| ParseError::Json(format!("the message is not UTF-8: {e}")))?;
+        if !client {
+            return Kind::parse_text(text, shared, None);
+        }
+        if let Some((at, known)) = super::memo::find(bytes) {
+            if let Some(kind) = Kind::parse_known(text, at, &known) {
+                return Ok(kind);
+            }
+        }
+        let kind = Kind::parse_text(text, shared, None)?;
+        if let Kind::Request {
+            params: Incoming::Opened(m),
+            ..
+        } = &kind
+        {
+            if let Some((meta, spans)) = m.own_meta() {
+                super::memo::remember(meta, spans);
+            }
+        }
+        Ok(kind)
+    }
+
+    /// The message `text` read with the known `_meta` text at `at` replaced by `{}`
+    /// ([`super::memo`]); none when that `{}` is not the params' own `_meta`, or anything
+    /// fails (the message is then read as it came).
+    #[inline(never)]
+    pub(super) fn parse_known(text: &str, at: usize, known: &super::memo::Known) -> Option<Kind> {
+        let (before, after) = (text.get(..at)?, text.get(at + known.text.len()..)?);
+        let mut read = String::with_capacity(before.len() + 2 + after.len());
+        read.push_str(before);
+        read.push_str("{}");
+        read.push_str(after);
+        let sub = Substituted {
+            at,
+            original: text,
+            known,
+            used: std::cell::Cell::new(false),
+        };
+        let kind = Kind::parse_text(&read, None, Some(&sub)).ok()?;
+        sub.used.get().then_some(kind)
+    }
+
+    /// [`Kind::parse_with`] of UTF-8 text.
+    #[inline(always)]
+    fn parse_text(text: &str, shared: Option<&bytes::Bytes>, sub: Option<&Substituted>) -> Result<Kind, ParseError> {
+        let bytes = text.as_bytes();
         let mut de = serde_json::Deserializer::from_str(text);
-        let read = serde::Deserializer::deserialize_map(&mut de, WireSeed(text)).and_then(|w| de.end().map(|()| w));
+        let read =
+            serde::Deserializer::deserialize_map(&mut de, WireSeed(text, sub)).and_then(|w| de.end().map(|()| w));
         let wire = match read {
             Ok(w) => w,
             Err(e) => {

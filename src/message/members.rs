@@ -79,7 +79,7 @@ fn skip_ws(text: &[u8], mut at: usize) -> usize {
 
 /// Where the value of a member starts, its key's closing quote being at `quote`: past the
 /// colon and the whitespace around it.
-fn value_start(text: &[u8], quote: usize) -> Option<usize> {
+pub(super) fn value_start(text: &[u8], quote: usize) -> Option<usize> {
     let colon = skip_ws(text, quote + 1);
     (text.get(colon) == Some(&b':')).then(|| skip_ws(text, colon + 1))
 }
@@ -104,6 +104,22 @@ pub(super) fn object_after(text: &str, key: &str) -> Option<usize> {
 struct Spans<'a> {
     text: &'a str,
     base: usize,
+    /// The text being read is a message whose `_meta` was known and taken out.
+    known: Option<&'a Substituted<'a>>,
+}
+
+/// A message read with its `_meta` text, one read before ([`super::memo`]), replaced by
+/// `{}`: the params are opened from that text, and then made what they would have been
+/// from the message as it came (its `_meta` text put back, the spans after it moved).
+pub(super) struct Substituted<'a> {
+    /// Where `_meta`'s known text was in the message, and `{}` is in the text read.
+    pub at: usize,
+    /// The message as it came.
+    pub original: &'a str,
+    pub known: &'a super::memo::Known,
+    /// Whether the params' own `_meta` was the one at `at` (if not, the text read is not
+    /// the message, and it is read again as it came).
+    pub used: std::cell::Cell<bool>,
 }
 
 impl Spans<'_> {
@@ -168,7 +184,16 @@ pub(super) struct OpenSeed<'a>(Spans<'a>);
 impl<'a> OpenSeed<'a> {
     /// Opens the object that starts at `base` in `text`, the text being read.
     pub(super) fn at(text: &'a str, base: usize) -> OpenSeed<'a> {
-        OpenSeed(Spans { text, base })
+        OpenSeed(Spans {
+            text,
+            base,
+            known: None,
+        })
+    }
+
+    /// [`OpenSeed::at`] in a message whose `_meta` was replaced ([`Substituted`]).
+    pub(super) fn substituted(text: &'a str, base: usize, known: Option<&'a Substituted<'a>>) -> OpenSeed<'a> {
+        OpenSeed(Spans { text, base, known })
     }
 }
 
@@ -177,11 +202,34 @@ impl<'de> serde::de::DeserializeSeed<'de> for OpenSeed<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Members, D::Error> {
         use serde::de::Error;
         let spans = self.0;
-        let opened = d.deserialize_map(Open(spans))?;
+        let mut opened = d.deserialize_map(Open(spans))?;
         let bytes = spans.text.as_bytes();
         let end = object_end(bytes, opened.last.unwrap_or(spans.base + 1))
             .ok_or_else(|| D::Error::custom("an object opened one level did not close where expected"))?;
-        let text = spans.text.get(spans.base..end).unwrap_or("{}");
+        let text = match spans.known.filter(|k| k.used.get()) {
+            None => spans.text.get(spans.base..end),
+            // The params as they came: `_meta`'s text back in place of `{}`, and what
+            // follows it that much further on.
+            Some(k) => {
+                let grow = k.known.text.len().saturating_sub(2);
+                let after = (k.at + 2).saturating_sub(spans.base);
+                let shift = |r: &mut Range<usize>| {
+                    if r.start >= after {
+                        *r = r.start + grow..r.end + grow;
+                    }
+                };
+                for (key, value) in &mut opened.entries {
+                    if let MemberKey::Span(r) = key {
+                        shift(r);
+                    }
+                    if let MemberValue::Span(r) = value {
+                        shift(r);
+                    }
+                }
+                k.original.get(spans.base..end + grow)
+            }
+        }
+        .unwrap_or("{}");
         Ok(Members::assemble(text.into(), opened))
     }
 }
@@ -203,6 +251,18 @@ impl<'de> serde::de::Visitor<'de> for Open<'de> {
         while let Some(JsonStr(key)) = map.next_key::<JsonStr<'de>>()? {
             let meta_at = (key == "_meta").then(|| object_after(text, &key));
             let value = match meta_at {
+                // The first `_meta`, where a known one was taken out: the `{}` put there.
+                Some(Some(start)) if peeked == Peeked::Absent && self.0.known.is_some_and(|k| k.at == start) => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    let k = self.0.known.ok_or_else(|| A::Error::custom("no known _meta"))?;
+                    k.used.set(true);
+                    let rel = start
+                        .checked_sub(self.0.base)
+                        .ok_or_else(|| A::Error::custom("_meta before params"))?;
+                    peeked = Peeked::Own(k.known.spans.clone().map(|s| s.map(|r| r.start + rel..r.end + rel)));
+                    last = Some(start + 2);
+                    MemberValue::Span(rel..rel + k.known.text.len())
+                }
                 // The first `_meta`, an object where it can be found: read one level.
                 Some(Some(start)) if peeked == Peeked::Absent => {
                     let (p, inner_last) = map.next_value_seed(MetaSeed(self.0))?;
@@ -268,6 +328,25 @@ impl Members {
         Ok(members)
     }
 
+    /// `_meta`'s text as the client wrote it, and the spans of [`Peeked::Own`] in that
+    /// text, when it holds the envelope's own members only.
+    pub(super) fn own_meta(&self) -> Option<(&str, [Option<Range<usize>>; 3])> {
+        let Peeked::Own(spans) = &self.peeked else {
+            return None;
+        };
+        let (_, MemberValue::Span(r)) = &self.entries[self.position("_meta")?] else {
+            return None;
+        };
+        let text = self.text.get(r.clone())?;
+        let mut inner: [Option<Range<usize>>; 3] = Default::default();
+        for (to, from) in inner.iter_mut().zip(spans) {
+            if let Some(s) = from {
+                *to = Some(s.start.checked_sub(r.start)?..s.end.checked_sub(r.start)?);
+            }
+        }
+        Some((text, inner))
+    }
+
     /// What `_meta` held when the params were opened.
     pub fn peeked(&self) -> &Peeked {
         &self.peeked
@@ -280,6 +359,7 @@ impl Members {
 
     /// The members of an object opened from `text`; a repeated key keeps its first
     /// position and its last value.
+    #[inline]
     fn assemble(text: Box<str>, opened: Opened) -> Members {
         let Opened {
             mut entries, peeked, ..
@@ -309,8 +389,21 @@ impl Members {
         }
     }
 
+    /// Whether entry key `k` is `key`: its length compared first, as a span's is known
+    /// without slicing the text.
+    #[inline]
+    fn is_key(&self, k: &MemberKey, key: &str) -> bool {
+        match k {
+            MemberKey::Span(r) => {
+                r.len() == key.len() + 2 && self.text.as_bytes().get(r.start + 1..r.end - 1) == Some(key.as_bytes())
+            }
+            MemberKey::Owned(s) => s == key,
+        }
+    }
+
+    #[inline]
     fn position(&self, key: &str) -> Option<usize> {
-        self.entries.iter().position(|(k, _)| self.key_of(k) == key)
+        self.entries.iter().position(|(k, _)| self.is_key(k, key))
     }
 
     /// A member's raw JSON text (an opened `_meta` is not raw: `None`).
@@ -330,7 +423,7 @@ impl Members {
         // The usual case, a string without escapes, is its own text between the quotes
         // (the text is parsed JSON, so a quote inside would have been escaped).
         if let Some(inner) = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
-            if !inner.contains(['\\', '"']) {
+            if !inner.bytes().any(|b| b == b'\\' || b == b'"') {
                 return Some(std::borrow::Cow::Borrowed(inner));
             }
         }
@@ -364,7 +457,7 @@ impl Members {
     /// Removes a member; whether it was there.
     pub fn remove(&mut self, key: &str) -> bool {
         // From the end: keys are unique, and what is taken out (`_meta`) is usually last.
-        match self.entries.iter().rposition(|(k, _)| self.key_of(k) == key) {
+        match self.entries.iter().rposition(|(k, _)| self.is_key(k, key)) {
             Some(i) => {
                 self.entries.remove(i);
                 true
@@ -631,7 +724,7 @@ fn has_repeats(m: &Members, entries: &[(MemberKey, MemberValue)]) -> bool {
         return entries
             .iter()
             .enumerate()
-            .any(|(i, (k, _))| entries[..i].iter().any(|(j, _)| m.key_of(j) == m.key_of(k)));
+            .any(|(i, (k, _))| entries[..i].iter().any(|(j, _)| m.is_key(j, m.key_of(k))));
     }
     let mut seen = std::collections::HashSet::with_capacity(entries.len());
     !entries.iter().all(|(k, _)| seen.insert(m.key_of(k)))

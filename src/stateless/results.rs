@@ -225,17 +225,20 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, std::borrow
 /// name costs more to build than a small result costs to scan). A small result is read
 /// eight bytes at a time: `memchr` per quote costs more than the bytes between them.
 fn may_name(text: &[u8]) -> bool {
-    let names = |i: usize| {
+    /// Whether the quote or backslash at `i` starts one of the names or a `\u` escape.
+    #[inline(always)]
+    fn at(text: &[u8], i: usize) -> bool {
         let rest = text.get(i + 1..).unwrap_or_default();
-        match (text[i], rest.first()) {
-            (b'\\', next) => next == Some(&b'u'),
+        match (text.get(i), rest.first()) {
+            (Some(b'\\'), next) => next == Some(&b'u'),
             (_, Some(b'r')) => rest.starts_with(b"resultType\""),
             (_, Some(b'_')) => rest.starts_with(b"_meta\""),
             (_, Some(b't')) => rest.starts_with(b"ttlMs\""),
             (_, Some(b'c')) => rest.starts_with(b"cacheScope\""),
             _ => false,
         }
-    };
+    }
+    let names = |i: usize| at(text, i);
     if text.len() <= 256 {
         let mut words = text.chunks_exact(8);
         for (n, w) in (&mut words).enumerate() {

@@ -126,7 +126,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
         }
         version = Some(session.protocol_version.clone());
     }
-    let msg = match Kind::parse(&body) {
+    let msg = match Kind::parse_from_client(&body) {
         Ok(m) => m,
         Err(e) => {
             let msg = match version {
@@ -234,7 +234,7 @@ async fn batch(http: &Http, headers: &HeaderMap, session: &Arc<Session>, body: &
     };
     let mut calls = Vec::new();
     for item in items {
-        let answer = match Kind::parse(item.get().as_bytes()) {
+        let answer = match Kind::parse_from_client(item.get().as_bytes()) {
             Err(e) => error(&Id::NULL, e.code(), &e.to_string()),
             Ok(Kind::Request { id, method, .. }) if method == "initialize" => error(
                 &id,

@@ -27,6 +27,9 @@ static KNOWN: [HeaderName; 3] = [
     HeaderName::from_static("mcp-name"),
 ];
 
+// [`Headers::mcp`] tells the three apart by length.
+const _: () = assert!(MCP_HEADERS[0].len() == 20 && MCP_HEADERS[1].len() == 10 && MCP_HEADERS[2].len() == 8);
+
 /// A value's text as the flow takes it: `to_str` accepts what it accepts (visible ASCII
 /// and tabs), without decoding the bytes again.
 fn text(v: &axum::http::HeaderValue) -> Result<&str, Invisible> {
@@ -47,10 +50,16 @@ impl Headers for HeaderMap {
     fn mcp(&self) -> [Option<Result<&str, Invisible>>; 3] {
         let mut out = [None, None, None];
         for (name, value) in self {
-            if let Some(i) = KNOWN.iter().position(|k| k == name) {
-                if out[i].is_none() {
-                    out[i] = Some(text(value));
-                }
+            // By length first (a standard header's name is a table's entry): the three
+            // names' lengths differ.
+            let i = match name.as_str().len() {
+                20 => 0,
+                10 => 1,
+                8 => 2,
+                _ => continue,
+            };
+            if out[i].is_none() && *name == KNOWN[i] {
+                out[i] = Some(text(value));
             }
         }
         out
@@ -86,26 +95,33 @@ impl Headers for Read<'_> {
 /// What a stateless request's client id starts with (the principal follows).
 const CLIENT_PREFIX: &str = "stateless:";
 
-/// An address as `Display` writes it; an IPv4 one without the formatting machinery (a
-/// thousand instructions per request).
-fn ip_text(ip: std::net::IpAddr) -> String {
+/// Appends an address as `Display` writes it; an IPv4 one without the formatting
+/// machinery (a thousand instructions per request).
+fn push_ip(s: &mut String, ip: std::net::IpAddr) {
     let std::net::IpAddr::V4(v4) = ip else {
-        return ip.to_string();
+        use std::fmt::Write as _;
+        let _ = write!(s, "{ip}");
+        return;
     };
-    let mut s = String::with_capacity(15);
+    let mut text = [0u8; 15];
+    let mut n = 0;
+    let mut put = |b: u8| {
+        text[n] = b;
+        n += 1;
+    };
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
-            s.push('.');
+            put(b'.');
         }
         if octet >= 100 {
-            s.push(char::from(b'0' + octet / 100));
+            put(b'0' + octet / 100);
         }
         if octet >= 10 {
-            s.push(char::from(b'0' + octet / 10 % 10));
+            put(b'0' + octet / 10 % 10);
         }
-        s.push(char::from(b'0' + octet % 10));
+        put(b'0' + octet % 10);
     }
-    s
+    s.extend(text[..n].iter().map(|&b| char::from(b)));
 }
 
 /// A 2026-07-28 request, run as an ephemeral client named after the caller's identity
@@ -132,14 +148,14 @@ pub(super) async fn serve(
             .into_response()
         }
     };
-    let principal = match (&who, peer) {
-        (Some(i), _) => i.name.clone(),
-        (None, Some(ip)) => ip_text(ip),
-        (None, None) => "unknown".to_owned(),
-    };
-    let mut client = String::with_capacity(CLIENT_PREFIX.len() + principal.len());
+    // The client is named after the principal, which is read from its name when needed.
+    let mut client = String::with_capacity(CLIENT_PREFIX.len() + 16);
     client.push_str(CLIENT_PREFIX);
-    client.push_str(&principal);
+    match (&who, peer) {
+        (Some(i), _) => client.push_str(&i.name),
+        (None, Some(ip)) => push_ip(&mut client, ip),
+        (None, None) => client.push_str("unknown"),
+    }
     let request = stateless::Request {
         id,
         method,
@@ -147,7 +163,7 @@ pub(super) async fn serve(
         headers: Some(headers),
         identity: who,
         client,
-        principal,
+        principal: stateless::Principal::InClient(CLIENT_PREFIX.len()),
         parent: crate::telemetry::from_headers(headers.map),
         streams: accept.is_some_and(|a| a.sse),
         view,
@@ -225,6 +241,12 @@ mod tests {
         assert_eq!(h.mcp(), [None, Some(Ok("tools/\tcall")), Some(Err(Invisible))]);
     }
 
+    fn ip_text(ip: std::net::IpAddr) -> String {
+        let mut s = String::new();
+        push_ip(&mut s, ip);
+        s
+    }
+
     #[test]
     fn addresses_are_written_as_display_writes_them() {
         for ip in [
@@ -243,5 +265,8 @@ mod tests {
             let ip = std::net::IpAddr::from([o, 0, o, 9]);
             assert_eq!(ip_text(ip), ip.to_string());
         }
+        let mut after = "stateless:".to_owned();
+        push_ip(&mut after, "10.0.0.1".parse().unwrap());
+        assert_eq!(after, "stateless:10.0.0.1");
     }
 }
