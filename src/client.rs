@@ -23,7 +23,7 @@ pub struct Client {
     /// `network.transport` on spans: `tcp` (HTTP) or `pipe` (stdio).
     pub transport: &'static str,
     /// The protocol version the session negotiated, once known (for spans).
-    pub protocol_version: OnceLock<String>,
+    pub protocol_version: OnceLock<std::borrow::Cow<'static, str>>,
     /// Who the session belongs to, when clients are configured: its allowlist and rate
     /// limits apply. Front ends refresh it (same name) so a reload's policy takes effect.
     pub(crate) identity: RwLock<Option<Arc<Identity>>>,
@@ -284,13 +284,15 @@ impl Client {
         } = request;
         Client {
             transport,
-            protocol_version: OnceLock::from(version.to_owned()),
+            protocol_version: OnceLock::from(std::borrow::Cow::Borrowed(version)),
             identity: RwLock::new(identity),
             capabilities: RwLock::new(Some(capabilities)),
             log_level: RwLock::new(log_rank),
             stateless: true,
             silent: log_rank.is_none(),
             view,
+            // Its one request goes in at once: room made now, not grown then.
+            inflight: Mutex::new(HashMap::with_capacity(1)),
             ..Client::new(id)
         }
     }

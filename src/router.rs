@@ -332,7 +332,7 @@ impl Gateway {
         } = req;
         let origin = telemetry::Origin {
             session: &client.id,
-            protocol_version: client.protocol_version.get().map_or("", String::as_str),
+            protocol_version: client.protocol_version.get().map_or("", |v| v),
             transport: client.transport,
             parent,
         };

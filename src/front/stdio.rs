@@ -160,7 +160,7 @@ pub async fn serve<R, W>(
                 if let Outcome::Result(r) = &out {
                     if let Ok(v) = serde_json::from_str::<Value>(r.get()) {
                         if let Some(version) = v.get("protocolVersion").and_then(Value::as_str) {
-                            let _ = client.protocol_version.set(version.to_owned());
+                            let _ = client.protocol_version.set(version.to_owned().into());
                         }
                     }
                 }

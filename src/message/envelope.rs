@@ -304,7 +304,8 @@ impl Kind {
     #[inline(never)]
     pub(super) fn parse_known(text: &str, at: usize, known: &super::memo::Known) -> Option<Kind> {
         let (before, after) = (text.get(..at)?, text.get(at + known.text.len()..)?);
-        let mut read = String::with_capacity(before.len() + 2 + after.len());
+        let mut read = super::memo::scratch();
+        read.reserve(before.len() + 2 + after.len());
         read.push_str(before);
         read.push_str("{}");
         read.push_str(after);
@@ -314,8 +315,9 @@ impl Kind {
             known,
             used: std::cell::Cell::new(false),
         };
-        let kind = Kind::parse_text(&read, None, Some(&sub)).ok()?;
-        sub.used.get().then_some(kind)
+        let kind = Kind::parse_text(&read, None, Some(&sub));
+        super::memo::give_back(read);
+        kind.ok().filter(|_| sub.used.get())
     }
 
     /// [`Kind::parse_with`] of UTF-8 text.

@@ -46,6 +46,22 @@ pub(super) struct Known {
 
 thread_local! {
     static MEMO: RefCell<Vec<Rc<Known>>> = const { RefCell::new(Vec::new()) };
+    /// The buffer a message is read from with `{}` in place of its `_meta`, kept for the
+    /// thread's next one.
+    static SCRATCH: std::cell::Cell<String> = const { std::cell::Cell::new(String::new()) };
+}
+
+/// An empty buffer, the thread's own when it has one ([`give_back`]).
+pub(super) fn scratch() -> String {
+    SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default()
+}
+
+/// Keeps a buffer from [`scratch`] for the next message.
+pub(super) fn give_back(mut buf: String) {
+    if buf.capacity() <= MAX_MESSAGE {
+        buf.clear();
+        let _ = SCRATCH.try_with(|s| s.set(buf));
+    }
 }
 
 static KEY: Finder = Finder::new(|| memchr::memmem::Finder::new(b"\"_meta\""));

@@ -90,6 +90,7 @@ fn mismatch(m: impl std::fmt::Display) -> Error {
 
 /// A header (`got`, named `shown`) must be there and say what `source` (`_meta` or the
 /// body) says: `want`.
+#[inline]
 fn agrees(got: Option<&str>, shown: &str, want: &str, source: &str) -> Result<(), Error> {
     match got {
         None => Err(mismatch(format_args!("the {shown} header is missing"))),
@@ -202,10 +203,9 @@ pub fn check(
     }
     let mut uri = None;
     let mut retry = Retry::default();
+    let opened = |key| p.get_raw(key).and_then(|r| serde_json::from_str::<Value>(r).ok());
     if m.may_ask() {
-        let opened = |key| p.get_raw(key).and_then(|r| serde_json::from_str::<Value>(r).ok());
         retry.state = opened("requestState");
-        retry.responses = opened("inputResponses");
     }
     // A server can ask a client only what it declared (`Client::ask` refuses the rest
     // before any round would see it): a call whose client declared none of it, and that
@@ -214,6 +214,9 @@ pub fn check(
         .iter()
         .any(|(_, cap)| capabilities.contains_key(*cap));
     let rounds = m.may_ask() && (can_be_asked || retry.state.is_some());
+    if rounds {
+        retry.responses = opened("inputResponses");
+    }
     if let Some(field) = m.target_field() {
         if let Some(body) = p.get_str(field) {
             if let Some(h) = headers {
@@ -305,6 +308,7 @@ fn text<'h>(headers: &'h dyn Headers, name: &str) -> Result<Option<&'h str>, Err
 }
 
 /// [`text`] of a value looked up already.
+#[inline]
 fn visible<'h>(name: &str, value: Option<Result<&'h str, Invisible>>) -> Result<Option<&'h str>, Error> {
     match value {
         None => Ok(None),

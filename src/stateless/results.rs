@@ -180,7 +180,8 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, std::borrow
         scope: Seen,
     }
     static MIDDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let text = result.trim();
+    // JSON's whitespace is ASCII: trimmed without decoding chars.
+    let text = result.trim_ascii();
     let inner = text.strip_prefix('{')?.strip_suffix('}')?;
     // A result whose text has none of those names as a quoted string (nor any `\u`
     // escape, which could spell one) has none of them: it is valid JSON, so an object,
@@ -196,9 +197,9 @@ fn splice_at(result: &str, head: &str, tail: &str) -> Option<(usize, std::borrow
         format!(r#""resultType":"complete","_meta":{meta}"#)
     });
     // Offsets in `result` itself (its leading whitespace stays, its trailing goes).
-    let open = result.len() - result.trim_start().len();
+    let open = result.len() - result.trim_ascii_start().len();
     let close = open + text.len() - 1;
-    let (keep, comma) = if inner.trim().is_empty() {
+    let (keep, comma) = if inner.trim_ascii().is_empty() {
         (open + 1, "")
     } else {
         (close, ",")

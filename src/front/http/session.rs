@@ -292,7 +292,7 @@ async fn adopt(
     let client = Arc::new(Client::new(id.to_owned()).in_view(view.cloned()));
     *crate::sync::write(&client.capabilities) = record.capabilities.clone();
     *crate::sync::write(&client.log_level) = level;
-    let _ = client.protocol_version.set(record.protocol_version.clone());
+    let _ = client.protocol_version.set(record.protocol_version.clone().into());
     client.set_identity(who.cloned());
     let session = Arc::new(Session {
         client,
@@ -401,7 +401,7 @@ pub(super) async fn initialize(
         client: {
             let c = Arc::new(Client::new(sid.clone()).in_view(view.clone()));
             c.set_capabilities(params);
-            let _ = c.protocol_version.set(version.clone());
+            let _ = c.protocol_version.set(version.clone().into());
             c.set_identity(who);
             let _ = c.stats.set(http.gw.metrics.clients.row(&share));
             c

@@ -103,25 +103,19 @@ fn push_ip(s: &mut String, ip: std::net::IpAddr) {
         let _ = write!(s, "{ip}");
         return;
     };
-    let mut text = [0u8; 15];
-    let mut n = 0;
-    let mut put = |b: u8| {
-        text[n] = b;
-        n += 1;
-    };
+    s.reserve(15);
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
-            put(b'.');
+            s.push('.');
         }
         if octet >= 100 {
-            put(b'0' + octet / 100);
+            s.push(char::from(b'0' + octet / 100));
         }
         if octet >= 10 {
-            put(b'0' + octet / 10 % 10);
+            s.push(char::from(b'0' + octet / 10 % 10));
         }
-        put(b'0' + octet % 10);
+        s.push(char::from(b'0' + octet % 10));
     }
-    s.extend(text[..n].iter().map(|&b| char::from(b)));
 }
 
 /// A 2026-07-28 request, run as an ephemeral client named after the caller's identity
