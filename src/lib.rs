@@ -192,11 +192,15 @@ where
         })
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let header_timeout = gw.config().gateway.header_timeout;
+    let (header_timeout, keep_alive) = (
+        gw.config().gateway.header_timeout,
+        gw.config().gateway.keep_alive_timeout,
+    );
     let mut server = Box::pin(front::http::serve(
         listener,
         http.clone(),
         header_timeout,
+        keep_alive,
         stop_rx.clone(),
     ));
     let hurry = tokio::select! {

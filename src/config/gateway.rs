@@ -22,6 +22,12 @@ pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_INPUT_TIMEOUT: Duration = Duration::from_secs(300);
 /// `gateway.header_timeout` unset: how long a client may take to send its headers.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// `gateway.keep_alive_timeout` unset: how long a client connection may sit idle between
+/// two requests. Longer than the idle timeout of the balancers in front (60 s for an AWS
+/// ALB and for nginx's upstream `keepalive_timeout`), so that they, not the gateway, close
+/// an idle connection: one the gateway closes just as a balancer sends on it fails that
+/// request (a 502).
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(75);
 /// `gateway.body_timeout` unset: how long a client may take to send a request body.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// `gateway.shutdown_grace` unset: how long in-flight requests get after SIGTERM.
@@ -63,6 +69,7 @@ pub(super) struct RawGateway {
     session_idle: Option<Spanned<String>>,
     input_timeout: Option<Spanned<String>>,
     header_timeout: Option<Spanned<String>>,
+    keep_alive_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
     worker_threads: Option<Spanned<usize>>,
@@ -112,8 +119,11 @@ pub struct Gateway {
     /// How long a 2026-07-28 call whose server asked a question (`input_required`) waits
     /// for the client's retry before it is cancelled; also its `requestState`'s lifetime.
     pub input_timeout: Duration,
-    /// How long a client may take to send its request headers.
+    /// How long a client may take to send its request headers: a new connection its
+    /// first request's, a kept-alive one a request's from its first byte.
     pub header_timeout: Duration,
+    /// How long a client connection may sit idle between two requests (read at start).
+    pub keep_alive_timeout: Duration,
     /// How long a client may take to send a request body.
     pub body_timeout: Duration,
     /// Longest message line a child may write (or a stdio client send); longer ones fail
@@ -245,6 +255,12 @@ pub(super) fn parse(
     let session_idle = duration(cx, g.session_idle.as_ref(), "session_idle", DEFAULT_SESSION_IDLE);
     let input_timeout = duration(cx, g.input_timeout.as_ref(), "input_timeout", DEFAULT_INPUT_TIMEOUT);
     let header_timeout = duration(cx, g.header_timeout.as_ref(), "header_timeout", DEFAULT_HEADER_TIMEOUT);
+    let keep_alive_timeout = duration(
+        cx,
+        g.keep_alive_timeout.as_ref(),
+        "keep_alive_timeout",
+        DEFAULT_KEEP_ALIVE_TIMEOUT,
+    );
     let body_timeout = duration(cx, g.body_timeout.as_ref(), "body_timeout", DEFAULT_BODY_TIMEOUT);
     let max_line = size(cx, g.max_line.as_ref(), "max_line", "64MiB", DEFAULT_MAX_LINE);
     for (key, v) in [
@@ -320,6 +336,7 @@ pub(super) fn parse(
         session_idle,
         input_timeout,
         header_timeout,
+        keep_alive_timeout,
         body_timeout,
         max_line,
         worker_threads: g.worker_threads.map(Spanned::into_inner),

@@ -29,6 +29,7 @@ mod post;
 mod session;
 mod stateless;
 mod status;
+mod timed;
 
 use crate::auth;
 use crate::catalog::view::{tags_param, TagRefusal, ViewKey};
@@ -312,7 +313,8 @@ const MAX_CONNECTIONS: usize = 16_384;
 /// Accepts connections and serves the gateway on each (HTTP/1.1, keep-alive,
 /// `TCP_NODELAY`) until `stop` turns true; then stops accepting, lets requests in flight
 /// finish, and returns once every connection has closed. A client gets `header_timeout`
-/// to send its request headers.
+/// to send a request's head, and a connection may sit idle `keep_alive` between two
+/// requests ([`timed`]).
 ///
 /// Stopping loses no request a client has sent: a connection the kernel completed before
 /// the stop (still in the listener's queue, or accepted but its request not read yet) is
@@ -325,17 +327,23 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     http: Http,
     header_timeout: Duration,
+    keep_alive: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let conns = Connections {
         app: app(http.clone()),
         http,
         header_timeout,
+        keep_alive,
+        slots: timed::Slots {
+            free: slots.clone(),
+            total: MAX_CONNECTIONS,
+        },
         stop: stop.clone(),
         open,
     };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         // A slot before each accept: past MAX_CONNECTIONS new connections wait in the
         // kernel's backlog until one closes.
@@ -459,6 +467,8 @@ struct Connections {
     app: Router,
     http: Http,
     header_timeout: Duration,
+    keep_alive: Duration,
+    slots: timed::Slots,
     stop: tokio::sync::watch::Receiver<bool>,
     /// Held by every connection's task until its connection closes.
     open: tokio::sync::mpsc::Sender<()>,
@@ -480,15 +490,22 @@ impl Connections {
         // Set (and notified, once) when the connection's first request arrives.
         let asked = Arc::new((AtomicBool::new(false), tokio::sync::Notify::new()));
         let first = asked.clone();
+        // Where the connection is between its requests, for its reads' deadlines.
+        let phase = Arc::new(timed::Phase::default());
+        let served = phase.clone();
         let mut stop = self.stop.clone();
         let stopping = self.stop.clone();
         let service = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
             if !first.0.swap(true, Ordering::AcqRel) {
                 first.1.notify_one();
             }
+            served.serving();
+            let served = served.clone();
             req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
             if let Some(refused) = checks::host_problem(&req) {
-                return Either::Left(futures::future::ready(Ok(refused)));
+                return Either::Left(futures::future::ready(Ok(
+                    refused.map(|b| timed::Tracked::new(b, served))
+                )));
             }
             let direct = req.method() == axum::http::Method::POST && http.is_endpoint(req.uri().path());
             // Draining, or stopping: this connection closes after its answer.
@@ -505,13 +522,16 @@ impl Connections {
                         resp.headers_mut()
                             .insert(header::CONNECTION, HeaderValue::from_static("close"));
                     }
-                    resp
+                    resp.map(|b| timed::Tracked::new(b, served))
                 })
             }))
         });
+        // hyper's own header_read_timeout would also close a connection idle that long:
+        // the stream times both instead ([`timed`]).
+        let stream = timed::Timed::new(stream, phase, self.header_timeout, self.keep_alive, self.slots.clone());
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(self.header_timeout)
+            .header_read_timeout(None)
             .keep_alive(true)
             .serve_connection(TokioIo::new(stream), service);
         let open = self.open.clone();

@@ -1,5 +1,5 @@
 //! The `[gateway]` hardening limits, each against the real binary and real children:
-//! max_body, body_timeout, header_timeout, max_sessions, max_in_flight, max_line (from a
+//! max_body, body_timeout, header_timeout, keep_alive_timeout, max_sessions, max_in_flight, max_line (from a
 //! child and from a stdio client) and session_idle. Every limit is hit on purpose, its
 //! answer checked, and the gateway shown to keep serving everyone else.
 
@@ -134,9 +134,9 @@ async fn a_body_that_trickles_gets_408_after_body_timeout() {
 
 #[tokio::test]
 async fn stalled_headers_and_silent_connections_are_closed_after_header_timeout() {
-    let (gw, _) = gateway("header_timeout = \"1s\"", "");
+    let (gw, _) = gateway("header_timeout = \"1s\"\nkeep_alive_timeout = \"30s\"", "");
     let addr = hostport(&gw);
-    // Half a request head; nothing at all; and a connection left idle after a request.
+    // Half a request head; nothing at all; half a head on a kept-alive connection.
     let mut partial = TcpStream::connect(&addr).await.unwrap();
     partial
         .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
@@ -145,13 +145,14 @@ async fn stalled_headers_and_silent_connections_are_closed_after_header_timeout(
     let partial_at = Instant::now();
     let mut silent = TcpStream::connect(&addr).await.unwrap();
     let silent_at = Instant::now();
-    let mut idle = TcpStream::connect(&addr).await.unwrap();
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    let mut kept = TcpStream::connect(&addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
-    let (status, _, body) = read_response(&mut idle).await;
+    let (status, _, body) = read_response(&mut kept).await;
     assert_eq!((status, body.as_str()), (200, "ok\n"));
-    let idle_at = Instant::now();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHo").await.unwrap();
+    let kept_at = Instant::now();
 
     // Other clients are served while those three hang on.
     let s = gw.session().await;
@@ -160,20 +161,71 @@ async fn stalled_headers_and_silent_connections_are_closed_after_header_timeout(
     for (what, conn, since) in [
         ("partial head", &mut partial, partial_at),
         ("silent", &mut silent, silent_at),
-        ("idle keep-alive", &mut idle, idle_at),
+        ("partial head after a request", &mut kept, kept_at),
     ] {
         let (got, closed) = read_until_closed(conn, Duration::from_secs(5)).await;
         assert_between(what, closed - since, Duration::from_millis(900), Duration::from_secs(3));
-        // hyper just closes; no response is written.
+        // Closed, and nothing written.
         assert!(got.is_empty(), "{what}: {:?}", String::from_utf8_lossy(&got));
     }
-    // On a new connection: the session's pooled one has been idle for about
-    // header_timeout too, and reusing it would race the gateway closing it.
-    let fresh = Session {
-        http: reqwest::Client::new(),
-        ..s
-    };
-    works(&fresh, "after the stalled connections").await;
+    works(&s, "after the stalled connections").await;
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_outlives_header_timeout_until_keep_alive_timeout() {
+    // A balancer keeps its connections to the gateway open between requests for as long
+    // as its own idle timeout: the gateway must not close them after header_timeout.
+    let (gw, _) = gateway("header_timeout = \"1s\"\nkeep_alive_timeout = \"3s\"", "");
+    let addr = hostport(&gw);
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    let get = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    idle.write_all(get).await.unwrap();
+    let (status, _, _) = read_response(&mut idle).await;
+    assert_eq!(status, 200);
+    // Idle past header_timeout: the connection is still there, and serves the next one.
+    // (Nothing can be awaited here but time itself: the wait is what is tested.)
+    let mut chunk = [0u8; 64];
+    match tokio::time::timeout(Duration::from_millis(1800), idle.read(&mut chunk)).await {
+        Err(_) => {}
+        Ok(r) => panic!("the idle connection ended before keep_alive_timeout: {r:?}"),
+    }
+    idle.write_all(get).await.unwrap();
+    let (status, _, body) = read_response(&mut idle).await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    // A call served for longer than header_timeout, on the same connection: serving is
+    // not timed by either.
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+    "name": "m__slow", "arguments": {"seconds": 1.5},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+    }}})
+    .to_string();
+    let post = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: m__slow\r\nContent-Length: {}\r\n\r\n{call}",
+        call.len()
+    );
+    let asked = Instant::now();
+    idle.write_all(post.as_bytes()).await.unwrap();
+    let (status, _, body) = read_response(&mut idle).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(asked.elapsed() >= Duration::from_millis(1400), "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["id"], 7, "{v}");
+    assert!(v["result"]["content"].is_array(), "{v}");
+    let idle_at = Instant::now();
+    // ... and is closed, writing nothing, once idle for keep_alive_timeout.
+    let (got, closed) = read_until_closed(&mut idle, Duration::from_secs(10)).await;
+    assert_between(
+        "idle keep-alive",
+        closed - idle_at,
+        Duration::from_millis(2900),
+        Duration::from_secs(5),
+    );
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
 }
 
 #[tokio::test]

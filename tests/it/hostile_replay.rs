@@ -207,9 +207,7 @@ async fn b_slowloris_heads_and_bodies_are_cut_off() {
         "408 after {took:?}"
     );
     trickle.abort();
-    // A new session on a new connection: `s`'s pooled connection has been idle for about
-    // header_timeout by now, which is when the gateway closes an idle keep-alive
-    // connection, and reusing it at that instant would race the close.
+    // And a new session is served after it.
     works(&gw.session().await, "after the slowloris").await;
 }
 
