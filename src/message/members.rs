@@ -315,7 +315,7 @@ impl Members {
     }
 
     /// [`Members::parse`] of JSON text (a copy of it is kept).
-    fn parse_text(raw: &str) -> Result<Members, String> {
+    pub(crate) fn parse_text(raw: &str) -> Result<Members, String> {
         let mut de = serde_json::Deserializer::from_str(raw);
         let members = serde::de::DeserializeSeed::deserialize(OpenSeed::at(raw, 0), &mut de).map_err(|e| {
             if raw.trim_start().starts_with('{') {

@@ -71,12 +71,16 @@ fn headers_of(span: &Span) -> Option<TraceHeaders> {
 }
 
 /// Params that carry a trace context in `_meta`: a full map, or one opened one level
-/// ([`message::Members`]). The downstream's `OpenParams` builds on it.
+/// ([`message::Members`]), where `_meta`'s other members keep their bytes. The
+/// downstream's `OpenParams` builds on it.
 pub trait Carrier {
     /// `_meta` as an object; `None` if absent or not an object.
     fn meta(&mut self) -> Option<&mut Map<String, Value>>;
-    /// `_meta`, added empty if absent; `None` if present but not an object.
-    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>>;
+    /// Sets `_meta.traceparent` and `tracestate` (removed when `None`), adding `_meta` if
+    /// absent; nothing when `_meta` is not an object.
+    fn set_trace(&mut self, h: TraceHeaders);
+    /// The trace context in `_meta`.
+    fn trace(&mut self) -> Option<TraceHeaders>;
 }
 
 impl Carrier for Map<String, Value> {
@@ -87,11 +91,22 @@ impl Carrier for Map<String, Value> {
         }
     }
 
-    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
-        match self.entry("_meta").or_insert_with(|| Value::Object(Map::new())) {
-            Value::Object(m) => Some(m),
-            _ => None,
+    fn set_trace(&mut self, h: TraceHeaders) {
+        if let Value::Object(m) = self.entry("_meta").or_insert_with(|| Value::Object(Map::new())) {
+            m.insert("traceparent".into(), Value::String(h.traceparent));
+            match h.tracestate {
+                Some(s) => m.insert("tracestate".into(), Value::String(s)),
+                None => m.remove("tracestate"),
+            };
         }
+    }
+
+    fn trace(&mut self) -> Option<TraceHeaders> {
+        let meta = self.meta()?;
+        Some(TraceHeaders {
+            traceparent: meta.get("traceparent")?.as_str()?.to_owned(),
+            tracestate: meta.get("tracestate").and_then(Value::as_str).map(str::to_owned),
+        })
     }
 }
 
@@ -100,19 +115,32 @@ impl Carrier for message::Members {
         message::Members::meta(self)
     }
 
-    fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
-        message::Members::meta_or_insert(self)
+    fn set_trace(&mut self, h: TraceHeaders) {
+        self.edit_meta(true, |m| {
+            m.insert_str("traceparent", &h.traceparent);
+            match &h.tracestate {
+                Some(s) => m.insert_str("tracestate", s),
+                None => {
+                    m.remove("tracestate");
+                }
+            }
+            true
+        });
+    }
+
+    fn trace(&mut self) -> Option<TraceHeaders> {
+        let meta = message::Members::parse_text(self.get_raw("_meta")?).ok()?;
+        Some(TraceHeaders {
+            traceparent: meta.get_str("traceparent")?.into_owned(),
+            tracestate: meta.get_str("tracestate").map(std::borrow::Cow::into_owned),
+        })
     }
 }
 
 /// The trace context a call carries in `params._meta` (read by the HTTP downstream to
 /// send it as headers too).
 pub fn meta_headers(params: &mut impl Carrier) -> Option<TraceHeaders> {
-    let meta = params.meta()?;
-    Some(TraceHeaders {
-        traceparent: meta.get("traceparent")?.as_str()?.to_owned(),
-        tracestate: meta.get("tracestate").and_then(Value::as_str).map(str::to_owned),
-    })
+    params.trace()
 }
 
 // ---------------------------------------------------------------- client requests
@@ -415,13 +443,7 @@ impl DownstreamSpan {
             return;
         }
         let Some(h) = headers_of(&self.span) else { return };
-        if let Some(m) = params.meta_or_insert() {
-            m.insert("traceparent".into(), Value::String(h.traceparent));
-            match h.tracestate {
-                Some(s) => m.insert("tracestate".into(), Value::String(s)),
-                None => m.remove("tracestate"),
-            };
-        }
+        params.set_trace(h);
     }
 
     /// Records the result of the call.
@@ -502,5 +524,43 @@ mod tests {
         let h = meta_headers(&mut m).unwrap();
         assert_eq!(h.traceparent, "00-a-b-01");
         assert_eq!(h.tracestate.as_deref(), Some("k=v"));
+    }
+
+    #[test]
+    fn the_trace_context_goes_in_without_rewriting_metas_other_bytes() {
+        let written = |m: &message::Members| {
+            let mut out = Vec::new();
+            m.write_to(&mut out);
+            String::from_utf8(out).unwrap()
+        };
+        let h = |ts: Option<&str>| TraceHeaders {
+            traceparent: "00-t-s-01".into(),
+            tracestate: ts.map(str::to_owned),
+        };
+        let text =
+            r#"{"name":"x","_meta":{"n":1.50,"big":123456789012345678901234567890,"tracestate":"old","k":"\u00e9"}}"#;
+        let mut m = message::Members::parse(Some(RawValue::from_string(text.to_owned()).unwrap())).unwrap();
+        m.set_trace(h(None));
+        assert_eq!(
+            written(&m),
+            r#"{"name":"x","_meta":{"n":1.50,"big":123456789012345678901234567890,"k":"\u00e9","traceparent":"00-t-s-01"}}"#
+        );
+        let back = m.trace().unwrap();
+        assert_eq!((back.traceparent.as_str(), back.tracestate), ("00-t-s-01", None));
+        // Set again (a retry), with a state: in place.
+        m.set_trace(h(Some("a=b")));
+        assert_eq!(
+            written(&m),
+            r#"{"name":"x","_meta":{"n":1.50,"big":123456789012345678901234567890,"k":"\u00e9","traceparent":"00-t-s-01","tracestate":"a=b"}}"#
+        );
+        // No `_meta`: added; `_meta` not an object: left alone.
+        let mut m = message::Members::parse(Some(RawValue::from_string(r#"{"name":"x"}"#.into()).unwrap())).unwrap();
+        m.set_trace(h(None));
+        assert_eq!(written(&m), r#"{"name":"x","_meta":{"traceparent":"00-t-s-01"}}"#);
+        let mut m =
+            message::Members::parse(Some(RawValue::from_string(r#"{"_meta":[1.50]}"#.into()).unwrap())).unwrap();
+        m.set_trace(h(None));
+        assert_eq!(written(&m), r#"{"_meta":[1.50]}"#);
+        assert!(m.trace().is_none());
     }
 }

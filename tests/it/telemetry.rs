@@ -253,6 +253,33 @@ async fn spans_carry_the_service_name_and_version_across_reloads() {
     assert!(line["fields"].is_object() || line["level"].is_string(), "{line}");
 }
 
+/// The trace context goes into a call's `_meta` without rewriting the client's other
+/// members there: the child gets their bytes as sent (`1.50` stays `1.50`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_context_joins_meta_without_rewriting_it() {
+    let otlp = Collector::start().await;
+    let name = unique("calc");
+    let gw = Gateway::start_with_env(
+        &config(
+            &otlp.endpoint,
+            "",
+            &format!("[servers.calc]\n{}", mock(&name, &["--quirk", "log-lines"])),
+        ),
+        FAST,
+    );
+    let s = gw.session().await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"calc__echo","arguments":{"text":"tc\u0021"},"_meta":{"k":[ 1.50 ],"big":1e400}}}"#;
+    let (status, answer) = s.post_text(body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(gw.wait_log("tc\\u0021", Duration::from_secs(10)).await, "{}", gw.logs());
+    let logs = gw.logs();
+    let line = logs.lines().find(|l| l.contains("tc\\u0021")).unwrap_or_default();
+    assert!(
+        line.contains(r#""_meta":{"k":[ 1.50 ],"big":1e400,"traceparent":"00-"#),
+        "the server got {line}"
+    );
+}
+
 /// A client's `traceparent` header is continued: same trace id, parented on the
 /// client's span; the downstream call stays in that trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
