@@ -482,11 +482,24 @@ impl Index {
     /// Computes the tools' vectors with `semantic`'s model (from its cache where a tool's
     /// text is unchanged), after which searches rank by meaning too. Slow the first time (the
     /// model runs once per tool): call it off the request path. A second call does nothing.
+    /// At most [`semantic::MAX_MODEL_TOOLS`] tools get vectors, the first in the
+    /// catalog's order; the rest are ranked by words only.
     pub fn attach(&self, semantic: &std::sync::Arc<semantic::Semantic>) {
+        self.attach_first(semantic, semantic::MAX_MODEL_TOOLS);
+    }
+
+    fn attach_first(&self, semantic: &std::sync::Arc<semantic::Semantic>, most: usize) {
         if self.dense.get().is_some() {
             return;
         }
-        let vectors = semantic.vectors(&self.texts);
+        if self.texts.len() > most {
+            tracing::warn!(
+                tools = self.texts.len(),
+                "tool search: the model ranks the first {most} tools of the catalog; the other {} by words only",
+                self.texts.len() - most
+            );
+        }
+        let vectors = semantic.vectors(&self.texts[..self.texts.len().min(most)]);
         let _ = self.dense.set(semantic::Dense {
             semantic: semantic.clone(),
             vectors,
@@ -1048,6 +1061,36 @@ mod tests {
             name,
             ..l.tool("", server, None)
         }))
+    }
+
+    #[test]
+    fn tools_past_the_models_cap_are_still_found_by_words() {
+        let ix = index(&[
+            ("a__nap", "a", tool(json!({"description": "Sleep for a few seconds"}))),
+            (
+                "a__weather",
+                "a",
+                tool(json!({"description": "Get the forecast for a city"})),
+            ),
+            (
+                "b__zebra_lookup",
+                "b",
+                tool(json!({"description": "Find a zebra by its stripes"})),
+            ),
+        ]);
+        let semantic = std::sync::Arc::new(semantic::Semantic::new(
+            model::Model::load(&model::tests::model_dir()).expect("model"),
+        ));
+        ix.attach_first(&semantic, 2);
+        let dense = ix.dense.get().expect("attached");
+        assert_eq!(dense.vectors.len(), 2 * semantic.model.dim());
+        let names = |q: &str| -> Vec<String> { ix.search(q, 3, |_| true).iter().map(|h| h.name.to_owned()).collect() };
+        // The third tool has no vector: words find it, and meaning ranks the first two.
+        assert_eq!(
+            names("zebra stripes").first().map(String::as_str),
+            Some("b__zebra_lookup")
+        );
+        assert_eq!(names("take a short nap").first().map(String::as_str), Some("a__nap"));
     }
 
     #[test]

@@ -558,7 +558,7 @@ fn f16_to_f32(h: u16) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The model the tests use: `MCP_GATEWAY_SEARCH_MODEL`, or what scripts/setup-test-deps

@@ -32,6 +32,12 @@ pub const WEIGHT: f32 = 2.0;
 /// request for nothing the tools do finds nothing rather than the nearest noise.
 pub const MIN_COSINE: f32 = 0.25;
 
+/// The most tools of one catalog the model makes vectors for, in the catalog's order; the
+/// rest are ranked by words only. A downstream that lists tens of thousands of long tools
+/// would otherwise cost the model's thread an hour of CPU (about 45 ms a tool of 74
+/// tokens here, up to 150 ms at 256) and their vectors its memory (1.5 KiB a tool).
+pub const MAX_MODEL_TOOLS: usize = 4096;
+
 /// A loaded model and the vectors it has made, by text.
 pub struct Semantic {
     pub model: Model,
@@ -102,11 +108,13 @@ pub struct Dense {
 }
 
 impl Dense {
-    /// The cosine of `query` (a vector) with each tool.
+    /// The cosine of `query` (a vector) with each tool; 0 for a tool past the vectors
+    /// made ([`MAX_MODEL_TOOLS`]).
     pub fn cosines<'a>(&'a self, query: &'a [f32]) -> impl Iterator<Item = f32> + 'a {
         self.vectors
             .chunks_exact(query.len().max(1))
             .map(move |v| v.iter().zip(query).map(|(a, b)| a * b).sum())
+            .chain(std::iter::repeat(0.0))
     }
 }
 
