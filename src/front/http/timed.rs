@@ -107,10 +107,11 @@ pub struct Timed<S> {
     /// The phase the timing below belongs to.
     seen: u32,
     timing: Timing,
-    /// When the idle wait, the head or the read waiting while serving began.
+    /// When the idle wait or the head began.
     from: Instant,
-    /// Whether `sleep` is set to the current timing's deadline.
-    set: bool,
+    /// Set no later than the current timing's deadline: it may wake the connection early
+    /// (then the deadline is looked at again), never late. So a connection serving one
+    /// request after another seldom moves it.
     sleep: Pin<Box<Sleep>>,
 }
 
@@ -127,27 +128,38 @@ impl<S> Timed<S> {
             // A new connection: its first head is timed from now.
             timing: Timing::Head,
             from: now,
-            set: false,
             sleep: Box::pin(tokio::time::sleep_until(now + header)),
         }
     }
 
-    /// The current timing's deadline.
+    /// The current timing's deadline; while serving, when to look again (`header` on:
+    /// the soonest the connection could be due once the response ends).
     fn deadline(&self) -> Instant {
         match self.timing {
             Timing::Idle if !self.slots.low() => self.from + self.keep_alive,
+            Timing::Serving => Instant::now() + self.header,
             _ => self.from + self.header,
         }
     }
 
-    /// Sets `sleep` to the timing's deadline if it is not, and polls it.
+    /// Whether the timing's deadline has passed; if not, `sleep` will wake the connection
+    /// by then.
     fn due(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.set {
-            let deadline = self.deadline();
+        let deadline = self.deadline();
+        if self.sleep.is_elapsed() || self.sleep.deadline() > deadline {
             self.sleep.as_mut().reset(deadline);
-            self.set = true;
         }
-        self.sleep.as_mut().poll(cx).is_ready()
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if self.timing != Timing::Serving && Instant::now() >= deadline {
+                return true;
+            }
+            // Early (set for an earlier timing), or a look while serving: on to the
+            // deadline.
+            self.sleep
+                .as_mut()
+                .reset(deadline.max(Instant::now() + Duration::from_millis(1)));
+        }
+        false
     }
 }
 
@@ -158,20 +170,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Timed<S> {
         if phase % 2 == 1 {
             // Serving a request: not timed, but a read that waits looks again after
             // `header`, the soonest the connection could be due once the response ends.
-            if this.seen != phase || this.timing != Timing::Serving {
-                this.seen = phase;
-                this.timing = Timing::Serving;
-                this.set = false;
-            }
+            this.seen = phase;
+            this.timing = Timing::Serving;
             let read = Pin::new(&mut this.inner).poll_read(cx, buf);
             if read.is_pending() {
-                if !this.set {
-                    this.from = Instant::now();
-                }
-                while this.due(cx) {
-                    this.from = Instant::now();
-                    this.set = false;
-                }
+                this.due(cx);
             }
             return read;
         }
@@ -180,7 +183,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for Timed<S> {
             this.seen = phase;
             this.timing = Timing::Idle;
             this.from = this.phase.ended_at();
-            this.set = false;
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
@@ -189,7 +191,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for Timed<S> {
                     // The next request's first bytes: its head is timed from now.
                     this.timing = Timing::Head;
                     this.from = Instant::now();
-                    this.set = false;
                 }
                 Poll::Ready(Ok(()))
             }
