@@ -94,8 +94,8 @@ pub mod fuzzing {
     pub use crate::catalog::Template;
     pub use crate::downstream::{encode_request, progress_token, restore_progress, Params};
     pub use crate::message::{
-        cancelled_request_id, empty_object, frame_line, notification, params_object, request_with_members, response,
-        Id, Incoming, Kind, Members, Outcome, Peeked,
+        cancelled_request_id, empty_object, frame_line, notification, params_object, reading, request_with_members,
+        response, Id, Incoming, Kind, Members, Outcome, Peeked,
     };
     pub use crate::sse::Parser;
 }

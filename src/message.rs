@@ -36,6 +36,8 @@ pub use answer::{response, Answer, Outcome, Raw};
 pub use envelope::{lanes_of, Kind, MAX_NAME_LEN};
 pub use id::{id_key, Id};
 pub use members::{Incoming, Members, Peeked};
+#[doc(hidden)]
+pub use memo::reading;
 pub(crate) use peek::Finder;
 pub use peek::{cancelled_request_id, error_summary, is_tool_error, progress_token_of};
 pub use write::{

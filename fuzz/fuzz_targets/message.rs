@@ -38,35 +38,14 @@ fn check_child_line(mut line: Vec<u8>, minted: u64, how: &str) {
     }
 }
 
-/// A message as read: its Debug text (opened params written out), and what opened
-/// params' `_meta` held.
-fn reading(r: &Result<Kind, impl std::fmt::Debug>) -> String {
-    let mut out = format!("{r:?}");
-    if let Ok(Kind::Request {
-        params: Incoming::Opened(m),
-        ..
-    }) = r
-    {
-        match m.peeked() {
-            Peeked::Own(spans) => {
-                for s in spans {
-                    out.push_str(&format!(" [{:?}]", s.as_ref().and_then(|s| m.text_of(s))));
-                }
-            }
-            p => out.push_str(&format!(" {p:?}")),
-        }
-    }
-    out
-}
-
 fuzz_target!(|data: &[u8]| {
     // A client's message read with the memo of 2026-07-28 envelopes (kept from this
     // input read once, and from earlier inputs) reads as it does without it.
     let plain = Kind::parse(data);
     let _ = Kind::parse_from_client(data);
     assert_eq!(
-        reading(&Kind::parse_from_client(data)),
-        reading(&plain),
+        message::reading(&Kind::parse_from_client(data)),
+        message::reading(&plain),
         "the memo of envelopes changed a reading"
     );
     if let Ok(kind) = plain {

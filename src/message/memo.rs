@@ -145,6 +145,33 @@ pub(super) fn remember(text: &str, spans: [Option<Range<usize>>; 3]) {
     });
 }
 
+/// What a reading of a message says, as text: its Debug form, its opened params written
+/// out, and the text of each span of the envelope read from their `_meta`. The memo's
+/// tests and the fuzz target compare a reading with the memo against one without.
+#[doc(hidden)]
+pub fn reading<E: std::fmt::Debug>(r: &Result<super::Kind, E>) -> String {
+    use super::{Incoming, Kind, Peeked};
+    let mut out = format!("{r:?}");
+    if let Ok(Kind::Request {
+        params: Incoming::Opened(m),
+        ..
+    }) = r
+    {
+        let mut w = Vec::new();
+        m.write_to(&mut w);
+        out.push_str(&String::from_utf8_lossy(&w));
+        match m.peeked() {
+            Peeked::Own(spans) => {
+                for s in spans {
+                    out.push_str(&format!(" [{:?}]", s.as_ref().and_then(|s| m.text_of(s))));
+                }
+            }
+            p => out.push_str(&format!(" {p:?}")),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 pub(super) fn forget() {
     let _ = MEMO.try_with(|m| m.borrow_mut().clear());
@@ -152,33 +179,9 @@ pub(super) fn forget() {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Incoming, Kind, Peeked};
+    use super::super::Kind;
 
     const ENVELOPE: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"}}"#;
-
-    /// What a message reads as: its Debug text, and for opened params what `_meta` held
-    /// (each span's text).
-    fn reading(r: &Result<Kind, super::super::envelope::ParseError>) -> String {
-        let mut out = format!("{r:?}");
-        if let Ok(Kind::Request {
-            params: Incoming::Opened(m),
-            ..
-        }) = r
-        {
-            let mut w = Vec::new();
-            m.write_to(&mut w);
-            out.push_str(&String::from_utf8_lossy(&w));
-            match m.peeked() {
-                Peeked::Own(spans) => {
-                    for s in spans {
-                        out.push_str(&format!(" [{:?}]", s.as_ref().and_then(|s| m.text_of(s))));
-                    }
-                }
-                p => out.push_str(&format!(" {p:?}")),
-            }
-        }
-        out
-    }
 
     /// Reads `message` with the memo primed by a call that carried `ENVELOPE`, and
     /// without it; both must read the same. Returns whether the memo was used.
@@ -191,7 +194,7 @@ mod tests {
         let with = Kind::parse_from_client(message.as_bytes());
         super::forget();
         let without = Kind::parse(message.as_bytes());
-        assert_eq!(reading(&with), reading(&without), "{message}");
+        assert_eq!(super::reading(&with), super::reading(&without), "{message}");
         found
     }
 
