@@ -280,9 +280,7 @@ pub trait OpenParams: Carrier {
     fn name(&self) -> Option<std::borrow::Cow<'_, str>>;
     /// Removes `_meta.progressToken` and returns it (as the client wrote it where the
     /// params are still raw: [`message::Members`]).
-    fn take_progress(&mut self) -> Option<Id> {
-        self.meta()?.remove("progressToken").map(|v| Id::from_value(&v))
-    }
+    fn take_progress(&mut self) -> Option<Id>;
     /// The params to send, with the caller's progress token.
     fn into_params(self, progress: Option<Id>) -> Params;
     /// The whole params as a map, for code that edits more than `_meta` (for
@@ -293,6 +291,13 @@ pub trait OpenParams: Carrier {
 impl OpenParams for Map<String, Value> {
     fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
         self.get("name").and_then(Value::as_str).map(std::borrow::Cow::Borrowed)
+    }
+
+    fn take_progress(&mut self) -> Option<Id> {
+        match self.get_mut("_meta") {
+            Some(Value::Object(m)) => m.remove("progressToken").map(|v| Id::from_value(&v)),
+            _ => None,
+        }
     }
 
     fn into_params(self, progress: Option<Id>) -> Params {

@@ -22,8 +22,7 @@
 mod spans;
 
 pub use spans::{
-    finish_request, from_headers, meta_headers, record_wire_id, request_span, Carrier, DownstreamSpan, Failure, Origin,
-    TraceHeaders,
+    finish_request, from_headers, record_wire_id, request_span, Carrier, DownstreamSpan, Failure, Origin, TraceHeaders,
 };
 
 use crate::config::{self, LogFormat, OtlpProtocol};

@@ -530,10 +530,10 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 let mut params = params;
                 let trace = match &mut params {
                     Params::Object { params, .. } if crate::telemetry::exporting() => {
-                        crate::telemetry::meta_headers(params)
+                        crate::telemetry::Carrier::trace(params)
                     }
                     Params::Members { params, .. } if crate::telemetry::exporting() => {
-                        crate::telemetry::meta_headers(params)
+                        crate::telemetry::Carrier::trace(params)
                     }
                     _ => None,
                 };

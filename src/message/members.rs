@@ -559,15 +559,6 @@ impl Members {
         self.set(key, MemberValue::Written(id.get().to_owned()));
     }
 
-    /// `_meta`, added empty at the end if absent; `None` if present but not an object.
-    pub fn meta_or_insert(&mut self) -> Option<&mut Map<String, Value>> {
-        if !self.contains_key("_meta") {
-            self.entries
-                .push((MemberKey::Owned("_meta".to_owned()), MemberValue::Object(Map::new())));
-        }
-        self.meta()
-    }
-
     /// Writes the object.
     pub fn write_to(&self, out: &mut Vec<u8>) {
         let text = &*self.text;
@@ -776,12 +767,18 @@ mod tests {
         assert_eq!(written(&members(r#"{"a":1,"b":2,"a":3}"#)), r#"{"a":3,"b":2}"#);
         // _meta is added when asked for, and a non-object _meta is left alone.
         let mut m = members(r#"{"name":"n"}"#);
-        m.meta_or_insert()
-            .unwrap()
-            .insert("progressToken".into(), Value::from(4));
+        m.edit_meta(true, |meta| {
+            meta.insert_raw("progressToken", "4");
+            true
+        });
         assert_eq!(written(&m), r#"{"name":"n","_meta":{"progressToken":4}}"#);
         let mut m = members(r#"{"_meta":5}"#);
-        assert!(m.meta().is_none() && m.meta_or_insert().is_none());
+        m.edit_meta(true, |meta| {
+            meta.insert_raw("progressToken", "4");
+            true
+        });
+        assert!(m.meta().is_none());
+        assert_eq!(written(&m), r#"{"_meta":5}"#);
         assert!(m.remove("_meta") && !m.remove("_meta"));
         assert_eq!(written(&m), "{}");
         assert_eq!(written(&Members::parse(None).unwrap()), "{}");

@@ -74,23 +74,15 @@ fn headers_of(span: &Span) -> Option<TraceHeaders> {
 /// ([`message::Members`]), where `_meta`'s other members keep their bytes. The
 /// downstream's `OpenParams` builds on it.
 pub trait Carrier {
-    /// `_meta` as an object; `None` if absent or not an object.
-    fn meta(&mut self) -> Option<&mut Map<String, Value>>;
     /// Sets `_meta.traceparent` and `tracestate` (removed when `None`), adding `_meta` if
     /// absent; nothing when `_meta` is not an object.
     fn set_trace(&mut self, h: TraceHeaders);
-    /// The trace context in `_meta`.
-    fn trace(&mut self) -> Option<TraceHeaders>;
+    /// The trace context in `_meta` (read by the HTTP downstream to send it as headers
+    /// too).
+    fn trace(&self) -> Option<TraceHeaders>;
 }
 
 impl Carrier for Map<String, Value> {
-    fn meta(&mut self) -> Option<&mut Map<String, Value>> {
-        match self.get_mut("_meta") {
-            Some(Value::Object(m)) => Some(m),
-            _ => None,
-        }
-    }
-
     fn set_trace(&mut self, h: TraceHeaders) {
         if let Value::Object(m) = self.entry("_meta").or_insert_with(|| Value::Object(Map::new())) {
             m.insert("traceparent".into(), Value::String(h.traceparent));
@@ -101,8 +93,8 @@ impl Carrier for Map<String, Value> {
         }
     }
 
-    fn trace(&mut self) -> Option<TraceHeaders> {
-        let meta = self.meta()?;
+    fn trace(&self) -> Option<TraceHeaders> {
+        let meta = self.get("_meta")?.as_object()?;
         Some(TraceHeaders {
             traceparent: meta.get("traceparent")?.as_str()?.to_owned(),
             tracestate: meta.get("tracestate").and_then(Value::as_str).map(str::to_owned),
@@ -111,10 +103,6 @@ impl Carrier for Map<String, Value> {
 }
 
 impl Carrier for message::Members {
-    fn meta(&mut self) -> Option<&mut Map<String, Value>> {
-        message::Members::meta(self)
-    }
-
     fn set_trace(&mut self, h: TraceHeaders) {
         self.edit_meta(true, |m| {
             m.insert_str("traceparent", &h.traceparent);
@@ -128,19 +116,13 @@ impl Carrier for message::Members {
         });
     }
 
-    fn trace(&mut self) -> Option<TraceHeaders> {
+    fn trace(&self) -> Option<TraceHeaders> {
         let meta = message::Members::parse_text(self.get_raw("_meta")?).ok()?;
         Some(TraceHeaders {
             traceparent: meta.get_str("traceparent")?.into_owned(),
             tracestate: meta.get_str("tracestate").map(std::borrow::Cow::into_owned),
         })
     }
-}
-
-/// The trace context a call carries in `params._meta` (read by the HTTP downstream to
-/// send it as headers too).
-pub fn meta_headers(params: &mut impl Carrier) -> Option<TraceHeaders> {
-    params.trace()
 }
 
 // ---------------------------------------------------------------- client requests
@@ -513,15 +495,15 @@ mod tests {
     }
 
     #[test]
-    fn meta_headers_read_back() {
+    fn the_trace_context_reads_back() {
         let text = r#"{"_meta":{"traceparent":"00-a-b-01","tracestate":"k=v"}}"#;
-        let mut p: serde_json::Map<String, Value> = serde_json::from_str(text).unwrap();
-        let h = meta_headers(&mut p).unwrap();
+        let p: serde_json::Map<String, Value> = serde_json::from_str(text).unwrap();
+        let h = p.trace().unwrap();
         assert_eq!(h.traceparent, "00-a-b-01");
         assert_eq!(h.tracestate.as_deref(), Some("k=v"));
         let raw = RawValue::from_string(text.to_owned()).unwrap();
-        let mut m = message::Members::parse(Some(raw)).unwrap();
-        let h = meta_headers(&mut m).unwrap();
+        let m = message::Members::parse(Some(raw)).unwrap();
+        let h = m.trace().unwrap();
         assert_eq!(h.traceparent, "00-a-b-01");
         assert_eq!(h.tracestate.as_deref(), Some("k=v"));
     }
