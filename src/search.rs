@@ -35,6 +35,7 @@
 //! change, and searched with a per-caller filter, which this file does in microseconds.
 //! `mcp-gateway-search-bench` measures it on a fixture of real tools (BENCHMARKS.md).
 
+mod amx;
 pub mod eval;
 mod loose;
 pub mod model;
