@@ -601,7 +601,7 @@ impl Index {
                 let q = match vector.filter(|v| v.len() == dense.semantic.model.dim()) {
                     Some(v) => v,
                     None => {
-                        made = dense.semantic.model.embed(query);
+                        made = dense.semantic.model.embed_now(query);
                         &made
                     }
                 };

@@ -167,7 +167,7 @@ pub(super) async fn search_tools(cx: &Call<'_>, p: &Members) -> Outcome {
         Some(semantic) => match semantic.permits.acquire().await {
             Ok(_permit) => {
                 let (q, s) = (query.clone(), semantic.clone());
-                tokio::task::spawn_blocking(move || s.model.embed(&q)).await.ok()
+                tokio::task::spawn_blocking(move || s.model.embed_now(&q)).await.ok()
             }
             Err(_) => None,
         },

@@ -18,6 +18,9 @@
 //! within one call on one thread.
 #![allow(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+
 /// Rows of a tile: tokens are taken 16 at a time (padded with zero rows).
 pub const ROWS: usize = 16;
 /// bf16 values of `k` in one tile row (64 bytes).
@@ -183,8 +186,9 @@ impl Packed {
     }
 
     /// `out = x · Wᵀ` for `rows` rows of `x` (`inp` wide, bf16, row-major), `rows` a
-    /// multiple of [`ROWS`]; `out` gets `rows` × `self.out` f32 values, row-major.
-    pub fn apply(&self, x: &[u16], rows: usize, out: &mut Vec<f32>) {
+    /// multiple of [`ROWS`]; `out` gets `rows` × `self.out` f32 values, row-major. With a
+    /// `helper`, its thread may take the second half of the panels.
+    pub fn apply(&self, x: &[u16], rows: usize, out: &mut Vec<f32>, helper: Option<&Helper>) {
         assert!(
             rows % ROWS == 0 && x.len() >= rows * self.inp && available(),
             "AMX product of {rows} rows"
@@ -193,25 +197,207 @@ impl Packed {
         // into this buffer get zeroed here.
         out.resize(rows * self.out, 0.0);
         out.truncate(rows * self.out);
-        // SAFETY: `available` said yes, and configure and release bracket the products on
-        // this thread. `x` has `rows` rows of `inp` bf16 (checked above), read 64 bytes a
-        // step over `inp / 32` steps; `lines` holds `out / 64` panels of `inp / 32` steps
-        // of four 1 KiB tiles; `out` has `rows × out` values (resized above).
+        let job = Job {
+            a: x.as_ptr(),
+            stride_a: self.inp * 2,
+            b: self.lines.as_ptr(),
+            chunks: self.inp / K_STEP,
+            c: out.as_mut_ptr(),
+            rows,
+            out: self.out,
+        };
+        let panels = self.out / PANEL;
+        match helper {
+            Some(h) => h.share(job, panels),
+            // SAFETY: the job is made of the checked slices above (see `Job::run`).
+            None => unsafe { job.run(0..panels) },
+        }
+    }
+}
+
+/// One product, as `Packed::apply` checked it: `a` has `rows` rows of `stride_a` bytes
+/// (`chunks` steps of 64), `b` the packed weights' panels, `c` `rows × out` f32 values.
+#[derive(Clone, Copy)]
+struct Job {
+    a: *const u16,
+    stride_a: usize,
+    b: *const Line,
+    chunks: usize,
+    c: *mut f32,
+    rows: usize,
+    out: usize,
+}
+
+// SAFETY: a job's pointers are into buffers that its poster keeps, unmoved and untouched,
+// until the helper has said it is done with it (`Helper::share`), and the poster and the
+// helper take disjoint panels, so their stores never overlap.
+unsafe impl Send for Job {}
+
+impl Job {
+    /// Runs `panels` of the product on this thread.
+    ///
+    /// # Safety
+    /// The job's buffers are alive and unshared (but for other panels), as `Packed::apply`
+    /// made them, and `available` said yes.
+    unsafe fn run(&self, panels: std::ops::Range<usize>) {
+        // SAFETY: as the caller promises; configure and release bracket the products.
         unsafe {
             configure();
             tiles(
-                x.as_ptr(),
-                self.inp * 2,
-                self.lines.as_ptr(),
-                self.inp / K_STEP,
-                out.as_mut_ptr(),
-                rows,
+                self.a,
+                self.stride_a,
+                self.b,
+                self.chunks,
+                self.c,
+                self.rows,
                 self.out,
-                0..self.out / PANEL,
+                panels,
             );
             release();
         }
     }
+}
+
+/// A second thread for the products of one text (a search's request, whose vector the
+/// search waits for): each product is posted, the poster runs the first half of its panels
+/// and the helper the second; if the helper has not taken it by the time the poster is
+/// done with its half, the poster runs the rest too, so a helper that is asleep or not
+/// scheduled costs nothing but the check. Reading the weights is what a product costs, and
+/// two cores read them at nearly twice the rate of one (BENCHMARKS.md, "Session 14").
+///
+/// One helper thread per process ([`Helper::begin`]), started on first use and asleep
+/// between texts; one text at a time has it, and any other is made on its own thread.
+pub struct Helper {
+    state: AtomicU8,
+    job: Mutex<Option<Job>>,
+    /// Held by the text that has the helper.
+    busy: Mutex<()>,
+    /// Whether a text has the helper: it spins while so, and sleeps on `bell` when not.
+    active: AtomicBool,
+    sleep: Mutex<()>,
+    bell: Condvar,
+}
+
+const IDLE: u8 = 0;
+const POSTED: u8 = 1;
+const TAKEN: u8 = 2;
+const DONE: u8 = 3;
+
+/// A text's hold on the helper; dropping it lets the helper sleep.
+pub struct Session {
+    pub helper: &'static Helper,
+    _busy: MutexGuard<'static, ()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.helper.active.store(false, Ordering::Release);
+    }
+}
+
+impl Helper {
+    /// The helper, for one text, if it is free (and could be started).
+    pub fn begin() -> Option<Session> {
+        static HELPER: OnceLock<Option<&'static Helper>> = OnceLock::new();
+        let helper = (*HELPER.get_or_init(|| {
+            if !available() || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+                return None;
+            }
+            let helper: &'static Helper = Box::leak(Box::new(Helper {
+                state: AtomicU8::new(IDLE),
+                job: Mutex::new(None),
+                busy: Mutex::new(()),
+                active: AtomicBool::new(false),
+                sleep: Mutex::new(()),
+                bell: Condvar::new(),
+            }));
+            std::thread::Builder::new()
+                .name("search-model".into())
+                .spawn(move || helper.serve())
+                .ok()
+                .map(|_| helper)
+        }))?;
+        let busy = match helper.busy.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        {
+            let _sleep = crate::sync::lock(&helper.sleep);
+            helper.active.store(true, Ordering::Release);
+            helper.bell.notify_one();
+        }
+        Some(Session { helper, _busy: busy })
+    }
+
+    fn share(&self, job: Job, panels: usize) {
+        let mid = panels / 2;
+        *crate::sync::lock(&self.job) = Some(job);
+        self.state.store(POSTED, Ordering::Release);
+        // SAFETY: the job was made of checked slices (`Packed::apply`); the first half is
+        // this thread's, the second the helper's once it has taken the job.
+        unsafe { job.run(0..mid) };
+        if self
+            .state
+            .compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // SAFETY: as above; the helper never took this job.
+            unsafe { job.run(mid..panels) };
+        } else {
+            let mut spins = 0u32;
+            while self.state.load(Ordering::Acquire) != DONE {
+                spins = pause(spins);
+            }
+        }
+        *crate::sync::lock(&self.job) = None;
+        self.state.store(IDLE, Ordering::Release);
+    }
+
+    /// The helper thread: asleep until a text has it, then taking the second half of each
+    /// product posted, until the text lets go.
+    fn serve(&self) {
+        loop {
+            {
+                let mut sleep = crate::sync::lock(&self.sleep);
+                while !self.active.load(Ordering::Acquire) {
+                    sleep = self.bell.wait(sleep).unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            }
+            let mut spins = 0u32;
+            while self.active.load(Ordering::Acquire) {
+                let taken = self.state.load(Ordering::Acquire) == POSTED
+                    && self
+                        .state
+                        .compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok();
+                if !taken {
+                    spins = pause(spins);
+                    continue;
+                }
+                spins = 0;
+                let job = *crate::sync::lock(&self.job);
+                if let Some(job) = job {
+                    let panels = job.out / PANEL;
+                    // SAFETY: the poster waits for DONE before it moves or reads the
+                    // job's buffers, and runs only the first half itself.
+                    unsafe { job.run(panels / 2..panels) };
+                }
+                self.state.store(DONE, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Waits a moment: spinning at first (the next product follows within microseconds), then
+/// giving the core away.
+fn pause(spins: u32) -> u32 {
+    if spins < 4096 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+    spins.saturating_add(1)
 }
 
 /// The 64-byte tile configuration: palette 1, all eight tiles 16 rows of 64 bytes.
@@ -274,7 +460,11 @@ mod tests {
         let rows = rows_bf16(&x, n, inp, &mut xb);
         assert_eq!(rows, 32);
         let mut got = Vec::new();
-        packed.apply(&xb, rows, &mut got);
+        packed.apply(&xb, rows, &mut got, None);
+        let session = Helper::begin();
+        let mut two = Vec::new();
+        packed.apply(&xb, rows, &mut two, session.as_ref().map(|s| s.helper));
+        assert_eq!(got, two, "two threads give the same product");
         assert_eq!(got.len(), rows * out_n);
         let back = |b: u16| f32::from_bits(u32::from(b) << 16);
         for t in 0..rows {

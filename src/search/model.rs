@@ -263,29 +263,40 @@ impl Model {
     /// nothing but special tokens' worth of nothing, which cannot happen: [CLS] is always in).
     pub fn embed(&self, text: &str) -> Vec<f32> {
         let ids = self.tokenizer.encode(text, self.max_tokens);
-        self.embed_ids(&ids)
+        self.embed_ids(&ids, None)
     }
 
-    fn embed_ids(&self, ids: &[u32]) -> Vec<f32> {
+    /// The vector of `text` for a search waiting on it: where the products run on AMX and
+    /// there is more than one CPU, the process's helper thread takes half of each product
+    /// if no other search has it ([`super::amx::Helper`]). A catalog's vectors are made
+    /// one thread at a time ([`Model::embed`]), in the background.
+    pub fn embed_now(&self, text: &str) -> Vec<f32> {
+        let ids = self.tokenizer.encode(text, self.max_tokens);
+        let amx = self.layers.first().is_some_and(|l| l.up.packed.is_some());
+        let session = if amx { super::amx::Helper::begin() } else { None };
+        self.embed_ids(&ids, session.as_ref().map(|s| s.helper))
+    }
+
+    fn embed_ids(&self, ids: &[u32], helper: Option<&super::amx::Helper>) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f") {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { self.forward_avx512(ids) };
+            return unsafe { self.forward_avx512(ids, helper) };
         }
-        self.forward(ids)
+        self.forward(ids, helper)
     }
 
     /// [`Model::forward`] compiled for AVX-512: its loops (sums, norms, GELU, the
     /// attention of a short text) run 16 lanes wide.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    fn forward_avx512(&self, ids: &[u32]) -> Vec<f32> {
-        self.forward(ids)
+    fn forward_avx512(&self, ids: &[u32], helper: Option<&super::amx::Helper>) -> Vec<f32> {
+        self.forward(ids, helper)
     }
 
     #[inline(always)]
-    fn forward(&self, ids: &[u32]) -> Vec<f32> {
+    fn forward(&self, ids: &[u32], helper: Option<&super::amx::Helper>) -> Vec<f32> {
         let (n, d) = (ids.len(), self.dim);
         let vocab = self.word.len() / d;
         let mut x = vec![0f32; n * d];
@@ -301,7 +312,10 @@ impl Model {
         layer_norm(&mut x, &self.embed_norm, d, self.eps);
         let hd = d / self.heads;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut scratch = Vec::new();
+        let mut scratch = Scratch {
+            bf16: Vec::new(),
+            helper,
+        };
         let mut qkv = Vec::new();
         let mut scores = vec![0f32; n * n];
         let mut ctx = vec![0f32; n * d];
@@ -382,6 +396,13 @@ impl Model {
     }
 }
 
+/// What a product needs beside its input and output.
+struct Scratch<'a> {
+    /// The input rounded to bf16, for AMX.
+    bf16: Vec<u16>,
+    helper: Option<&'a super::amx::Helper>,
+}
+
 impl Linear {
     /// Moves the weights to bf16 tiles, if their shape is whole tiles.
     fn pack(&mut self) {
@@ -391,12 +412,13 @@ impl Linear {
         }
     }
 
-    /// `out = x · Wᵀ + b` for `n` rows of `x` (on AMX, `scratch` holds `x` in bf16).
+    /// `out = x · Wᵀ + b` for `n` rows of `x` (on AMX, `scratch` holds `x` in bf16, and
+    /// its helper thread, if any, takes part).
     #[inline(always)]
-    fn apply(&self, x: &[f32], n: usize, out: &mut Vec<f32>, scratch: &mut Vec<u16>) {
+    fn apply(&self, x: &[f32], n: usize, out: &mut Vec<f32>, scratch: &mut Scratch<'_>) {
         if let Some(packed) = &self.packed {
-            let rows = super::amx::rows_bf16(x, n, self.inp, scratch);
-            packed.apply(scratch, rows, out);
+            let rows = super::amx::rows_bf16(x, n, self.inp, &mut scratch.bf16);
+            packed.apply(&scratch.bf16, rows, out, scratch.helper);
             out.truncate(n * self.out);
             for row in out.chunks_exact_mut(self.out) {
                 for (o, b) in row.iter_mut().zip(&self.b) {
@@ -837,11 +859,16 @@ pub(crate) mod tests {
         let tool = "github: create issue. Create a new issue in a GitHub repository. Use it to report bugs, ask for features or track tasks; labels, assignees and milestones can be set at once.";
         for (what, text, n) in [
             ("request", "open a ticket about the login crash", 200),
+            ("request, embed_now", "open a ticket about the login crash", 200),
             ("tool", tool, 50),
         ] {
             let t0 = std::time::Instant::now();
             for _ in 0..n {
-                std::hint::black_box(model.embed(std::hint::black_box(text)));
+                if what.ends_with("embed_now") {
+                    std::hint::black_box(model.embed_now(std::hint::black_box(text)));
+                } else {
+                    std::hint::black_box(model.embed(std::hint::black_box(text)));
+                }
             }
             let ids = model.tokenizer.encode(text, model.max_tokens).len();
             eprintln!(
