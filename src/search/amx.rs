@@ -196,7 +196,6 @@ impl Packed {
         // Every value is written by a tile store; only rows added since the last product
         // into this buffer get zeroed here.
         out.resize(rows * self.out, 0.0);
-        out.truncate(rows * self.out);
         let job = Job {
             a: x.as_ptr(),
             stride_a: self.inp * 2,

@@ -324,43 +324,46 @@ impl Model {
         let mut down = Vec::new();
         for layer in &self.layers {
             layer.qkv.apply(&x, n, &mut qkv, &mut scratch);
-            for h in (0..self.heads).filter(|_| n <= SHORT) {
+            if n <= SHORT {
                 // A short text's attention, in plain loops: `matrixmultiply` would pack
                 // these few rows for every head.
-                for i in 0..n {
-                    let q = &qkv[i * 3 * d + h * hd..][..hd];
-                    let row = &mut scores[i * n..(i + 1) * n];
-                    for (j, s) in row.iter_mut().enumerate() {
-                        *s = scale * dot(q, &qkv[j * 3 * d + d + h * hd..][..hd]);
-                    }
-                    softmax(row);
-                    let c = &mut ctx[i * d + h * hd..][..hd];
-                    c.fill(0.0);
-                    for (j, p) in row.iter().enumerate() {
-                        for (c, v) in c.iter_mut().zip(&qkv[j * 3 * d + 2 * d + h * hd..][..hd]) {
-                            *c += p * v;
+                for h in 0..self.heads {
+                    for i in 0..n {
+                        let q = &qkv[i * 3 * d + h * hd..][..hd];
+                        let row = &mut scores[i * n..(i + 1) * n];
+                        for (j, s) in row.iter_mut().enumerate() {
+                            *s = scale * dot(q, &qkv[j * 3 * d + d + h * hd..][..hd]);
+                        }
+                        softmax(row);
+                        let c = &mut ctx[i * d + h * hd..][..hd];
+                        c.fill(0.0);
+                        for (j, p) in row.iter().enumerate() {
+                            for (c, v) in c.iter_mut().zip(&qkv[j * 3 * d + 2 * d + h * hd..][..hd]) {
+                                *c += p * v;
+                            }
                         }
                     }
                 }
-            }
-            for h in (0..self.heads).filter(|_| n > SHORT) {
-                let q = &qkv[h * hd..];
-                let k = &qkv[d + h * hd..];
-                let v = &qkv[2 * d + h * hd..];
-                // scores = Q_h · K_hᵀ · scale
-                gemm([n, hd, n], scale, (q, 3 * d, 1), (k, 1, 3 * d), 0.0, (&mut scores, n));
-                for row in scores.chunks_exact_mut(n) {
-                    softmax(row);
+            } else {
+                for h in 0..self.heads {
+                    let q = &qkv[h * hd..];
+                    let k = &qkv[d + h * hd..];
+                    let v = &qkv[2 * d + h * hd..];
+                    // scores = Q_h · K_hᵀ · scale
+                    gemm([n, hd, n], scale, (q, 3 * d, 1), (k, 1, 3 * d), 0.0, (&mut scores, n));
+                    for row in scores.chunks_exact_mut(n) {
+                        softmax(row);
+                    }
+                    // ctx_h = P · V_h
+                    gemm(
+                        [n, n, hd],
+                        1.0,
+                        (&scores, n, 1),
+                        (v, 3 * d, 1),
+                        0.0,
+                        (&mut ctx[h * hd..], d),
+                    );
                 }
-                // ctx_h = P · V_h
-                gemm(
-                    [n, n, hd],
-                    1.0,
-                    (&scores, n, 1),
-                    (v, 3 * d, 1),
-                    0.0,
-                    (&mut ctx[h * hd..], d),
-                );
             }
             layer.attn_out.apply(&ctx, n, &mut attn, &mut scratch);
             for (a, x) in attn.iter_mut().zip(&x) {
