@@ -284,7 +284,7 @@ pub fn hex(b: &[u8]) -> String {
 
 /// The bytes of lower-case or upper-case hex; `None` when it is not hex.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

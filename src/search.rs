@@ -41,6 +41,7 @@ mod loose;
 pub mod model;
 pub mod semantic;
 pub mod text;
+mod vnni;
 pub mod wordpiece;
 
 use serde_json::value::RawValue;

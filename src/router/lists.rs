@@ -90,7 +90,7 @@ fn encode_cursor(method: &str, offset: usize) -> String {
 }
 
 fn decode_cursor(cursor: &str) -> Option<(String, usize)> {
-    if cursor.len() % 2 != 0 || cursor.len() > 256 {
+    if !cursor.len().is_multiple_of(2) || cursor.len() > 256 {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..cursor.len())

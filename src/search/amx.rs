@@ -143,7 +143,7 @@ fn detect() -> bool {
 
 /// Whether a product of `inp` inputs and `out` outputs is whole tiles.
 pub fn fits(inp: usize, out: usize) -> bool {
-    inp > 0 && out > 0 && inp % K_STEP == 0 && out % PANEL == 0
+    inp > 0 && out > 0 && inp.is_multiple_of(K_STEP) && out.is_multiple_of(PANEL)
 }
 
 /// 64 bytes, so a tile's rows start on cache lines.
@@ -190,7 +190,7 @@ impl Packed {
     /// `helper`, its thread may take the second half of the panels.
     pub fn apply(&self, x: &[u16], rows: usize, out: &mut Vec<f32>, helper: Option<&Helper>) {
         assert!(
-            rows % ROWS == 0 && x.len() >= rows * self.inp && available(),
+            rows.is_multiple_of(ROWS) && x.len() >= rows * self.inp && available(),
             "AMX product of {rows} rows"
         );
         // Every value is written by a tile store; only rows added since the last product

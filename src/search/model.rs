@@ -15,10 +15,11 @@
 //! names it, and any missing or malformed part is an error naming the file.
 //!
 //! The arithmetic is the model's own, one sequence at a time, so there is no attention
-//! mask; GELU with `erf` as BERT defines it. The weight products run on AMX in bf16 where
-//! the CPU has it ([`super::amx`]: about 10× faster, cosine to the f32 vectors above
-//! 0.9995), else in f32 by `matrixmultiply` (which picks AVX2/FMA at run time). The rest
-//! (norms, attention, GELU) is plain loops, compiled for AVX-512 as well.
+//! mask; GELU with `erf` as BERT defines it. The weight products ([`Products`]) run on AMX
+//! in bf16 where the CPU has it ([`super::amx`]: about 10× faster, cosine to the f32
+//! vectors above 0.9995), else in int8 on AVX-512 VNNI where it has that
+//! ([`super::vnni`]), else in f32 by `matrixmultiply` (which picks AVX2/FMA at run time).
+//! The rest (norms, attention, GELU) is plain loops, compiled for AVX-512 as well.
 
 use super::wordpiece::WordPiece;
 use serde::Deserialize;
@@ -59,10 +60,13 @@ struct Norm {
 
 /// `y = x · Wᵀ + b`, with `W` as stored: `out` rows of `inp` columns.
 struct Linear {
-    /// The weights in f32; empty once packed for AMX.
+    /// The weights in f32; empty once packed for AMX or VNNI.
     w: Vec<f32>,
     /// The weights in bf16 for AMX, where the CPU has it (see [`super::amx`]).
     packed: Option<super::amx::Packed>,
+    /// The weights in int8 for AVX-512 VNNI, where the CPU has that and not AMX (see
+    /// [`super::vnni`]).
+    int8: Option<super::vnni::Packed>,
     b: Vec<f32>,
     out: usize,
     inp: usize,
@@ -115,15 +119,42 @@ fn optional<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<Op
     }
 }
 
+/// How a model's weight products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    F32,
+    /// int8 on AVX-512 VNNI ([`super::vnni`]).
+    Int8,
+    /// bf16 on AMX tiles ([`super::amx`]).
+    Amx,
+}
+
+impl Products {
+    /// The fastest this CPU has: AMX, else VNNI, else f32 (`MCP_GATEWAY_SEARCH_NO_AMX`
+    /// rules out the first, `MCP_GATEWAY_SEARCH_F32` both).
+    pub fn best() -> Products {
+        if std::env::var_os("MCP_GATEWAY_SEARCH_F32").is_some() {
+            Products::F32
+        } else if super::amx::available() {
+            Products::Amx
+        } else if super::vnni::available() {
+            Products::Int8
+        } else {
+            Products::F32
+        }
+    }
+}
+
 impl Model {
-    /// Reads the model in `dir`; its products run on AMX in bf16 where this CPU has it.
+    /// Reads the model in `dir`; its products run the fastest way this CPU has
+    /// ([`Products::best`]).
     pub fn load(dir: &Path) -> Result<Model, String> {
-        Model::load_with(dir, super::amx::available())
+        Model::load_with(dir, Products::best())
     }
 
-    /// Reads the model in `dir`, its products in bf16 on AMX if `amx` (which
-    /// [`super::amx::available`] must allow), else in f32.
-    pub fn load_with(dir: &Path, amx: bool) -> Result<Model, String> {
+    /// Reads the model in `dir`, its products as `products` says (AMX and int8 only where
+    /// [`super::amx::available`] and [`super::vnni::available`] allow them: elsewhere f32).
+    pub fn load_with(dir: &Path, products: Products) -> Result<Model, String> {
         let file = |name: &str| dir.join(name);
         let read =
             |name: &str| std::fs::read_to_string(file(name)).map_err(|e| format!("{}: {e}", file(name).display()));
@@ -199,6 +230,7 @@ impl Model {
             Ok(Linear {
                 w: w(&format!("{p}.weight"), &[out, inp])?,
                 packed: None,
+                int8: None,
                 b: w(&format!("{p}.bias"), &[out])?,
                 out,
                 inp,
@@ -216,6 +248,7 @@ impl Model {
             let qkv = Linear {
                 w: [q.w, k.w, v.w].concat(),
                 packed: None,
+                int8: None,
                 b: [q.b, k.b, v.b].concat(),
                 out: 3 * dim,
                 inp: dim,
@@ -228,9 +261,9 @@ impl Model {
                 down: linear(&format!("{p}.output.dense"), dim, inter)?,
                 out_norm: norm(&format!("{p}.output.LayerNorm"))?,
             };
-            if amx {
+            if products != Products::F32 {
                 for l in [&mut layer.qkv, &mut layer.attn_out, &mut layer.up, &mut layer.down] {
-                    l.pack();
+                    l.pack(products);
                 }
             }
             layers.push(layer);
@@ -314,6 +347,7 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         let mut scratch = Scratch {
             bf16: Vec::new(),
+            int8: super::vnni::Scratch::default(),
             helper,
         };
         let mut qkv = Vec::new();
@@ -403,16 +437,24 @@ impl Model {
 struct Scratch<'a> {
     /// The input rounded to bf16, for AMX.
     bf16: Vec<u16>,
+    /// The input in int8, for VNNI.
+    int8: super::vnni::Scratch,
     helper: Option<&'a super::amx::Helper>,
 }
 
 impl Linear {
-    /// Moves the weights to bf16 tiles, if their shape is whole tiles.
-    fn pack(&mut self) {
-        if super::amx::fits(self.inp, self.out) {
-            self.packed = Some(super::amx::Packed::new(&self.w, self.out, self.inp));
-            self.w = Vec::new();
+    /// Moves the weights to bf16 tiles or int8 vectors, if their shape is whole ones.
+    fn pack(&mut self, products: Products) {
+        match products {
+            Products::Amx if super::amx::available() && super::amx::fits(self.inp, self.out) => {
+                self.packed = Some(super::amx::Packed::new(&self.w, self.out, self.inp));
+            }
+            Products::Int8 if super::vnni::available() && super::vnni::fits(self.inp, self.out) => {
+                self.int8 = Some(super::vnni::Packed::new(&self.w, self.out, self.inp));
+            }
+            _ => return,
         }
+        self.w = Vec::new();
     }
 
     /// `out = x · Wᵀ + b` for `n` rows of `x` (on AMX, `scratch` holds `x` in bf16, and
@@ -423,17 +465,25 @@ impl Linear {
             let rows = super::amx::rows_bf16(x, n, self.inp, &mut scratch.bf16);
             packed.apply(&scratch.bf16, rows, out, scratch.helper);
             out.truncate(n * self.out);
-            for row in out.chunks_exact_mut(self.out) {
-                for (o, b) in row.iter_mut().zip(&self.b) {
-                    *o += b;
-                }
+        } else if let Some(int8) = &self.int8 {
+            int8.apply(x, n, out, &mut scratch.int8);
+        } else {
+            out.clear();
+            for _ in 0..n {
+                out.extend_from_slice(&self.b);
             }
+            self.apply_f32(x, n, out);
             return;
         }
-        out.clear();
-        for _ in 0..n {
-            out.extend_from_slice(&self.b);
+        for row in out.chunks_exact_mut(self.out) {
+            for (o, b) in row.iter_mut().zip(&self.b) {
+                *o += b;
+            }
         }
+    }
+
+    /// `out += x · Wᵀ` in f32.
+    fn apply_f32(&self, x: &[f32], n: usize, out: &mut [f32]) {
         // W is out × inp, read transposed: inp × out with row stride 1, column stride inp.
         gemm(
             [n, self.inp, self.out],
@@ -815,17 +865,26 @@ pub(crate) mod tests {
     /// this CPU has them) to within what bf16 costs: cosine above 0.9995.
     #[test]
     fn vectors_match_the_reference() {
-        reference_holds(false, 0.9999, 1e-3);
+        reference_holds(Products::F32, 0.9999, 1e-3);
         if super::super::amx::available() {
-            reference_holds(true, 0.9995, 5e-3);
+            reference_holds(Products::Amx, 0.9995, 5e-3);
         } else {
             eprintln!("no AMX here: the bf16 products are not checked");
         }
+        if super::super::vnni::available() {
+            reference_holds(Products::Int8, MIN_INT8_COS, 2e-2);
+        } else {
+            eprintln!("no AVX-512 VNNI here: the int8 products are not checked");
+        }
     }
 
-    fn reference_holds(amx: bool, min_cos: f32, max_diff: f32) {
-        let model = Model::load_with(&model_dir(), amx).expect("model");
-        assert_eq!(model.layers[0].up.packed.is_some(), amx);
+    /// How near the int8 vectors must be to the f32 reference.
+    const MIN_INT8_COS: f32 = 0.995;
+
+    fn reference_holds(products: Products, min_cos: f32, max_diff: f32) {
+        let model = Model::load_with(&model_dir(), products).expect("model");
+        assert_eq!(model.layers[0].up.packed.is_some(), products == Products::Amx);
+        assert_eq!(model.layers[0].up.int8.is_some(), products == Products::Int8);
         #[derive(Deserialize)]
         struct Reference {
             text: String,
@@ -842,7 +901,7 @@ pub(crate) mod tests {
             let worst = v.iter().zip(&r.vector).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(
                 cos > min_cos && worst < max_diff,
-                "{:?} (amx: {amx}): cos {cos}, worst {worst}",
+                "{:?} ({products:?}): cos {cos}, worst {worst}",
                 r.text
             );
         }

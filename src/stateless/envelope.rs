@@ -333,7 +333,7 @@ fn decode(value: &str) -> Result<std::borrow::Cow<'_, str>, Error> {
 /// Standard Base64 with padding, strictly.
 fn base64(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return None;
     }
     let val = |c: u8| -> Option<u32> {
