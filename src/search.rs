@@ -37,6 +37,7 @@
 
 mod amx;
 pub mod eval;
+mod helper;
 mod loose;
 pub mod model;
 pub mod semantic;

@@ -18,8 +18,7 @@
 //! within one call on one thread.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use super::helper::{Helper, Job};
 
 /// Rows of a tile: tokens are taken 16 at a time (padded with zero rows).
 pub const ROWS: usize = 16;
@@ -196,7 +195,7 @@ impl Packed {
         // Every value is written by a tile store; only rows added since the last product
         // into this buffer get zeroed here.
         out.resize(rows * self.out, 0.0);
-        let job = Job {
+        let job = TileJob {
             a: x.as_ptr(),
             stride_a: self.inp * 2,
             b: self.lines.as_ptr(),
@@ -207,17 +206,27 @@ impl Packed {
         };
         let panels = self.out / PANEL;
         match helper {
-            Some(h) => h.share(job, panels),
-            // SAFETY: the job is made of the checked slices above (see `Job::run`).
+            // SAFETY: the job is made of the checked slices above (see `TileJob::run`),
+            // which stay borrowed until `share` returns; `run_tiles` takes disjoint panels.
+            Some(h) => unsafe { h.share(Job::new(&job, run_tiles, panels)) },
+            // SAFETY: as above.
             None => unsafe { job.run(0..panels) },
         }
     }
 }
 
+/// [`TileJob::run`] for a [`Job`] whose data is a `TileJob`.
+///
+/// # Safety
+/// `job` points to a live `TileJob` that `TileJob::run` may run.
+unsafe fn run_tiles(job: *const (), panels: std::ops::Range<usize>) {
+    // SAFETY: as the caller promises.
+    unsafe { (*job.cast::<TileJob>()).run(panels) }
+}
+
 /// One product, as `Packed::apply` checked it: `a` has `rows` rows of `stride_a` bytes
 /// (`chunks` steps of 64), `b` the packed weights' panels, `c` `rows × out` f32 values.
-#[derive(Clone, Copy)]
-struct Job {
+struct TileJob {
     a: *const u16,
     stride_a: usize,
     b: *const Line,
@@ -227,12 +236,7 @@ struct Job {
     out: usize,
 }
 
-// SAFETY: a job's pointers are into buffers that its poster keeps, unmoved and untouched,
-// until the helper has said it is done with it (`Helper::share`), and the poster and the
-// helper take disjoint panels, so their stores never overlap.
-unsafe impl Send for Job {}
-
-impl Job {
+impl TileJob {
     /// Runs `panels` of the product on this thread.
     ///
     /// # Safety
@@ -255,148 +259,6 @@ impl Job {
             release();
         }
     }
-}
-
-/// A second thread for the products of one text (a search's request, whose vector the
-/// search waits for): each product is posted, the poster runs the first half of its panels
-/// and the helper the second; if the helper has not taken it by the time the poster is
-/// done with its half, the poster runs the rest too, so a helper that is asleep or not
-/// scheduled costs nothing but the check. Reading the weights is what a product costs, and
-/// two cores read them at nearly twice the rate of one (BENCHMARKS.md, "Session 14").
-///
-/// One helper thread per process ([`Helper::begin`]), started on first use and asleep
-/// between texts; one text at a time has it, and any other is made on its own thread.
-pub struct Helper {
-    state: AtomicU8,
-    job: Mutex<Option<Job>>,
-    /// Held by the text that has the helper.
-    busy: Mutex<()>,
-    /// Whether a text has the helper: it spins while so, and sleeps on `bell` when not.
-    active: AtomicBool,
-    sleep: Mutex<()>,
-    bell: Condvar,
-}
-
-const IDLE: u8 = 0;
-const POSTED: u8 = 1;
-const TAKEN: u8 = 2;
-const DONE: u8 = 3;
-
-/// A text's hold on the helper; dropping it lets the helper sleep.
-pub struct Session {
-    pub helper: &'static Helper,
-    _busy: MutexGuard<'static, ()>,
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        self.helper.active.store(false, Ordering::Release);
-    }
-}
-
-impl Helper {
-    /// The helper, for one text, if it is free (and could be started).
-    pub fn begin() -> Option<Session> {
-        static HELPER: OnceLock<Option<&'static Helper>> = OnceLock::new();
-        let helper = (*HELPER.get_or_init(|| {
-            if !available() || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-                return None;
-            }
-            let helper: &'static Helper = Box::leak(Box::new(Helper {
-                state: AtomicU8::new(IDLE),
-                job: Mutex::new(None),
-                busy: Mutex::new(()),
-                active: AtomicBool::new(false),
-                sleep: Mutex::new(()),
-                bell: Condvar::new(),
-            }));
-            std::thread::Builder::new()
-                .name("search-model".into())
-                .spawn(move || helper.serve())
-                .ok()
-                .map(|_| helper)
-        }))?;
-        let busy = match helper.busy.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        {
-            let _sleep = crate::sync::lock(&helper.sleep);
-            helper.active.store(true, Ordering::Release);
-            helper.bell.notify_one();
-        }
-        Some(Session { helper, _busy: busy })
-    }
-
-    fn share(&self, job: Job, panels: usize) {
-        let mid = panels / 2;
-        *crate::sync::lock(&self.job) = Some(job);
-        self.state.store(POSTED, Ordering::Release);
-        // SAFETY: the job was made of checked slices (`Packed::apply`); the first half is
-        // this thread's, the second the helper's once it has taken the job.
-        unsafe { job.run(0..mid) };
-        if self
-            .state
-            .compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // SAFETY: as above; the helper never took this job.
-            unsafe { job.run(mid..panels) };
-        } else {
-            let mut spins = 0u32;
-            while self.state.load(Ordering::Acquire) != DONE {
-                spins = pause(spins);
-            }
-        }
-        *crate::sync::lock(&self.job) = None;
-        self.state.store(IDLE, Ordering::Release);
-    }
-
-    /// The helper thread: asleep until a text has it, then taking the second half of each
-    /// product posted, until the text lets go.
-    fn serve(&self) {
-        loop {
-            {
-                let mut sleep = crate::sync::lock(&self.sleep);
-                while !self.active.load(Ordering::Acquire) {
-                    sleep = self.bell.wait(sleep).unwrap_or_else(std::sync::PoisonError::into_inner);
-                }
-            }
-            let mut spins = 0u32;
-            while self.active.load(Ordering::Acquire) {
-                let taken = self.state.load(Ordering::Acquire) == POSTED
-                    && self
-                        .state
-                        .compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok();
-                if !taken {
-                    spins = pause(spins);
-                    continue;
-                }
-                spins = 0;
-                let job = *crate::sync::lock(&self.job);
-                if let Some(job) = job {
-                    let panels = job.out / PANEL;
-                    // SAFETY: the poster waits for DONE before it moves or reads the
-                    // job's buffers, and runs only the first half itself.
-                    unsafe { job.run(panels / 2..panels) };
-                }
-                self.state.store(DONE, Ordering::Release);
-            }
-        }
-    }
-}
-
-/// Waits a moment: spinning at first (the next product follows within microseconds), then
-/// giving the core away.
-fn pause(spins: u32) -> u32 {
-    if spins < 4096 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-    spins.saturating_add(1)
 }
 
 /// The 64-byte tile configuration: palette 1, all eight tiles 16 rows of 64 bytes.

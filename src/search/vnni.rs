@@ -7,13 +7,19 @@
 //! some days: a Xeon of the same family with `amx_*` masked). There, the f32 products took a
 //! 10-token request 12.5 ms with `matrixmultiply`, which also packs every weight on every
 //! call; int8 weights are 10.6 MB instead of 42 MB, read once per product in the order
-//! the kernel wants them. BENCHMARKS.md ("Session 16") has the figures and what int8 does
-//! to the vectors and to recall.
+//! the kernel wants them. A search's request shares each product with the process's helper
+//! thread ([`super::helper`]), as on AMX. BENCHMARKS.md ("Session 16") has the figures and
+//! what int8 does to the vectors (cosine to f32 0.998–0.999) and to recall (the same).
 //!
-//! The quantization is symmetric: a weight row (one output) is `scale · q` with `q` in
-//! −127..=127, and an input row is `s · (u − 128)` with `u` in 1..=255 (`vpdpbusd` takes
-//! unsigned × signed bytes); the product's `128 · Σq` is taken off per output.
+//! A weight row (one output) is `scale · q` with `q` in −127..=127; an input row is
+//! `s · (u − z)` with `u` in 0..=255, `s` and `z` set by the row's least and greatest values
+//! (`vpdpbusd` takes unsigned × signed bytes; a row after GELU is mostly on one side of 0,
+//! so this keeps twice the steps of a scale symmetric about 0); `z · Σq` is taken off
+//! each output's sum.
 #![allow(unsafe_code)]
+
+use super::helper::{Helper, Job};
+use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -53,18 +59,20 @@ pub fn fits(inp: usize, out: usize) -> bool {
 /// vector of 16 outputs, then by 4 inputs, each 64 bytes (output-major, 4 inputs each).
 pub struct Packed {
     q: Vec<i8>,
-    /// Per output: the weight row's scale, and `128 · Σq` (what the inputs' offset adds).
+    /// Per output: the weight row's scale, and `Σq` (what an input's zero point adds, times it).
     scale: Vec<f32>,
-    offset: Vec<i32>,
+    sums: Vec<i32>,
     inp: usize,
     out: usize,
 }
 
-/// Where [`Packed::apply`] keeps an input's bytes and row scales between products.
+/// Where [`Packed::apply`] keeps an input's bytes, row scales and zero points between
+/// products.
 #[derive(Default)]
 pub struct Scratch {
     bytes: Vec<u8>,
     scales: Vec<f32>,
+    zeros: Vec<i32>,
 }
 
 impl Packed {
@@ -74,7 +82,7 @@ impl Packed {
         let steps = inp / K_STEP;
         let mut q = vec![0i8; out * inp];
         let mut scale = vec![0f32; out];
-        let mut offset = vec![0i32; out];
+        let mut sums = vec![0i32; out];
         for (o, row) in w.chunks_exact(inp).enumerate() {
             let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
             let s = if max > 0.0 { max / 127.0 } else { 1.0 };
@@ -86,57 +94,102 @@ impl Packed {
                 sum += i32::from(v);
                 q[((panel * steps + k / K_STEP) * LANES + lane) * K_STEP + k % K_STEP] = v;
             }
-            offset[o] = 128 * sum;
+            sums[o] = sum;
         }
         Packed {
             q,
             scale,
-            offset,
+            sums,
             inp,
             out,
         }
     }
 
     /// `out = x · Wᵀ` for `n` rows of `x` (`inp` wide, row-major); `out` gets `n × self.out`
-    /// values, row-major. [`available`] must hold.
-    pub fn apply(&self, x: &[f32], n: usize, out: &mut Vec<f32>, scratch: &mut Scratch) {
+    /// values, row-major. [`available`] must hold. With a `helper`, its thread may take the
+    /// second half of the output vectors.
+    pub fn apply(&self, x: &[f32], n: usize, out: &mut Vec<f32>, scratch: &mut Scratch, helper: Option<&Helper>) {
         assert!(x.len() >= n * self.inp && available(), "int8 product of {n} rows");
         quantize(&x[..n * self.inp], self.inp, scratch);
         out.resize(n * self.out, 0.0);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has AVX-512 F, BW and VNNI (`available`); `scratch` holds `n` rows
-        // of `inp` bytes and `n` scales, `out` `n × self.out` values, `self.q` the packed
-        // `self.out × self.inp` weights (checked in `new`); `block` reads and writes only
-        // inside them.
-        unsafe {
-            self.products(&scratch.bytes, &scratch.scales, n, out);
+        let job = Product {
+            packed: self,
+            x: scratch.bytes.as_ptr(),
+            scales: scratch.scales.as_ptr(),
+            zeros: scratch.zeros.as_ptr(),
+            n,
+            out: out.as_mut_ptr(),
+        };
+        let panels = self.out / LANES;
+        match helper {
+            // SAFETY: `job` is made of the checked buffers above, which stay borrowed until
+            // `share` returns, and `run_product` runs disjoint panels of it.
+            Some(h) => unsafe { h.share(Job::new(&job, run_product, panels)) },
+            // SAFETY: as above.
+            None => unsafe { job.run(0..panels) },
         }
+    }
+}
+
+/// One product, as [`Packed::apply`] checked it: `x` has `n` rows of `packed.inp` bytes,
+/// `scales` and `zeros` `n` values, `out` room for `n × packed.out` values.
+struct Product<'a> {
+    packed: &'a Packed,
+    x: *const u8,
+    scales: *const f32,
+    zeros: *const i32,
+    n: usize,
+    out: *mut f32,
+}
+
+/// [`Product::run`] for a [`Job`] whose data is a `Product`.
+///
+/// # Safety
+/// `job` points to a live `Product` that `Product::run` may run.
+unsafe fn run_product(job: *const (), panels: Range<usize>) {
+    // SAFETY: as the caller promises.
+    unsafe { (*job.cast::<Product<'_>>()).run(panels) }
+}
+
+impl Product<'_> {
+    /// Runs the output vectors `panels` of the product on this thread.
+    ///
+    /// # Safety
+    /// The product's buffers are alive and unshared (but for other panels), as
+    /// `Packed::apply` made them, and [`available`] said yes.
+    unsafe fn run(&self, panels: Range<usize>) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as the caller promises.
+        unsafe {
+            self.products(panels);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = panels;
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn products(&self, x: &[u8], scales: &[f32], n: usize, out: &mut [f32]) {
-        let panels = self.out / LANES;
+    unsafe fn products(&self, panels: Range<usize>) {
         // Panels outside, rows inside: each panel's weights (at most 96 KiB) are read
         // from memory once and stay in cache for every row.
-        let mut p = 0;
-        while p < panels {
-            let np = (panels - p).min(BLOCK_PANELS);
+        let mut p = panels.start;
+        while p < panels.end {
+            let np = (panels.end - p).min(BLOCK_PANELS);
             let mut m = 0;
-            while m < n {
-                let rows = (n - m).min(BLOCK_ROWS);
-                // SAFETY: as `apply` promises; `rows` rows from `m` and `np` panels from `p`
+            while m < self.n {
+                let rows = (self.n - m).min(BLOCK_ROWS);
+                // SAFETY: as `run` promises; `rows` rows from `m` and `np` panels from `p`
                 // are inside the product.
                 unsafe {
                     match (rows, np) {
-                        (4, 4) => self.block::<4, 4>(x, scales, m, p, out),
-                        (3, 4) => self.block::<3, 4>(x, scales, m, p, out),
-                        (2, 4) => self.block::<2, 4>(x, scales, m, p, out),
-                        (1, 4) => self.block::<1, 4>(x, scales, m, p, out),
+                        (4, 4) => self.block::<4, 4>(m, p),
+                        (3, 4) => self.block::<3, 4>(m, p),
+                        (2, 4) => self.block::<2, 4>(m, p),
+                        (1, 4) => self.block::<1, 4>(m, p),
                         _ => {
                             for j in p..p + np {
                                 for r in m..m + rows {
-                                    self.block::<1, 1>(x, scales, r, j, out);
+                                    self.block::<1, 1>(r, j);
                                 }
                             }
                         }
@@ -152,18 +205,12 @@ impl Packed {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
-    unsafe fn block<const R: usize, const P: usize>(
-        &self,
-        x: &[u8],
-        scales: &[f32],
-        m: usize,
-        p: usize,
-        out: &mut [f32],
-    ) {
-        let steps = self.inp / K_STEP;
-        let (w, x) = (self.q.as_ptr(), x.as_ptr());
+    unsafe fn block<const R: usize, const P: usize>(&self, m: usize, p: usize) {
+        let w8 = self.packed;
+        let (inp, steps) = (w8.inp, w8.inp / K_STEP);
+        let (w, x) = (w8.q.as_ptr(), self.x);
         // SAFETY: as `products` promises: the panels `p..p + P` hold `steps` vectors of 64
-        // bytes each, the rows `m..m + R` `inp` bytes each, and the outputs are in `out`.
+        // bytes each, the rows `m..m + R` `inp` bytes each, and their outputs are in `out`.
         unsafe {
             let mut acc = [[_mm512_setzero_si512(); P]; R];
             for s in 0..steps {
@@ -172,41 +219,88 @@ impl Packed {
                     *v = _mm512_loadu_si512(w.add(((p + j) * steps + s) * 64).cast());
                 }
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let a = _mm512_set1_epi32(x.add((m + r) * self.inp + s * K_STEP).cast::<i32>().read_unaligned());
+                    let a = _mm512_set1_epi32(x.add((m + r) * inp + s * K_STEP).cast::<i32>().read_unaligned());
                     for (acc, v) in acc.iter_mut().zip(&wv) {
                         *acc = _mm512_dpbusd_epi32(*acc, a, *v);
                     }
                 }
             }
             for (r, acc) in acc.iter().enumerate() {
-                let s = _mm512_set1_ps(scales[m + r]);
+                let s = _mm512_set1_ps(*self.scales.add(m + r));
+                let z = _mm512_set1_epi32(*self.zeros.add(m + r));
                 for (j, acc) in acc.iter().enumerate() {
                     let o = (p + j) * LANES;
-                    let sums = _mm512_sub_epi32(*acc, _mm512_loadu_si512(self.offset.as_ptr().add(o).cast()));
+                    let q = _mm512_loadu_si512(w8.sums.as_ptr().add(o).cast());
+                    let sums = _mm512_sub_epi32(*acc, _mm512_mullo_epi32(q, z));
                     let v = _mm512_mul_ps(
                         _mm512_cvtepi32_ps(sums),
-                        _mm512_mul_ps(_mm512_loadu_ps(self.scale.as_ptr().add(o)), s),
+                        _mm512_mul_ps(_mm512_loadu_ps(w8.scale.as_ptr().add(o)), s),
                     );
-                    _mm512_storeu_ps(out.as_mut_ptr().add((m + r) * self.out + o), v);
+                    _mm512_storeu_ps(self.out.add((m + r) * w8.out + o), v);
                 }
             }
         }
     }
 }
 
-/// Each `inp`-wide row of `x` as `s · (u − 128)`: the bytes `u` and the scales `s`.
+/// Each `inp`-wide row of `x` as `s · (u − z)`: the bytes `u`, the scales `s` and the zero
+/// points `z`.
 fn quantize(x: &[f32], inp: usize, scratch: &mut Scratch) {
     scratch.bytes.clear();
     scratch.scales.clear();
-    for row in x.chunks_exact(inp) {
-        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = if max > 0.0 { max / 127.0 } else { 1.0 };
-        let inv = 1.0 / s;
+    scratch.zeros.clear();
+    scratch.bytes.resize(x.len(), 0);
+    for (row, bytes) in x.chunks_exact(inp).zip(scratch.bytes.chunks_exact_mut(inp)) {
+        #[cfg(target_arch = "x86_64")]
+        if inp.is_multiple_of(16) && available() {
+            // SAFETY: the CPU has AVX-512 F and BW (`available`), and the row's length is
+            // whole vectors of 16.
+            let (s, z) = unsafe { quantize_row_avx512(row, bytes) };
+            scratch.scales.push(s);
+            scratch.zeros.push(z);
+            continue;
+        }
+        let (lo, hi) = row.iter().fold((0f32, 0f32), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+        let (s, inv, z) = steps(lo, hi);
+        for (b, v) in bytes.iter_mut().zip(row) {
+            // Non-negative once clamped: adding ½ and truncating rounds to nearest.
+            *b = ((v * inv + z).clamp(0.0, 255.0) + 0.5) as u8;
+        }
         scratch.scales.push(s);
-        scratch.bytes.extend(
-            row.iter()
-                .map(|v| ((v * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8),
-        );
+        scratch.zeros.push(z as i32);
+    }
+}
+
+/// A row between `lo` and `hi` (`lo ≤ 0 ≤ hi`) in 255 steps: the step `s`, `1 / s`, and
+/// the zero point `z` (a whole number in 0..=255).
+fn steps(lo: f32, hi: f32) -> (f32, f32, f32) {
+    let s = if hi > lo { (hi - lo) / 255.0 } else { 1.0 };
+    let inv = 1.0 / s;
+    (s, inv, (-lo * inv).round().clamp(0.0, 255.0))
+}
+
+/// [`quantize`] of one row, 16 values at a time; returns its scale and zero point.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_row_avx512(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
+    // SAFETY: as the caller promises: `row` and `bytes` are `row.len()` long, a multiple
+    // of 16, so every load and store below is inside them.
+    unsafe {
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for c in row.chunks_exact(16) {
+            let v = _mm512_loadu_ps(c.as_ptr());
+            lo = _mm512_min_ps(lo, v);
+            hi = _mm512_max_ps(hi, v);
+        }
+        let (s, inv, z) = steps(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
+        let (vinv, vz, top) = (_mm512_set1_ps(inv), _mm512_set1_ps(z), _mm512_set1_ps(255.0));
+        let half = _mm512_set1_ps(0.5);
+        for (c, b) in row.chunks_exact(16).zip(bytes.chunks_exact_mut(16)) {
+            let v = _mm512_fmadd_ps(_mm512_loadu_ps(c.as_ptr()), vinv, vz);
+            let v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), top), half);
+            _mm_storeu_si128(b.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
+        }
+        (s, z as i32)
     }
 }
 
@@ -230,8 +324,12 @@ mod tests {
                 .map(|i| ((i * 104_729 % 997) as f32 / 400.0) - 1.2)
                 .collect();
             let (mut got, mut scratch) = (Vec::new(), Scratch::default());
-            packed.apply(&x, n, &mut got, &mut scratch);
+            packed.apply(&x, n, &mut got, &mut scratch, None);
             assert_eq!(got.len(), n * out);
+            let session = Helper::begin();
+            let mut two = Vec::new();
+            packed.apply(&x, n, &mut two, &mut scratch, session.as_ref().map(|s| s.helper));
+            assert_eq!(got, two, "two threads give the same product");
             for r in 0..n {
                 for o in 0..out {
                     let want: f32 = (0..inp).map(|k| x[r * inp + k] * w[o * inp + k]).sum();
@@ -253,7 +351,7 @@ mod tests {
         }
         let packed = Packed::new(&[0.0; 16 * 4], 16, 4);
         let (mut got, mut scratch) = (Vec::new(), Scratch::default());
-        packed.apply(&[0.0; 8], 2, &mut got, &mut scratch);
+        packed.apply(&[0.0; 8], 2, &mut got, &mut scratch, None);
         assert_eq!(got, vec![0.0; 32]);
     }
 }
