@@ -18,7 +18,7 @@
 //! within one call on one thread.
 #![allow(unsafe_code)]
 
-use super::helper::{Helper, Job};
+use super::helper::{Helper, Job, Panels};
 
 /// Rows of a tile: tokens are taken 16 at a time (padded with zero rows).
 pub const ROWS: usize = 16;
@@ -207,21 +207,12 @@ impl Packed {
         let panels = self.out / PANEL;
         match helper {
             // SAFETY: the job is made of the checked slices above (see `TileJob::run`),
-            // which stay borrowed until `share` returns; `run_tiles` takes disjoint panels.
-            Some(h) => unsafe { h.share(Job::new(&job, run_tiles, panels)) },
+            // which stay borrowed until `share` returns.
+            Some(h) => unsafe { h.share(Job::new(&job, panels)) },
             // SAFETY: as above.
             None => unsafe { job.run(0..panels) },
         }
     }
-}
-
-/// [`TileJob::run`] for a [`Job`] whose data is a `TileJob`.
-///
-/// # Safety
-/// `job` points to a live `TileJob` that `TileJob::run` may run.
-unsafe fn run_tiles(job: *const (), panels: std::ops::Range<usize>) {
-    // SAFETY: as the caller promises.
-    unsafe { (*job.cast::<TileJob>()).run(panels) }
 }
 
 /// One product, as `Packed::apply` checked it: `a` has `rows` rows of `stride_a` bytes
@@ -236,12 +227,9 @@ struct TileJob {
     out: usize,
 }
 
-impl TileJob {
-    /// Runs `panels` of the product on this thread.
-    ///
-    /// # Safety
-    /// The job's buffers are alive and unshared (but for other panels), as `Packed::apply`
-    /// made them, and `available` said yes.
+impl Panels for TileJob {
+    /// Runs `panels` of the product on this thread (the buffers are as `Packed::apply`
+    /// made them, and `available` said yes).
     unsafe fn run(&self, panels: std::ops::Range<usize>) {
         // SAFETY: as the caller promises; configure and release bracket the products.
         unsafe {

@@ -16,8 +16,17 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
-/// One product, split by panels (groups of outputs): `run(data, panels)` runs those panels
-/// of it on the calling thread.
+/// A product that can be run a range of its panels (groups of outputs) at a time.
+pub trait Panels {
+    /// Runs `panels` of the product on this thread.
+    ///
+    /// # Safety
+    /// The product's buffers are alive, and no other thread runs these panels meanwhile.
+    unsafe fn run(&self, panels: Range<usize>);
+}
+
+/// One product posted to the helper: `run(data, panels)` runs those panels of it on the
+/// calling thread.
 #[derive(Clone, Copy)]
 pub struct Job {
     run: unsafe fn(*const (), Range<usize>),
@@ -31,14 +40,23 @@ pub struct Job {
 unsafe impl Send for Job {}
 
 impl Job {
-    /// A job of `panels` panels over `data`, run by `run`.
-    pub fn new<T>(data: &T, run: unsafe fn(*const (), Range<usize>), panels: usize) -> Job {
+    /// A job of the `panels` panels of `data`.
+    pub fn new<T: Panels>(data: &T, panels: usize) -> Job {
         Job {
-            run,
+            run: run_panels::<T>,
             data: (data as *const T).cast(),
             panels,
         }
     }
+}
+
+/// [`Panels::run`] of the `T` at `data`.
+///
+/// # Safety
+/// `data` points to a live `T`, and [`Panels::run`]'s promise holds.
+unsafe fn run_panels<T: Panels>(data: *const (), panels: Range<usize>) {
+    // SAFETY: as the caller promises.
+    unsafe { (*data.cast::<T>()).run(panels) }
 }
 
 /// The process's helper ([`Helper::begin`]).

@@ -18,7 +18,7 @@
 //! each output's sum.
 #![allow(unsafe_code)]
 
-use super::helper::{Helper, Job};
+use super::helper::{Helper, Job, Panels};
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
@@ -123,8 +123,8 @@ impl Packed {
         let panels = self.out / LANES;
         match helper {
             // SAFETY: `job` is made of the checked buffers above, which stay borrowed until
-            // `share` returns, and `run_product` runs disjoint panels of it.
-            Some(h) => unsafe { h.share(Job::new(&job, run_product, panels)) },
+            // `share` returns.
+            Some(h) => unsafe { h.share(Job::new(&job, panels)) },
             // SAFETY: as above.
             None => unsafe { job.run(0..panels) },
         }
@@ -142,21 +142,9 @@ struct Product<'a> {
     out: *mut f32,
 }
 
-/// [`Product::run`] for a [`Job`] whose data is a `Product`.
-///
-/// # Safety
-/// `job` points to a live `Product` that `Product::run` may run.
-unsafe fn run_product(job: *const (), panels: Range<usize>) {
-    // SAFETY: as the caller promises.
-    unsafe { (*job.cast::<Product<'_>>()).run(panels) }
-}
-
-impl Product<'_> {
-    /// Runs the output vectors `panels` of the product on this thread.
-    ///
-    /// # Safety
-    /// The product's buffers are alive and unshared (but for other panels), as
-    /// `Packed::apply` made them, and [`available`] said yes.
+impl Panels for Product<'_> {
+    /// Runs the output vectors `panels` of the product on this thread (the buffers are as
+    /// `Packed::apply` made them, and [`available`] said yes).
     unsafe fn run(&self, panels: Range<usize>) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as the caller promises.
@@ -166,7 +154,9 @@ impl Product<'_> {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = panels;
     }
+}
 
+impl Product<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn products(&self, panels: Range<usize>) {
