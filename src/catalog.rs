@@ -172,6 +172,8 @@ pub struct Catalog {
     pub param_schemas: HashMap<String, Value>,
     /// Each server's name, prefix (with the separator) and instructions, for the index.
     servers: Vec<ServerText>,
+    /// The server of each tool of `tools_result`, in order (an index into `servers`).
+    tool_servers: Vec<usize>,
     /// The tool search index, built on first use ([`Catalog::search_index`]).
     search: std::sync::OnceLock<crate::search::Index>,
 }
@@ -193,23 +195,29 @@ impl Catalog {
             #[derive(serde::Deserialize)]
             struct Tools<'a> {
                 #[serde(borrow)]
-                tools: Vec<crate::search::Listed<'a>>,
+                tools: Vec<&'a serde_json::value::RawValue>,
             }
-            let listed =
+            let mut listed =
                 serde_json::from_str::<Tools>(self.tools_result.get()).map_or_else(|_| Vec::new(), |t| t.tools);
-            let none = ServerText {
-                name: String::new(),
-                prefix: String::new(),
-                instructions: None,
-            };
-            crate::search::Index::build(listed.iter().map(|tool| {
-                let server = self
-                    .tools
-                    .get(tool.name())
-                    .and_then(|r| self.servers.get(r.server))
-                    .unwrap_or(&none);
-                tool.tool(&server.prefix, &server.name, server.instructions.as_deref())
-            }))
+            listed.truncate(self.tool_servers.len());
+            // The list is the servers' tools, a server's one after the other.
+            let mut groups = Vec::new();
+            let mut start = 0;
+            for end in 1..=listed.len() {
+                let server = self.tool_servers[start];
+                if end == listed.len() || self.tool_servers.get(end) != Some(&server) {
+                    if let Some(s) = self.servers.get(server) {
+                        groups.push(crate::search::Group {
+                            server: &s.name,
+                            prefix: &s.prefix,
+                            instructions: s.instructions.as_deref(),
+                            tools: &listed[start..end],
+                        });
+                    }
+                    start = end;
+                }
+            }
+            crate::search::Index::build_groups(&groups)
         })
     }
 
@@ -229,8 +237,9 @@ impl Catalog {
     pub fn build(separator: &str, sources: &[Source]) -> Catalog {
         let mut notes = Vec::new();
         let mut entries = Vec::new();
-        let (tools, tools_list) = merge_named(separator, sources, "tool", &mut notes, &mut entries, |l| &l.tools, true);
-        let (prompts, prompts_list) = merge_named(
+        let (tools, tools_list, tool_servers) =
+            merge_named(separator, sources, "tool", &mut notes, &mut entries, |l| &l.tools, true);
+        let (prompts, prompts_list, _) = merge_named(
             separator,
             sources,
             "prompt",
@@ -323,6 +332,7 @@ impl Catalog {
                     instructions: s.instructions.map(str::to_owned),
                 })
                 .collect(),
+            tool_servers,
             search: std::sync::OnceLock::new(),
             hints: std::array::from_fn(|i| {
                 sources
@@ -363,7 +373,8 @@ impl Catalog {
     }
 }
 
-type Merged = (HashMap<String, Route>, Vec<Value>);
+/// The routes by public name, the merged list, and each item's server (by index).
+type Merged = (HashMap<String, Route>, Vec<Value>, Vec<usize>);
 
 fn merge_named(
     separator: &str,
@@ -376,6 +387,7 @@ fn merge_named(
 ) -> Merged {
     let mut table: HashMap<String, Route> = HashMap::new();
     let mut list = Vec::new();
+    let mut owners = Vec::new();
     for (i, s) in sources.iter().enumerate() {
         let mut own: HashSet<&str> = HashSet::new();
         for item in pick(s.lists) {
@@ -428,6 +440,7 @@ fn merge_named(
                 overrides::apply(&mut item, o);
             }
             list.push(Value::Object(item));
+            owners.push(i);
             entries.push(Entry {
                 kind,
                 public: public.clone(),
@@ -443,7 +456,7 @@ fn merge_named(
             );
         }
     }
-    (table, list)
+    (table, list, owners)
 }
 
 /// Whether a tool's `inputSchema` asks for any `Mcp-Param-*` header (`x-mcp-header` on a

@@ -31,8 +31,11 @@
 //!
 //! Why not a search crate: tantivy (the well-kept one) is built for segments on disk and
 //! millions of documents, adds a large dependency tree, and needs a newer Rust (1.88) than
-//! this crate's 1.85; a catalog is about a thousand short documents, rebuilt whole on each
-//! change, and searched with a per-caller filter, which this file does in microseconds.
+//! this crate's 1.85; a catalog is about a thousand short documents, searched with a
+//! per-caller filter, which this file does in microseconds. After a list_changed only the
+//! servers whose tools changed are analyzed again (`segment.rs` keeps one analyzed segment
+//! per server); the segments' postings are then merged into one index, the same index a
+//! build from nothing gives.
 //! `mcp-gateway-search-bench` measures it on a fixture of real tools (BENCHMARKS.md).
 
 mod amx;
@@ -40,11 +43,13 @@ pub mod eval;
 mod helper;
 mod loose;
 pub mod model;
+mod segment;
 pub mod semantic;
 pub mod text;
 mod vnni;
 pub mod wordpiece;
 
+pub use segment::Group;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -269,11 +274,11 @@ fn semantic_text(server: &str, own_name: &str, title: Option<&str>, description:
 }
 
 /// One indexed tool.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Doc {
-    name: Box<str>,
+    name: std::sync::Arc<str>,
     /// `{"name", "description", "inputSchema"}`, written once, for search results.
-    entry: Box<RawValue>,
+    entry: std::sync::Arc<RawValue>,
     /// It changes something: its `readOnlyHint` is false, or (without one) its name
     /// starts with a verb that writes.
     writes: bool,
@@ -288,10 +293,11 @@ pub struct Index {
     /// Terms, sorted (for prefix look-ups), each with its IDF and postings.
     terms: Vec<Term>,
     tuning: Tuning,
-    /// Each tool's text for a sentence-embedding model ([`semantic_text`]), by document.
-    texts: Vec<Box<str>>,
     /// The tools' vectors, once [`Index::attach`] has computed them.
     dense: std::sync::OnceLock<semantic::Dense>,
+    /// The segments it was put together from, which the next catalog's index may reuse;
+    /// they hold each tool's text for a sentence-embedding model ([`semantic_text`]).
+    segments: segment::Held,
 }
 
 #[derive(Debug)]
@@ -327,108 +333,63 @@ impl Index {
         Index::build_tuned(tools, Tuning::default())
     }
 
-    /// [`Index::build`] with other numbers.
+    /// [`Index::build`] with other numbers. A server's tools come one after the other.
     pub fn build_tuned<'a>(tools: impl IntoIterator<Item = Tool<'a>>, tuning: Tuning) -> Index {
         let tools: Vec<Tool<'a>> = tools.into_iter().collect();
-        let own_names: Vec<&str> = tools
-            .iter()
-            .map(|t| {
-                t.name
-                    .strip_prefix(t.prefix)
-                    .filter(|rest| !rest.is_empty())
-                    .unwrap_or(t.name)
-            })
-            .collect();
-        let shared = shared_name_words(&tools, &own_names);
-        // Each description's terms, and the ones most of a server's descriptions say (a
-        // server's boilerplate: "It is read-only and does not mutate GitLab data"), which
-        // count as the server's instructions rather than as what the tool does.
-        let descriptions: Vec<Vec<String>> = tools
-            .iter()
-            .map(|t| {
-                let mut v = Vec::new();
-                text::terms(t.description, |term| v.push(term.to_owned()));
-                v
-            })
-            .collect();
-        let boilerplate = shared_description_words(&tools, &descriptions);
-        // term → (doc, frequency in each field)
-        let mut raw: Map32<String, RawPostings> = Map32::default();
-        let mut lengths: Vec<[u32; FIELDS.len()]> = Vec::with_capacity(tools.len());
-        let mut docs = Vec::with_capacity(tools.len());
-        let mut texts = Vec::with_capacity(tools.len());
-        for (t, own) in tools.iter().zip(&own_names) {
-            let doc = docs.len() as u32;
-            let mut len = [0u32; FIELDS.len()];
-            let mut add_term = |field: usize, term: &str| {
-                len[field] += 1;
-                let postings = match raw.get_mut(term) {
-                    Some(p) => p,
-                    None => raw.entry(term.to_owned()).or_default(),
-                };
-                match postings.last_mut() {
-                    // A name says a word once however often it spells it (`merge_merge_request`).
-                    Some((d, tf)) if *d == doc && field == NAME && tf[NAME] > 0 => {}
-                    Some((d, tf)) if *d == doc => tf[field] = tf[field].saturating_add(1),
-                    _ => {
-                        let mut tf = [0u16; FIELDS.len()];
-                        tf[field] = 1;
-                        postings.push((doc, tf));
-                    }
+        let mut segments = Vec::new();
+        let mut start = 0;
+        for end in 1..=tools.len() {
+            let same =
+                |a: &Tool, b: &Tool| a.server == b.server && a.prefix == b.prefix && a.instructions == b.instructions;
+            if end == tools.len() || !same(&tools[start], &tools[end]) {
+                segments.push(std::sync::Arc::new(segment::Segment::analyze(&tools[start..end])));
+                start = end;
+            }
+        }
+        Index::assemble(&segments, tuning)
+    }
+
+    /// Indexes a catalog's tools, a [`Group`] a server, in the catalog's order. A server
+    /// whose tools are as they were at an earlier build (the same text to the byte) is not
+    /// analyzed again: after a list_changed, only the server that changed is.
+    pub fn build_groups(groups: &[Group<'_>]) -> Index {
+        Index::assemble(&segment::cached(groups), Tuning::default())
+    }
+
+    /// The index of `segments`, in order: their terms merged, compounds split, weights
+    /// computed.
+    fn assemble(segments: &[std::sync::Arc<segment::Segment>], tuning: Tuning) -> Index {
+        let count: usize = segments.iter().map(|s| s.docs.len()).sum();
+        let mut docs = Vec::with_capacity(count);
+        let mut lengths: Vec<[u32; FIELDS.len()]> = Vec::with_capacity(count);
+        // Each segment's first document; each term of each segment, merged in order.
+        let mut offsets = Vec::with_capacity(segments.len());
+        let mut all: Vec<(&str, u32, u32)> = Vec::new();
+        for (s, seg) in segments.iter().enumerate() {
+            offsets.push(docs.len() as u32);
+            docs.extend(seg.docs.iter().cloned());
+            lengths.extend_from_slice(&seg.lengths);
+            all.extend(
+                seg.terms
+                    .iter()
+                    .enumerate()
+                    .map(|(t, (term, _))| (&**term, s as u32, t as u32)),
+            );
+        }
+        // Stable: a term's postings come in segment order, so by document.
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        let mut raw: Vec<(&str, RawPostings)> = Vec::new();
+        for (term, s, t) in all {
+            let offset = offsets[s as usize];
+            let postings = &segments[s as usize].terms[t as usize].1;
+            let list = match raw.last_mut() {
+                Some((last, list)) if *last == term => list,
+                _ => {
+                    raw.push((term, Vec::with_capacity(postings.len())));
+                    &mut raw.last_mut().expect("just pushed").1
                 }
             };
-            // A word nearly every tool of the server has in its name (`browser_`,
-            // `API-`, `jira_`) says which server, not which tool.
-            let mut first_own: Option<String> = None;
-            let mut name_terms: Vec<String> = Vec::new();
-            text::terms(own, |term| {
-                let field = if shared.contains(&(t.server, term.to_owned())) {
-                    SERVER
-                } else {
-                    first_own.get_or_insert_with(|| term.to_owned());
-                    if !name_terms.iter().any(|n| n == term) {
-                        name_terms.push(term.to_owned());
-                    }
-                    NAME
-                };
-                add_term(field, term);
-            });
-            let writes = writes(t.read_only, first_own.as_deref());
-            for term in &descriptions[doc as usize] {
-                let field = if boilerplate.contains(&(t.server, term.as_str())) {
-                    INSTRUCTIONS
-                } else {
-                    DESCRIPTION
-                };
-                add_term(field, term);
-            }
-            let mut add = |field: usize, text: &str| text::terms(text, |term| add_term(field, term));
-            if let Some(title) = t.title {
-                add(TITLE, title);
-            }
-            if let Some(schema) = t
-                .input_schema
-                .and_then(|s| serde_json::from_str::<Schema>(s.get()).ok())
-            {
-                parameters(&schema, SCHEMA_DEPTH, &mut |name, desc| {
-                    add(PARAM_NAMES, name);
-                    if let Some(d) = desc {
-                        add(PARAM_DESCRIPTIONS, d);
-                    }
-                });
-            }
-            add(SERVER, t.server);
-            if let Some(i) = t.instructions {
-                add(INSTRUCTIONS, i);
-            }
-            lengths.push(len);
-            texts.push(semantic_text(t.server, own, t.title, t.description));
-            docs.push(Doc {
-                name: t.name.into(),
-                entry: entry(t.name, t.description, t.input_schema),
-                writes,
-                name_terms: name_terms.len().min(u8::MAX as usize) as u8,
-            });
+            list.extend(postings.iter().map(|&(d, tf)| (d + offset, tf)));
         }
         decompound(&mut raw);
         let n = docs.len().max(1) as f32;
@@ -441,7 +402,7 @@ impl Index {
         for a in &mut average {
             *a = (*a / n).max(1.0);
         }
-        let mut terms: Vec<Term> = raw
+        let terms: Vec<Term> = raw
             .into_iter()
             .map(|(term, postings)| {
                 let df = postings.len() as f32;
@@ -466,19 +427,18 @@ impl Index {
                     })
                     .collect();
                 Term {
-                    text: term.into_boxed_str(),
+                    text: term.into(),
                     idf,
                     postings,
                 }
             })
             .collect();
-        terms.sort_unstable_by(|a, b| a.text.cmp(&b.text));
         Index {
             docs,
             terms,
             tuning,
-            texts,
             dense: std::sync::OnceLock::new(),
+            segments: segment::Held(segments.to_vec()),
         }
     }
 
@@ -495,14 +455,14 @@ impl Index {
         if self.dense.get().is_some() {
             return;
         }
-        if self.texts.len() > most {
+        if self.docs.len() > most {
             tracing::warn!(
-                tools = self.texts.len(),
+                tools = self.docs.len(),
                 "tool search: the model ranks the first {most} tools of the catalog; the other {} by words only",
-                self.texts.len() - most
+                self.docs.len() - most
             );
         }
-        let vectors = semantic.vectors(&self.texts[..self.texts.len().min(most)]);
+        let vectors = semantic.vectors(self.segments.0.iter().flat_map(|s| &s.texts).take(most));
         let _ = self.dense.set(semantic::Dense {
             semantic: semantic.clone(),
             vectors,
@@ -728,8 +688,10 @@ impl Index {
 /// Gives each document holding a compound term (`worklog`, `datasource`, `username`) its
 /// two parts too, in the same fields, when both are terms of the index on their own:
 /// a request says "log work" or "data source" as often as the tool says it as one word.
-fn decompound(raw: &mut Map32<String, RawPostings>) {
-    let mut parts: Vec<(String, RawPostings)> = Vec::new();
+/// `raw` is sorted by term, and stays so.
+fn decompound(raw: &mut [(&str, RawPostings)]) {
+    let find = |raw: &[(&str, RawPostings)], term: &str| raw.binary_search_by(|(t, _)| (*t).cmp(term)).ok();
+    let mut parts: Vec<(usize, RawPostings)> = Vec::new();
     for (term, postings) in raw.iter() {
         if term.len() < 2 * MIN_PART + 1 || !term.is_ascii() {
             continue;
@@ -737,14 +699,14 @@ fn decompound(raw: &mut Map32<String, RawPostings>) {
         let split = (MIN_PART + 1..=term.len() - MIN_PART)
             .rev()
             .map(|i| term.split_at(i))
-            .find(|(a, b)| raw.contains_key(*a) && raw.contains_key(*b));
+            .find_map(|(a, b)| Some((find(raw, a)?, find(raw, b)?)));
         if let Some((a, b)) = split {
-            parts.push((a.to_owned(), postings.clone()));
-            parts.push((b.to_owned(), postings.clone()));
+            parts.push((a, postings.clone()));
+            parts.push((b, postings.clone()));
         }
     }
     for (part, postings) in parts {
-        let list = raw.entry(part).or_default();
+        let list = &mut raw[part].1;
         for (doc, tf) in postings {
             match list.iter_mut().find(|(d, _)| *d == doc) {
                 Some((_, have)) => {

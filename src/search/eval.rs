@@ -400,6 +400,41 @@ mod tests {
         );
     }
 
+    /// After one server's list changed, the index put together from the cached segments of
+    /// the others is the one built from nothing, to the bit.
+    #[test]
+    fn an_index_from_cached_segments_is_the_one_built_from_nothing() {
+        use crate::search::{Index, Listed};
+        let f = fixture();
+        let _ = Fixture::catalog(&f.servers).search_index().len();
+        let mut changed = f.servers.clone();
+        changed[3].tools[0].insert("description".into(), "Merge two worklog entries.".into());
+        changed[5].tools.pop();
+        let catalog = Fixture::catalog(&changed);
+        #[derive(serde::Deserialize)]
+        struct Tools<'a> {
+            #[serde(borrow)]
+            tools: Vec<Listed<'a>>,
+        }
+        let listed: Tools = serde_json::from_str(catalog.tools_result.get()).unwrap();
+        let servers: std::collections::HashMap<&str, &Server> =
+            changed.iter().map(|s| (s.server.as_str(), s)).collect();
+        let prefixes: Vec<String> = listed
+            .tools
+            .iter()
+            .map(|t| format!("{}__", t.name().split("__").next().unwrap()))
+            .collect();
+        let fresh = Index::build(listed.tools.iter().zip(&prefixes).map(|(t, p)| {
+            let server = servers[p.trim_end_matches("__")];
+            t.tool(p, &server.server, server.instructions.as_deref())
+        }));
+        assert!(
+            format!("{:?}", catalog.search_index()) == format!("{fresh:?}"),
+            "the index from cached segments differs from the one built from nothing"
+        );
+        assert_eq!(fresh.len(), f.tools() - 1);
+    }
+
     #[test]
     fn padding_adds_second_instances_up_to_the_size() {
         let f = fixture();

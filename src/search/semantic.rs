@@ -85,10 +85,11 @@ impl Semantic {
     /// The vectors of `texts`, one after another (`texts.len() × dim`). The cache keeps
     /// these texts' vectors and drops the rest. The cache is held meanwhile, so two catalogs
     /// in a row do not compute the same new tools twice (the second finds them in it).
-    pub fn vectors(&self, texts: &[Box<str>]) -> Vec<f32> {
+    pub fn vectors<'a>(&self, texts: impl IntoIterator<Item = &'a Box<str>>) -> Vec<f32> {
+        let texts = texts.into_iter();
         let mut cache = crate::sync::lock(&self.cache);
         let mut old = std::mem::take(&mut *cache);
-        let mut out = Vec::with_capacity(texts.len() * self.model.dim());
+        let mut out = Vec::with_capacity(texts.size_hint().0 * self.model.dim());
         for t in texts {
             let v = match old.remove(t).or_else(|| cache.get(t).cloned()) {
                 Some(v) => v,
