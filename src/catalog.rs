@@ -311,13 +311,26 @@ impl Catalog {
             m.insert(key.into(), Value::Array(list));
             message::to_raw(&Value::Object(m))
         };
+        // `{"key":[...]}` around a merged array (JSON, from merge_named).
+        let merged = |key: &str, array: Vec<u8>| {
+            let mut out = Vec::with_capacity(array.len() + key.len() + 5);
+            out.extend_from_slice(b"{\"");
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(&array);
+            out.push(b'}');
+            String::from_utf8(out)
+                .ok()
+                .and_then(|t| RawValue::from_string(t).ok())
+                .unwrap_or_else(message::empty_object)
+        };
         Catalog {
             tools,
             prompts,
             resources,
             templates,
-            tools_result: result(result_key(Method::ToolsList), tools_list),
-            prompts_result: result(result_key(Method::PromptsList), prompts_list),
+            tools_result: merged(result_key(Method::ToolsList), tools_list),
+            prompts_result: merged(result_key(Method::PromptsList), prompts_list),
             resources_result: result(result_key(Method::ResourcesList), resources_list),
             templates_result: result(result_key(Method::ResourcesTemplatesList), templates_list),
             entries,
@@ -373,8 +386,9 @@ impl Catalog {
     }
 }
 
-/// The routes by public name, the merged list, and each item's server (by index).
-type Merged = (HashMap<String, Route>, Vec<Value>, Vec<usize>);
+/// The routes by public name, the merged list as a JSON array, and each item's server (by
+/// index).
+type Merged = (HashMap<String, Route>, Vec<u8>, Vec<usize>);
 
 fn merge_named(
     separator: &str,
@@ -386,7 +400,7 @@ fn merge_named(
     filtered: bool,
 ) -> Merged {
     let mut table: HashMap<String, Route> = HashMap::new();
-    let mut list = Vec::new();
+    let mut list: Vec<u8> = Vec::new();
     let mut owners = Vec::new();
     for (i, s) in sources.iter().enumerate() {
         let mut own: HashSet<&str> = HashSet::new();
@@ -434,12 +448,24 @@ fn merge_named(
                     continue;
                 }
             }
-            let mut item = item.clone();
-            item.insert("name".into(), Value::String(public.clone()));
-            if let Some(o) = overridden {
-                overrides::apply(&mut item, o);
+            // Written as JSON at once, the public name in the name's place: no copy of the
+            // item (its schema is most of a catalog's bytes) unless an override edits it.
+            let start = list.len();
+            list.push(if start == 0 { b'[' } else { b',' });
+            let written = match overridden {
+                Some(o) => {
+                    let mut item = item.clone();
+                    item.insert("name".into(), Value::String(public.clone()));
+                    overrides::apply(&mut item, o);
+                    serde_json::to_writer(&mut list, &item)
+                }
+                None => serde_json::to_writer(&mut list, &Renamed(item, &public)),
+            };
+            if written.is_err() {
+                // A map of JSON values always serializes; should it not, the item is left out.
+                list.truncate(start);
+                continue;
             }
-            list.push(Value::Object(item));
             owners.push(i);
             entries.push(Entry {
                 kind,
@@ -456,7 +482,29 @@ fn merge_named(
             );
         }
     }
+    if list.is_empty() {
+        list.push(b'[');
+    }
+    list.push(b']');
     (table, list, owners)
+}
+
+/// A listed item as JSON with another `name`, in the name's place.
+struct Renamed<'a>(&'a Map<String, Value>, &'a str);
+
+impl serde::Serialize for Renamed<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            if k == "name" {
+                m.serialize_entry(k, self.1)?;
+            } else {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.end()
+    }
 }
 
 /// Whether a tool's `inputSchema` asks for any `Mcp-Param-*` header (`x-mcp-header` on a
@@ -658,7 +706,16 @@ mod tests {
             }
         );
         assert!(!c.tools.contains_key("calc__delete_all"));
-        assert!(c.tools_result.get().contains("\"x-extra\":1"));
+        // Each item as listed, its public name in the name's place, nothing else touched.
+        let item =
+            |name: &str| json!({"name": name, "description": "d", "inputSchema": {"type": "object"}, "x-extra": 1});
+        assert_eq!(
+            c.tools_result.get(),
+            json!({"tools": [item("calc__add"), item("add")]}).to_string()
+        );
+        let empty = Catalog::build("__", &[]);
+        assert_eq!(empty.tools_result.get(), r#"{"tools":[]}"#);
+        assert_eq!(empty.prompts_result.get(), r#"{"prompts":[]}"#);
     }
 
     #[test]
