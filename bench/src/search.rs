@@ -18,7 +18,7 @@
 //!   catalog's own merge is timed beside it.
 
 use anyhow::{Context, Result};
-use mcp_gateway::searching::{recall, Fixture, Recall, Semantic};
+use mcp_gateway::searching::{recall, Fixture, Recall, Semantic, Server};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -236,9 +236,11 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
     );
 
     // A list_changed: one server's list changes (a description edited), the next time
-    // another's; every server's at once is a build from nothing (a reload of every server).
-    let changed = |round: usize, which: Option<usize>| {
-        let mut servers = padded.clone();
+    // another's, and the edits stay, as a live catalog's do. Then every server's at once,
+    // each round, which is a build from nothing (a reload of every server). The two series
+    // run apart: the model keeps only the vectors of the last build's texts, so a build
+    // from nothing between two one-server rounds would cost the next one every vector.
+    let edit = |servers: &mut [Server], round: usize, which: Option<usize>| {
         for (i, s) in servers.iter_mut().enumerate() {
             if which.is_none_or(|w| w == i) {
                 if let Some(serde_json::Value::String(d)) = s.tools.first_mut().and_then(|t| t.get_mut("description")) {
@@ -246,13 +248,23 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
                 }
             }
         }
-        servers
     };
     let mut one = Timings::default();
     let mut all = Timings::default();
-    for round in 0..args.search_rebuilds {
-        for (timings, which) in [(&mut one, Some(round % padded.len())), (&mut all, None)] {
-            let servers = changed(round, which);
+    let mut live = padded.clone();
+    for (timings, which) in [(&mut one, Some(())), (&mut all, None)] {
+        for round in 0..args.search_rebuilds {
+            let servers = match which {
+                Some(()) => {
+                    edit(&mut live, round, Some(round % padded.len()));
+                    live.clone()
+                }
+                None => {
+                    let mut servers = padded.clone();
+                    edit(&mut servers, round, None);
+                    servers
+                }
+            };
             let t0 = Instant::now();
             let catalog = Fixture::catalog(&servers);
             let t1 = Instant::now();
