@@ -17,9 +17,9 @@
 //! The arithmetic is the model's own, one sequence at a time, so there is no attention
 //! mask; GELU with `erf` as BERT defines it. The weight products ([`Products`]) run on AMX
 //! in bf16 where the CPU has it ([`super::amx`]: about 10× faster, cosine to the f32
-//! vectors above 0.9995), else in int8 on AVX-512 VNNI where it has that
-//! ([`super::vnni`]), else in f32 by `matrixmultiply` (which picks AVX2/FMA at run time).
-//! The rest (norms, attention, GELU) is plain loops, compiled for AVX-512 as well.
+//! vectors above 0.9995), else in int8 on AVX-512 VNNI or AVX2, where it has one of those
+//! ([`super::vnni`]), else in f32 by `matrixmultiply`. The rest (norms, attention, GELU)
+//! is plain loops, compiled for AVX-512 or AVX2 as well.
 
 use super::wordpiece::WordPiece;
 use serde::Deserialize;
@@ -64,8 +64,8 @@ struct Linear {
     w: Vec<f32>,
     /// The weights in bf16 for AMX, where the CPU has it (see [`super::amx`]).
     packed: Option<super::amx::Packed>,
-    /// The weights in int8 for AVX-512 VNNI, where the CPU has that and not AMX (see
-    /// [`super::vnni`]).
+    /// The weights in int8 for AVX-512 VNNI or AVX2, where the CPU has one and not AMX
+    /// (see [`super::vnni`]).
     int8: Option<super::vnni::Packed>,
     b: Vec<f32>,
     out: usize,
@@ -123,7 +123,7 @@ fn optional<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<Op
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Products {
     F32,
-    /// int8 on AVX-512 VNNI ([`super::vnni`]).
+    /// int8 on AVX-512 VNNI or AVX2 ([`super::vnni`]).
     Int8,
     /// bf16 on AMX tiles ([`super::amx`]).
     Amx,
@@ -320,6 +320,12 @@ impl Model {
             // SAFETY: the CPU has AVX-512F, checked just above.
             return unsafe { self.forward_avx512(ids, helper) };
         }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 and FMA, checked just above.
+            return unsafe { self.forward_avx2(ids, helper) };
+        }
         self.forward(ids, helper)
     }
 
@@ -328,6 +334,13 @@ impl Model {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn forward_avx512(&self, ids: &[u32], helper: Option<&super::helper::Helper>) -> Vec<f32> {
+        self.forward(ids, helper)
+    }
+
+    /// [`Model::forward`] compiled for AVX2 and FMA, 8 lanes wide.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn forward_avx2(&self, ids: &[u32], helper: Option<&super::helper::Helper>) -> Vec<f32> {
         self.forward(ids, helper)
     }
 
@@ -548,8 +561,8 @@ fn gemm(
 const SHORT: usize = 32;
 
 /// The dot product of `query` with each of the rows of `rows` (`query.len()` wide): a
-/// search's cosines, 16 lanes at a time where the CPU has AVX-512 (a sum in order, one
-/// add waiting on the last, took 0.4 ms for 1,000 tools).
+/// search's cosines, 16 lanes at a time where the CPU has AVX-512, 8 with AVX2 (a sum in
+/// order, one add waiting on the last, took 0.4 ms for 1,000 tools).
 pub fn dots(rows: &[f32], query: &[f32]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
@@ -557,6 +570,18 @@ pub fn dots(rows: &[f32], query: &[f32]) -> Vec<f32> {
         // SAFETY: the CPU has AVX-512F, checked just above.
         return unsafe { dots_avx512(rows, query) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2 and FMA, checked just above.
+        return unsafe { dots_avx2(rows, query) };
+    }
+    dots_loop(rows, query)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn dots_avx2(rows: &[f32], query: &[f32]) -> Vec<f32> {
     dots_loop(rows, query)
 }
 
@@ -874,10 +899,11 @@ pub(crate) mod tests {
         } else {
             eprintln!("no AMX here: the bf16 products are not checked");
         }
+        // Either int8 kernel gives the same vectors (vnni.rs's tests check that they agree).
         if super::super::vnni::available() {
             reference_holds(Products::Int8, MIN_INT8_COS, 2e-2);
         } else {
-            eprintln!("no AVX-512 VNNI here: the int8 products are not checked");
+            eprintln!("neither AVX-512 VNNI nor AVX2 here: the int8 products are not checked");
         }
     }
 
