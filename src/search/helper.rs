@@ -1,5 +1,6 @@
 //! A second thread for the weight products of one text (a search's request, whose vector
-//! the search waits for), on AMX ([`super::amx`]) or on AVX-512 VNNI ([`super::vnni`]).
+//! the search waits for), on AMX ([`super::amx`]) or in int8 on AVX-512 VNNI or AVX2
+//! ([`super::vnni`]).
 //!
 //! Each product is posted as a [`Job`]: the poster runs the first half of its panels and
 //! the helper the second; if the helper has not taken it by the time the poster is done
