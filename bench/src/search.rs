@@ -286,22 +286,16 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
         t.wall.sort_unstable();
         t.merge.sort_unstable();
     }
-    eprintln!(
-        "  rebuild of {n} tools after one server's list changed, {} times: index p50 {:.2} ms of CPU ({:.2} ms wall), max {:.2} ms wall; the catalog's merge before it p50 {:.2} ms",
-        one.wall.len(),
-        ms(&one.cpu, 50.0),
-        ms(&one.wall, 50.0),
-        ms(&one.wall, 100.0),
-        ms(&one.merge, 50.0)
-    );
-    eprintln!(
-        "  rebuild of {n} tools after every server's list changed, {} times: index p50 {:.2} ms of CPU ({:.2} ms wall), max {:.2} ms wall; the catalog's merge before it p50 {:.2} ms",
-        all.wall.len(),
-        ms(&all.cpu, 50.0),
-        ms(&all.wall, 50.0),
-        ms(&all.wall, 100.0),
-        ms(&all.merge, 50.0)
-    );
+    for (what, t) in [("one server's list", &one), ("every server's list", &all)] {
+        eprintln!(
+            "  rebuild of {n} tools after {what} changed, {} times: index p50 {:.2} ms of CPU ({:.2} ms wall), max {:.2} ms wall; the catalog's merge before it p50 {:.2} ms",
+            t.wall.len(),
+            ms(&t.cpu, 50.0),
+            ms(&t.wall, 50.0),
+            ms(&t.wall, 100.0),
+            ms(&t.merge, 50.0)
+        );
+    }
     // Judged on the thread's CPU time: on a shared 2-core box the wall clock also counts
     // the time other processes had the core. A list_changed comes from one server.
     target_row(

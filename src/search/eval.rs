@@ -200,6 +200,32 @@ mod tests {
         Fixture::load(&dir).unwrap_or_else(|e| panic!("the search fixture at {}: {e}", dir.display()))
     }
 
+    /// `build` of the tools `catalog` lists (as the search sees them: public names, each
+    /// with its server's name and instructions from `servers`).
+    fn listed_tools<T>(
+        catalog: &Catalog,
+        servers: &[Server],
+        build: impl FnOnce(&mut dyn Iterator<Item = crate::search::Tool<'_>>) -> T,
+    ) -> T {
+        #[derive(serde::Deserialize)]
+        struct Tools<'a> {
+            #[serde(borrow)]
+            tools: Vec<crate::search::Listed<'a>>,
+        }
+        let listed: Tools = serde_json::from_str(catalog.tools_result.get()).unwrap();
+        let by_name: std::collections::HashMap<&str, &Server> =
+            servers.iter().map(|s| (s.server.as_str(), s)).collect();
+        let prefixes: Vec<String> = listed
+            .tools
+            .iter()
+            .map(|t| format!("{}__", t.name().split("__").next().unwrap()))
+            .collect();
+        build(&mut listed.tools.iter().zip(&prefixes).map(|(t, p)| {
+            let server = by_name[p.trim_end_matches("__")];
+            t.tool(p, &server.server, server.instructions.as_deref())
+        }))
+    }
+
     /// A regression guard, not the benchmark (`mcp-gateway-bench --mode search` reports the
     /// numbers): recall on the real catalog must not fall below these floors, a little
     /// under what was measured (BENCHMARKS.md, "Tool search").
@@ -258,30 +284,11 @@ mod tests {
     #[test]
     #[ignore]
     fn sweep_search() {
-        use crate::search::{Index, Listed, Tuning};
+        use crate::search::{Index, Tuning};
         let f = fixture();
         let catalog = Fixture::catalog(&f.servers);
-        #[derive(serde::Deserialize)]
-        struct Tools<'a> {
-            #[serde(borrow)]
-            tools: Vec<Listed<'a>>,
-        }
-        let listed: Tools = serde_json::from_str(catalog.tools_result.get()).unwrap();
-        let servers: std::collections::HashMap<&str, &Server> =
-            f.servers.iter().map(|s| (s.server.as_str(), s)).collect();
-        let prefixes: Vec<String> = listed
-            .tools
-            .iter()
-            .map(|t| format!("{}__", t.name().split("__").next().unwrap()))
-            .collect();
         let run = |tuning: Tuning| {
-            let index = Index::build_tuned(
-                listed.tools.iter().zip(&prefixes).map(|(t, p)| {
-                    let server = servers[p.trim_end_matches("__")];
-                    t.tool(p, &server.server, server.instructions.as_deref())
-                }),
-                tuning,
-            );
+            let index = listed_tools(&catalog, &f.servers, |tools| Index::build_tuned(tools, tuning));
             let r = recall(&index, &f.queries);
             format!("r@1 {:.3} r@5 {:.3}", r.at1, r.at5)
         };
@@ -404,30 +411,14 @@ mod tests {
     /// the others is the one built from nothing, to the bit.
     #[test]
     fn an_index_from_cached_segments_is_the_one_built_from_nothing() {
-        use crate::search::{Index, Listed};
+        use crate::search::Index;
         let f = fixture();
         let _ = Fixture::catalog(&f.servers).search_index().len();
         let mut changed = f.servers.clone();
         changed[3].tools[0].insert("description".into(), "Merge two worklog entries.".into());
         changed[5].tools.pop();
         let catalog = Fixture::catalog(&changed);
-        #[derive(serde::Deserialize)]
-        struct Tools<'a> {
-            #[serde(borrow)]
-            tools: Vec<Listed<'a>>,
-        }
-        let listed: Tools = serde_json::from_str(catalog.tools_result.get()).unwrap();
-        let servers: std::collections::HashMap<&str, &Server> =
-            changed.iter().map(|s| (s.server.as_str(), s)).collect();
-        let prefixes: Vec<String> = listed
-            .tools
-            .iter()
-            .map(|t| format!("{}__", t.name().split("__").next().unwrap()))
-            .collect();
-        let fresh = Index::build(listed.tools.iter().zip(&prefixes).map(|(t, p)| {
-            let server = servers[p.trim_end_matches("__")];
-            t.tool(p, &server.server, server.instructions.as_deref())
-        }));
+        let fresh = listed_tools(&catalog, &changed, |tools| Index::build(tools));
         assert!(
             format!("{:?}", catalog.search_index()) == format!("{fresh:?}"),
             "the index from cached segments differs from the one built from nothing"
