@@ -29,7 +29,7 @@ pub(super) struct Segment {
 }
 
 impl Segment {
-    /// Analyzes `tools`, all of one server.
+    /// Analyzes `tools`, all of one server (the same name, prefix and instructions).
     pub fn analyze(tools: &[Tool<'_>]) -> Segment {
         let own_names: Vec<&str> = tools
             .iter()
@@ -53,8 +53,11 @@ impl Segment {
             })
             .collect();
         let boilerplate = shared_description_words(tools, &descriptions);
-        // A server's instructions are the same words for each of its tools: split once.
-        let mut instructions: Vec<(Option<&str>, Vec<String>)> = Vec::new();
+        // The server's instructions are the same words for each of its tools: split once.
+        let mut instructions: Vec<String> = Vec::new();
+        if let Some(i) = tools.first().and_then(|t| t.instructions) {
+            text::terms(i, |term| instructions.push(term.to_owned()));
+        }
         // term → (doc, frequency in each field)
         let mut raw: Map32<String, RawPostings> = Map32::default();
         let mut lengths: Vec<[u32; FIELDS.len()]> = Vec::with_capacity(tools.len());
@@ -121,19 +124,8 @@ impl Segment {
                 });
             }
             add(SERVER, t.server);
-            if let Some(i) = t.instructions {
-                let at = match instructions.iter().position(|(text, _)| *text == Some(i)) {
-                    Some(at) => at,
-                    None => {
-                        let mut words = Vec::new();
-                        text::terms(i, |term| words.push(term.to_owned()));
-                        instructions.push((Some(i), words));
-                        instructions.len() - 1
-                    }
-                };
-                for term in &instructions[at].1 {
-                    add_term(INSTRUCTIONS, term);
-                }
+            for term in &instructions {
+                add_term(INSTRUCTIONS, term);
             }
             lengths.push(len);
             texts.push(semantic_text(t.server, own, t.title, t.description));
@@ -251,8 +243,7 @@ pub(super) fn cached(groups: &[Group<'_>]) -> Vec<Arc<Segment>> {
         })
         .collect();
     let mut cache = crate::sync::lock(&CACHE);
-    let old = std::mem::replace(&mut cache.last, out.clone());
-    drop(old);
+    cache.last = out.clone();
     cache.entries.retain(|c| c.segment.strong_count() > 0);
     for (g, segment) in made {
         if let Some(c) = cache.entries.iter_mut().find(|c| c.is(g)) {
