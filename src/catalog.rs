@@ -250,7 +250,7 @@ impl Catalog {
         );
 
         let mut resources: HashMap<String, usize> = HashMap::new();
-        let mut resources_list = Vec::new();
+        let mut resources_list = JsonArray::default();
         for (i, s) in sources.iter().enumerate() {
             for r in &s.lists.resources {
                 let Some(uri) = r.get("uri").and_then(Value::as_str) else {
@@ -263,8 +263,10 @@ impl Catalog {
                     ));
                     continue;
                 }
+                if !resources_list.push(r) {
+                    continue;
+                }
                 resources.insert(uri.to_owned(), i);
-                resources_list.push(Value::Object(r.clone()));
                 entries.push(Entry {
                     kind: "resource",
                     public: uri.into(),
@@ -274,14 +276,16 @@ impl Catalog {
             }
         }
         let mut templates = Vec::new();
-        let mut templates_list = Vec::new();
+        let mut templates_list = JsonArray::default();
         for (i, s) in sources.iter().enumerate() {
             for t in &s.lists.templates {
                 let Some(uri) = t.get("uriTemplate").and_then(Value::as_str) else {
                     continue;
                 };
+                if !templates_list.push(t) {
+                    continue;
+                }
                 templates.push((Template::parse(uri), i));
-                templates_list.push(Value::Object(t.clone()));
                 entries.push(Entry {
                     kind: "template",
                     public: uri.into(),
@@ -306,33 +310,15 @@ impl Catalog {
                 }
             }
         }
-        let result = |key: &str, list: Vec<Value>| {
-            let mut m = Map::new();
-            m.insert(key.into(), Value::Array(list));
-            message::to_raw(&Value::Object(m))
-        };
-        // `{"key":[...]}` around a merged array (JSON, from merge_named).
-        let merged = |key: &str, array: Vec<u8>| {
-            let mut out = Vec::with_capacity(array.len() + key.len() + 5);
-            out.extend_from_slice(b"{\"");
-            out.extend_from_slice(key.as_bytes());
-            out.extend_from_slice(b"\":");
-            out.extend_from_slice(&array);
-            out.push(b'}');
-            String::from_utf8(out)
-                .ok()
-                .and_then(|t| RawValue::from_string(t).ok())
-                .unwrap_or_else(message::empty_object)
-        };
         Catalog {
             tools,
             prompts,
             resources,
             templates,
-            tools_result: merged(result_key(Method::ToolsList), tools_list),
-            prompts_result: merged(result_key(Method::PromptsList), prompts_list),
-            resources_result: result(result_key(Method::ResourcesList), resources_list),
-            templates_result: result(result_key(Method::ResourcesTemplatesList), templates_list),
+            tools_result: tools_list.result(result_key(Method::ToolsList)),
+            prompts_result: prompts_list.result(result_key(Method::PromptsList)),
+            resources_result: resources_list.result(result_key(Method::ResourcesList)),
+            templates_result: templates_list.result(result_key(Method::ResourcesTemplatesList)),
             entries,
             notes,
             problems,
@@ -386,9 +372,42 @@ impl Catalog {
     }
 }
 
-/// The routes by public name, the merged list as a JSON array, and each item's server (by
-/// index).
-type Merged = (HashMap<String, Route>, Vec<u8>, Vec<usize>);
+/// The routes by public name, the merged list, and each item's server (by index).
+type Merged = (HashMap<String, Route>, JsonArray, Vec<usize>);
+
+/// A list result's array, written as JSON item by item: no item is copied into a `Value`
+/// first (a tool's schema is most of a catalog's bytes).
+#[derive(Default)]
+struct JsonArray(Vec<u8>);
+
+impl JsonArray {
+    /// Writes `item`; false, and nothing written, should it not serialize (a map of JSON
+    /// values always does).
+    fn push(&mut self, item: &impl serde::Serialize) -> bool {
+        let start = self.0.len();
+        self.0.push(if start == 0 { b'[' } else { b',' });
+        if serde_json::to_writer(&mut self.0, item).is_err() {
+            self.0.truncate(start);
+            return false;
+        }
+        true
+    }
+
+    /// `{"key":[...]}`.
+    fn result(self, key: &str) -> Box<RawValue> {
+        let array = if self.0.is_empty() { &b"["[..] } else { &self.0[..] };
+        let mut out = Vec::with_capacity(array.len() + key.len() + 6);
+        out.extend_from_slice(b"{\"");
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"\":");
+        out.extend_from_slice(array);
+        out.extend_from_slice(b"]}");
+        String::from_utf8(out)
+            .ok()
+            .and_then(|t| RawValue::from_string(t).ok())
+            .unwrap_or_else(message::empty_object)
+    }
+}
 
 fn merge_named(
     separator: &str,
@@ -400,7 +419,7 @@ fn merge_named(
     filtered: bool,
 ) -> Merged {
     let mut table: HashMap<String, Route> = HashMap::new();
-    let mut list: Vec<u8> = Vec::new();
+    let mut list = JsonArray::default();
     let mut owners = Vec::new();
     for (i, s) in sources.iter().enumerate() {
         let mut own: HashSet<&str> = HashSet::new();
@@ -448,22 +467,17 @@ fn merge_named(
                     continue;
                 }
             }
-            // Written as JSON at once, the public name in the name's place: no copy of the
-            // item (its schema is most of a catalog's bytes) unless an override edits it.
-            let start = list.len();
-            list.push(if start == 0 { b'[' } else { b',' });
+            // The public name in the name's place; the item is copied only for an override.
             let written = match overridden {
                 Some(o) => {
                     let mut item = item.clone();
                     item.insert("name".into(), Value::String(public.clone()));
                     overrides::apply(&mut item, o);
-                    serde_json::to_writer(&mut list, &item)
+                    list.push(&item)
                 }
-                None => serde_json::to_writer(&mut list, &Renamed(item, &public)),
+                None => list.push(&Renamed(item, &public)),
             };
-            if written.is_err() {
-                // A map of JSON values always serializes; should it not, the item is left out.
-                list.truncate(start);
+            if !written {
                 continue;
             }
             owners.push(i);
@@ -482,10 +496,6 @@ fn merge_named(
             );
         }
     }
-    if list.is_empty() {
-        list.push(b'[');
-    }
-    list.push(b']');
     (table, list, owners)
 }
 
@@ -716,6 +726,8 @@ mod tests {
         let empty = Catalog::build("__", &[]);
         assert_eq!(empty.tools_result.get(), r#"{"tools":[]}"#);
         assert_eq!(empty.prompts_result.get(), r#"{"prompts":[]}"#);
+        assert_eq!(empty.resources_result.get(), r#"{"resources":[]}"#);
+        assert_eq!(empty.templates_result.get(), r#"{"resourceTemplates":[]}"#);
     }
 
     #[test]
