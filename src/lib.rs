@@ -46,7 +46,8 @@
 //! - **Observability**: `metrics` (Prometheus text), `console` (what the console shows:
 //!   per-server 15-minute rings, client rows, the events ring) and `telemetry` (the log
 //!   subscriber; spans and W3C trace context in `telemetry/spans.rs`).
-//! - **Plumbing**: `background` (every spawned task, tracked) and `sync` (std locks).
+//! - **Plumbing**: `background` (every spawned task, tracked), `sync` (std locks) and
+//!   `runtime` (the async runtime, and its busy poll before a sleep).
 //!
 //! Layers depend downward only: fronts → stateless → router → supervisor → downstream →
 //! telemetry → message/method/error/config. `client` and `shared` sit beside the router,
@@ -71,6 +72,7 @@ pub(crate) mod method;
 pub(crate) mod metrics;
 pub(crate) mod reload;
 pub(crate) mod router;
+pub mod runtime;
 pub(crate) mod search;
 pub(crate) mod shared;
 pub(crate) mod sse;

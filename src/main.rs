@@ -108,7 +108,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     }
-    let runtime = match runtime(config.gateway.worker_threads) {
+    let (runtime, busy_poll) = match runtime(config.gateway.worker_threads, config.gateway.busy_poll) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mcp-gateway: cannot start the runtime: {e}");
@@ -121,6 +121,12 @@ fn main() -> ExitCode {
         let _rt = runtime.enter();
         mcp_gateway::init_telemetry(&config.telemetry, &log_filter())
     };
+    match busy_poll {
+        mcp_gateway::runtime::BusyPoll::NotFound(n) => tracing::warn!(
+            "gateway.busy_poll is off: building the runtime opened {n} epoll descriptors, not one, so none is known to poll"
+        ),
+        state => tracing::debug!(?state, "busy poll"),
+    }
     let (grace, drain) = (config.gateway.shutdown_grace, config.gateway.drain_delay);
     let result = runtime.block_on(async move {
         match cli.command.unwrap_or(Cmd::Serve(cli.serve)) {
@@ -259,22 +265,19 @@ fn import(files: &[PathBuf], write: Option<&std::path::Path>) -> ExitCode {
 /// worker cut CPU per call and the c=64 tail (BENCHMARKS.md), where a worker per core
 /// woke threads across cores for every call. One worker means tokio's current-thread
 /// scheduler: the same single thread of work, without the multi-thread scheduler's
-/// stealing, injection queue and per-poll clock reads.
-fn runtime(configured: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+/// stealing, injection queue and per-poll clock reads. `gateway.busy_poll`: see
+/// `mcp_gateway::runtime`.
+fn runtime(
+    configured: Option<usize>,
+    busy_poll: std::time::Duration,
+) -> std::io::Result<(tokio::runtime::Runtime, mcp_gateway::runtime::BusyPoll)> {
     let from_env =
         std::env::var_os("TOKIO_WORKER_THREADS").and_then(|v| v.to_str().and_then(|s| s.trim().parse::<usize>().ok()));
     let workers = match (configured, from_env) {
         (Some(n), _) | (None, Some(n)) => n.max(1),
         (None, None) => (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1),
     };
-    let mut b = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(workers);
-        b
-    };
-    b.enable_all().build()
+    mcp_gateway::runtime::build(workers, busy_poll)
 }
 
 /// Logs go to stderr only (stdout belongs to JSON-RPC in stdio mode). The level comes

@@ -284,6 +284,13 @@ impl Metrics {
                 e.value().load(Ordering::Relaxed)
             );
         }
+        let (caught, slept) = crate::runtime::polls();
+        out.push_str(
+            "# HELP mcp_gateway_busy_poll_total Waits for I/O polled before sleeping (gateway.busy_poll), by whether the I/O came while polling.\n",
+        );
+        out.push_str("# TYPE mcp_gateway_busy_poll_total counter\n");
+        let _ = writeln!(out, "mcp_gateway_busy_poll_total{{outcome=\"caught\"}} {caught}");
+        let _ = writeln!(out, "mcp_gateway_busy_poll_total{{outcome=\"slept\"}} {slept}");
         out
     }
 }

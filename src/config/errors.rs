@@ -127,7 +127,7 @@ fn expected(path: &[String]) -> Option<String> {
         (
             _,
             "request_timeout" | "shutdown_grace" | "drain_delay" | "session_idle" | "input_timeout" | "header_timeout"
-            | "keep_alive_timeout" | "body_timeout" | "timeout" | "idle_timeout" | "stall_timeout",
+            | "keep_alive_timeout" | "body_timeout" | "timeout" | "idle_timeout" | "stall_timeout" | "busy_poll",
         ) => r#"a duration string like "60s" (or "500ms", "2m", "1h")"#.into(),
         (_, "max_body" | "max_line") => r#"a size string like "16MiB" (or "512KiB", "1GiB", "1048576")"#.into(),
         (_, "per_client" | "per_ip" | "per_server" | "rate_limit") => RATE.into(),

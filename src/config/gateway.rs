@@ -35,6 +35,11 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// `gateway.drain_delay` unset: after SIGTERM, how long `/readyz` says 503 while the
 /// gateway still serves, so a load balancer stops sending before it stops accepting.
 pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
+/// `gateway.busy_poll` unset: how long the runtime polls for I/O before it sleeps (see
+/// `crate::runtime`; Seastar's idle poll is 200 µs too).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
+/// The longest `gateway.busy_poll`: past a few hundred µs a wait is not a wake-up's cost.
+pub const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
 /// `gateway.max_body` unset: the largest request body accepted (16 MiB).
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// `gateway.max_line` unset: the longest message line accepted (256 MiB).
@@ -73,6 +78,7 @@ pub(super) struct RawGateway {
     body_timeout: Option<Spanned<String>>,
     max_line: Option<Spanned<String>>,
     worker_threads: Option<Spanned<usize>>,
+    busy_poll: Option<Spanned<String>>,
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
     search: Option<bool>,
@@ -132,6 +138,9 @@ pub struct Gateway {
     /// Async runtime worker threads; `None`: half the CPUs, at least one (or
     /// `TOKIO_WORKER_THREADS`). Read at start only.
     pub worker_threads: Option<usize>,
+    /// How long the runtime polls for I/O before it sleeps, while its recent waits were
+    /// that short (`crate::runtime`); zero: never. Read at start only.
+    pub busy_poll: Duration,
     /// The operator's console at `/` and `/status*` (default on; admins only with auth,
     /// loopback peers only without).
     pub console: bool,
@@ -263,6 +272,13 @@ pub(super) fn parse(
     );
     let body_timeout = duration(cx, g.body_timeout.as_ref(), "body_timeout", DEFAULT_BODY_TIMEOUT);
     let max_line = size(cx, g.max_line.as_ref(), "max_line", "64MiB", DEFAULT_MAX_LINE);
+    let busy_poll = duration_or_zero(cx, g.busy_poll.as_ref(), "busy_poll", DEFAULT_BUSY_POLL);
+    if let Some(v) = g.busy_poll.as_ref().filter(|_| busy_poll > MAX_BUSY_POLL) {
+        cx.at(
+            v.span().start,
+            format!("gateway.busy_poll: {:?} is longer than the most, \"10ms\"", v.get_ref()),
+        );
+    }
     for (key, v) in [
         ("max_sessions", &g.max_sessions),
         ("max_in_flight", &g.max_in_flight),
@@ -340,6 +356,7 @@ pub(super) fn parse(
         body_timeout,
         max_line,
         worker_threads: g.worker_threads.map(Spanned::into_inner),
+        busy_poll,
         console: g.console.unwrap_or(true),
         search: g.search.unwrap_or(false),
         search_model: g.search_model.as_ref().map(|m| base.join(m.get_ref())),

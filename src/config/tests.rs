@@ -77,6 +77,30 @@ fn durations_and_sizes() {
 }
 
 #[test]
+fn busy_poll_defaults_to_200us_may_be_0_and_is_at_most_10ms() {
+    let none = |_: &str| None;
+    let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();
+    assert_eq!(c.gateway.busy_poll, Duration::from_micros(200));
+    for (v, want) in [
+        ("0us", Duration::ZERO),
+        ("0s", Duration::ZERO),
+        ("50us", Duration::from_micros(50)),
+        ("50µs", Duration::from_micros(50)),
+        ("1ms", Duration::from_millis(1)),
+        ("10ms", Duration::from_millis(10)),
+    ] {
+        let src = format!("[gateway]\nbusy_poll = \"{v}\"\n");
+        let c = Config::parse(Path::new("g.toml"), &src, &none).unwrap();
+        assert_eq!(c.gateway.busy_poll, want, "{v}");
+    }
+    for bad in ["11ms", "1s", "200", "fast"] {
+        let src = format!("[gateway]\nbusy_poll = \"{bad}\"\n");
+        let e = Config::parse(Path::new("g.toml"), &src, &none).unwrap_err().to_string();
+        assert!(e.contains("g.toml:2:") && e.contains("busy_poll"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn drain_delay_defaults_to_5s_and_may_be_0s() {
     let none = |_: &str| None;
     let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();

@@ -81,23 +81,24 @@ pub(super) fn duration_or_zero(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &
     }
 }
 
-/// `"0s"`, `"0ms"`, `"0m"`, `"0h"` (and `"0.0s"`).
+/// `"0s"`, `"0us"`, `"0ms"`, `"0m"`, `"0h"` (and `"0.0s"`).
 fn is_zero_duration(s: &str) -> bool {
     let s = s.trim();
     let Some(split) = s.find(|c: char| !c.is_ascii_digit() && c != '.') else {
         return false;
     };
     let (n, unit) = s.split_at(split);
-    n.parse::<f64>().is_ok_and(|n| n == 0.0) && matches!(unit.trim(), "ms" | "s" | "m" | "h")
+    n.parse::<f64>().is_ok_and(|n| n == 0.0) && matches!(unit.trim(), "us" | "µs" | "ms" | "s" | "m" | "h")
 }
 
-/// Parses `"500ms"`, `"30s"`, `"2m"`, `"1h"`.
+/// Parses `"200us"` (or `"200µs"`), `"500ms"`, `"30s"`, `"2m"`, `"1h"`.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '.')?;
     let (n, unit) = s.split_at(split);
     let n: f64 = n.parse().ok()?;
     let secs = match unit.trim() {
+        "us" | "µs" => n / 1e6,
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,

@@ -77,6 +77,9 @@ impl Gateway {
         if config.gateway.worker_threads != old.config.gateway.worker_threads {
             warn!("gateway.worker_threads changes take effect after a restart");
         }
+        if config.gateway.busy_poll != old.config.gateway.busy_poll {
+            warn!("gateway.busy_poll changes take effect after a restart");
+        }
         let mut servers = Vec::with_capacity(config.servers.len());
         let mut added = Vec::new();
         for cfg in &config.servers {
