@@ -3,10 +3,10 @@
 //! A proxy's call waits twice: for the server's answer, then for the client's next
 //! request. When the runtime has nothing to run it sleeps in `epoll_wait`, and each of
 //! those waits ends in a wake-up: the peer's write must wake a sleeping thread, and on a
-//! small VM that is an interrupt to an idle virtual CPU. On session 17's AMD VM a
-//! cross-core wake-up cost 30–45 µs of the waker's `write` and as much again before the
-//! woken thread ran (`BENCHMARKS.md`, "Session 18"). A direct connection pays two of them
-//! a call; through the gateway there are four.
+//! small VM that is an interrupt to an idle virtual CPU. On an AMD EPYC VM a wake-up cost
+//! 28–38 µs of the waker's `write`, and as much again passed before the woken thread ran
+//! (`BENCHMARKS.md`, "Session 18"). A direct connection pays two of them a call; through
+//! the gateway there are four.
 //!
 //! So before the runtime's thread sleeps, it first polls the I/O driver's epoll
 //! descriptor for up to `busy_poll` (default 200 µs, as Seastar's idle poll), giving the

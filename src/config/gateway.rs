@@ -276,7 +276,10 @@ pub(super) fn parse(
     if let Some(v) = g.busy_poll.as_ref().filter(|_| busy_poll > MAX_BUSY_POLL) {
         cx.at(
             v.span().start,
-            format!("gateway.busy_poll: {:?} is longer than the most, \"10ms\"", v.get_ref()),
+            format!(
+                "gateway.busy_poll: {:?} is more than the most allowed, \"10ms\"",
+                v.get_ref()
+            ),
         );
     }
     for (key, v) in [
