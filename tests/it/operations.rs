@@ -554,6 +554,13 @@ async fn metrics_count_requests_latency_sessions_and_downstreams() {
     }
     assert_eq!(counts[&("tools/call".to_owned(), "m".to_owned())], 6.0);
     assert_eq!(m.value("mcp_gateway_requests_in_flight", &[]), Some(0.0));
+    // The busy poll's counters (gateway.busy_poll, on by default): both outcomes listed,
+    // whether or not a wait was polled yet.
+    assert_eq!(m.types["mcp_gateway_busy_poll_total"], "counter");
+    for outcome in ["caught", "slept"] {
+        let n = m.value("mcp_gateway_busy_poll_total", &[("outcome", outcome)]);
+        assert!(n.is_some_and(|n| n >= 0.0), "{outcome}: {n:?}");
+    }
 
     // In flight while a call runs, back to 0 after.
     let mut slow = s
