@@ -13,7 +13,7 @@
 //!
 //! With `--tls-cert`/`--tls-key` (DER) it speaks TLS and offers `h2` and `http/1.1` by
 //! ALPN, serving HTTP/2 when the client picks it. `GET /stats` answers
-//! `{"connections", "open", "http1", "http2"}`: connections accepted, open now, and POSTs to the MCP path
+//! `{"connections", "open", "peak", "http1", "http2"}`: connections accepted, open now, most open at once, and POSTs to the MCP path
 //! by HTTP version. It says `remote fixture listening on http(s)://ADDR/mcp` on stderr and
 //! runs until stdin closes (`--threads` workers; 1, the default, is a current-thread
 //! runtime, like a single-threaded Node or Python server). [`spawn`] runs it in this
@@ -79,6 +79,8 @@ struct Stats {
     connections: AtomicU64,
     /// Connections open now.
     open: AtomicU64,
+    /// The most connections open at once so far.
+    peak: AtomicU64,
     http1: AtomicU64,
     http2: AtomicU64,
 }
@@ -205,7 +207,8 @@ async fn serve(bound: Bound) -> Result<()> {
         };
         let _ = stream.set_nodelay(true);
         state.stats.connections.fetch_add(1, Ordering::Relaxed);
-        state.stats.open.fetch_add(1, Ordering::Relaxed);
+        let now = state.stats.open.fetch_add(1, Ordering::Relaxed) + 1;
+        state.stats.peak.fetch_max(now, Ordering::Relaxed);
         let state = state.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
@@ -276,6 +279,7 @@ async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Resul
         let body = serde_json::json!({
             "connections": s.connections.load(Ordering::Relaxed),
             "open": s.open.load(Ordering::Relaxed),
+            "peak": s.peak.load(Ordering::Relaxed),
             "http1": s.http1.load(Ordering::Relaxed),
             "http2": s.http2.load(Ordering::Relaxed),
         })

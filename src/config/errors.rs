@@ -132,7 +132,15 @@ fn expected(path: &[String]) -> Option<String> {
         (_, "max_body" | "max_line") => r#"a size string like "16MiB" (or "512KiB", "1GiB", "1048576")"#.into(),
         (_, "per_client" | "per_ip" | "per_server" | "rate_limit") => RATE.into(),
         (_, "enabled" | "record_payloads" | "search") => format!("a boolean: {key} = true or {key} = false"),
-        (_, "max_sessions" | "max_sessions_per_client" | "page_size" | "max_in_flight" | "worker_threads") => {
+        (
+            _,
+            "max_sessions"
+            | "max_sessions_per_client"
+            | "page_size"
+            | "max_in_flight"
+            | "worker_threads"
+            | "max_connections",
+        ) => {
             format!("a whole number like {key} = 100")
         }
         (_, "allowed_origins") => r#"a list of strings like ["https://app.example.com"]"#.into(),

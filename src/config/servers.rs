@@ -30,6 +30,9 @@ pub const DEFAULT_RESTART: Restart = Restart::OnFailure;
 pub const DEFAULT_PROTOCOL: Era = Era::Auto;
 /// `transport` unset (a remote server): Streamable HTTP, falling back to HTTP+SSE.
 pub const DEFAULT_TRANSPORT: HttpMode = HttpMode::Auto;
+/// `max_connections` unset (a remote server): calls in flight to it at once, each on its
+/// own connection over HTTP/1.1; more wait for one to end.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// `enabled` unset: the server runs.
 pub const DEFAULT_ENABLED: bool = true;
 
@@ -43,6 +46,7 @@ pub(super) struct RawServer {
     #[serde(default)]
     headers: IndexMap<String, Spanned<String>>,
     ca_file: Option<Spanned<String>>,
+    max_connections: Option<Spanned<usize>>,
     /// `auth = { token_exchange = {..} }` or `{ oauth = {..} }` (remote servers only).
     auth: Option<Spanned<RawUpstreamAuth>>,
     #[serde(default)]
@@ -238,6 +242,11 @@ pub struct HttpSpec {
     pub client_headers: Vec<(String, Template)>,
     /// A PEM file of extra CA certificates to trust.
     pub ca_file: Option<PathBuf>,
+    /// Calls in flight at once on one connection object (the server's, or one caller's
+    /// with per-caller credentials): over HTTP/1.1 each holds a connection of its own, so
+    /// this bounds them; more wait. Answers to the server's own questions and
+    /// notifications do not wait (a call may be waiting for them).
+    pub max_connections: usize,
     /// `auth`: a credential got per caller (token exchange, or the user's own OAuth).
     pub auth: Option<UpstreamAuth>,
 }
@@ -453,6 +462,16 @@ pub(super) fn parse(
                 }
                 let auth = auth.and_then(|(_, a)| a);
                 if let Some(mut t) = http_spec(cx, &name, url, s.transport, s.headers, s.ca_file, base, env) {
+                    match &s.max_connections {
+                        Some(n) if *n.get_ref() == 0 => {
+                            cx.at(
+                                n.span().start,
+                                format!("servers.{name}.max_connections must be at least 1"),
+                            );
+                        }
+                        Some(n) => t.max_connections = *n.get_ref(),
+                        None => {}
+                    }
                     if cx.errors.len() == errors {
                         t.auth = auth;
                         let t = Transport::Http(t);
@@ -467,6 +486,7 @@ pub(super) fn parse(
                     ("transport", s.transport.is_some()),
                     ("headers", !s.headers.is_empty()),
                     ("ca_file", s.ca_file.is_some()),
+                    ("max_connections", s.max_connections.is_some()),
                     ("auth", s.auth.is_some()),
                 ] {
                     if v {
@@ -619,6 +639,7 @@ fn http_spec(
         headers: out_headers,
         client_headers,
         ca_file,
+        max_connections: DEFAULT_MAX_CONNECTIONS,
         auth: None,
     })
 }

@@ -101,6 +101,35 @@ fn busy_poll_defaults_to_200us_may_be_0_and_is_at_most_10ms() {
 }
 
 #[test]
+fn max_connections_is_a_remote_servers_and_at_least_1() {
+    let none = |_: &str| None;
+    let remote = |extra: &str| format!("[servers.r]\nurl = \"http://127.0.0.1:9/mcp\"\n{extra}\n");
+    let http = |c: &Config| match &c.servers[0].transport {
+        Transport::Http(h) => h.max_connections,
+        other => panic!("{other:?}"),
+    };
+    let c = Config::parse(Path::new("g.toml"), &remote(""), &none).unwrap();
+    assert_eq!(http(&c), 256);
+    let c = Config::parse(Path::new("g.toml"), &remote("max_connections = 8"), &none).unwrap();
+    assert_eq!(http(&c), 8);
+    let e = Config::parse(Path::new("g.toml"), &remote("max_connections = 0"), &none)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("g.toml:3:") && e.contains("servers.r.max_connections must be at least 1"),
+        "{e}"
+    );
+    let stdio = "[servers.s]\ncommand = \"true\"\nmax_connections = 8\n";
+    let e = Config::parse(Path::new("g.toml"), stdio, &none)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("servers.s.max_connections only applies to remote servers"),
+        "{e}"
+    );
+}
+
+#[test]
 fn drain_delay_defaults_to_5s_and_may_be_0s() {
     let none = |_: &str| None;
     let c = Config::parse(Path::new("g.toml"), "", &none).unwrap();

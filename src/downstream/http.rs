@@ -98,6 +98,7 @@ pub fn spawn_as(
         listening: std::sync::atomic::AtomicBool::new(false),
         stateless: std::sync::atomic::AtomicBool::new(false),
         drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
+        calls: Arc::new(tokio::sync::Semaphore::new(spec.max_connections.max(1))),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -130,6 +131,11 @@ struct Shared {
     stateless: std::sync::atomic::AtomicBool,
     /// Bodies being read to their end in the background ([`MAX_DRAINS`] at most).
     drains: Arc<tokio::sync::Semaphore>,
+    /// Requests in flight (`max_connections` at most): over HTTP/1.1 each holds a
+    /// connection from its POST to its answer. Only requests wait for a permit: a
+    /// notification, or the answer to a question the server asked during a call, goes at
+    /// once, since the call that holds a permit may be waiting for it.
+    calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -541,6 +547,9 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 let task = {
                     let (shared, inflight) = (shared.clone(), inflight.clone());
                     crate::background::spawn(async move {
+                        // Never closed; waiting is bounded by the call's own timeout, whose
+                        // cancellation aborts this task.
+                        let _permit = shared.calls.clone().acquire_owned().await.ok();
                         let out = call(
                             &shared,
                             id,

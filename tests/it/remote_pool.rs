@@ -140,6 +140,41 @@ async fn lingering_streams_are_bounded() {
     assert!(st["connections"].as_u64().unwrap() >= 100, "{st}");
 }
 
+/// Twelve calls at once, each answered 300 ms late: with `max_connections = 3` at most
+/// three are in flight to the server (each on its own HTTP/1.1 connection) and the rest
+/// wait their turn; all twelve are answered. Without it, the server sees twelve
+/// connections at once.
+#[tokio::test]
+async fn calls_in_flight_are_bounded_by_max_connections() {
+    async fn peak(extra: &str) -> u64 {
+        let fx = Fixture::start(&["--delay-ms", "300"]);
+        let gw = gateway_for(&fx.url, extra).await;
+        let s = gw.session().await;
+        let answers = futures::future::join_all((0..12).map(|i| {
+            let s = &s;
+            async move {
+                s.call_id(json!(i), "fx__echo", json!({ "text": format!("c{i}") }))
+                    .await
+            }
+        }))
+        .await;
+        for (i, r) in answers.iter().enumerate() {
+            assert_eq!(text(r), format!("c{i}"), "{r}\n{}", gw.logs());
+        }
+        let st = fx.stats(&fresh()).await;
+        eprintln!("{extra:?}: {st}");
+        st["peak"].as_u64().unwrap()
+    }
+    // Three calls' connections, and the stats request's own.
+    let bounded = peak("max_connections = 3").await;
+    assert!(
+        bounded <= 4,
+        "{bounded} connections open at once with max_connections = 3"
+    );
+    let unbounded = peak("").await;
+    assert!(unbounded >= 12, "{unbounded} connections at once without a bound");
+}
+
 /// The answer is forwarded when its event arrives, not when the stream ends.
 #[tokio::test]
 async fn sse_answer_is_forwarded_before_the_stream_ends() {

@@ -593,6 +593,25 @@ async fn over_an_http_downstream_each_question_reaches_the_client_whose_call_it_
     assert!(others.is_empty(), "{others:?}");
 }
 
+/// With `max_connections = 1`, a call holds the server's only slot while its question
+/// waits for the client. The client's answer goes to the server past the bound (queued
+/// behind the call that waits for it, it would never go), and a second call, which waits
+/// its turn, is answered once the first ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_not_queued_behind_the_call_that_waits_for_it() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("web", &remote.url(), "max_connections = 1"));
+    let a = open(&gw, json!({"sampling": {}})).await;
+    let mut first = start_call(&a, json!(1), "web__ask_sampling", json!({"prompt": "one slot"})).await;
+    let q = question(&mut first, "sampling/createMessage").await;
+    let (second, first) = tokio::join!(a.call_id(json!(2), "web__echo", json!({"text": "my turn"})), async {
+        reply(&a, &q["id"], sampling_answer("answered")).await;
+        first.response(T).await.1
+    });
+    assert_eq!(text(&first), "answered", "{first}\n{}", gw.logs());
+    assert_eq!(text(&second), "my turn", "{second}\n{}", gw.logs());
+}
+
 /// The sentinel for a gateway in front of the HTTP fixture: its notify_change.
 async fn sentinel_remote(s: &Session, _remote: &Remote) {
     let r = s.call_id(json!("sentinel"), "web__notify_change", json!({})).await;
