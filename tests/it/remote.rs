@@ -512,3 +512,26 @@ async fn a_forgotten_session_gets_its_resource_subscriptions_back() {
         "{subs:?}"
     );
 }
+
+/// `max_connections = 1` and calls that outlast their 1 s timeout: each gets the timeout
+/// error naming the server, whether it held the one slot or was waiting for it, and the
+/// slot is free again at once (a timed-out call's task is aborted, its slot with it): the
+/// next call is answered within its own 1 s, where a slot still held by a 3 s call would
+/// time it out too.
+#[tokio::test]
+async fn calls_that_time_out_waiting_for_a_slot_free_it() {
+    let remote = Remote::start(&[]);
+    let config = format!(
+        "[servers.one]\nurl = {:?}\ntimeout = \"1s\"\nmax_connections = 1\n",
+        remote.url()
+    );
+    let gw = Gateway::start(&config);
+    let s = gw.session().await;
+    let slow = futures::future::join_all((0..4).map(|i| call(&s, json!(i), "one__slow", json!({"seconds": 3})))).await;
+    for r in &slow {
+        let e = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(e.contains("one") && e.contains("1s"), "{r}");
+    }
+    let r = call(&s, json!(9), "one__echo", json!({"text": "free"})).await;
+    assert_eq!(text(&r), "free", "{r}\n{}", gw.logs());
+}
