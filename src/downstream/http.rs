@@ -24,6 +24,7 @@ use http::{Method, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -502,8 +503,11 @@ impl Shared {
     }
 }
 
+/// A request's task, and whether its POST went out (it may still be waiting for a slot).
+type InFlight = (AbortHandle, Arc<AtomicBool>);
+
 async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
-    let inflight: Arc<Mutex<HashMap<u64, AbortHandle>>> = Arc::default();
+    let inflight: Arc<Mutex<HashMap<u64, InFlight>>> = Arc::default();
     while let Some(cmd) = commands.recv().await {
         match cmd {
             Command::Request {
@@ -544,12 +548,14 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                     _ => None,
                 };
                 let (body, progress) = encode_request(id, &method, params);
+                let sent = Arc::new(AtomicBool::new(false));
                 let task = {
-                    let (shared, inflight) = (shared.clone(), inflight.clone());
+                    let (shared, inflight, sent) = (shared.clone(), inflight.clone(), sent.clone());
                     crate::background::spawn(async move {
                         // Never closed; waiting is bounded by the call's own timeout, whose
                         // cancellation aborts this task.
                         let _permit = shared.calls.clone().acquire_owned().await.ok();
+                        sent.store(true, Ordering::Release);
                         let out = call(
                             &shared,
                             id,
@@ -576,7 +582,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                         let _ = reply.send(out);
                     })
                 };
-                sync::lock(&inflight).insert(id, task.abort_handle());
+                sync::lock(&inflight).insert(id, (task.abort_handle(), sent));
             }
             Command::Notify { method, params } => {
                 let body = message::notification(&method, params.as_deref());
@@ -590,9 +596,12 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 });
             }
             Command::Cancel { id, reason } => {
-                if let Some(task) = sync::lock(&inflight).remove(&id) {
+                if let Some((task, sent)) = sync::lock(&inflight).remove(&id) {
                     task.abort();
-                    if shared.is_stateless() {
+                    // A request still waiting for a slot never reached the server: there is
+                    // nothing to cancel there (and a flood of timed-out waiters would
+                    // otherwise be a flood of notifications).
+                    if shared.is_stateless() || !sent.load(Ordering::Acquire) {
                         // 2026-07-28: closing the response stream is the cancellation.
                         continue;
                     }
@@ -604,7 +613,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
             }
             Command::Shutdown { done } => {
                 shared.stop.cancel();
-                for (_, t) in sync::lock(&inflight).drain() {
+                for (_, (t, _)) in sync::lock(&inflight).drain() {
                     t.abort();
                 }
                 if shared.session().is_some() {

@@ -535,3 +535,67 @@ async fn calls_that_time_out_waiting_for_a_slot_free_it() {
     let r = call(&s, json!(9), "one__echo", json!({"text": "free"})).await;
     assert_eq!(text(&r), "free", "{r}\n{}", gw.logs());
 }
+
+/// Polls `/metrics` until `mcp_gateway_requests_in_flight` is `n` (true) or 10 s pass.
+async fn in_flight_is(gw: &Gateway, n: i64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if gw.in_flight().await == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// A call still waiting for the server's only slot never reached the server, so its
+/// client's cancellation is not passed on (a thousand such waiters would otherwise be a
+/// thousand notifications, and notifications take no slot); the call holding the slot is
+/// cancelled at the server as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_while_waiting_for_a_slot_is_not_cancelled_at_the_server() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("one", &remote.url(), "max_connections = 1"));
+    let s = Arc::new(gw.session().await);
+    let spawn_call = |id: i64| {
+        let s = s.clone();
+        tokio::spawn(async move { s.call_id(json!(id), "one__slow", json!({"seconds": 5})).await })
+    };
+    let holder = spawn_call(0);
+    assert!(
+        until(Duration::from_secs(10), || remote.posts_of("tools/call").len() == 1).await,
+        "{:#?}",
+        remote.records()
+    );
+    let waiters: Vec<_> = (1..=3).map(spawn_call).collect();
+    assert!(in_flight_is(&gw, 4).await, "in flight: {}", gw.in_flight().await);
+    for id in 1..=3 {
+        s.notify(
+            "notifications/cancelled",
+            json!({"requestId": id, "reason": "changed my mind"}),
+        )
+        .await;
+    }
+    assert!(in_flight_is(&gw, 1).await, "in flight: {}", gw.in_flight().await);
+    s.notify("notifications/cancelled", json!({"requestId": 0})).await;
+    assert!(
+        until(Duration::from_secs(10), || !remote
+            .posts_of("notifications/cancelled")
+            .is_empty())
+        .await,
+        "the holder's cancellation did not reach the server"
+    );
+    assert!(in_flight_is(&gw, 0).await, "in flight: {}", gw.in_flight().await);
+    // Only the holder's request and its cancellation reached the server.
+    assert_eq!(remote.posts_of("tools/call").len(), 1, "{:#?}", remote.records());
+    assert_eq!(
+        remote.posts_of("notifications/cancelled").len(),
+        1,
+        "{:#?}",
+        remote.records()
+    );
+    holder.abort();
+    for w in waiters {
+        w.abort();
+    }
+}
