@@ -4,8 +4,8 @@
 //! built by `scripts/search-fixture`; the labeled requests, some held out; SOURCES.md there).
 //!
 //! - **Recall** on the real catalog: a request counts at k when one of its tools is among
-//!   the first k results; reported for the tuned, the held-out and the fresh requests apart
-//!   (`--no-fresh` leaves the fresh ones out, `--tuned-only` both).
+//!   the first k results; reported for the tuned, the held-out, the fresh and the fresh2
+//!   requests apart (`--no-fresh` leaves both fresh sets out, `--tuned-only` all but the tuned).
 //! - **Search latency** on a catalog of at least 1,000 tools: the real ones plus second
 //!   instances of whole servers under other names (`github-2`…, as a team with staging and
 //!   production instances has). Every request of the fixture, `--search-rounds` times,
@@ -43,7 +43,7 @@ pub struct Opts {
     /// Leave the held-out and the fresh requests out of everything printed (while tuning).
     #[arg(long)]
     pub tuned_only: bool,
-    /// Leave the fresh requests (`fresh.json`) out of everything printed: they are measured
+    /// Leave the fresh requests (`fresh.json`, `fresh2.json`) out of everything printed: they are measured
     /// once, at the end of a round, never while tuning.
     #[arg(long)]
     pub no_fresh: bool,
@@ -118,30 +118,34 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
         );
     }
     eprintln!(
-        "  fixture: {} tools of {} servers; {} requests tuned on, {} held out, {} fresh",
+        "  fixture: {} tools of {} servers; {} requests tuned on, {} held out, {} fresh, {} fresh2",
         index.len(),
         f.servers.len(),
         f.queries.len(),
         f.heldout.len(),
-        f.fresh.len()
+        f.fresh.len(),
+        f.fresh2.len()
     );
     let tuned = recall(index, &f.queries);
     let held = recall(index, &f.heldout);
     let fresh = recall(index, &f.fresh);
+    let fresh2 = recall(index, &f.fresh2);
     let all: Vec<_> = f.queries.iter().chain(&f.heldout).cloned().collect();
     let both = recall(index, &all);
     let with_fresh = !args.tuned_only && !args.no_fresh && !f.fresh.is_empty();
+    let with_fresh2 = !args.tuned_only && !args.no_fresh && !f.fresh2.is_empty();
     let sets: Vec<(&str, &Recall)> = if args.tuned_only {
         vec![("tuned", &tuned)]
-    } else if with_fresh {
-        vec![
-            ("tuned", &tuned),
-            ("held out", &held),
-            ("fresh", &fresh),
-            ("tuned + held out", &both),
-        ]
     } else {
-        vec![("tuned", &tuned), ("held out", &held), ("tuned + held out", &both)]
+        let mut sets = vec![("tuned", &tuned), ("held out", &held)];
+        if with_fresh {
+            sets.push(("fresh", &fresh));
+        }
+        if with_fresh2 {
+            sets.push(("fresh2", &fresh2));
+        }
+        sets.push(("tuned + held out", &both));
+        sets
     };
     for (set, r) in &sets {
         eprintln!(
@@ -171,12 +175,18 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
     if with_fresh {
         row(targets, "recall@5 (fresh)", 0.90, &fresh, false);
     }
+    if with_fresh2 {
+        row(targets, "recall@5 (fresh2)", 0.90, &fresh2, false);
+    }
     row(targets, "recall@1 (tuned)", 0.70, &tuned, true);
     if !args.tuned_only {
         row(targets, "recall@1 (held out)", 0.70, &held, true);
     }
     if with_fresh {
         row(targets, "recall@1 (fresh)", 0.70, &fresh, true);
+    }
+    if with_fresh2 {
+        row(targets, "recall@1 (fresh2)", 0.70, &fresh2, true);
     }
 
     let padded = f.padded(1000);

@@ -34,12 +34,14 @@ pub struct Query {
 /// (written with them, before any tuning, and never tuned on: see SOURCES.md), and the
 /// fresh ones (`fresh.json`, written in round 2 after the held-out set had been looked at,
 /// before any change of that round, and never looked at while tuning; empty when a fixture
-/// elsewhere has none).
+/// elsewhere has none), and `fresh2.json` (written in session 19 by a helper that saw no
+/// ranking, before any change of that session; empty when absent).
 pub struct Fixture {
     pub servers: Vec<Server>,
     pub queries: Vec<Query>,
     pub heldout: Vec<Query>,
     pub fresh: Vec<Query>,
+    pub fresh2: Vec<Query>,
 }
 
 impl Fixture {
@@ -66,15 +68,19 @@ impl Fixture {
             let p = dir.join(name);
             serde_json::from_str(&read(&p)?).map_err(|e| format!("{}: {e}", p.display()))
         };
+        let optional = |name: &str| -> Result<Vec<Query>, String> {
+            if dir.join(name).exists() {
+                queries(name)
+            } else {
+                Ok(Vec::new())
+            }
+        };
         Ok(Fixture {
             servers,
             queries: queries("queries.json")?,
             heldout: queries("heldout.json")?,
-            fresh: if dir.join("fresh.json").exists() {
-                queries("fresh.json")?
-            } else {
-                Vec::new()
-            },
+            fresh: optional("fresh.json")?,
+            fresh2: optional("fresh2.json")?,
         })
     }
 
@@ -235,6 +241,7 @@ mod tests {
         assert!(f.tools() >= 400 && f.servers.len() >= 10);
         assert!(f.queries.len() + f.heldout.len() >= 150 && f.heldout.len() >= 50);
         assert!(f.fresh.len() >= 60, "fresh.json: {} requests", f.fresh.len());
+        assert!(f.fresh2.len() >= 100, "fresh2.json: {} requests", f.fresh2.len());
         for s in &f.servers {
             assert!(
                 s.source.starts_with("npm:") || s.source.starts_with("pypi:"),
@@ -246,8 +253,13 @@ mod tests {
         let catalog = Fixture::catalog(&f.servers);
         let index = catalog.search_index();
         assert_eq!(index.len(), f.tools(), "every fixture tool keeps its name");
-        let results: Vec<(&str, Recall)> = [("tuned", &f.queries), ("held out", &f.heldout), ("fresh", &f.fresh)]
-            .into_iter()
+        let results: Vec<(&str, Recall)> = [
+            ("tuned", &f.queries),
+            ("held out", &f.heldout),
+            ("fresh", &f.fresh),
+            ("fresh2", &f.fresh2),
+        ]
+        .into_iter()
             .map(|(set, queries)| {
                 for q in queries.iter() {
                     assert!(!q.expect.is_empty(), "{set}: {:?} expects nothing", q.query);
@@ -274,10 +286,10 @@ mod tests {
         }
     }
 
-    /// (recall@5, recall@1) floors of the tuned, the held-out and the fresh requests, a
-    /// little under what was measured at the commit that set them (tuned 0.919 / 0.713,
-    /// held out 0.838 / 0.559, fresh 0.737 / 0.505).
-    const FLOORS: [(f64, f64); 3] = [(0.90, 0.69), (0.81, 0.53), (0.71, 0.48)];
+    /// (recall@5, recall@1) floors of the tuned, the held-out, the fresh and the fresh2
+    /// requests, a little under what was measured at the commit that set them (tuned 0.919 /
+    /// 0.713, held out 0.838 / 0.559, fresh 0.737 / 0.505, fresh2 0.700 / 0.400).
+    const FLOORS: [(f64, f64); 4] = [(0.90, 0.69), (0.81, 0.53), (0.71, 0.48), (0.68, 0.38)];
 
     /// While tuning: one number at a time around the defaults, on the tuned requests.
     /// `cargo test --lib sweep_search -- --ignored --nocapture`
