@@ -143,6 +143,12 @@ pub struct Tuning {
     /// or a word nearly all its tools' names share): "in GitLab", "the Notion page". Its score
     /// is multiplied by `1 + server_match`.
     pub server_match: f32,
+    /// With a model: what the cosine counts against the lexical score over the best one
+    /// (`lexical / best + semantic × cosine`), [`semantic::WEIGHT`].
+    pub semantic: f32,
+    /// With a model: how near in meaning a tool no word of the request matches must be to
+    /// be a result at all, [`semantic::MIN_COSINE`].
+    pub min_cosine: f32,
 }
 
 impl Default for Tuning {
@@ -156,6 +162,8 @@ impl Default for Tuning {
             idf_power: 0.5,
             name_coverage: 0.5,
             server_match: 0.5,
+            semantic: semantic::WEIGHT,
+            min_cosine: semantic::MIN_COSINE,
         }
     }
 }
@@ -554,7 +562,7 @@ impl Index {
             }
         }
         let mut hits: Vec<(u32, f32)> = match self.dense.get() {
-            // `lexical / best + WEIGHT · cosine`, over the tools a word of the request
+            // `lexical / best + semantic · cosine`, over the tools a word of the request
             // matches and those near enough in meaning.
             Some(dense) => {
                 let best = scores.iter().copied().fold(0f32, f32::max);
@@ -571,8 +579,8 @@ impl Index {
                     .iter()
                     .zip(dense.cosines(q))
                     .enumerate()
-                    .filter(|(_, (s, cos))| **s > 0.0 || *cos >= semantic::MIN_COSINE)
-                    .map(|(d, (s, cos))| (d as u32, s * scale + semantic::WEIGHT * cos))
+                    .filter(|(_, (s, cos))| **s > 0.0 || *cos >= self.tuning.min_cosine)
+                    .map(|(d, (s, cos))| (d as u32, s * scale + self.tuning.semantic * cos))
                     .collect()
             }
             None => scores
