@@ -7,8 +7,11 @@
 //! - `model.safetensors`: its weights, in float32, float16 or bfloat16, with or without the
 //!   `bert.` prefix;
 //! - `tokenizer.json` (or `vocab.txt` with `tokenizer_config.json`'s `do_lower_case`);
-//! - optionally `sentence_bert_config.json` (`max_seq_length`, else 256) and
-//!   `1_Pooling/config.json` (mean pooling unless it says CLS).
+//! - optionally `sentence_bert_config.json` (`max_seq_length`, else 256),
+//!   `1_Pooling/config.json` (mean pooling unless it says CLS) and
+//!   `config_sentence_transformers.json`, whose `prompts` (e5's `"query": "query: "`,
+//!   `"passage": "passage: "`; an instruction before requests) are put before a search's
+//!   request (`query`) and before each tool's text (`document`, else `passage`).
 //!
 //! A text's vector is the pooled last layer, normalized to length 1, so a dot product is the
 //! cosine. No weights are fetched at run time: the folder is read once, when the config
@@ -33,6 +36,10 @@ pub struct Model {
     eps: f32,
     max_tokens: usize,
     cls_pooling: bool,
+    /// Put before a search's request ([`Model::embed_now`]) and before a tool's text
+    /// ([`Model::embed_document`]): the model's own `prompts`, empty for most.
+    query_prompt: String,
+    document_prompt: String,
     word: Vec<f32>,
     position: Vec<f32>,
     /// The first token type's vector (a single sequence has only that type).
@@ -214,6 +221,23 @@ impl Model {
             pooling_mode_cls_token: bool,
         }
         let cls_pooling = optional::<Pooling>(dir, "1_Pooling/config.json")?.is_some_and(|c| c.pooling_mode_cls_token);
+        #[derive(Deserialize, Default)]
+        struct Prompts {
+            #[serde(default)]
+            query: Option<String>,
+            #[serde(default)]
+            document: Option<String>,
+            #[serde(default)]
+            passage: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct SentenceTransformers {
+            #[serde(default)]
+            prompts: Option<Prompts>,
+        }
+        let prompts = optional::<SentenceTransformers>(dir, "config_sentence_transformers.json")?
+            .and_then(|c| c.prompts)
+            .unwrap_or_default();
 
         let path = file("model.safetensors");
         let opened = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -278,6 +302,8 @@ impl Model {
             eps: config.layer_norm_eps,
             max_tokens: max_seq.unwrap_or(256).clamp(2, positions),
             cls_pooling,
+            query_prompt: prompts.query.unwrap_or_default(),
+            document_prompt: prompts.document.or(prompts.passage).unwrap_or_default(),
             word: w("embeddings.word_embeddings.weight", &[config.vocab_size, dim])?,
             position: w("embeddings.position_embeddings.weight", &[positions, dim])?,
             token_type,
@@ -299,11 +325,27 @@ impl Model {
         self.embed_ids(&ids, None)
     }
 
-    /// The vector of `text` for a search waiting on it: where the products run on AMX or VNNI and
+    /// The vector of a tool's `text`, after the model's document prompt if it has one.
+    pub fn embed_document(&self, text: &str) -> Vec<f32> {
+        if self.document_prompt.is_empty() {
+            return self.embed(text);
+        }
+        self.embed(&format!("{}{text}", self.document_prompt))
+    }
+
+    /// The vector of a search's request `text` (after the model's query prompt, if it has
+    /// one), for a search waiting on it: where the products run on AMX or VNNI and
     /// there is more than one CPU, the process's helper thread takes half of each product
     /// if no other search has it ([`super::helper::Helper`]). A catalog's vectors are made
-    /// one thread at a time ([`Model::embed`]), in the background.
+    /// one thread at a time ([`Model::embed_document`]), in the background.
     pub fn embed_now(&self, text: &str) -> Vec<f32> {
+        let prompted;
+        let text = if self.query_prompt.is_empty() {
+            text
+        } else {
+            prompted = format!("{}{text}", self.query_prompt);
+            &prompted
+        };
         let ids = self.tokenizer.encode(text, self.max_tokens);
         let shared = self
             .layers
@@ -940,6 +982,42 @@ pub(crate) mod tests {
         let c = model.embed("list the files in a directory");
         let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
         assert!(dot(&a, &b) > dot(&a, &c) + 0.05, "{} vs {}", dot(&a, &b), dot(&a, &c));
+    }
+
+    /// A model's `prompts` go before requests and tools' texts, and nothing goes before
+    /// them without any (all-MiniLM-L6-v2 has none).
+    #[test]
+    fn prompts_go_before_requests_and_documents() {
+        let plain = Model::load_with(&model_dir(), Products::F32).expect("model");
+        assert_eq!(plain.embed_now("list my repos"), plain.embed("list my repos"));
+        assert_eq!(
+            plain.embed_document("github: list repos."),
+            plain.embed("github: list repos.")
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        for e in std::fs::read_dir(model_dir()).expect("model folder").flatten() {
+            std::os::unix::fs::symlink(e.path(), dir.path().join(e.file_name())).expect("link");
+        }
+        let st = dir.path().join("config_sentence_transformers.json");
+        std::fs::remove_file(&st).ok();
+        std::fs::write(&st, r#"{"prompts": {"query": "query: ", "passage": "passage: "}}"#).expect("write");
+        let e5 = Model::load_with(dir.path(), Products::F32).expect("model with prompts");
+        assert_eq!(e5.embed_now("list my repos"), plain.embed("query: list my repos"));
+        assert_ne!(e5.embed_now("list my repos"), plain.embed("list my repos"));
+        assert_eq!(
+            e5.embed_document("github: list repos."),
+            plain.embed("passage: github: list repos.")
+        );
+        std::fs::write(
+            &st,
+            r#"{"prompts": {"query": "q: ", "document": "d: ", "passage": "p: "}}"#,
+        )
+        .expect("write");
+        let both = Model::load_with(dir.path(), Products::F32).expect("model");
+        assert_eq!(both.embed_document("x"), plain.embed("d: x"));
+        std::fs::write(&st, r#"{"prompts": 7}"#).expect("write");
+        let err = Model::load_with(dir.path(), Products::F32).expect_err("bad prompts");
+        assert!(err.contains("config_sentence_transformers.json"), "{err}");
     }
 
     /// How long a request's and a tool's vectors take (run by hand, in release:

@@ -93,7 +93,7 @@ impl Semantic {
         for t in texts {
             let v = match old.remove(t).or_else(|| cache.get(t).cloned()) {
                 Some(v) => v,
-                None => Arc::from(self.model.embed(t)),
+                None => Arc::from(self.model.embed_document(t)),
             };
             out.extend_from_slice(&v);
             cache.insert(t.clone(), v);
