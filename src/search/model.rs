@@ -3,7 +3,10 @@
 //!
 //! The operator points `[gateway] search_model` at the model's folder:
 //! - `config.json`: a `bert` model (`hidden_size`, `num_attention_heads`,
-//!   `num_hidden_layers`, `intermediate_size`, `layer_norm_eps`, `hidden_act = "gelu"`);
+//!   `num_hidden_layers`, `intermediate_size`, `layer_norm_eps`, `hidden_act = "gelu"`), or an
+//!   `mpnet` one (all-mpnet-base-v2: the same layers, no token types, positions from
+//!   `pad_token_id + 1`, and a learned bias per head and relative position bucket added to
+//!   every layer's attention scores, `relative_attention_num_buckets`);
 //! - `model.safetensors`: its weights, in float32, float16 or bfloat16, with or without the
 //!   `bert.` prefix;
 //! - `tokenizer.json` (or `vocab.txt` with `tokenizer_config.json`'s `do_lower_case`);
@@ -42,8 +45,14 @@ pub struct Model {
     document_prompt: String,
     word: Vec<f32>,
     position: Vec<f32>,
-    /// The first token type's vector (a single sequence has only that type).
+    /// The first token type's vector (a single sequence has only that type); zeros for
+    /// MPNet, which has none.
     token_type: Vec<f32>,
+    /// The first position's row: 0 for BERT, `pad_token_id + 1` for MPNet.
+    position_offset: usize,
+    /// MPNet's attention bias: `buckets × heads`, by relative position bucket; empty for BERT.
+    relative_bias: Vec<f32>,
+    relative_buckets: usize,
     embed_norm: Norm,
     layers: Vec<Layer>,
     /// Where it was read from, for `/status` and errors.
@@ -104,6 +113,12 @@ struct Config {
     #[serde(default = "default_positions")]
     max_position_embeddings: usize,
     vocab_size: usize,
+    /// MPNet's: positions start after it.
+    #[serde(default)]
+    pad_token_id: Option<usize>,
+    /// MPNet's: how many relative position buckets its attention bias has.
+    #[serde(default)]
+    relative_attention_num_buckets: Option<usize>,
 }
 
 fn default_eps() -> f32 {
@@ -168,9 +183,10 @@ impl Model {
         let config: Config = serde_json::from_str(&read("config.json")?)
             .map_err(|e| format!("{}: {e}", file("config.json").display()))?;
         let config_err = |what: String| format!("{}: {what}", file("config.json").display());
-        if let Some(t) = config.model_type.as_deref().filter(|t| *t != "bert") {
+        let mpnet = config.model_type.as_deref() == Some("mpnet");
+        if let Some(t) = config.model_type.as_deref().filter(|t| *t != "bert" && !mpnet) {
             return Err(config_err(format!(
-                "model_type is {t:?}; only \"bert\" models are read"
+                "model_type is {t:?}; only \"bert\" and \"mpnet\" models are read"
             )));
         }
         if let Some(act) = config.hidden_act.as_deref().filter(|a| *a != "gelu") {
@@ -264,10 +280,28 @@ impl Model {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("encoder.layer.{i}");
+            // MPNet names the same parts otherwise.
+            let [query, key, value, attn_out, attn_norm] = if mpnet {
+                [
+                    "attention.attn.q",
+                    "attention.attn.k",
+                    "attention.attn.v",
+                    "attention.attn.o",
+                    "attention.LayerNorm",
+                ]
+            } else {
+                [
+                    "attention.self.query",
+                    "attention.self.key",
+                    "attention.self.value",
+                    "attention.output.dense",
+                    "attention.output.LayerNorm",
+                ]
+            };
             let (q, k, v) = (
-                linear(&format!("{p}.attention.self.query"), dim, dim)?,
-                linear(&format!("{p}.attention.self.key"), dim, dim)?,
-                linear(&format!("{p}.attention.self.value"), dim, dim)?,
+                linear(&format!("{p}.{query}"), dim, dim)?,
+                linear(&format!("{p}.{key}"), dim, dim)?,
+                linear(&format!("{p}.{value}"), dim, dim)?,
             );
             let qkv = Linear {
                 w: [q.w, k.w, v.w].concat(),
@@ -279,8 +313,8 @@ impl Model {
             };
             let mut layer = Layer {
                 qkv,
-                attn_out: linear(&format!("{p}.attention.output.dense"), dim, dim)?,
-                attn_norm: norm(&format!("{p}.attention.output.LayerNorm"))?,
+                attn_out: linear(&format!("{p}.{attn_out}"), dim, dim)?,
+                attn_norm: norm(&format!("{p}.{attn_norm}"))?,
                 up: linear(&format!("{p}.intermediate.dense"), inter, dim)?,
                 down: linear(&format!("{p}.output.dense"), dim, inter)?,
                 out_norm: norm(&format!("{p}.output.LayerNorm"))?,
@@ -293,20 +327,37 @@ impl Model {
             layers.push(layer);
         }
         let positions = config.max_position_embeddings;
-        let mut token_type = w("embeddings.token_type_embeddings.weight", &[0, dim])?;
-        token_type.truncate(dim);
+        let (token_type, position_offset, relative_bias, relative_buckets) = if mpnet {
+            let buckets = config.relative_attention_num_buckets.unwrap_or(32);
+            let offset = config.pad_token_id.unwrap_or(1) + 1;
+            if buckets < 4 || offset + 2 > positions {
+                return Err(config_err(format!(
+                    "relative_attention_num_buckets is {buckets} (at least 4), or pad_token_id {} leaves no positions",
+                    offset - 1
+                )));
+            }
+            let bias = w("encoder.relative_attention_bias.weight", &[buckets, heads])?;
+            (vec![0.0; dim], offset, bias, buckets)
+        } else {
+            let mut token_type = w("embeddings.token_type_embeddings.weight", &[0, dim])?;
+            token_type.truncate(dim);
+            (token_type, 0, Vec::new(), 0)
+        };
         Ok(Model {
             tokenizer,
             dim,
             heads,
             eps: config.layer_norm_eps,
-            max_tokens: max_seq.unwrap_or(256).clamp(2, positions),
+            max_tokens: max_seq.unwrap_or(256).clamp(2, positions - position_offset),
             cls_pooling,
             query_prompt: prompts.query.unwrap_or_default(),
             document_prompt: prompts.document.or(prompts.passage).unwrap_or_default(),
             word: w("embeddings.word_embeddings.weight", &[config.vocab_size, dim])?,
             position: w("embeddings.position_embeddings.weight", &[positions, dim])?,
             token_type,
+            position_offset,
+            relative_bias,
+            relative_buckets,
             embed_norm: norm("embeddings.LayerNorm")?,
             layers,
             path: dir.display().to_string(),
@@ -395,7 +446,8 @@ impl Model {
             let id = (id as usize).min(vocab.saturating_sub(1));
             let row = &mut x[t * d..(t + 1) * d];
             let word = &self.word[id * d..(id + 1) * d];
-            let pos = &self.position[t * d..(t + 1) * d];
+            let p = t + self.position_offset;
+            let pos = &self.position[p * d..(p + 1) * d];
             for (((r, w), p), ty) in row.iter_mut().zip(word).zip(pos).zip(&self.token_type) {
                 *r = w + p + ty;
             }
@@ -410,6 +462,20 @@ impl Model {
         };
         let mut qkv = Vec::new();
         let mut scores = vec![0f32; n * n];
+        // MPNet: each head's bias for each relative position `j - i`, at index
+        // `(j - i + n - 1) · heads + h`.
+        let bias: Vec<f32> = if self.relative_bias.is_empty() {
+            Vec::new()
+        } else {
+            let heads = self.heads;
+            (0..(2 * n).saturating_sub(1))
+                .flat_map(|r| {
+                    let b = relative_bucket(r as i64 - (n as i64 - 1), self.relative_buckets);
+                    self.relative_bias[b * heads..(b + 1) * heads].iter().copied()
+                })
+                .collect()
+        };
+        let bias_of = |h: usize, i: usize, j: usize| bias[(j + n - 1 - i) * self.heads + h];
         let mut ctx = vec![0f32; n * d];
         let mut attn = Vec::new();
         let mut up = Vec::new();
@@ -425,6 +491,11 @@ impl Model {
                         let row = &mut scores[i * n..(i + 1) * n];
                         for (j, s) in row.iter_mut().enumerate() {
                             *s = scale * dot(q, &qkv[j * 3 * d + d + h * hd..][..hd]);
+                        }
+                        if !bias.is_empty() {
+                            for (j, s) in row.iter_mut().enumerate() {
+                                *s += bias_of(h, i, j);
+                            }
                         }
                         softmax(row);
                         let c = &mut ctx[i * d + h * hd..][..hd];
@@ -443,7 +514,12 @@ impl Model {
                     let v = &qkv[2 * d + h * hd..];
                     // scores = Q_h · K_hᵀ · scale
                     gemm([n, hd, n], scale, (q, 3 * d, 1), (k, 1, 3 * d), 0.0, (&mut scores, n));
-                    for row in scores.chunks_exact_mut(n) {
+                    for (i, row) in scores.chunks_exact_mut(n).enumerate() {
+                        if !bias.is_empty() {
+                            for (j, s) in row.iter_mut().enumerate() {
+                                *s += bias_of(h, i, j);
+                            }
+                        }
                         softmax(row);
                     }
                     // ctx_h = P · V_h
@@ -676,6 +752,24 @@ fn layer_norm(x: &mut [f32], norm: &Norm, d: usize, eps: f32) {
             *v = (*v - mean) * inv * w + b;
         }
     }
+}
+
+/// MPNet's relative position bucket of `rel = j - i` (the key `rel` places after its query),
+/// as `transformers` computes it: half the buckets for each direction, exact up to a quarter
+/// of them, then logarithmic up to a distance of 128, in f32 as torch does.
+fn relative_bucket(rel: i64, buckets: usize) -> usize {
+    let half = (buckets / 2) as i64;
+    let mut out = if rel > 0 { half } else { 0 };
+    let n = rel.abs();
+    let exact = half / 2;
+    out += if n < exact {
+        n
+    } else {
+        let scaled =
+            ((n as f32 / exact as f32).ln() / (128.0f64 / exact as f64).ln() as f32 * (half - exact) as f32) as i64;
+        (exact + scaled).min(half - 1)
+    };
+    out as usize
 }
 
 #[inline(always)]
@@ -982,6 +1076,83 @@ pub(crate) mod tests {
         let c = model.embed("list the files in a directory");
         let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
         assert!(dot(&a, &b) > dot(&a, &c) + 0.05, "{} vs {}", dot(&a, &b), dot(&a, &c));
+    }
+
+    /// MPNet's relative position buckets are transformers' (the values numpy gives for the
+    /// same formula, in f32 as torch computes it).
+    #[test]
+    fn relative_buckets_are_transformers() {
+        let want: [(i64, usize); 19] = [
+            (0, 0),
+            (-1, 1),
+            (1, 17),
+            (-7, 7),
+            (7, 23),
+            (-8, 8),
+            (8, 24),
+            (-11, 8),
+            (12, 25),
+            (-16, 10),
+            (16, 26),
+            (-31, 11),
+            (32, 28),
+            (-64, 14),
+            (64, 30),
+            (-127, 15),
+            (128, 31),
+            (-500, 15),
+            (500, 31),
+        ];
+        for (rel, bucket) in want {
+            assert_eq!(relative_bucket(rel, 32), bucket, "relative position {rel}");
+        }
+    }
+
+    /// An MPNet model (`tests/fixtures/search/tiny-mpnet`: a random one of 2 layers, 16
+    /// wide, with RoBERTa's `<s>` … `</s>` framing, written by `scripts/tiny-mpnet` with the
+    /// vectors a numpy forward pass of MPNet gives) reads its texts as HF's tokenizer does
+    /// and gives the reference's vectors, for a short text and one past [`SHORT`] tokens
+    /// (whose attention runs through `gemm`, and whose relative positions reach the
+    /// logarithmic buckets).
+    #[test]
+    fn an_mpnet_model_gives_its_reference_vectors() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/search/tiny-mpnet");
+        #[derive(Deserialize)]
+        struct Reference {
+            text: String,
+            ids: Vec<u32>,
+            vector: Vec<f32>,
+        }
+        let refs: Vec<Reference> =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("reference"))
+                .expect("reference json");
+        assert!(refs.iter().any(|r| r.ids.len() > SHORT));
+        for products in [Products::F32, Products::best()] {
+            let model = Model::load_with(&dir, products).expect("tiny mpnet");
+            assert_eq!(model.position_offset, 2);
+            for r in &refs {
+                assert_eq!(model.tokenizer.encode(&r.text, model.max_tokens), r.ids, "{:?}", r.text);
+                let v = model.embed(&r.text);
+                let cos: f32 = v.iter().zip(&r.vector).map(|(a, b)| a * b).sum();
+                let worst = v.iter().zip(&r.vector).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                let (min_cos, max_diff) = if products == Products::F32 {
+                    (0.99999, 1e-4)
+                } else {
+                    (0.99, 5e-2)
+                };
+                assert!(
+                    cos > min_cos && worst < max_diff,
+                    "{:?} ({products:?}): cos {cos}, worst {worst}",
+                    r.text
+                );
+            }
+        }
+        // Without its relative position bias it is another model: the bias is read.
+        let mut model = Model::load_with(&dir, Products::F32).expect("tiny mpnet");
+        model.relative_bias.fill(0.0);
+        let v = model.embed(&refs[0].text);
+        let cos: f32 = v.iter().zip(&refs[0].vector).map(|(a, b)| a * b).sum();
+        assert!(cos < 0.9999, "cos {cos}");
     }
 
     /// A model's `prompts` go before requests and tools' texts, and nothing goes before

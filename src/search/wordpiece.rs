@@ -64,7 +64,7 @@ struct TokenizerJson<'a> {
     model: ModelJson<'a>,
     normalizer: Option<NormalizerJson>,
     pre_tokenizer: Option<TypeJson>,
-    post_processor: Option<TypeJson>,
+    post_processor: Option<PostJson>,
     #[serde(default)]
     added_tokens: Vec<AddedJson>,
 }
@@ -103,6 +103,18 @@ fn yes() -> bool {
 struct TypeJson {
     #[serde(rename = "type")]
     kind: String,
+}
+
+/// The post-processor: BERT's (`[CLS]` … `[SEP]`, as TemplateProcessing or
+/// BertProcessing), or RoBERTa's as MPNet uses it (`<s>` … `</s>`, its `cls` and `sep`).
+#[derive(Deserialize)]
+struct PostJson {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    cls: Option<(String, u32)>,
+    #[serde(default)]
+    sep: Option<(String, u32)>,
 }
 
 #[derive(Deserialize)]
@@ -172,30 +184,42 @@ impl WordPiece {
             }
             None => return Err("pre_tokenizer is missing: only \"BertPreTokenizer\" is read".into()),
         }
-        match json.post_processor {
-            Some(p) if matches!(p.kind.as_str(), "TemplateProcessing" | "BertProcessing") => {}
+        let frame = match json.post_processor {
+            Some(p) if p.kind == "TemplateProcessing" => None,
+            Some(p) if matches!(p.kind.as_str(), "BertProcessing" | "RobertaProcessing") => p.cls.zip(p.sep),
             Some(p) => {
                 let kind = p.kind;
                 return Err(format!(
-                    "post_processor.type is {kind:?}: only BERT's [CLS] ... [SEP] is read"
+                    "post_processor.type is {kind:?}: only BERT's [CLS] ... [SEP] (or RoBERTa's <s> ... </s>) is read"
                 ));
             }
             None => return Err("post_processor is missing: the model's input is framed as [CLS] ... [SEP]".into()),
-        }
+        };
         let added = json
             .added_tokens
             .into_iter()
             .filter(|a| !a.normalized)
             .map(|a| (a.content, a.id))
             .collect();
-        WordPiece::new(
+        let mut tokenizer = WordPiece::new(
             vocab,
             added,
-            model.unk_token.as_deref().unwrap_or("[UNK]"),
+            [
+                model.unk_token.as_deref().unwrap_or("[UNK]"),
+                frame.as_ref().map_or("[CLS]", |((cls, _), _)| cls.as_str()),
+                frame.as_ref().map_or("[SEP]", |(_, (sep, _))| sep.as_str()),
+            ],
             model.continuing_subword_prefix.as_deref().unwrap_or("##"),
             model.max_input_chars_per_word.unwrap_or(100),
             [clean_text, chinese, strip_accents, lowercase],
-        )
+        )?;
+        // The post-processor's own ids frame the input (RoBERTa's `<s>` is 0 whatever
+        // the vocabulary says).
+        if let Some(((_, cls), (_, sep))) = frame {
+            tokenizer.cls = cls;
+            tokenizer.sep = sep;
+        }
+        Ok(tokenizer)
     }
 
     /// Reads a plain vocab.txt (one token a line, the id its line's number, trailing
@@ -214,13 +238,20 @@ impl WordPiece {
             .into_iter()
             .filter_map(|t| vocab.get(t).map(|&id| (t.to_string(), id)))
             .collect();
-        WordPiece::new(vocab, added, "[UNK]", "##", 100, [true, true, lowercase, lowercase])
+        WordPiece::new(
+            vocab,
+            added,
+            ["[UNK]", "[CLS]", "[SEP]"],
+            "##",
+            100,
+            [true, true, lowercase, lowercase],
+        )
     }
 
     fn new(
         vocab: Vocab,
         mut added: Vec<(String, u32)>,
-        unk: &str,
+        [unk, cls, sep]: [&str; 3],
         prefix: &str,
         max_word_chars: usize,
         [clean_text, chinese, strip_accents, lowercase]: [bool; 4],
@@ -231,7 +262,7 @@ impl WordPiece {
                 .copied()
                 .ok_or_else(|| format!("the vocabulary has no {what} token {token:?}"))
         };
-        let (unk, cls, sep) = (id(unk, "unknown")?, id("[CLS]", "class")?, id("[SEP]", "separator")?);
+        let (unk, cls, sep) = (id(unk, "unknown")?, id(cls, "class")?, id(sep, "separator")?);
         let longest = vocab.keys().map(|k| k.len()).max().unwrap_or(0);
         let longest_continuing = vocab
             .keys()
