@@ -329,8 +329,8 @@ impl Model {
         let positions = config.max_position_embeddings;
         let (token_type, position_offset, relative_bias, relative_buckets) = if mpnet {
             let buckets = config.relative_attention_num_buckets.unwrap_or(32);
-            let offset = config.pad_token_id.unwrap_or(1) + 1;
-            if buckets < 4 || offset + 2 > positions {
+            let offset = config.pad_token_id.unwrap_or(1).saturating_add(1);
+            if buckets < 4 || offset.saturating_add(2) > positions {
                 return Err(config_err(format!(
                     "relative_attention_num_buckets is {buckets} (at least 4), or pad_token_id {} leaves no positions",
                     offset - 1
@@ -1153,6 +1153,26 @@ pub(crate) mod tests {
         let v = model.embed(&refs[0].text);
         let cos: f32 = v.iter().zip(&refs[0].vector).map(|(a, b)| a * b).sum();
         assert!(cos < 0.9999, "cos {cos}");
+        // A config whose numbers leave no positions, or no buckets, is an error naming it.
+        let bad = tempfile::tempdir().expect("tempdir");
+        for e in std::fs::read_dir(&dir).expect("fixture").flatten() {
+            if e.file_name() != "config.json" {
+                std::os::unix::fs::symlink(e.path(), bad.path().join(e.file_name())).expect("link");
+            }
+        }
+        let config = std::fs::read_to_string(dir.join("config.json")).expect("config");
+        for (from, to) in [
+            ("\"pad_token_id\": 1", format!("\"pad_token_id\": {}", usize::MAX)),
+            (
+                "\"relative_attention_num_buckets\": 32",
+                "\"relative_attention_num_buckets\": 2".into(),
+            ),
+        ] {
+            assert!(config.contains(from), "{from}");
+            std::fs::write(bad.path().join("config.json"), config.replace(from, &to)).expect("write");
+            let err = Model::load_with(bad.path(), Products::F32).expect_err("bad config");
+            assert!(err.contains("config.json"), "{err}");
+        }
     }
 
     /// A model's `prompts` go before requests and tools' texts, and nothing goes before
