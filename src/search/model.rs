@@ -378,10 +378,7 @@ impl Model {
 
     /// The vector of a tool's `text`, after the model's document prompt if it has one.
     pub fn embed_document(&self, text: &str) -> Vec<f32> {
-        if self.document_prompt.is_empty() {
-            return self.embed(text);
-        }
-        self.embed(&format!("{}{text}", self.document_prompt))
+        self.embed(&prompted(&self.document_prompt, text))
     }
 
     /// The vector of a search's request `text` (after the model's query prompt, if it has
@@ -390,14 +387,9 @@ impl Model {
     /// if no other search has it ([`super::helper::Helper`]). A catalog's vectors are made
     /// one thread at a time ([`Model::embed_document`]), in the background.
     pub fn embed_now(&self, text: &str) -> Vec<f32> {
-        let prompted;
-        let text = if self.query_prompt.is_empty() {
-            text
-        } else {
-            prompted = format!("{}{text}", self.query_prompt);
-            &prompted
-        };
-        let ids = self.tokenizer.encode(text, self.max_tokens);
+        let ids = self
+            .tokenizer
+            .encode(&prompted(&self.query_prompt, text), self.max_tokens);
         let shared = self
             .layers
             .first()
@@ -751,6 +743,15 @@ fn layer_norm(x: &mut [f32], norm: &Norm, d: usize, eps: f32) {
         for ((v, w), b) in row.iter_mut().zip(&norm.weight).zip(&norm.bias) {
             *v = (*v - mean) * inv * w + b;
         }
+    }
+}
+
+/// `text` after `prompt`, copied only when there is a prompt.
+fn prompted<'a>(prompt: &str, text: &'a str) -> std::borrow::Cow<'a, str> {
+    if prompt.is_empty() {
+        text.into()
+    } else {
+        format!("{prompt}{text}").into()
     }
 }
 
