@@ -6,7 +6,7 @@ use super::gateway::Gateway;
 use super::rate_limits::{self, RateLimits, RawServerLimits};
 use super::upstream_auth::{self, RawUpstreamAuth, UpstreamAuth};
 use super::values::{duration, name_char, one_of, Filter};
-use super::{expand, expand_template, Secret, Template};
+use super::{expand, expand_template, Secret, Template, CLIENT_REF};
 use indexmap::IndexMap;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -50,7 +50,7 @@ pub(super) struct RawServer {
     /// `auth = { token_exchange = {..} }` or `{ oauth = {..} }` (remote servers only).
     auth: Option<Spanned<RawUpstreamAuth>>,
     #[serde(default)]
-    args: Vec<String>,
+    args: Vec<Spanned<String>>,
     cwd: Option<String>,
     #[serde(default)]
     env: IndexMap<String, Spanned<String>>,
@@ -255,7 +255,10 @@ pub struct HttpSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StdioSpec {
     pub command: String,
-    pub args: Vec<String>,
+    /// The arguments, `${VAR}` expanded: a value from the environment may be a
+    /// credential (a database URL), so none is shown (`Debug` prints `****`); the
+    /// variables' values are masked in the child's stderr too (in `masked`).
+    pub args: Vec<Secret>,
     /// Absolute working directory.
     pub cwd: PathBuf,
     /// The child's own variables, expanded; they are secrets.
@@ -264,8 +267,9 @@ pub struct StdioSpec {
     /// [`StdioSpec::for_client`]); the server's catalog process runs without them (or
     /// with its `catalog_secrets`).
     pub client_env: Vec<(String, Template)>,
-    /// The caller's secrets as they are (filled in by [`StdioSpec::for_client`]): masked
-    /// in the child's stderr like `env` values, also where it prints only part of a value.
+    /// Values masked in the child's stderr like `env` values, also where it prints only
+    /// part of a value: what `args`' variables gave, and the caller's secrets as they are
+    /// (filled in by [`StdioSpec::for_client`]).
     pub masked: Vec<Secret>,
     /// The inherited safe set ([`INHERITED_ENV`]) as read when the config loaded.
     pub inherited: Vec<(String, String)>,
@@ -529,13 +533,14 @@ pub(super) fn parse(
             Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
             Some(c) => base.join(c),
         };
+        let (args, masked) = stdio_args(cx, &name, s.args, env);
         let t = Transport::Stdio(StdioSpec {
             command: command.into_inner(),
-            args: s.args,
+            args,
             cwd,
             env: child_env,
             client_env,
-            masked: Vec::new(),
+            masked,
             inherited: inherited.clone(),
             max_line: gateway.max_line,
         });
@@ -642,6 +647,45 @@ fn http_spec(
         max_connections: DEFAULT_MAX_CONNECTIONS,
         auth: None,
     })
+}
+
+/// A stdio server's `args`, `${VAR}` expanded as `env` values are, and the values the
+/// variables gave (masked in the child's stderr). `${client:…}` is for `env` and `headers`
+/// only: an argument is visible to every local user in the process list.
+fn stdio_args(
+    cx: &mut Ctx,
+    name: &str,
+    raw: Vec<Spanned<String>>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> (Vec<Secret>, Vec<Secret>) {
+    let used = std::cell::RefCell::new(Vec::new());
+    let recording = |var: &str| {
+        let v = env(var);
+        if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
+            used.borrow_mut().push(Secret(v.clone()));
+        }
+        v
+    };
+    let mut args = Vec::with_capacity(raw.len());
+    for (i, a) in raw.into_iter().enumerate() {
+        let span = a.span();
+        let a = a.into_inner();
+        if a.contains(&format!("${{{CLIENT_REF}")) {
+            cx.at(
+                span.start,
+                format!("servers.{name}.args[{i}]: ${{client:…}} is for `env` and `headers` only (an argument shows in the process list)"),
+            );
+            continue;
+        }
+        match expand(&a, &recording) {
+            Ok(v) => args.push(Secret(v)),
+            Err(var) => cx.at(
+                span.start,
+                format!("servers.{name}.args[{i}]: environment variable {var} is not set (write ${{{var}:-default}} for a default, or $$ for a literal $)"),
+            ),
+        }
+    }
+    (args, used.into_inner())
 }
 
 /// A `catalog_secrets` key that no `${client:…}` of the server uses is a mistake (a typo).

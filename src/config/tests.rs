@@ -438,3 +438,35 @@ fn the_consent_keys_of_gateway_are_checked() {
     let k = at("[gateway]\ntoken_key = \"${SET}${SET}${SET}${SET}${SET}${SET}${SET}\"\n").unwrap();
     assert_eq!(format!("{:?}", k.gateway.token_key), "Some(****)", "a secret");
 }
+
+#[test]
+fn args_expand_variables_and_keep_their_values_hidden() {
+    let src = "[servers.pg]\ncommand = \"pg-mcp\"\nargs = [\"--db\", \"postgresql://app:${SET}@db/app\", \"$$5\", \"${NOPE:-none}\"]\n";
+    let c = Config::parse(Path::new("g.toml"), src, &env).unwrap_or_else(|e| panic!("{e}"));
+    let Transport::Stdio(spec) = &c.servers[0].transport else {
+        panic!("a stdio server")
+    };
+    let args: Vec<&str> = spec.args.iter().map(Secret::expose).collect();
+    assert_eq!(args, ["--db", "postgresql://app:value@db/app", "$5", "none"]);
+    // The variable's value is masked in the child's stderr, and never printed.
+    assert_eq!(spec.masked, vec![Secret::new("value")]);
+    assert!(!format!("{spec:?}").contains("value@db"), "{spec:?}");
+
+    for (bad, want) in [
+        (
+            "[\"${NOPE}\"]",
+            "servers.pg.args[0]: environment variable NOPE is not set",
+        ),
+        (
+            "[\"a\", \"${client:token}\"]",
+            "servers.pg.args[1]: ${client:…} is for `env` and `headers` only",
+        ),
+    ] {
+        let src = format!("[servers.pg]\ncommand = \"pg-mcp\"\nisolation = \"client\"\nargs = {bad}\n");
+        let e = Config::parse(Path::new("g.toml"), &src, &env)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(want), "{bad}: {e}");
+    }
+}

@@ -5,7 +5,7 @@
 
 use super::pipe::{run_pipe, Pipe, Watch};
 use super::{Connection, Incoming};
-use crate::config::StdioSpec;
+use crate::config::{Secret, StdioSpec};
 use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};
 use crate::sync;
@@ -32,7 +32,7 @@ pub fn spawn(
     watch: Watch,
 ) -> io::Result<Connection> {
     let mut cmd = tokio::process::Command::new(&spec.command);
-    cmd.args(&spec.args)
+    cmd.args(spec.args.iter().map(Secret::expose))
         .current_dir(&spec.cwd)
         .env_clear()
         .envs(spec.inherited.iter().map(|(k, v)| (k, v)))
