@@ -63,6 +63,10 @@ enum Cmd {
         /// printing them.
         #[arg(long)]
         write: Option<PathBuf>,
+        /// The client that wrote the files, when their names do not say (what their ${...}
+        /// mean): claude-desktop, claude-code, cursor, vscode or windsurf.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(mcp_gateway::import::Format::NAMES))]
+        from: Option<String>,
     },
     /// The users' OAuth tokens for servers with auth.oauth (the token store: a file, or
     /// Redis in cluster mode).
@@ -90,8 +94,8 @@ const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Cmd::Import { files, write }) = &cli.command {
-        return import(files, write.as_deref());
+    if let Some(Cmd::Import { files, write, from }) = &cli.command {
+        return import(files, write.as_deref(), from.as_deref());
     }
     let config = match Config::load(&cli.config, &mcp_gateway::config::process_env) {
         Ok(c) => c,
@@ -177,11 +181,17 @@ fn main() -> ExitCode {
 
 /// `import`: the tables on stdout, or appended to `write` once the whole file is a valid
 /// config; what was done on stderr. Never prints a secret value.
-fn import(files: &[PathBuf], write: Option<&std::path::Path>) -> ExitCode {
+fn import(files: &[PathBuf], write: Option<&std::path::Path>, from: Option<&str>) -> ExitCode {
+    use mcp_gateway::import::{Format, Source};
+    let format = from.and_then(Format::from_name);
     let mut inputs = Vec::new();
     for f in files {
         match std::fs::read_to_string(f) {
-            Ok(text) => inputs.push((f.display().to_string(), text)),
+            Ok(text) => inputs.push(Source {
+                path: f.clone(),
+                text,
+                format,
+            }),
             Err(e) => {
                 eprintln!("mcp-gateway import: {}: {e}", f.display());
                 return ExitCode::from(EXIT_CONFIG);
@@ -202,7 +212,10 @@ fn import(files: &[PathBuf], write: Option<&std::path::Path>) -> ExitCode {
     };
     let result = mcp_gateway::import::existing(&current)
         .map_err(|e| format!("{}: {e}", write.map_or(String::new(), |p| p.display().to_string())))
-        .and_then(|existing| mcp_gateway::import::import(&inputs, &existing));
+        .and_then(|existing| {
+            let home = mcp_gateway::config::process_env("HOME").map(PathBuf::from);
+            mcp_gateway::import::import(&inputs, &existing, home.as_deref())
+        });
     let imported = match result {
         Ok(i) => i,
         Err(e) => {
@@ -242,7 +255,15 @@ fn import(files: &[PathBuf], write: Option<&std::path::Path>) -> ExitCode {
         );
         return ExitCode::from(EXIT_CONFIG);
     }
-    if let Err(e) = std::fs::write(path, combined) {
+    // Appended (O_APPEND), not rewritten: the file keeps its mode, owner and links, and
+    // what was there stays byte for byte.
+    let suffix = &combined[current.len()..];
+    let appended = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, suffix.as_bytes()));
+    if let Err(e) = appended {
         eprintln!("mcp-gateway import: {}: {e}", path.display());
         return ExitCode::FAILURE;
     }

@@ -8,22 +8,34 @@ use std::process::Command;
 
 /// The literal secrets of the samples: none may appear anywhere the import writes.
 const SECRETS: &[&str] = &[
-    "ghp_SECRETdesktop0123456789",
+    "SECRETdesktop0123456789",
     "sntrys_SECRETcode0123456789",
     "SECRETpg0123456789",
+    "SECRETpgurl0123456789",
+    "SECRETbrave0123456789",
+    "SECRETstripe0123456789",
     "SECRETnotion0123456789",
     "SECRETgrafana0123456789",
+    "SECRETzapier0123456789",
 ];
 
+/// Every sample, at the place its client keeps it (`.cursor/mcp.json`, `.vscode/mcp.json`,
+/// …), in path order.
 fn samples() -> Vec<PathBuf> {
-    let dir = repo().join("tests/fixtures/import");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "json") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&repo().join("tests/fixtures/import"), &mut files);
     files.sort();
-    assert_eq!(files.len(), 6, "one sample per format");
+    assert_eq!(files.len(), 6, "one sample per format, two for Claude Code: {files:?}");
     files
 }
 
@@ -57,65 +69,184 @@ fn every_format_becomes_servers_with_secrets_as_references() {
         "filesystem",
         "github",
         "github-2",
+        "postgres",
+        "brave-search",
         "sentry",
         "linear",
         "memory",
         "postgres-db",
         "stripe",
         "notion",
+        "docs",
         "Perplexity",
         "fetch",
         "grafana",
+        "zapier",
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
-    // Claude Desktop: a token in env becomes ${SERVER_KEY}.
-    assert_eq!(
-        servers["github"]["env"]["GITHUB_PERSONAL_ACCESS_TOKEN"].as_str(),
-        Some("${GITHUB_GITHUB_PERSONAL_ACCESS_TOKEN}")
-    );
-    // Claude Code: a Bearer header keeps its scheme; types map to transports.
+    let args = |s: &str| -> Vec<&str> {
+        servers[s]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect()
+    };
+    // Claude Code: a Bearer header keeps its scheme; types map to transports; a
+    // reference stays a reference.
     assert_eq!(
         servers["sentry"]["headers"]["Authorization"].as_str(),
         Some("Bearer ${SENTRY_AUTHORIZATION}")
     );
     assert_eq!(servers["sentry"]["transport"].as_str(), Some("streamable-http"));
     assert_eq!(servers["linear"]["transport"].as_str(), Some("sse"));
-    // A reference stays a reference; the second "github" gets a suffix, said on stderr.
     assert_eq!(
-        servers["github-2"]["env"]["GITHUB_TOKEN"].as_str(),
+        servers["github"]["env"]["GITHUB_TOKEN"].as_str(),
         Some("${GITHUB_TOKEN}")
     );
-    assert!(err.contains(r#"server "github" is [servers.github-2]"#), "{err}");
     // ~/.claude.json: a project's servers too, the name made valid.
     assert_eq!(
         servers["postgres-db"]["env"]["PGPASSWORD"].as_str(),
         Some("${POSTGRES_DB_PGPASSWORD}")
     );
-    // Cursor and VS Code: ${env:X} and ${input:id} become ${X} and ${ID}.
+    // Claude Desktop: a token in env; the second "github" gets a suffix, said on stderr.
+    assert_eq!(
+        servers["github-2"]["env"]["GITHUB_PERSONAL_ACCESS_TOKEN"].as_str(),
+        Some("${GITHUB_2_GITHUB_PERSONAL_ACCESS_TOKEN}")
+    );
+    assert!(err.contains(r#"server "github" is [servers.github-2]"#), "{err}");
+    // Secrets in arguments: a URL's password, a flag's value; the rest stays as written.
+    assert_eq!(
+        args("postgres")[2],
+        "postgresql://app:${POSTGRES_PASSWORD}@db.internal:5432/shop"
+    );
+    assert!(
+        err.contains(r#"server "postgres": args[2] holds the password of a URL; it is ${POSTGRES_PASSWORD} now"#),
+        "{err}"
+    );
+    assert_eq!(args("brave-search")[3], "${BRAVE_SEARCH_API_KEY}");
+    // Claude Desktop expands nothing: its `$` stay literal (`$$` to the gateway).
+    assert_eq!(args("brave-search")[5], "$${NOT_EXPANDED}$$5");
+    assert_eq!(args("stripe")[3], "--api-key=${STRIPE_API_KEY}");
+    // Cursor and VS Code: ${env:X}, ${input:id} and ${userHome} become ${X}, ${ID} and
+    // ${HOME}; ${workspaceFolder} is the project the file is in.
     assert_eq!(
         servers["stripe"]["env"]["STRIPE_SECRET_KEY"].as_str(),
         Some("${STRIPE_SECRET_KEY}")
+    );
+    let project = repo().join("tests/fixtures/import/cursor");
+    assert_eq!(
+        args("docs"),
+        [
+            "--root",
+            &format!("{}/docs", project.display()),
+            "--cache",
+            "${HOME}/.cache"
+        ]
+    );
+    assert!(
+        servers["docs"]["command"]
+            .as_str()
+            .unwrap()
+            .ends_with("/.local/bin/docs-mcp")
+            && !servers["docs"]["command"].as_str().unwrap().contains('$'),
+        "the gateway does not expand a command: the home folder is written out"
     );
     assert_eq!(
         servers["Perplexity"]["env"]["PERPLEXITY_API_KEY"].as_str(),
         Some("${PERPLEXITY_KEY}")
     );
+    assert_eq!(servers["Perplexity"]["env"]["HOME_DIR"].as_str(), Some("${HOME}"));
     assert_eq!(
         servers["notion"]["headers"]["X-Team"].as_str(),
         Some("web"),
         "not a secret: kept"
     );
-    // Windsurf: serverUrl, and a disabled server stays disabled.
+    // A variable only VS Code can fill leaves its server out, said why.
+    assert!(!names.contains(&"editor"), "{names:?}");
+    assert!(
+        err.contains(r#"server "editor" skipped: args[0]: ${command:pickFolder} is filled in by VS Code"#),
+        "{err}"
+    );
+    // Windsurf: serverUrl, a disabled server stays disabled, a key in a URL's query.
     assert_eq!(
         servers["grafana"]["url"].as_str(),
         Some("https://grafana.example.com/mcp")
     );
     assert_eq!(servers["grafana"]["enabled"].as_bool(), Some(false));
+    assert_eq!(
+        servers["zapier"]["url"].as_str(),
+        Some("https://mcp.zapier.example/api/mcp?api_key=${ZAPIER_API_KEY}")
+    );
     // The variables to export are listed, without values.
-    for v in ["SENTRY_AUTHORIZATION", "PERPLEXITY_KEY", "NOTION_X_API_KEY"] {
+    for v in [
+        "SENTRY_AUTHORIZATION",
+        "PERPLEXITY_KEY",
+        "NOTION_X_API_KEY",
+        "POSTGRES_PASSWORD",
+        "BRAVE_SEARCH_API_KEY",
+        "STRIPE_API_KEY",
+        "ZAPIER_API_KEY",
+    ] {
         assert!(toml.contains(&format!("#   export {v}=...")), "{toml}");
     }
+}
+
+/// The import's output runs: the gateway expands the references it wrote in `args` and
+/// `env`, so the server gets exactly the values the client config held, `$` included.
+#[test]
+fn an_imported_server_gets_its_secrets_back_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let desktop = dir.path().join("claude_desktop_config.json");
+    let script = repo().join("tests/fixtures/mock_server.py");
+    let config = serde_json::json!({"mcpServers": {"vault": {
+        "command": "python3",
+        "args": [script, "--name", "sk-SECRETargv0123456789ab"],
+        "env": {"API_TOKEN": "tok-SECRETenv0123456789", "NOTE": "costs $5, ${not} a variable"}
+    }}});
+    std::fs::write(&desktop, config.to_string()).unwrap();
+    let (code, toml, err) = import(&[desktop.as_path()]);
+    assert_eq!(code, 0, "{err}");
+    for s in ["SECRETargv", "SECRETenv"] {
+        assert!(!toml.contains(s) && !err.contains(s), "{s} written out:\n{toml}\n{err}");
+    }
+    assert!(
+        toml.contains("#   export VAULT_TOKEN=...") && toml.contains("#   export VAULT_API_TOKEN=..."),
+        "{toml}"
+    );
+    let mut gw = StdioGateway::start(
+        &toml,
+        &[
+            ("VAULT_TOKEN", "sk-SECRETargv0123456789ab"),
+            ("VAULT_API_TOKEN", "tok-SECRETenv0123456789"),
+        ],
+    );
+    gw.initialize();
+    let env = |gw: &mut StdioGateway, id: i64, name: &str| {
+        let (_, r) = gw.request(
+            serde_json::json!(id),
+            "tools/call",
+            serde_json::json!({"name": "vault__env", "arguments": {"name": name}}),
+        );
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(env(&mut gw, 2, "API_TOKEN"), "tok-SECRETenv0123456789");
+    assert_eq!(env(&mut gw, 3, "NOTE"), "costs $5, ${not} a variable");
+    let (_, r) = gw.request(
+        serde_json::json!(4),
+        "resources/read",
+        serde_json::json!({"uri": "mock://sk-SECRETargv0123456789ab/readme"}),
+    );
+    assert_eq!(
+        r["result"]["contents"][0]["text"].as_str(),
+        Some("readme of sk-SECRETargv0123456789ab"),
+        "the argument reached the server expanded: {r}"
+    );
+    assert!(!gw.logs().contains("SECRETargv"), "{}", gw.logs());
 }
 
 #[test]
