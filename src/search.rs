@@ -171,6 +171,10 @@ impl Default for Tuning {
 const MIN_PREFIX: usize = 4;
 /// The shortest part of a compound word ([`Index::split`]).
 const MIN_PART: usize = 3;
+/// The longest query word tried as a compound of two terms: each split point stems and
+/// looks up both halves, so this bounds a word's cost (no compound of tool names is
+/// near it).
+const MAX_COMPOUND: usize = 40;
 /// A word in the names of at least this share of a server's tools counts as the server's.
 const SHARED_NAME_SHARE: f32 = 0.6;
 /// A word in the descriptions of at least this share of a server's tools is the server's
@@ -605,11 +609,14 @@ impl Index {
             .collect()
     }
 
-    /// The words of a query, each once.
+    /// The words of a query, each once, in order (a set, not a scan of the list: a query
+    /// of many different words stays linear).
     fn words(query: &str) -> Vec<String> {
         let mut words: Vec<String> = Vec::new();
+        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         text::terms(&query_text(query), |t| {
-            if !words.iter().any(|w| w == t) {
+            if !seen.contains(t) {
+                seen.insert(t.to_owned());
                 words.push(t.to_owned());
             }
         });
@@ -679,6 +686,9 @@ impl Index {
     /// `word` as two terms of the index, each at least [`MIN_PART`] long (the longest
     /// first part wins).
     fn split(&self, word: &str) -> Option<(usize, usize)> {
+        if word.len() > MAX_COMPOUND {
+            return None;
+        }
         (MIN_PART..=word.len().saturating_sub(MIN_PART))
             .rev()
             .filter(|&i| word.is_char_boundary(i))

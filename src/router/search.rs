@@ -19,6 +19,9 @@ use std::sync::OnceLock;
 /// How many matches `gateway__search_tools` returns without a `limit`, and at most.
 pub const DEFAULT_LIMIT: u64 = 8;
 pub const MAX_LIMIT: u64 = 50;
+/// The longest `query`, in bytes: a request in words is far shorter, and a longer one
+/// would only cost CPU on the thread that serves every other request.
+pub const MAX_QUERY: usize = 2048;
 
 /// Whether `tools/list` on this request's endpoint shows the two search tools instead of
 /// the catalog, and whether those two can be called. The one place that decides it:
@@ -48,6 +51,7 @@ pub(super) fn tools_result() -> &'static RawValue {
                         "properties": {
                             "query": {
                                 "type": "string",
+                                "maxLength": MAX_QUERY,
                                 "description": "What you want to do, in plain words."
                             },
                             "limit": {
@@ -222,6 +226,12 @@ fn search_args(p: &Members) -> Result<(String, usize), Error> {
         Some(raw) => serde_json::from_str(raw).map_err(|_| bad("arguments must be an object"))?,
     };
     let query = match args.get("query") {
+        Some(Value::String(q)) if q.len() > MAX_QUERY => {
+            return Err(bad(&format!(
+                "arguments.query is {} bytes, longer than the {MAX_QUERY} allowed: describe the task in a few words",
+                q.len()
+            )))
+        }
         Some(Value::String(q)) if !q.trim().is_empty() => q.clone(),
         Some(Value::String(_)) => return Err(bad("arguments.query must not be empty")),
         Some(_) => return Err(bad("arguments.query must be a string")),
@@ -290,6 +300,10 @@ mod tests {
             (json!({}), "arguments.query"),
             (json!({"arguments": {"query": ""}}), "arguments.query"),
             (json!({"arguments": {"query": 1}}), "arguments.query"),
+            (
+                json!({"arguments": {"query": "word ".repeat(MAX_QUERY / 5 + 1)}}),
+                "arguments.query is 2050 bytes, longer than the 2048 allowed",
+            ),
             (json!({"arguments": {"query": "x", "limit": 0}}), "arguments.limit"),
             (json!({"arguments": {"query": "x", "limit": 51}}), "arguments.limit"),
             (json!({"arguments": {"query": "x", "limit": "5"}}), "arguments.limit"),

@@ -120,6 +120,30 @@ async fn search_mode_lists_two_tools_finds_a_tool_and_calls_it_both_ways() {
     }
 }
 
+/// A query of many different words, or one long word, costs the gateway's thread time
+/// for each: one that long is refused by its size, naming the field, and a query at the
+/// limit is still answered (and the gateway with it).
+#[tokio::test]
+async fn a_huge_query_is_refused_by_its_size_and_one_at_the_limit_is_answered() {
+    let gw = Gateway::start(&config(false));
+    let s = gw.session().await;
+    let distinct: String = (0..40_000u32).map(|i| format!("w{i:x}q ")).collect();
+    for q in [distinct, "x".repeat(360_000)] {
+        let e = search(&s, json!({"query": q})).await;
+        assert_eq!(e["error"]["code"], -32602, "{e}");
+        let m = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains("arguments.query is") && m.contains("longer than the 2048 allowed"),
+            "{m}"
+        );
+    }
+    let at_limit: String = (0..400u32).map(|i| format!("w{i:x}q ")).collect::<String>()[..2048].to_owned();
+    let r = search(&s, json!({"query": at_limit})).await;
+    assert!(r["result"]["structuredContent"]["tools"].is_array(), "{r}");
+    let names = found(&search(&s, json!({"query": "sum two numbers"})).await);
+    assert!(names.iter().any(|n| n.ends_with("__add")), "{names:?}");
+}
+
 #[tokio::test]
 async fn a_search_shows_only_what_the_client_may_see() {
     let gw = Gateway::start(&config(true));
