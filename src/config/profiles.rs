@@ -16,10 +16,10 @@ pub const RESERVED_PROFILES: &[&str] = &["status", "healthz", "readyz", "metrics
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawProfile {
-    #[serde(default)]
-    servers: Vec<Spanned<String>>,
-    #[serde(default)]
-    tags: Vec<Spanned<String>>,
+    /// `None` when left out (with `tags` left out too: every server); an empty list is an
+    /// error, not "every server".
+    servers: Option<Spanned<Vec<Spanned<String>>>>,
+    tags: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
     tools: RawProfileTools,
     #[serde(default)]
@@ -88,7 +88,19 @@ pub(super) fn parse(
                 ),
             );
         }
-        for s in &p.servers {
+        let mut list = |key: &str, v: Option<Spanned<Vec<Spanned<String>>>>| match v {
+            Some(v) if v.get_ref().is_empty() => {
+                cx.at(
+                    v.span().start,
+                    format!("profiles.{name}.{key} is empty: name at least one, or leave `{key}` out (with `servers` and `tags` both left out, a profile has every server)"),
+                );
+                Vec::new()
+            }
+            Some(v) => v.into_inner(),
+            None => Vec::new(),
+        };
+        let (servers, tags) = (list("servers", p.servers), list("tags", p.tags));
+        for s in &servers {
             if !known.iter().any(|(n, _)| n == s.get_ref()) {
                 let names: Vec<&str> = known.iter().map(|(n, _)| n.as_str()).collect();
                 cx.at(
@@ -105,7 +117,7 @@ pub(super) fn parse(
                 );
             }
         }
-        for t in &p.tags {
+        for t in &tags {
             if !known.iter().any(|(_, tags)| tags.contains(t.get_ref())) {
                 let mut all: Vec<&str> = known
                     .iter()
@@ -130,8 +142,8 @@ pub(super) fn parse(
         }
         out.push(Profile {
             name,
-            servers: p.servers.into_iter().map(Spanned::into_inner).collect(),
-            tags: p.tags.into_iter().map(Spanned::into_inner).collect(),
+            servers: servers.into_iter().map(Spanned::into_inner).collect(),
+            tags: tags.into_iter().map(Spanned::into_inner).collect(),
             tools: Filter {
                 allow: p.tools.allow,
                 deny: p.tools.deny,

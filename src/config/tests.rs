@@ -341,7 +341,8 @@ fn profile_errors_are_located() {
                [profiles.\"bad name\"]\n\
                [profiles.status]\n\
                [profiles.ok]\nservers = [\"github\", \"gitlab\"]\ntags = [\"wbe\"]\nsearch = \"yes\"\n\
-               [profiles.other]\nnope = 1\n";
+               [profiles.other]\nnope = 1\n\
+               [profiles.shut]\nservers = []\ntags = []\n";
     let e = Config::parse(Path::new("g.toml"), src, &none).unwrap_err().to_string();
     for want in [
         "g.toml:3:16: servers.github.tags: \"a b\" may only use [A-Za-z0-9_.-]",
@@ -351,6 +352,9 @@ fn profile_errors_are_located() {
         "g.toml:8:9: profiles.ok.tags: no server has the tag \"wbe\" (tags: web)",
         "profiles.ok.search: expected a boolean",
         "profiles.other: unknown key \"nope\"; expected one of servers, tags, tools, search",
+        // An emptied list is not "every server": it is said, where it is.
+        "g.toml:13:11: profiles.shut.servers is empty: name at least one, or leave `servers` out",
+        "g.toml:14:8: profiles.shut.tags is empty",
     ] {
         assert!(e.contains(want), "{want}\nnot in:\n{e}");
     }
