@@ -146,8 +146,16 @@ pub(super) fn unwrap_call(p: &mut Members) -> Result<(), Error> {
     if target == CALL_TOOL {
         return Err(bad("arguments.name cannot be gateway__call_tool itself"));
     }
+    if target.len() > crate::message::MAX_NAME_LEN {
+        return Err(bad(&format!(
+            "arguments.name is {} bytes, longer than the {} allowed",
+            target.len(),
+            crate::message::MAX_NAME_LEN
+        )));
+    }
+    // As `tools/call`'s own `arguments`: an object when present, never null.
     match inner.get_raw("arguments") {
-        None | Some("null") => {
+        None => {
             p.remove("arguments");
         }
         Some(args) if args.starts_with('{') => p.insert_raw("arguments", args),
@@ -290,6 +298,14 @@ mod tests {
             (
                 json!({"name": CALL_TOOL, "arguments": {"name": CALL_TOOL}}),
                 "arguments.name",
+            ),
+            (
+                json!({"name": CALL_TOOL, "arguments": {"name": "a".repeat(300)}}),
+                "arguments.name is 300 bytes",
+            ),
+            (
+                json!({"name": CALL_TOOL, "arguments": {"name": "calc__add", "arguments": null}}),
+                "arguments.arguments must be an object",
             ),
         ] {
             let e = unwrap_call(&mut members(args.clone())).unwrap_err();
