@@ -144,9 +144,21 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// The value of the `tags` parameter of a query string, if any (the last one wins).
-pub fn tags_param(query: &str) -> Option<&str> {
-    query.split('&').filter_map(|kv| kv.strip_prefix("tags=")).next_back()
+/// The value of the `tags` parameter of a query string, if any. A `tags` given twice, or
+/// without `=`, is refused: which one a proxy in front reads would be a guess.
+pub fn tags_param(query: &str) -> Result<Option<&str>, &'static str> {
+    let mut found = None;
+    for kv in query.split('&') {
+        let value = match kv.split_once('=') {
+            Some(("tags", v)) => v,
+            None if kv == "tags" => return Err("?tags needs a value: ?tags=web,db"),
+            _ => continue,
+        };
+        if found.replace(value).is_some() {
+            return Err("?tags= is given more than once: give it once, tags joined by , (any) or + (all)");
+        }
+    }
+    Ok(found)
 }
 
 /// A catalog's four list results, as one view (or one restricted client) sees them.
@@ -537,8 +549,11 @@ mod tests {
         let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert!(q.matches(&tags(&["db", "web"])) && q.matches(&tags(&["vcs"])));
         assert!(!q.matches(&tags(&["web"])) && !q.matches(&[]));
-        assert_eq!(tags_param("a=1&tags=web&b"), Some("web"));
-        assert_eq!(tags_param("tagsx=1"), None);
+        assert_eq!(tags_param("a=1&tags=web&b"), Ok(Some("web")));
+        assert_eq!(tags_param("tagsx=1"), Ok(None));
+        assert!(tags_param("tags=web&tags=db").is_err());
+        assert!(tags_param("tags=&tags=web").is_err());
+        assert!(tags_param("tags").is_err());
         for k in [ViewKey::Profile("p".into()), ViewKey::Tags("db+web".into())] {
             assert_eq!(ViewKey::decode(&k.encode()), Some(k));
         }

@@ -188,7 +188,12 @@ impl Http {
     /// `{gateway.path}/{NAME}` (a hash lookup), a tag query's for `?tags=`. An unknown
     /// profile or tag is 404, its body naming the profiles or tags there are.
     fn endpoint(&self, uri: &axum::http::Uri) -> Result<Option<ViewKey>, Error> {
-        let tags = uri.query().and_then(tags_param);
+        let tags = uri
+            .query()
+            .map(tags_param)
+            .transpose()
+            .map_err(|why| reject(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, why))?
+            .flatten();
         if uri.path() == &*self.path {
             let Some(raw) = tags else { return Ok(None) };
             let topo = self.gw.topology();
@@ -271,8 +276,19 @@ pub fn app(http: Http) -> Router {
             &format!("{}{profiles}", auth::METADATA_PATH),
             get(status::resource_metadata),
         )
+        .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(http)
+}
+
+/// Any other path: 404. One under `{gateway.path}/` that is no profile's endpoint (`/mcp/`,
+/// `/mcp/a/b`, `/mcp//a`) gets the body an unknown profile does, naming the profiles.
+async fn not_found(axum::extract::State(http): axum::extract::State<Http>, uri: axum::http::Uri) -> Response {
+    let under = uri.path().strip_prefix(&*http.base).and_then(|p| p.strip_prefix('/'));
+    match under.map(|_| http.endpoint(&uri)) {
+        Some(Err(e)) => e.into_response(),
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// The one rendering of an [`Error`] on this front: its status (see [`Error::status`])

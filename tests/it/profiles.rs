@@ -243,8 +243,14 @@ async fn tags_choose_servers_for_profiles_and_for_tag_queries() {
     assert!(msg.contains("\"nope\"") && msg.contains("db, web"), "{msg}");
     let (status, r) = post_as(&format!("{}?tags=a/b", gw.url), None, init.clone()).await;
     assert_eq!(status, 400, "{r}");
-    let (status, r) = post_as(&format!("{}/web?tags=db", gw.url), None, init).await;
+    let (status, r) = post_as(&format!("{}/web?tags=db", gw.url), None, init.clone()).await;
     assert_eq!(status, 400, "?tags= on a profile: {r}");
+    // `tags` twice (which would a proxy in front read?) or without a value: 400, said.
+    for q in ["tags=web&tags=db", "tags=&tags=web", "tags"] {
+        let (status, r) = post_as(&format!("{}?{q}", gw.url), None, init.clone()).await;
+        assert_eq!(status, 400, "?{q}: {r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("?tags"), "?{q}: {r}");
+    }
 
     // A tag query's session is told of its servers' changes only, and stays on its query.
     let db = Session::open(&format!("{}?tags=db", gw.url)).await;
@@ -343,6 +349,18 @@ async fn an_unknown_profile_is_404_naming_the_profiles_and_a_session_stays_on_it
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
+    // Any other path under the endpoint says the same, not an empty 404.
+    for path in ["/", "/a/", "/a/extra", "//a"] {
+        let r = reqwest::Client::new()
+            .post(format!("{}{path}", gw.url))
+            .json(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let body: Value = r.json().await.unwrap_or_default();
+        assert_eq!(body["error"]["data"]["profiles"], json!(["a", "b"]), "{path}: {body}");
+    }
 
     let a = Session::open(&format!("{}/a", gw.url)).await;
     let main = gw.session().await;
