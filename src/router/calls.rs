@@ -117,7 +117,9 @@ impl Gateway {
                     .get(&name)
                     .filter(|r| cx.sees(&name, r.server, false))
                 else {
-                    return Error::invalid_params(format!("unknown prompt: {name}")).into();
+                    return Error::invalid_params(format!("unknown prompt: {name}"))
+                        .with_data(serde_json::json!({ "prompt": name }))
+                        .into();
                 };
                 r.insert("name".into(), Value::String(route.name.clone()));
                 route.server
@@ -126,7 +128,11 @@ impl Gateway {
                 let uri = r.get("uri").and_then(Value::as_str).unwrap_or_default().to_owned();
                 match resource_owner(cx, &uri).filter(|&s| cx.sees(&uri, s, false)) {
                     Some(s) => s,
-                    None => return Error::invalid_params(format!("unknown resource: {uri}")).into(),
+                    None => {
+                        return Error::invalid_params(format!("unknown resource: {uri}"))
+                            .with_data(serde_json::json!({ "uri": uri }))
+                            .into()
+                    }
                 }
             }
             other => {

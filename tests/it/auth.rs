@@ -269,6 +269,11 @@ async fn allowlists_filter_lists_and_calls() {
         )
         .await;
     assert_eq!(error_of(&r)["message"], "unknown prompt: docs__greet", "{r}");
+    assert_eq!(
+        error_of(&r)["data"],
+        json!({"prompt": "docs__greet"}),
+        "named as prompts/get names it: {r}"
+    );
     // Bob is not restricted.
     assert_eq!(text(&bob.call("docs__echo", json!({"text": "ok"})).await), "ok");
 }
