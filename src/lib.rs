@@ -493,6 +493,7 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
     }
     let topo = gw.topology();
     let profiles: Vec<_> = topo.views.profiles().collect();
+    let mut notes: Vec<String> = catalog.notes.clone();
     if !profiles.is_empty() {
         let w = topo.views.names().iter().map(|n| n.len()).max().unwrap_or(0).max(7);
         out.push_str(&format!(
@@ -508,11 +509,22 @@ pub async fn check(config: Config, connect: bool) -> anyhow::Result<(String, boo
                 servers.join(", "),
                 if v.search { " (search)" } else { "" }
             ));
+            // Its servers have tools and its `tools` globs let none through: a typo, most
+            // likely (only `*` and `?` are globs).
+            let theirs = catalog
+                .entries
+                .iter()
+                .any(|e| e.kind == "tool" && servers.iter().any(|s| *s == e.server));
+            if tools == 0 && theirs {
+                notes.push(format!(
+                    "profile {name} shows no tools: its servers have some, and its tools.allow/deny let none through (globs are * and ?)"
+                ));
+            }
         }
     }
-    if !catalog.notes.is_empty() {
+    if !notes.is_empty() {
         out.push_str("\nnotes:\n");
-        for n in &catalog.notes {
+        for n in &notes {
             out.push_str(&format!("  {n}\n"));
         }
     }

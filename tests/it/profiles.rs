@@ -521,6 +521,24 @@ async fn status_and_check_connect_show_each_profile() {
         .unwrap_or_else(|| panic!("no profile row:\n{}", run.stdout));
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols, ["front", "8", "1", "1", "1", "a"], "{row}");
+    assert!(!run.stdout.contains("shows no tools"), "{}", run.stdout);
+
+    // A profile whose globs let none of its servers' tools through is pointed out.
+    let typo = format!("{cfg}\n[profiles.typo]\nservers = [\"a\"]\ntools = {{ allow = [\"a__[ec]*\"] }}\n");
+    let (run, _dir) = check(&typo, &["--connect"], &[]);
+    assert_eq!(
+        run.code,
+        Some(0),
+        "a note, not an error: {}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    assert!(
+        run.stdout
+            .contains("profile typo shows no tools: its servers have some"),
+        "{}",
+        run.stdout
+    );
 }
 
 /// Runs an SDK client; returns its one JSON output line.
