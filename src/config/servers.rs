@@ -6,7 +6,7 @@ use super::gateway::Gateway;
 use super::rate_limits::{self, RateLimits, RawServerLimits};
 use super::upstream_auth::{self, RawUpstreamAuth, UpstreamAuth};
 use super::values::{duration, name_char, one_of, Filter};
-use super::{expand, expand_template, Secret, Template, CLIENT_REF};
+use super::{expand, expand_template, Secret, Template};
 use indexmap::IndexMap;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -670,7 +670,8 @@ fn stdio_args(
     for (i, a) in raw.into_iter().enumerate() {
         let span = a.span();
         let a = a.into_inner();
-        if a.contains(&format!("${{{CLIENT_REF}")) {
+        // A real reference, not `$${client:…}` (a literal `${client:…}`).
+        if expand_template(&a, &|_| Some(String::new())).is_ok_and(|t| !t.is_plain()) {
             cx.at(
                 span.start,
                 format!("servers.{name}.args[{i}]: ${{client:…}} is for `env` and `headers` only (an argument shows in the process list)"),

@@ -445,13 +445,16 @@ fn the_consent_keys_of_gateway_are_checked() {
 
 #[test]
 fn args_expand_variables_and_keep_their_values_hidden() {
-    let src = "[servers.pg]\ncommand = \"pg-mcp\"\nargs = [\"--db\", \"postgresql://app:${SET}@db/app\", \"$$5\", \"${NOPE:-none}\"]\n";
+    let src = "[servers.pg]\ncommand = \"pg-mcp\"\nargs = [\"--db\", \"postgresql://app:${SET}@db/app\", \"$$5\", \"${NOPE:-none}\", \"$${client:x}\"]\n";
     let c = Config::parse(Path::new("g.toml"), src, &env).unwrap_or_else(|e| panic!("{e}"));
     let Transport::Stdio(spec) = &c.servers[0].transport else {
         panic!("a stdio server")
     };
     let args: Vec<&str> = spec.args.iter().map(Secret::expose).collect();
-    assert_eq!(args, ["--db", "postgresql://app:value@db/app", "$5", "none"]);
+    assert_eq!(
+        args,
+        ["--db", "postgresql://app:value@db/app", "$5", "none", "${client:x}"]
+    );
     // The variable's value is masked in the child's stderr, and never printed.
     assert_eq!(spec.masked, vec![Secret::new("value")]);
     assert!(!format!("{spec:?}").contains("value@db"), "{spec:?}");
