@@ -17,6 +17,9 @@ const SECRETS: &[&str] = &[
     "SECRETnotion0123456789",
     "SECRETgrafana0123456789",
     "SECRETzapier0123456789",
+    "SECRETnotionjson0123456789",
+    "SECRETmysql0123456789",
+    "SECRETlibpq0123456789",
 ];
 
 /// Every sample, at the place its client keeps it (`.cursor/mcp.json`, `.vscode/mcp.json`,
@@ -129,6 +132,38 @@ fn every_format_becomes_servers_with_secrets_as_references() {
     // Claude Desktop expands nothing: its `$` stay literal (`$$` to the gateway).
     assert_eq!(args("brave-search")[5], "$${NOT_EXPANDED}$$5");
     assert_eq!(args("stripe")[3], "--api-key=${STRIPE_API_KEY}");
+    // Inside JSON text, a connection string, after mysql's -p; the rest as written.
+    assert_eq!(
+        servers["notion-api"]["env"]["OPENAPI_MCP_HEADERS"].as_str(),
+        Some(r#"{"Authorization": "Bearer ${NOTION_API_OPENAPI_MCP_HEADERS_TOKEN}", "Notion-Version": "2022-06-28"}"#)
+    );
+    assert_eq!(args("mysql")[5], "${MYSQL_PASSWORD}");
+    assert_eq!(
+        servers["mysql"]["env"]["MYSQL_DSN_OPTIONS"].as_str(),
+        Some("host=db user=app password=${MYSQL_MYSQL_DSN_OPTIONS_PASSWORD} sslmode=require")
+    );
+    // Settings under a credential-like name, package and model names: kept as written.
+    assert_eq!(
+        args("llm"),
+        [
+            "pypi-query-mcp-server",
+            "--max-tokens",
+            "4096",
+            "--auth",
+            "oauth",
+            "--model",
+            "claude-3-5-sonnet-20241022"
+        ]
+    );
+    let llm = servers["llm"]["env"].as_table().unwrap();
+    for (k, v) in [
+        ("MAX_TOKENS", "4096"),
+        ("ENABLE_AUTH", "false"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("line\nbreak", "kept"),
+    ] {
+        assert_eq!(llm[k].as_str(), Some(v), "{k}");
+    }
     // Cursor and VS Code: ${env:X}, ${input:id} and ${userHome} become ${X}, ${ID} and
     // ${HOME}; ${workspaceFolder} is the project the file is in.
     assert_eq!(

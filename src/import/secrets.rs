@@ -1,0 +1,548 @@
+//! What in a client config is a credential: by the name it is given (an `env` or `headers`
+//! key, a flag, a `NAME=VALUE`, a JSON member, a URL query parameter), by where it is (a
+//! URL's password, after `Bearer`), and by its shape (a known token prefix, a JWT, a
+//! random-looking run). Used by `import` so that no secret is written out.
+
+use std::ops::Range;
+
+/// Last words of a name that make its value a credential (`GITHUB_TOKEN`, `DB_PASS`,
+/// `Authorization`, `SENTRY_DSN`, `X-Amz-Signature`).
+const SECRET_WORDS: &[&str] = &[
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "passphrase",
+    "pass",
+    "pwd",
+    "pat",
+    "auth",
+    "authorization",
+    "credential",
+    "credentials",
+    "cookie",
+    "dsn",
+    "sig",
+    "signature",
+    "bearer",
+    "jwt",
+    "apikey",
+];
+/// A last word glued to what it is of (`PGPASSWORD`, `githubtoken`).
+const SECRET_ENDINGS: &[&str] = &["password", "passwd", "token", "secret", "apikey", "credential"];
+/// `…_KEY` is a credential unless the word before it says another kind of key
+/// (`SORT_KEY`, `PUBLIC_KEY`).
+const NOT_SECRET_KEYS: &[&str] = &[
+    "sort",
+    "primary",
+    "partition",
+    "foreign",
+    "cache",
+    "hash",
+    "routing",
+    "shard",
+    "group",
+    "public",
+    "lookup",
+    "index",
+    "map",
+    "row",
+    "column",
+    "field",
+    "object",
+    "unique",
+    "composite",
+    "hot",
+    "short",
+    "idempotency",
+    "dedup",
+    "order",
+    "range",
+];
+/// Words that make a name a quantity or a setting, not a credential (`MAX_TOKENS`).
+const SETTING_WORDS: &[&str] = &["max", "min", "limit", "count", "num", "number", "size", "length"];
+/// Values that are a setting even under a credential's name (`ENABLE_AUTH=false`,
+/// `--auth oauth`).
+const SETTING_VALUES: &[&str] = &[
+    "true", "false", "yes", "no", "on", "off", "none", "null", "enabled", "disabled", "required", "optional", "auto",
+    "oauth", "oauth2", "basic", "bearer", "token", "apikey", "api_key", "header", "query", "jwt", "env",
+];
+
+/// The words of a name: split at anything but letters and digits, and where a lower-case
+/// letter or digit meets an upper-case one (`githubPat`), lower-cased.
+pub fn words(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if !c.is_ascii_alphanumeric() {
+            if !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+            prev_lower = false;
+            continue;
+        }
+        if c.is_ascii_uppercase() && prev_lower {
+            out.push(std::mem::take(&mut word));
+        }
+        prev_lower = c.is_ascii_lowercase() || c.is_ascii_digit();
+        word.push(c.to_ascii_lowercase());
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+/// Whether a key, flag, member or parameter names a credential: its last word is one of
+/// [`SECRET_WORDS`] or ends with one of [`SECRET_ENDINGS`], or is `key` after any word but
+/// [`NOT_SECRET_KEYS`] (or alone); and no word makes it a quantity ([`SETTING_WORDS`]).
+/// `TOKEN_FILE`, `AUTH_MODE`, `KEYCLOAK_URL` and `MAX_TOKENS` are not.
+pub fn credential_name(name: &str) -> bool {
+    let w = words(name);
+    let Some(last) = w.last().map(String::as_str) else {
+        return false;
+    };
+    if w.iter().any(|x| SETTING_WORDS.contains(&x.as_str())) {
+        return false;
+    }
+    if SECRET_WORDS.contains(&last) || SECRET_ENDINGS.iter().any(|e| last.ends_with(e)) {
+        return true;
+    }
+    (last == "key" || last == "keys") && (w.len() < 2 || !NOT_SECRET_KEYS.contains(&w[w.len() - 2].as_str()))
+}
+
+/// Whether a value under a credential's name is a setting, not a secret: empty, a
+/// number, a word of [`SETTING_VALUES`], a path, or a reference (`${VAR}`, `$VAR`).
+pub fn setting_value(value: &str) -> bool {
+    let v = value.trim();
+    v.is_empty()
+        || (v.parse::<f64>().is_ok() && v.len() < 8)
+        || SETTING_VALUES.iter().any(|s| v.eq_ignore_ascii_case(s))
+        || v.starts_with('/')
+        || v.starts_with("~/")
+        || v.starts_with("./")
+        || v.starts_with("../")
+        || (v.len() > 2 && v.as_bytes()[1] == b':' && matches!(v.as_bytes()[2], b'\\' | b'/'))
+        || reference(v)
+}
+
+/// A value that is only a reference another program fills in: `${NAME}` or `$NAME`.
+fn reference(v: &str) -> bool {
+    if let Some(inner) = v.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
+        return !inner.contains('}');
+    }
+    v.strip_prefix('$')
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+}
+
+/// An Authorization scheme at the start of a value (`Bearer `, `Basic `, `Token `), and
+/// what follows it.
+pub fn scheme_split(s: &str) -> (&str, &str) {
+    for scheme in ["bearer ", "basic ", "token "] {
+        if s.len() > scheme.len() && s.is_char_boundary(scheme.len()) && s[..scheme.len()].eq_ignore_ascii_case(scheme)
+        {
+            return s.split_at(scheme.len());
+        }
+    }
+    ("", s)
+}
+
+/// Prefixes of tokens that services issue (GitHub, GitLab, OpenAI/Anthropic, Stripe,
+/// Slack, AWS, Google, Hugging Face, npm, PyPI, Sentry, Linear, Notion, Figma,
+/// DigitalOcean, Shopify, Supabase, Groq, xAI, Perplexity, Tavily, Replicate, Atlassian).
+const TOKEN_PREFIXES: &[&str] = &[
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "glpat-",
+    "gldt-",
+    "glptt-",
+    "sk-",
+    "sk_live_",
+    "sk_test_",
+    "rk_live_",
+    "rk_test_",
+    "whsec_",
+    "xoxb-",
+    "xoxp-",
+    "xoxa-",
+    "xoxe-",
+    "xoxs-",
+    "xapp-",
+    "AKIA",
+    "ASIA",
+    "AIza",
+    "hf_",
+    "npm_",
+    "pypi-",
+    "sntrys_",
+    "sntryu_",
+    "lin_api_",
+    "ntn_",
+    "secret_",
+    "figd_",
+    "dop_v1_",
+    "shpat_",
+    "shpss_",
+    "sbp_",
+    "gsk_",
+    "xai-",
+    "pplx-",
+    "tvly-",
+    "r8_",
+    "ATATT",
+];
+
+/// Whether a run of letters, digits, `_`, `-` and `.` is a token: a known prefix
+/// ([`TOKEN_PREFIXES`]) and 12 more characters with a digit among them (not a package
+/// named `sk-mcp-server`), a JWT (`eyJ….eyJ….…`), or (with `random`) a piece between
+/// `_`/`-`/`.` that looks random: 20 or more characters mixing upper case, lower case
+/// and digits, or 32 or more mixing letters and digits, that change between those kinds
+/// at least once every three characters (not `MyCompanyTools2024`, nor words joined by
+/// dashes such as `claude-3-5-sonnet-20241022`).
+pub fn token_like(run: &str, random: bool) -> bool {
+    if TOKEN_PREFIXES.iter().any(|p| {
+        run.strip_prefix(p)
+            .is_some_and(|rest| rest.len() >= 12 && rest.bytes().any(|b| b.is_ascii_digit()))
+    }) {
+        return true;
+    }
+    if run.starts_with("eyJ") && run.matches('.').count() >= 2 && run.len() >= 30 {
+        return true;
+    }
+    random
+        && run.split(['_', '-', '.']).any(|piece| {
+            let kind = |b: u8| match b {
+                b'a'..=b'z' => 0u8,
+                b'A'..=b'Z' => 1,
+                _ => 2,
+            };
+            let b = piece.as_bytes();
+            let has = |k: u8| b.iter().any(|&c| kind(c) == k);
+            let (lower, upper, digit) = (has(0), has(1), has(2));
+            let changes = b.windows(2).filter(|w| kind(w[0]) != kind(w[1])).count();
+            let mixed = (b.len() >= 20 && upper && lower && digit) || (b.len() >= 32 && digit && (upper || lower));
+            mixed && changes * 3 >= b.len()
+        })
+}
+
+/// Characters that end a `NAME=VALUE` value or start its name.
+fn bound(c: char) -> bool {
+    c.is_whitespace()
+        || matches!(
+            c,
+            ';' | '&' | '?' | ',' | '\'' | '"' | '=' | '#' | '{' | '}' | '(' | ')' | '[' | ']' | '/' | '|'
+        )
+}
+
+/// One secret found in a text: its bytes, a word for its variable's name, and why.
+pub type Found = (Range<usize>, String, &'static str);
+
+/// The secrets in a string of text, in order. `random`: also runs that look random (not
+/// for a command or a folder, where a hash-named folder is common).
+pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
+    let mut found: Vec<Found> = Vec::new();
+    let mut add = |r: Range<usize>, hint: &str, why: &'static str| {
+        let value = &s[r.clone()];
+        if !r.is_empty() && !reference(value.trim()) && !found.iter().any(|(f, ..)| f.start < r.end && r.start < f.end)
+        {
+            found.push((r, hint.to_owned(), why));
+        }
+    };
+    // `Name: Bearer X` (an HTTP header as an argument).
+    if let Some((name, _)) = s.split_once(':') {
+        if !name.is_empty()
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !s[name.len()..].starts_with("://")
+            && credential_name(name)
+        {
+            let v = s[name.len() + 1..].trim_start();
+            let at = s.len() - v.len();
+            let (scheme, rest) = scheme_split(v);
+            if !rest.trim().is_empty() && !setting_value(rest) {
+                add(at + scheme.len()..s.len(), name, "a credential in a header");
+            }
+        }
+    }
+    // `Bearer X`, `Basic X`, wherever they are (a header written in JSON text).
+    let lower = s.to_ascii_lowercase();
+    for scheme in ["bearer ", "basic "] {
+        let mut from = 0;
+        while let Some(i) = lower[from..].find(scheme).map(|i| i + from) {
+            from = i + scheme.len();
+            let before = s[..i].chars().next_back();
+            if before.is_some_and(|c| !(c.is_whitespace() || matches!(c, '"' | '\'' | ':' | '='))) {
+                continue;
+            }
+            let start = from;
+            let end = s[start..]
+                .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ';'))
+                .map_or(s.len(), |e| start + e);
+            if !setting_value(&s[start..end]) {
+                add(start..end, "token", "an Authorization credential");
+            }
+        }
+    }
+    // `NAME=VALUE` anywhere (`--token=X`, `-e GITHUB_TOKEN=X`, `password=X dbname=…`,
+    // `Pwd=X;`, `?api_key=X&`, `#access_token=X`) whose name names a credential.
+    for (eq, _) in s.match_indices('=') {
+        let start = s[..eq].rfind(bound).map_or(0, |i| i + 1);
+        let name = s[start..eq].trim_start_matches('-');
+        if name.is_empty() || !credential_name(name) {
+            continue;
+        }
+        let v0 = eq + 1;
+        let end = s[v0..].find(bound).map_or(s.len(), |e| v0 + e);
+        // A value may hold `=` of its own (base64): up to the next bound but `=`.
+        let end = s[v0..]
+            .find(|c: char| c != '=' && bound(c))
+            .map_or(s.len(), |e| v0 + e)
+            .max(end);
+        let (scheme, _) = scheme_split(&s[v0..end]);
+        if !setting_value(&s[v0 + scheme.len()..end]) {
+            add(v0 + scheme.len()..end, name, "a credential, by its name");
+        }
+    }
+    // `"name": "value"` (JSON text in an argument or a variable).
+    for (colon, _) in s.match_indices(':') {
+        let before = s[..colon].trim_end();
+        let Some(name) = before.strip_suffix('"').and_then(|b| b.rfind('"').map(|q| &b[q + 1..])) else {
+            continue;
+        };
+        if !credential_name(name) {
+            continue;
+        }
+        let after = &s[colon + 1..];
+        let Some(open) = after
+            .find(|c: char| !c.is_whitespace())
+            .filter(|&i| after[i..].starts_with('"'))
+        else {
+            continue;
+        };
+        let v0 = colon + 1 + open + 1;
+        let mut end = v0;
+        let bytes = s.as_bytes();
+        while end < s.len() && bytes[end] != b'"' {
+            end += if bytes[end] == b'\\' { 2 } else { 1 };
+        }
+        let end = end.min(s.len());
+        let (scheme, _) = scheme_split(&s[v0..end]);
+        if !setting_value(&s[v0 + scheme.len()..end]) {
+            add(v0 + scheme.len()..end, name, "a credential in JSON text");
+        }
+    }
+    // URLs: a password, a token as the user.
+    let mut from = 0;
+    while let Some(i) = s[from..].find("://").map(|i| i + from) {
+        let start = i + 3;
+        let end_auth = s[start..]
+            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+            .map_or(s.len(), |e| start + e);
+        let authority = &s[start..end_auth];
+        if let Some(at) = authority.rfind('@') {
+            let userinfo = &authority[..at];
+            match userinfo.find(':') {
+                Some(colon) if colon + 1 < userinfo.len() => {
+                    add(start + colon + 1..start + at, "password", "the password of a URL")
+                }
+                // `https://TOKEN@host` (GitHub and others take a token as the user); a
+                // database's `postgresql://postgres@db` is a user name.
+                None if !userinfo.is_empty()
+                    && (token_like(userinfo, true)
+                        || s[..i].to_ascii_lowercase().ends_with("http")
+                        || s[..i].to_ascii_lowercase().ends_with("https")) =>
+                {
+                    add(start..start + at, "token", "a token as a URL's user")
+                }
+                _ => {}
+            }
+        }
+        from = end_auth.max(start);
+    }
+    // `user:password@host` without a scheme (a Go or MySQL DSN).
+    if !s.contains("://") {
+        if let Some((user, rest)) = s.split_once(':') {
+            if let Some(at) = rest.find('@') {
+                let (pw, host) = (&rest[..at], &rest[at + 1..]);
+                // Not a Windows path (`C:\\…\\@scope\\pkg`): a user name is longer than a drive.
+                let user_ok = user.len() > 1 && user.chars().all(|c| c.is_ascii_alphanumeric() || "_.-%".contains(c));
+                let pw_ok = !pw.is_empty() && !pw.contains(|c: char| c.is_whitespace() || c == '/' || c == '\\');
+                if user_ok && pw_ok && host.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '(' || c == '[') {
+                    add(
+                        user.len() + 1..user.len() + 1 + at,
+                        "password",
+                        "the password of a connection string",
+                    );
+                }
+            }
+        }
+    }
+    // Tokens by their shape, anywhere; not a digest (`@sha256:…`, `@<commit>`).
+    let run_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.';
+    let mut i = 0;
+    while i < s.len() {
+        let Some(c) = s[i..].chars().next() else { break };
+        if !run_char(c) {
+            i += c.len_utf8();
+            continue;
+        }
+        let end = s[i..].find(|c: char| !run_char(c)).map_or(s.len(), |e| i + e);
+        let run = s[i..end].trim_end_matches('.');
+        let digest = s[..i].ends_with('@') || ["sha1:", "sha256:", "sha512:"].iter().any(|p| s[..i].ends_with(p));
+        if !(digest && run.bytes().all(|b| b.is_ascii_hexdigit())) && token_like(run, random) {
+            add(i..i + run.len(), "token", "what looks like a token");
+        }
+        i = end;
+    }
+    found.sort_by_key(|(r, ..)| r.start);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secrets(s: &str) -> Vec<&str> {
+        found_secrets(s, true).into_iter().map(|(r, ..)| &s[r]).collect()
+    }
+
+    #[test]
+    fn credential_names_by_their_last_word() {
+        for k in [
+            "GITHUB_TOKEN",
+            "Authorization",
+            "X-Api-Key",
+            "apiKey",
+            "API_KEY",
+            "STRIPE_KEY",
+            "GITHUB_PAT",
+            "githubPat",
+            "DB_PASSWD",
+            "PGPASSWORD",
+            "SENTRY_DSN",
+            "Cookie",
+            "client_secret",
+            "key",
+            "ENABLE_AUTH",
+        ] {
+            assert!(credential_name(k), "{k}");
+        }
+        for k in [
+            "PATH",
+            "MODE",
+            "TOKEN_FILE",
+            "X-Team",
+            "passport",
+            "MAX_TOKENS",
+            "OPENAI_MAX_TOKENS",
+            "TOKENIZERS_PARALLELISM",
+            "KEYCLOAK_URL",
+            "AUTHOR_NAME",
+            "OAUTH_CALLBACK_PORT",
+            "PASS_THROUGH",
+            "AWS_SECRET_NAME",
+            "KEY_PREFIX",
+            "PUBLIC_KEY_URL",
+            "AUTH_MODE",
+            "API_KEY_HEADER",
+            "HOTKEY",
+            "COOKIE_DOMAIN",
+            "sort-key",
+            "primary-key",
+            "keyword",
+            "tokenizer",
+        ] {
+            assert!(!credential_name(k), "{k}");
+        }
+        for v in [
+            "false",
+            "oauth",
+            "4096",
+            "~/.ssh/id_ed25519",
+            "${AUTH_HEADER}",
+            "$TOKEN",
+            "",
+        ] {
+            assert!(setting_value(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn secrets_by_place_and_shape() {
+        for (text, want) in [
+            ("postgresql://admin:hunter2@db:5432/app", vec!["hunter2"]),
+            ("https://x.example/mcp?api_key=zap123&mode=1", vec!["zap123"]),
+            ("https://x.example/mcp#access_token=FragTok1", vec!["FragTok1"]),
+            ("Bearer sk-1", vec!["sk-1"]),
+            ("https://BasicPw13@api.example.com/mcp", vec!["BasicPw13"]),
+            ("Authorization: Bearer abc", vec!["abc"]),
+            ("Authorization:${AUTH_HEADER}", vec![]),
+            ("--token=tok_1", vec!["tok_1"]),
+            ("--env=OPENAI_API_KEY=DockKey7", vec!["DockKey7"]),
+            ("GITHUB_TOKEN=ghp_x", vec!["ghp_x"]),
+            ("host=db user=app password=KwPlain77 dbname=shop", vec!["KwPlain77"]),
+            (
+                "Server=tcp:sql;User Id=sa;Password=MsPlainPw9;Encrypt=1",
+                vec!["MsPlainPw9"],
+            ),
+            ("Driver={ODBC};Server=s;Uid=u;Pwd=OdbcPw3;", vec!["OdbcPw3"]),
+            ("file:app.db?key=SqlcipherKey1", vec!["SqlcipherKey1"]),
+            ("root:MyPlainPw4@tcp(127.0.0.1:3306)/shop", vec!["MyPlainPw4"]),
+            (r#"{"apiKey":"JsonArgKey1"}"#, vec!["JsonArgKey1"]),
+            (
+                r#"{"Authorization": "Bearer secretnotionlowercase", "Notion-Version": "2022-06-28"}"#,
+                vec!["secretnotionlowercase"],
+            ),
+            (
+                "ghp_abcdefghijklmnopqrstuvwxyz0123",
+                vec!["ghp_abcdefghijklmnopqrstuvwxyz0123"],
+            ),
+            (
+                "key is eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
+                vec!["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig"],
+            ),
+            (
+                "https://mcp.example/s/Zm9vYmFyQmF6cXV4MTIzNDU2Nzg5MA/mcp",
+                vec!["Zm9vYmFyQmF6cXV4MTIzNDU2Nzg5MA"],
+            ),
+        ] {
+            assert_eq!(secrets(text), want, "{text}");
+        }
+        for plain in [
+            "-y",
+            "@modelcontextprotocol/server-filesystem",
+            "/Users/alice/Desktop",
+            "/Users/alice/Projects/MyCompanyInternalTools2024/index.js",
+            "ghcr.io/github/github-mcp-server",
+            "ghcr.io/org/img@sha256:4f2e8c1b9a7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f",
+            "git+https://github.com/org/repo@4f2e8c1b9a7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f",
+            "claude-3-5-sonnet-20241022",
+            "123e4567-e89b-12d3-a456-426614174000",
+            "--tools=all",
+            "--max-tokens=4096",
+            "ENABLE_AUTH=false",
+            "http://localhost:3000/mcp",
+            "C:\\Users\\alice\\AppData",
+            "C:\\Users\\alice\\node_modules\\@modelcontextprotocol\\server-filesystem\\dist\\index.js",
+            "pypi-query-mcp-server",
+            "secret_manager_mcp_server",
+            "sk-mcp-server-tools",
+            "ASIA_PACIFIC_SOUTHEAST",
+            "git@github.com:org/repo.git",
+            "user@example.com",
+            "postgresql://postgres@localhost/shop",
+        ] {
+            assert_eq!(secrets(plain), Vec::<&str>::new(), "{plain}");
+        }
+    }
+
+    #[test]
+    fn words_split_case_and_separators() {
+        assert_eq!(words("githubPat"), ["github", "pat"]);
+        assert_eq!(words("X-API-Key"), ["x", "api", "key"]);
+    }
+}
