@@ -610,7 +610,7 @@ impl Server<'_> {
 
     fn note(&mut self, what: String) {
         self.notes
-            .push(format!("{}: server {:?}: {what}", self.found.file, self.found.name));
+            .push(format!("{}: server {}: {what}", self.found.file, self.found.shown()));
     }
 
     /// A `command` or `cwd`, which the gateway does not expand: its client's variables
