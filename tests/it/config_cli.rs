@@ -308,3 +308,28 @@ async fn sigterm_with_an_open_get_stream_exits_promptly() {
     );
     assert!(mock_pids(&a).is_empty(), "children left behind");
 }
+
+/// A credential given to a stdio server in its `args` (`${VAR}`) reaches the child
+/// expanded, and is masked wherever the child's stderr is shown: the log and `check`.
+#[test]
+fn a_secret_in_args_reaches_the_child_and_is_masked_in_what_it_prints() {
+    let config = "[servers.leaky]\ncommand = \"sh\"\n\
+                  args = [\"-c\", \"echo my arg is $$0 >&2; exit 3\", \"pw-${LEAKY_SECRET}-end\"]\n\
+                  restart = \"never\"\n";
+    let (run, _dir) = check(config, &["--connect"], &[("LEAKY_SECRET", "hunter2hunter2")]);
+    let all = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        all.contains("my arg is pw-***-end"),
+        "the child got the value, shown masked:\n{all}"
+    );
+    assert!(!all.contains("hunter2"), "{all}");
+    // Unset, it is an error naming the argument, before any child starts.
+    let (run, _dir) = check(config, &[], &[]);
+    assert_eq!(run.code, Some(64), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("servers.leaky.args[2]: environment variable LEAKY_SECRET is not set"),
+        "{}",
+        run.stderr
+    );
+}
