@@ -609,14 +609,22 @@ impl Index {
             .collect()
     }
 
-    /// The words of a query, each once, in order (a set, not a scan of the list: a query
-    /// of many different words stays linear).
+    /// The words of a query, each once, in order: a scan of the few words of a request,
+    /// a set once there are many (a query of many different words stays linear).
     fn words(query: &str) -> Vec<String> {
+        const SCAN: usize = 16;
         let mut words: Vec<String> = Vec::new();
         let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         text::terms(&query_text(query), |t| {
-            if !seen.contains(t) {
-                seen.insert(t.to_owned());
+            let new = if words.len() < SCAN {
+                !words.iter().any(|w| w == t)
+            } else {
+                if seen.is_empty() {
+                    seen.extend(words.iter().cloned());
+                }
+                seen.insert(t.to_owned())
+            };
+            if new {
                 words.push(t.to_owned());
             }
         });
@@ -1033,6 +1041,15 @@ fn entry(name: &str, description: &str, schema: Option<&RawValue>) -> Box<RawVal
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_querys_words_are_each_once_in_order_past_the_scan() {
+        let q: String = (0..40).map(|i| format!("kq{i}k ")).collect();
+        let once = Index::words(&q);
+        assert_eq!(once.len(), 40, "{once:?}");
+        assert_eq!(Index::words(&format!("{q}{q}")), once);
+        assert_eq!(Index::words("open open the issue open"), ["open", "issu"]);
+    }
 
     fn tool(v: Value) -> String {
         v.to_string()
