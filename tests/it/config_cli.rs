@@ -324,12 +324,8 @@ fn a_secret_in_args_reaches_the_child_and_is_masked_in_what_it_prints() {
     );
     assert!(!all.contains("hunter2"), "{all}");
     // Unset, it is an error naming the argument, before any child starts.
-    let (run, _dir) = check(config, &[], &[]);
-    assert_eq!(run.code, Some(64), "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("servers.leaky.args[2]: environment variable LEAKY_SECRET is not set"),
-        "{}",
-        run.stderr
+    check_refuses(
+        config,
+        "servers.leaky.args[2]: environment variable LEAKY_SECRET is not set",
     );
 }

@@ -308,6 +308,13 @@ pub fn check(config: &str, extra: &[&str], env: &[(&str, &str)]) -> (CheckRun, t
     (run, dir)
 }
 
+/// `check` of `config` with no variables set: a config error (exit 64) saying `want`.
+pub fn check_refuses(config: &str, want: &str) {
+    let (run, _dir) = check(config, &[], &[]);
+    assert_eq!(run.code, Some(64), "{}", run.stderr);
+    assert!(run.stderr.contains(want), "{want}\nnot in:\n{}", run.stderr);
+}
+
 /// `mcp-gateway stdio` with its stdin/stdout as the MCP channel.
 pub struct StdioGateway {
     pub child: Child,
