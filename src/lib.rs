@@ -108,7 +108,7 @@ pub mod searching {
     pub use crate::catalog::Catalog;
     pub use crate::search::eval::{recall, Fixture, Query, Recall, Server};
     pub use crate::search::semantic::Semantic;
-    pub use crate::search::{Hit, Index, Tool, Tuning, FIELDS};
+    pub use crate::search::{Hit, Index, Tool, Tuning, FIELDS, MAX_QUERY};
 }
 
 use anyhow::Context;

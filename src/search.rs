@@ -167,6 +167,10 @@ impl Default for Tuning {
         }
     }
 }
+/// The longest query `gateway__search_tools` takes, in bytes: a request in words is far
+/// shorter, and a longer one would only cost CPU on the thread that serves every other
+/// request (BENCHMARKS.md has what a query this long costs).
+pub const MAX_QUERY: usize = 2048;
 /// The shortest query word tried as a prefix.
 const MIN_PREFIX: usize = 4;
 /// The shortest part of a compound word ([`Index::split`]).

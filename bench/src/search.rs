@@ -237,6 +237,45 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
         us(&hidden_lat, 50.0),
         us(&hidden_lat, 99.0)
     );
+    // What a hostile query costs at the size `gateway__search_tools` takes: made-up words
+    // (each tried as a prefix and a compound), the catalog's own words (each with its
+    // postings), one long word. The worst of 5 runs each.
+    let limit = mcp_gateway::searching::MAX_QUERY;
+    let fill = |words: &mut dyn Iterator<Item = String>| {
+        let mut q = String::with_capacity(limit);
+        for w in words {
+            if q.len() + w.len() + 1 > limit {
+                break;
+            }
+            q.push_str(&w);
+            q.push(' ');
+        }
+        q
+    };
+    let made_up = fill(&mut (0u32..).map(|i| format!("zq{i:x}wv")));
+    let own = fill(
+        &mut queries
+            .iter()
+            .cycle()
+            .flat_map(|q| q.split_whitespace().map(str::to_owned))
+            .take(10_000),
+    );
+    let one = "x".repeat(limit);
+    let worst = |q: &str| {
+        (0..5)
+            .map(|_| {
+                let t0 = Instant::now();
+                std::hint::black_box(big.search_index().search(q, 8, |_| true));
+                t0.elapsed().as_secs_f64() * 1e6
+            })
+            .fold(0f64, f64::max)
+    };
+    eprintln!(
+        "  a query of {limit} bytes, the most a search takes (worst of 5): made-up words {:.0} us, the requests' own words {:.0} us, one word {:.0} us",
+        worst(&made_up),
+        worst(&own),
+        worst(&one)
+    );
     target_row(
         targets,
         &format!("search p50{label}, {n} tools"),

@@ -19,9 +19,7 @@ use std::sync::OnceLock;
 /// How many matches `gateway__search_tools` returns without a `limit`, and at most.
 pub const DEFAULT_LIMIT: u64 = 8;
 pub const MAX_LIMIT: u64 = 50;
-/// The longest `query`, in bytes: a request in words is far shorter, and a longer one
-/// would only cost CPU on the thread that serves every other request.
-pub const MAX_QUERY: usize = 2048;
+use crate::search::MAX_QUERY;
 
 /// Whether `tools/list` on this request's endpoint shows the two search tools instead of
 /// the catalog, and whether those two can be called. The one place that decides it:
