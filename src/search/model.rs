@@ -31,6 +31,11 @@ use super::wordpiece::WordPiece;
 use serde::Deserialize;
 use std::path::Path;
 
+/// The most tokens of a search's request the model reads: a request in words is a small
+/// part of it, and a request the size `gateway__search_tools` allows (2,048 bytes) would
+/// otherwise cost a search 256 tokens' worth (tens of milliseconds of CPU; BENCHMARKS.md).
+pub const QUERY_TOKENS: usize = 64;
+
 /// A loaded sentence encoder.
 pub struct Model {
     tokenizer: WordPiece,
@@ -382,14 +387,14 @@ impl Model {
     }
 
     /// The vector of a search's request `text` (after the model's query prompt, if it has
-    /// one), for a search waiting on it: where the products run on AMX or VNNI and
+    /// one; its first [`QUERY_TOKENS`] tokens), for a search waiting on it: where the products run on AMX or VNNI and
     /// there is more than one CPU, the process's helper thread takes half of each product
     /// if no other search has it ([`super::helper::Helper`]). A catalog's vectors are made
     /// one thread at a time ([`Model::embed_document`]), in the background.
     pub fn embed_now(&self, text: &str) -> Vec<f32> {
         let ids = self
             .tokenizer
-            .encode(&prompted(&self.query_prompt, text), self.max_tokens);
+            .encode(&prompted(&self.query_prompt, text), self.max_tokens.min(QUERY_TOKENS));
         let shared = self
             .layers
             .first()
