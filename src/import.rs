@@ -20,7 +20,7 @@
 //! - in any string (`args`, `env`, `headers`, `url`): the password of a URL
 //!   (`postgresql://app:PASSWORD@db`), a URL's query parameter that names a credential
 //!   (`?api_key=…`), the credential after `Bearer`/`Basic`/`Token`, a token of a known shape
-//!   (`ghp_…`, `sk-…`, `xoxb-…`, a JWT, …, see [`token_like`]) and a long random-looking run of
+//!   (`ghp_…`, `sk-…`, `xoxb-…`, a JWT, …, see [`secrets::token_like`]) and a long random-looking run of
 //!   letters and digits;
 //! - in `args`: the value of a flag or `NAME=VALUE` that names a credential (`--api-key X`,
 //!   `--token=X`, `-e GITHUB_TOKEN=X`, `--header "Authorization: Bearer X"`).
@@ -30,8 +30,7 @@
 
 mod secrets;
 
-pub use secrets::{credential_name, token_like};
-use secrets::{found_secrets, scheme_split, setting_value};
+use secrets::{credential_name, found_secrets, scheme_split, setting_value};
 use serde_json::{Map, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -670,16 +670,15 @@ fn stdio_args(
     for (i, a) in raw.into_iter().enumerate() {
         let span = a.span();
         let a = a.into_inner();
-        // A real reference, not `$${client:…}` (a literal `${client:…}`).
-        if expand_template(&a, &|_| Some(String::new())).is_ok_and(|t| !t.is_plain()) {
-            cx.at(
-                span.start,
-                format!("servers.{name}.args[{i}]: ${{client:…}} is for `env` and `headers` only (an argument shows in the process list)"),
-            );
-            continue;
-        }
-        match expand(&a, &recording) {
-            Ok(v) => args.push(Secret(v)),
+        // One parse: `${VAR}` expanded, `$${client:…}` a literal, `${client:…}` refused.
+        match expand_template(&a, &recording) {
+            Ok(t) => match t.plain() {
+                Some(v) => args.push(v),
+                None => cx.at(
+                    span.start,
+                    format!("servers.{name}.args[{i}]: ${{client:…}} is for `env` and `headers` only (an argument shows in the process list)"),
+                ),
+            },
             Err(var) => cx.at(
                 span.start,
                 format!("servers.{name}.args[{i}]: environment variable {var} is not set (write ${{{var}:-default}} for a default, or $$ for a literal $)"),

@@ -387,10 +387,11 @@ impl Model {
     }
 
     /// The vector of a search's request `text` (after the model's query prompt, if it has
-    /// one; its first [`QUERY_TOKENS`] tokens), for a search waiting on it: where the products run on AMX or VNNI and
-    /// there is more than one CPU, the process's helper thread takes half of each product
-    /// if no other search has it ([`super::helper::Helper`]). A catalog's vectors are made
-    /// one thread at a time ([`Model::embed_document`]), in the background.
+    /// one; its first [`QUERY_TOKENS`] tokens), for a search waiting on it: where the
+    /// products run on AMX or VNNI and there is more than one CPU, the process's helper
+    /// thread takes half of each product if no other search has it
+    /// ([`super::helper::Helper`]). A catalog's vectors are made one thread at a time
+    /// ([`Model::embed_document`]), in the background.
     pub fn embed_now(&self, text: &str) -> Vec<f32> {
         let ids = self
             .tokenizer
