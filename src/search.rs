@@ -39,6 +39,7 @@
 //! `mcp-gateway-search-bench` measures it on a fixture of real tools (BENCHMARKS.md).
 
 mod amx;
+mod attention;
 pub mod eval;
 mod helper;
 mod loose;

@@ -208,7 +208,7 @@ impl Packed {
         match helper {
             // SAFETY: the job is made of the checked slices above (see `TileJob::run`),
             // which stay borrowed until `share` returns.
-            Some(h) => unsafe { h.share(Job::new(&job, panels)) },
+            Some(h) => unsafe { h.share(Job::new(&job, panels, panels.div_ceil(2))) },
             // SAFETY: as above.
             None => unsafe { job.run(0..panels) },
         }

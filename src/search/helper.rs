@@ -2,10 +2,10 @@
 //! the search waits for), on AMX ([`super::amx`]) or in int8 on AVX-512 VNNI or AVX2
 //! ([`super::vnni`]).
 //!
-//! Each product is posted as a [`Job`]: the poster runs the first half of its panels and
-//! the helper the second; if the helper has not taken it by the time the poster is done
-//! with its half, the poster runs the rest too, so a helper that is asleep or not scheduled
-//! costs nothing but the check. Reading the weights and multiplying them is what a product
+//! Each product is posted as a [`Job`] of panels in chunks: the poster and the helper each
+//! take the next chunk until none is left, so a helper that is asleep, not scheduled or
+//! slower (a VM's second vCPU may share its core with another guest) costs nothing but the
+//! check, and the two finish together. Reading the weights and multiplying them is what a product
 //! costs, and two cores do it at nearly twice the rate of one (BENCHMARKS.md, "Session 14"
 //! and "Session 16").
 //!
@@ -14,7 +14,7 @@
 #![allow(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 /// A product that can be run a range of its panels (groups of outputs) at a time.
@@ -27,12 +27,13 @@ pub trait Panels {
 }
 
 /// One product posted to the helper: `run(data, panels)` runs those panels of it on the
-/// calling thread.
+/// calling thread, `chunk` panels at a time.
 #[derive(Clone, Copy)]
 pub struct Job {
     run: unsafe fn(*const (), Range<usize>),
     data: *const (),
     panels: usize,
+    chunk: usize,
 }
 
 // SAFETY: a job's data is a product whose buffers its poster keeps, unmoved and untouched,
@@ -41,12 +42,31 @@ pub struct Job {
 unsafe impl Send for Job {}
 
 impl Job {
-    /// A job of the `panels` panels of `data`.
-    pub fn new<T: Panels>(data: &T, panels: usize) -> Job {
+    /// A job of the `panels` panels of `data`, taken `chunk` at a time (at least 1).
+    pub fn new<T: Panels>(data: &T, panels: usize, chunk: usize) -> Job {
         Job {
             run: run_panels::<T>,
             data: (data as *const T).cast(),
             panels,
+            chunk: chunk.max(1),
+        }
+    }
+
+    /// Runs chunks of the job, the next not yet taken each time (`next` counts what is
+    /// taken), until none is left.
+    ///
+    /// # Safety
+    /// As [`Panels::run`]: the job's data is alive, and every other thread that runs it takes
+    /// its chunks from the same `next`.
+    unsafe fn take_chunks(&self, next: &AtomicUsize) {
+        loop {
+            let start = next.fetch_add(self.chunk, Ordering::Relaxed);
+            if start >= self.panels {
+                return;
+            }
+            // SAFETY: as the caller promises; `fetch_add` gave this thread these panels
+            // alone.
+            unsafe { (self.run)(self.data, start..(start + self.chunk).min(self.panels)) };
         }
     }
 }
@@ -64,6 +84,8 @@ unsafe fn run_panels<T: Panels>(data: *const (), panels: Range<usize>) {
 pub struct Helper {
     state: AtomicU8,
     job: Mutex<Option<Job>>,
+    /// The first panel of the posted job that neither thread has taken.
+    next: AtomicUsize,
     /// Held by the text that has the helper.
     busy: Mutex<()>,
     /// Whether a text has the helper: it spins while so, and sleeps on `bell` when not.
@@ -103,6 +125,7 @@ impl Helper {
             let helper: &'static Helper = Box::leak(Box::new(Helper {
                 state: AtomicU8::new(IDLE),
                 job: Mutex::new(None),
+                next: AtomicUsize::new(0),
                 busy: Mutex::new(()),
                 active: AtomicBool::new(false),
                 sleep: Mutex::new(()),
@@ -127,26 +150,24 @@ impl Helper {
         Some(Session { helper, _busy: busy })
     }
 
-    /// Runs `job`, its second half on the helper thread if the helper takes it in time.
+    /// Runs `job`, some of its chunks on the helper thread if the helper takes it in time.
     ///
     /// # Safety
     /// `job.run` may run any panels of the job on any thread, two disjoint ranges at once,
     /// until this returns.
     pub unsafe fn share(&self, job: Job) {
-        let mid = job.panels / 2;
         *crate::sync::lock(&self.job) = Some(job);
+        self.next.store(0, Ordering::Relaxed);
         self.state.store(POSTED, Ordering::Release);
-        // SAFETY: as the caller promises; the first half is this thread's, the second the
-        // helper's once it has taken the job.
-        unsafe { (job.run)(job.data, 0..mid) };
+        // SAFETY: as the caller promises; each chunk goes to the thread whose `fetch_add`
+        // got it.
+        unsafe { job.take_chunks(&self.next) };
         if self
             .state
             .compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_err()
         {
-            // SAFETY: as above; the helper never took this job.
-            unsafe { (job.run)(job.data, mid..job.panels) };
-        } else {
+            // The helper took the job: wait until it is done with its last chunk.
             let mut spins = 0u32;
             while self.state.load(Ordering::Acquire) != DONE {
                 spins = pause(spins);
@@ -156,7 +177,7 @@ impl Helper {
         self.state.store(IDLE, Ordering::Release);
     }
 
-    /// The helper thread: asleep until a text has it, then taking the second half of each
+    /// The helper thread: asleep until a text has it, then taking chunks of each
     /// product posted, until the text lets go.
     fn serve(&self) {
         loop {
@@ -181,8 +202,8 @@ impl Helper {
                 let job = *crate::sync::lock(&self.job);
                 if let Some(job) = job {
                     // SAFETY: the poster waits for DONE before it moves or reads the
-                    // job's buffers, and runs only the first half itself (`share`).
-                    unsafe { (job.run)(job.data, job.panels / 2..job.panels) };
+                    // job's buffers, and takes its chunks from the same `next` (`share`).
+                    unsafe { job.take_chunks(&self.next) };
                 }
                 self.state.store(DONE, Ordering::Release);
             }

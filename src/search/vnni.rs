@@ -2,8 +2,11 @@
 //! with `W` quantized once at load (a scale per output), `x` quantized per row on each
 //! product, sums in i32 (`vpdpbusd`: 64 multiply-adds an instruction, against 16 for an f32
 //! FMA). On a CPU with AVX2 and no AVX-512 (AMD EPYC before Zen 4, most laptops) the same
-//! packed weights run through `vpmaddwd` (16 multiply-adds of 16-bit words an instruction,
-//! two a cycle on Zen 3): [`Kernel::Avx2`].
+//! packed weights run through `vpmaddubsw` (32 multiply-adds of bytes an instruction, their
+//! pairs summed in 16 bits) and `vpmaddwd` by ones (the pairs summed in 32 bits):
+//! [`Kernel::Avx2`]. A pair of products must fit in 16 bits, so there a weight takes
+//! −64..=64, not −127..=127 (`2 · 255 · 64 < 2¹⁵`): inputs keep their 255 steps, since a
+//! row's outliers (BERT has a few features far from the rest) leave its other values few.
 //!
 //! Why: a cloud VM may hide AMX while showing AVX-512 VNNI (this project's 2-core VMs do,
 //! some days: a Xeon of the same family with `amx_*` masked). There, the f32 products took a
@@ -33,15 +36,15 @@ const K_STEP: usize = 4;
 /// Rows of `x` and vectors of outputs in one block of sums (16 accumulators).
 const BLOCK_ROWS: usize = 4;
 const BLOCK_PANELS: usize = 4;
-/// Rows of `x` in one block of sums on AVX2 (4 accumulators a row, of 16).
-const AVX2_ROWS: usize = 2;
+/// Rows of `x` in one block of sums on AVX2 (2 accumulators a row, of 16).
+const AVX2_ROWS: usize = 4;
 
 /// Which instructions run the int8 products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     /// AVX-512 F, BW and VNNI: `vpdpbusd` on bytes.
     Vnni,
-    /// AVX2 and FMA: the bytes widened to 16-bit words, `vpmaddwd`.
+    /// AVX2 and FMA: `vpmaddubsw` then `vpmaddwd`, weights in −64..=64.
     Avx2,
 }
 
@@ -92,6 +95,8 @@ pub fn fits(inp: usize, out: usize) -> bool {
 /// `W` (`out` rows of `inp`, as stored) in int8, in the order the product reads it: by
 /// vector of 16 outputs, then by 4 inputs, each 64 bytes (output-major, 4 inputs each).
 pub struct Packed {
+    /// The kernel the weights were packed for (their range is its own).
+    kernel: Kernel,
     q: Vec<i8>,
     /// Per output: the weight row's scale, and `Σq` (what an input's zero point adds, times it).
     scale: Vec<f32>,
@@ -100,39 +105,58 @@ pub struct Packed {
     out: usize,
 }
 
+/// What [`Packed::apply`] does to each output after its sum, on the thread that made it:
+/// adds `bias` (one per output), then `plus` (as long as the output: a residual), then
+/// applies GELU.
+#[derive(Clone, Copy)]
+pub struct Finish<'a> {
+    pub bias: &'a [f32],
+    pub plus: Option<&'a [f32]>,
+    pub gelu: bool,
+}
+
 /// Where [`Packed::apply`] keeps an input's bytes, row scales and zero points between
 /// products.
 #[derive(Default)]
 pub struct Scratch {
     bytes: Vec<u8>,
-    /// The bytes as 16-bit words, for [`Kernel::Avx2`].
-    words: Vec<i16>,
     scales: Vec<f32>,
     zeros: Vec<i32>,
 }
 
 impl Packed {
-    /// Quantizes and packs `w` (`out` × `inp`, row-major); `fits(inp, out)` must hold.
+    /// Quantizes and packs `w` (`out` × `inp`, row-major) for this CPU's kernel;
+    /// `fits(inp, out)` and [`available`] must hold.
     pub fn new(w: &[f32], out: usize, inp: usize) -> Packed {
+        Packed::new_for(kernel().expect("int8 products on a CPU without AVX2"), w, out, inp)
+    }
+
+    /// [`Packed::new`] for `kernel`, which the CPU must have to [`Packed::apply`] them.
+    pub fn new_for(kernel: Kernel, w: &[f32], out: usize, inp: usize) -> Packed {
         assert!(fits(inp, out) && w.len() == out * inp, "not whole vectors: {out}×{inp}");
+        let top = match kernel {
+            Kernel::Vnni => 127.0,
+            Kernel::Avx2 => 64.0,
+        };
         let steps = inp / K_STEP;
         let mut q = vec![0i8; out * inp];
         let mut scale = vec![0f32; out];
         let mut sums = vec![0i32; out];
         for (o, row) in w.chunks_exact(inp).enumerate() {
             let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            let s = if max > 0.0 { max / top } else { 1.0 };
             scale[o] = s;
             let (panel, lane) = (o / LANES, o % LANES);
             let mut sum = 0i32;
             for (k, v) in row.iter().enumerate() {
-                let v = (v / s).round().clamp(-127.0, 127.0) as i8;
+                let v = (v / s).round().clamp(-top, top) as i8;
                 sum += i32::from(v);
                 q[((panel * steps + k / K_STEP) * LANES + lane) * K_STEP + k % K_STEP] = v;
             }
             sums[o] = sum;
         }
         Packed {
+            kernel,
             q,
             scale,
             sums,
@@ -142,41 +166,48 @@ impl Packed {
     }
 
     /// `out = x · Wᵀ` for `n` rows of `x` (`inp` wide, row-major); `out` gets `n × self.out`
-    /// values, row-major. [`available`] must hold. With a `helper`, its thread may take the
-    /// second half of the output vectors.
-    pub fn apply(&self, x: &[f32], n: usize, out: &mut Vec<f32>, scratch: &mut Scratch, helper: Option<&Helper>) {
-        let kernel = kernel().expect("int8 products on a CPU without AVX2");
-        self.apply_with(kernel, x, n, out, scratch, helper);
-    }
-
-    /// [`Packed::apply`] by `kernel`, which the CPU must have ([`has`]).
-    pub fn apply_with(
+    /// values, row-major, each finished as `finish` says. The CPU must have the weights'
+    /// kernel ([`has`]). With a `helper`, its thread may take some of the output
+    /// vectors.
+    pub fn apply(
         &self,
-        kernel: Kernel,
         x: &[f32],
         n: usize,
         out: &mut Vec<f32>,
         scratch: &mut Scratch,
         helper: Option<&Helper>,
+        finish: Finish<'_>,
     ) {
+        let kernel = self.kernel;
         assert!(x.len() >= n * self.inp && has(kernel), "int8 product of {n} rows");
+        assert!(
+            finish.bias.len() == self.out && finish.plus.is_none_or(|p| p.len() >= n * self.out),
+            "a product's bias or residual is short"
+        );
         quantize(&x[..n * self.inp], self.inp, scratch, kernel);
         out.resize(n * self.out, 0.0);
         let job = Product {
             packed: self,
             kernel,
             x: scratch.bytes.as_ptr(),
-            words: scratch.words.as_ptr(),
             scales: scratch.scales.as_ptr(),
             zeros: scratch.zeros.as_ptr(),
             n,
             out: out.as_mut_ptr(),
+            bias: finish.bias.as_ptr(),
+            plus: finish.plus.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            gelu: finish.gelu,
         };
         let panels = self.out / LANES;
+        // Chunks of a few microseconds: VNNI's blocks of panels, two panels on AVX2.
+        let chunk = match kernel {
+            Kernel::Vnni => BLOCK_PANELS,
+            Kernel::Avx2 => 2,
+        };
         match helper {
             // SAFETY: `job` is made of the checked buffers above, which stay borrowed until
             // `share` returns.
-            Some(h) => unsafe { h.share(Job::new(&job, panels)) },
+            Some(h) => unsafe { h.share(Job::new(&job, panels, chunk)) },
             // SAFETY: as above.
             None => unsafe { job.run(0..panels) },
         }
@@ -184,17 +215,20 @@ impl Packed {
 }
 
 /// One product, as [`Packed::apply_with`] checked it: `x` has `n` rows of `packed.inp`
-/// bytes (and `words` the same as 16-bit words, for [`Kernel::Avx2`]), `scales` and `zeros`
+/// bytes, `scales` and `zeros`
 /// `n` values, `out` room for `n × packed.out` values; the CPU has `kernel`.
 struct Product<'a> {
     packed: &'a Packed,
     kernel: Kernel,
     x: *const u8,
-    words: *const i16,
     scales: *const f32,
     zeros: *const i32,
     n: usize,
     out: *mut f32,
+    /// [`Finish`]'s: `packed.out` biases, and (unless null) `n × packed.out` residuals.
+    bias: *const f32,
+    plus: *const f32,
+    gelu: bool,
 }
 
 impl Panels for Product<'_> {
@@ -245,6 +279,8 @@ impl Product<'_> {
                 }
                 m += rows;
             }
+            // SAFETY: as `run` promises; these panels' sums are all stored.
+            unsafe { self.finish(p..p + np) };
             p += np;
         }
     }
@@ -292,7 +328,7 @@ impl Product<'_> {
 }
 
 impl Product<'_> {
-    /// [`Product::products`] on AVX2: the same panels, two rows at a time.
+    /// [`Product::products`] on AVX2: the same panels, four rows at a time.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn products_avx2(&self, panels: Range<usize>) {
@@ -304,6 +340,7 @@ impl Product<'_> {
                 // the product.
                 unsafe {
                     match rows {
+                        4 => self.block_avx2::<4>(m, p),
                         3 => self.block_avx2::<3>(m, p),
                         2 => self.block_avx2::<2>(m, p),
                         _ => self.block_avx2::<1>(m, p),
@@ -311,48 +348,78 @@ impl Product<'_> {
                 }
                 m += rows;
             }
+            // SAFETY: as `run` promises; this panel's sums are all stored.
+            unsafe { self.finish(p..p + 1) };
         }
     }
 
-    /// The sums of rows `m..m + R` and the 16 outputs of panel `p`, on AVX2. A 16-byte
-    /// quarter of a packed step is 4 outputs × 4 inputs; widened to words, `vpmaddwd` with
-    /// the row's 4 inputs (as words, repeated) gives each output's sum of inputs 0–1 and of
-    /// 2–3 in two lanes, added at the end (`vphaddd`).
+    /// [`Finish`] of the outputs of `panels`, for every row, once their sums are stored:
+    /// inlined into each kernel, so its loops run as wide as the kernel's vectors.
+    ///
+    /// # Safety
+    /// As [`Panels::run`]: the panels are inside the product, and this thread has them.
+    #[inline(always)]
+    unsafe fn finish(&self, panels: Range<usize>) {
+        let (width, at) = (self.packed.out, panels.start * LANES);
+        let len = panels.len() * LANES;
+        // SAFETY: as the caller promises: `bias` has `width` values, and `out` (and `plus`,
+        // unless null) `n × width`; these outputs are this thread's alone.
+        unsafe {
+            let bias = std::slice::from_raw_parts(self.bias.add(at), len);
+            for r in 0..self.n {
+                let o = std::slice::from_raw_parts_mut(self.out.add(r * width + at), len);
+                for (o, b) in o.iter_mut().zip(bias) {
+                    *o += b;
+                }
+                if !self.plus.is_null() {
+                    let plus = std::slice::from_raw_parts(self.plus.add(r * width + at), len);
+                    for (o, p) in o.iter_mut().zip(plus) {
+                        *o += p;
+                    }
+                }
+                if self.gelu {
+                    super::model::gelu_all(o);
+                }
+            }
+        }
+    }
+
+    /// The sums of rows `m..m + R` and the 16 outputs of panel `p`, on AVX2. A 32-byte half
+    /// of a packed step is 8 outputs × 4 inputs; `vpmaddubsw` with the row's 4 input bytes
+    /// (repeated) gives each output's sums of inputs 0–1 and 2–3 in two 16-bit lanes, and
+    /// `vpmaddwd` by ones adds them into the output's 32-bit lane, in order.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block_avx2<const R: usize>(&self, m: usize, p: usize) {
         let w8 = self.packed;
         let (inp, steps) = (w8.inp, w8.inp / K_STEP);
-        let (w, x) = (w8.q.as_ptr(), self.words);
-        // SAFETY: as `products_avx2` promises: panel `p` holds `steps` vectors of 64 bytes,
-        // the rows `m..m + R` `inp` words each, and their outputs are in `out`.
+        let (w, x) = (w8.q.as_ptr(), self.x);
+        // SAFETY: as `products_avx2` promises: panel `p` holds `steps` vectors of 64 bytes
+        // (weights in −64..=64, so a pair's sum fits 16 bits), the rows `m..m + R` `inp`
+        // bytes each, and their outputs are in `out`.
         unsafe {
-            let mut acc = [[_mm256_setzero_si256(); 4]; R];
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [[_mm256_setzero_si256(); 2]; R];
+            let panel = w.add(p * steps * 64);
             for s in 0..steps {
-                let step = w.add((p * steps + s) * 64);
-                let mut a = [_mm256_setzero_si256(); R];
-                for (r, a) in a.iter_mut().enumerate() {
-                    let four = x.add((m + r) * inp + s * K_STEP).cast::<i64>().read_unaligned();
-                    *a = _mm256_set1_epi64x(four);
-                }
-                for c in 0..4 {
-                    let wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(step.add(c * 16).cast()));
-                    for (acc, a) in acc.iter_mut().zip(&a) {
-                        acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(wv, *a));
-                    }
+                let w0 = _mm256_loadu_si256(panel.add(s * 64).cast());
+                let w1 = _mm256_loadu_si256(panel.add(s * 64 + 32).cast());
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_set1_epi32(x.add((m + r) * inp + s * K_STEP).cast::<i32>().read_unaligned());
+                    let lo = _mm256_madd_epi16(_mm256_maddubs_epi16(a, w0), ones);
+                    let hi = _mm256_madd_epi16(_mm256_maddubs_epi16(a, w1), ones);
+                    acc[0] = _mm256_add_epi32(acc[0], lo);
+                    acc[1] = _mm256_add_epi32(acc[1], hi);
                 }
             }
             for (r, acc) in acc.iter().enumerate() {
                 let s = _mm256_set1_ps(*self.scales.add(m + r));
                 let z = _mm256_set1_epi32(*self.zeros.add(m + r));
-                for half in 0..2 {
-                    // [o0 o1 o4 o5 | o2 o3 o6 o7] of these 8 outputs, then in order.
-                    let sums = _mm256_hadd_epi32(acc[2 * half], acc[2 * half + 1]);
-                    let sums = _mm256_permute4x64_epi64::<0b11_01_10_00>(sums);
+                for (half, acc) in acc.iter().enumerate() {
                     let o = p * LANES + half * 8;
                     let q = _mm256_loadu_si256(w8.sums.as_ptr().add(o).cast());
-                    let sums = _mm256_sub_epi32(sums, _mm256_mullo_epi32(q, z));
+                    let sums = _mm256_sub_epi32(*acc, _mm256_mullo_epi32(q, z));
                     let v = _mm256_mul_ps(
                         _mm256_cvtepi32_ps(sums),
                         _mm256_mul_ps(_mm256_loadu_ps(w8.scale.as_ptr().add(o)), s),
@@ -364,11 +431,10 @@ impl Product<'_> {
     }
 }
 
-/// Each `inp`-wide row of `x` as `s · (u − z)`: the bytes `u` (as 16-bit words for
-/// [`Kernel::Avx2`]), the scales `s` and the zero points `z`.
+/// Each `inp`-wide row of `x` as `s · (u − z)`: the bytes `u`, the scales `s` and the zero
+/// points `z`.
 fn quantize(x: &[f32], inp: usize, scratch: &mut Scratch, kernel: Kernel) {
     scratch.bytes.clear();
-    scratch.words.clear();
     scratch.scales.clear();
     scratch.zeros.clear();
     scratch.bytes.resize(x.len(), 0);
@@ -384,26 +450,27 @@ fn quantize(x: &[f32], inp: usize, scratch: &mut Scratch, kernel: Kernel) {
         }
         #[cfg(target_arch = "x86_64")]
         if inp.is_multiple_of(8) && kernel == Kernel::Avx2 && has(Kernel::Avx2) {
-            let start = scratch.words.len();
-            scratch.words.resize(start + inp, 0);
             // SAFETY: the CPU has AVX2 and FMA, and the row's length is whole vectors of 8.
-            let (s, z) = unsafe { quantize_row_avx2(row, &mut scratch.words[start..]) };
+            let (s, z) = unsafe { quantize_row_avx2(row, bytes) };
             scratch.scales.push(s);
             scratch.zeros.push(z);
             continue;
         }
-        let (lo, hi) = row.iter().fold((0f32, 0f32), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
-        let (s, inv, z) = steps(lo, hi);
-        for (b, v) in bytes.iter_mut().zip(row) {
-            // Non-negative once clamped: adding ½ and truncating rounds to nearest.
-            *b = ((v * inv + z).clamp(0.0, 255.0) + 0.5) as u8;
-        }
-        if kernel == Kernel::Avx2 {
-            scratch.words.extend(bytes.iter().map(|&b| i16::from(b)));
-        }
+        let (s, z) = quantize_row(row, bytes);
         scratch.scales.push(s);
-        scratch.zeros.push(z as i32);
+        scratch.zeros.push(z);
     }
+}
+
+/// [`quantize`] of one row, one value at a time; returns its scale and zero point.
+fn quantize_row(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
+    let (lo, hi) = row.iter().fold((0f32, 0f32), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    let (s, inv, z) = steps(lo, hi);
+    for (b, v) in bytes.iter_mut().zip(row) {
+        // Non-negative once clamped: adding ½ and truncating rounds to nearest.
+        *b = ((v * inv + z).clamp(0.0, 255.0) + 0.5) as u8;
+    }
+    (s, z as i32)
 }
 
 /// A row between `lo` and `hi` (`lo ≤ 0 ≤ hi`) in 255 steps: the step `s`, `1 / s`, and
@@ -439,12 +506,12 @@ unsafe fn quantize_row_avx512(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
     }
 }
 
-/// [`quantize`] of one row to 16-bit words, 8 values at a time, as
-/// [`quantize_row_avx512`] rounds them; returns its scale and zero point.
+/// [`quantize`] of one row, 8 values at a time, rounded as
+/// [`quantize_row_avx512`] rounds; returns its scale and zero point.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_avx2(row: &[f32], words: &mut [i16]) -> (f32, i32) {
-    // SAFETY: as the caller promises: `row` and `words` are `row.len()` long, a multiple
+unsafe fn quantize_row_avx2(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
+    // SAFETY: as the caller promises: `row` and `bytes` are `row.len()` long, a multiple
     // of 8, so every load and store below is inside them.
     unsafe {
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -461,13 +528,15 @@ unsafe fn quantize_row_avx2(row: &[f32], words: &mut [i16]) -> (f32, i32) {
         let (s, inv, z) = steps(lo, hi);
         let (vinv, vz, top) = (_mm256_set1_ps(inv), _mm256_set1_ps(z), _mm256_set1_ps(255.0));
         let half = _mm256_set1_ps(0.5);
-        for (c, w) in row.chunks_exact(8).zip(words.chunks_exact_mut(8)) {
+        for (c, b) in row.chunks_exact(8).zip(bytes.chunks_exact_mut(8)) {
             let v = _mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr()), vinv, vz);
             let v = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), top), half);
-            // 8 values in 0..=255: as words [0..4 0..4 | 4..8 4..8], then the two halves' first.
+            // 8 values in 0..=255: as words [0..4 0..4 | 4..8 4..8], as bytes [0..4 × 4 |
+            // 4..8 × 4], then the two halves' first four.
             let v = _mm256_packus_epi32(_mm256_cvttps_epi32(v), _mm256_setzero_si256());
-            let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
-            _mm_storeu_si128(w.as_mut_ptr().cast(), _mm256_castsi256_si128(v));
+            let v = _mm256_packus_epi16(v, _mm256_setzero_si256());
+            let v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+            _mm_storel_epi64(b.as_mut_ptr().cast(), _mm256_castsi256_si128(v));
         }
         (s, z as i32)
     }
@@ -484,48 +553,80 @@ mod tests {
             eprintln!("neither AVX-512 VNNI nor AVX2 here: the int8 products are not checked");
             return;
         }
-        let (out, inp) = (48, 36);
-        let w: Vec<f32> = (0..out * inp)
-            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
-            .collect();
-        let packed = Packed::new(&w, out, inp);
-        let mut first: Vec<Vec<f32>> = Vec::new();
-        for kernel in kernels {
-            for (i, n) in [1, 3, 4, 5, 9].into_iter().enumerate() {
-                let x: Vec<f32> = (0..n * inp)
-                    .map(|i| ((i * 104_729 % 997) as f32 / 400.0) - 1.2)
-                    .collect();
-                let (mut got, mut scratch) = (Vec::new(), Scratch::default());
-                packed.apply_with(kernel, &x, n, &mut got, &mut scratch, None);
-                assert_eq!(got.len(), n * out);
-                let session = Helper::begin();
-                let mut two = Vec::new();
-                packed.apply_with(
-                    kernel,
-                    &x,
-                    n,
-                    &mut two,
-                    &mut scratch,
-                    session.as_ref().map(|s| s.helper),
-                );
-                assert_eq!(got, two, "{kernel:?}: two threads give the same product");
-                // The sums are whole numbers in i32 either way: the kernels agree exactly.
-                match first.get(i) {
-                    Some(f) => assert_eq!(&got, f, "{kernel:?} against the first kernel, n {n}"),
-                    None => first.push(got.clone()),
-                }
-                for r in 0..n {
-                    for o in 0..out {
-                        let want: f32 = (0..inp).map(|k| x[r * inp + k] * w[o * inp + k]).sum();
-                        let bound =
-                            0.02 * (0..inp).map(|k| (x[r * inp + k] * w[o * inp + k]).abs()).sum::<f32>() + 1e-3;
-                        assert!(
-                            (got[r * out + o] - want).abs() <= bound,
-                            "{kernel:?}, n {n}, row {r}, out {o}: {} against {want}",
-                            got[r * out + o]
-                        );
+        // 36 inputs are quantized one at a time, 64 by vectors.
+        for (out, inp) in [(48, 36), (32, 64)] {
+            let w: Vec<f32> = (0..out * inp)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+                .collect();
+            for &kernel in &kernels {
+                let packed = Packed::new_for(kernel, &w, out, inp);
+                for n in [1, 3, 4, 5, 9] {
+                    let x: Vec<f32> = (0..n * inp)
+                        .map(|i| ((i * 104_729 % 997) as f32 / 400.0) - 1.2)
+                        .collect();
+                    let bias: Vec<f32> = (0..out).map(|o| o as f32 / 100.0).collect();
+                    let plus: Vec<f32> = (0..n * out).map(|i| (i % 7) as f32 / 10.0).collect();
+                    let finish = Finish {
+                        bias: &bias,
+                        plus: Some(&plus),
+                        gelu: false,
+                    };
+                    let (mut got, mut scratch) = (Vec::new(), Scratch::default());
+                    packed.apply(&x, n, &mut got, &mut scratch, None, finish);
+                    assert_eq!(got.len(), n * out);
+                    let session = Helper::begin();
+                    let mut two = Vec::new();
+                    packed.apply(
+                        &x,
+                        n,
+                        &mut two,
+                        &mut scratch,
+                        session.as_ref().map(|s| s.helper),
+                        finish,
+                    );
+                    assert_eq!(got, two, "{kernel:?}: two threads give the same product");
+                    let mut gelu = Vec::new();
+                    let finish = Finish { gelu: true, ..finish };
+                    packed.apply(&x, n, &mut gelu, &mut scratch, None, finish);
+                    super::super::model::gelu_all(&mut two);
+                    assert_eq!(gelu, two, "{kernel:?}: GELU after the sums");
+                    for r in 0..n {
+                        for o in 0..out {
+                            let want: f32 = (0..inp).map(|k| x[r * inp + k] * w[o * inp + k]).sum::<f32>()
+                                + bias[o]
+                                + plus[r * out + o];
+                            let bound =
+                                0.02 * (0..inp).map(|k| (x[r * inp + k] * w[o * inp + k]).abs()).sum::<f32>() + 1e-3;
+                            assert!(
+                                (got[r * out + o] - want).abs() <= bound,
+                                "{kernel:?}, {inp} inputs, n {n}, row {r}, out {o}: {} against {want}",
+                                got[r * out + o]
+                            );
+                        }
                     }
                 }
+            }
+        }
+    }
+
+    /// The vector loops quantize a row to the bytes, scale and zero point the plain one
+    /// gives, extremes and all.
+    #[test]
+    fn rows_are_quantized_as_the_plain_loop_quantizes_them() {
+        let rows: [Vec<f32>; 4] = [
+            (0..64).map(|i| ((i * 37 % 61) as f32 / 7.0) - 3.0).collect(),
+            (0..64).map(|i| i as f32 / 10.0).collect(),
+            (0..64).map(|i| -(i as f32) * 1e-3).collect(),
+            vec![0.0; 64],
+        ];
+        for kernel in [Kernel::Vnni, Kernel::Avx2].into_iter().filter(|&k| has(k)) {
+            for row in &rows {
+                let mut scratch = Scratch::default();
+                quantize(row, row.len(), &mut scratch, kernel);
+                let mut plain = vec![0u8; row.len()];
+                let (s, z) = quantize_row(row, &mut plain);
+                assert_eq!(scratch.bytes, plain, "{kernel:?}");
+                assert_eq!((scratch.scales[0], scratch.zeros[0]), (s, z), "{kernel:?}");
             }
         }
     }
@@ -533,9 +634,14 @@ mod tests {
     #[test]
     fn a_zero_row_is_zero() {
         for kernel in [Kernel::Vnni, Kernel::Avx2].into_iter().filter(|&k| has(k)) {
-            let packed = Packed::new(&[0.0; 16 * 4], 16, 4);
+            let packed = Packed::new_for(kernel, &[0.0; 16 * 4], 16, 4);
             let (mut got, mut scratch) = (Vec::new(), Scratch::default());
-            packed.apply_with(kernel, &[0.0; 8], 2, &mut got, &mut scratch, None);
+            let finish = Finish {
+                bias: &[0.0; 16],
+                plus: None,
+                gelu: false,
+            };
+            packed.apply(&[0.0; 8], 2, &mut got, &mut scratch, None, finish);
             assert_eq!(got, vec![0.0; 32]);
         }
     }
