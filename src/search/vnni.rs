@@ -13,14 +13,15 @@
 //! 10-token request 12.5 ms with `matrixmultiply`, which also packs every weight on every
 //! call; int8 weights are 10.6 MB instead of 42 MB, read once per product in the order
 //! the kernel wants them. A search's request shares each product with the process's helper
-//! thread ([`super::helper`]), as on AMX. BENCHMARKS.md ("Session 16") has the figures and
-//! what int8 does to the vectors (cosine to f32 0.998–0.999) and to recall (the same).
+//! thread ([`super::helper`]), as on AMX. BENCHMARKS.md ("Session 16", and "Session 21" for
+//! AVX2) has the figures and what int8 does to the vectors (cosine to f32 0.998–0.999 on
+//! VNNI, 0.995–0.998 on AVX2) and to recall (the same, one request less at most).
 //!
-//! A weight row (one output) is `scale · q` with `q` in −127..=127; an input row is
-//! `s · (u − z)` with `u` in 0..=255, `s` and `z` set by the row's least and greatest values
-//! (`vpdpbusd` takes unsigned × signed bytes; a row after GELU is mostly on one side of 0,
-//! so this keeps twice the steps of a scale symmetric about 0); `z · Σq` is taken off
-//! each output's sum.
+//! A weight row (one output) is `scale · q` with `q` in −127..=127 (−64..=64 on AVX2); an
+//! input row is `s · (u − z)` with `u` in 0..=255, `s` and `z` set by the row's least and
+//! greatest values (`vpdpbusd` takes unsigned × signed bytes; a row after GELU is mostly on
+//! one side of 0, so this keeps twice the steps of a scale symmetric about 0); `z · Σq` is
+//! taken off each output's sum.
 #![allow(unsafe_code)]
 
 use super::helper::{Helper, Job, Panels};
