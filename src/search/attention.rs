@@ -24,7 +24,7 @@ pub fn short(
         "attention of {n} tokens"
     );
     assert!(
-        bias.is_empty() || bias.len() >= (2 * n - 1) * heads,
+        bias.is_empty() || bias.len() >= (2 * n).saturating_sub(1) * heads,
         "a short relative bias"
     );
     let job = Heads {
