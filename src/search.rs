@@ -40,6 +40,7 @@
 
 mod amx;
 mod attention;
+mod cosines;
 pub mod eval;
 mod helper;
 mod loose;
@@ -507,18 +508,26 @@ impl Index {
         self.search_by(query, None, limit, visible)
     }
 
-    /// The model that ranks by meaning, once [`Index::attach`] is done: its
-    /// [`semantic::Semantic::model`] makes the vector [`Index::search_by`] takes.
+    /// The model that ranks by meaning, once [`Index::attach`] is done.
     pub fn semantic(&self) -> Option<std::sync::Arc<semantic::Semantic>> {
         self.dense.get().map(|d| d.semantic.clone())
     }
 
-    /// [`Index::search`], with the request's vector already made by [`Index::semantic`]'s
-    /// model (so a caller can make it off its thread); `None` makes it here when needed.
+    /// The cosine of `query`'s vector with each tool that has a vector (see
+    /// [`semantic::MAX_MODEL_TOOLS`]), once [`Index::attach`] is done: milliseconds of
+    /// CPU, so a caller makes them off the thread that serves requests, then passes them
+    /// to [`Index::search_by`].
+    pub fn cosines(&self, query: &str) -> Option<Vec<f32>> {
+        let dense = self.dense.get()?;
+        Some(dense.semantic.model.embed_now_with_dots(query, &dense.vectors).1)
+    }
+
+    /// [`Index::search`], with [`Index::cosines`] already made (so a caller can make them
+    /// off its thread); `None`, or cosines of another catalog, makes them here when needed.
     pub fn search_by(
         &self,
         query: &str,
-        vector: Option<&[f32]>,
+        cosines: Option<&[f32]>,
         limit: usize,
         visible: impl Fn(&str) -> bool,
     ) -> Vec<Hit<'_>> {
@@ -577,16 +586,17 @@ impl Index {
                 let best = scores.iter().copied().fold(0f32, f32::max);
                 let scale = if best > 0.0 { 1.0 / best } else { 0.0 };
                 let made;
-                let q = match vector.filter(|v| v.len() == dense.semantic.model.dim()) {
-                    Some(v) => v,
+                let tools = dense.vectors.len() / dense.semantic.model.dim().max(1);
+                let cosines = match cosines.filter(|c| c.len() == tools) {
+                    Some(c) => c,
                     None => {
-                        made = dense.semantic.model.embed_now(query);
+                        made = dense.semantic.model.embed_now_with_dots(query, &dense.vectors).1;
                         &made
                     }
                 };
                 scores
                     .iter()
-                    .zip(dense.cosines(q))
+                    .zip(cosines.iter().copied().chain(std::iter::repeat(0.0)))
                     .enumerate()
                     .filter(|(_, (s, cos))| **s > 0.0 || *cos >= self.tuning.min_cosine)
                     .map(|(d, (s, cos))| (d as u32, s * scale + self.tuning.semantic * cos))
@@ -1054,6 +1064,61 @@ mod tests {
         assert_eq!(once.len(), 40, "{once:?}");
         assert_eq!(Index::words(&format!("{q}{q}")), once);
         assert_eq!(Index::words("open open the issue open"), ["open", "issu"]);
+    }
+
+    /// The request's vector and cosines on 1,000 tools, as a search made them before
+    /// session 22 (the cosines on the searching thread alone, after the vector) and as
+    /// now ([`model::Model::embed_now_with_dots`]), alternated request by request so
+    /// that both see the same moments of a noisy machine.
+    /// `cargo test --release --lib search::tests::speed -- --ignored --nocapture`
+    #[test]
+    #[ignore = "prints timings; needs the search model"]
+    fn speed_of_the_cosines() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/search");
+        let f = eval::Fixture::load(&dir).expect("fixture");
+        let catalog = eval::Fixture::catalog(&f.padded(1000));
+        let index = catalog.search_index();
+        let semantic = semantic::Semantic::shared(&model::tests::model_dir()).expect("model");
+        index.attach(&semantic);
+        let dense = index.dense.get().expect("vectors");
+        let model = &dense.semantic.model;
+        let requests: Vec<&str> = f.queries.iter().chain(&f.heldout).map(|q| q.query.as_str()).collect();
+        let (mut before, mut now, mut rest) = (vec![], vec![], vec![]);
+        for round in 0..6 {
+            for (i, r) in requests.iter().enumerate() {
+                let old = (round + i) % 2 == 0;
+                let t0 = std::time::Instant::now();
+                let cosines = if old {
+                    let v = model.embed_now(r);
+                    let mut c = vec![0f32; dense.vectors.len() / v.len()];
+                    model::dots_into(&dense.vectors, &v, &mut c);
+                    c
+                } else {
+                    model.embed_now_with_dots(r, &dense.vectors).1
+                };
+                let took = t0.elapsed().as_secs_f64() * 1e6;
+                // What the gateway's I/O thread then does: the words, and the ranking.
+                let t0 = std::time::Instant::now();
+                std::hint::black_box(index.search_by(r, Some(&cosines), 8, |_| true));
+                rest.push(t0.elapsed().as_secs_f64() * 1e6);
+                if old {
+                    before.push(took);
+                } else {
+                    now.push(took);
+                }
+            }
+        }
+        let p50 = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        eprintln!(
+            "{} requests x 3, vector and cosines: p50 {:.0} us before, {:.0} us now; the rest of the search {:.0} us",
+            requests.len(),
+            p50(&mut before),
+            p50(&mut now),
+            p50(&mut rest),
+        );
     }
 
     fn tool(v: Value) -> String {

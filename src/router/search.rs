@@ -171,13 +171,16 @@ pub(super) async fn search_tools(cx: &Call<'_>, p: &Members) -> Outcome {
         Err(e) => return e.into(),
     };
     let index = cx.topo.catalog.search_index();
-    // With a model, the request's vector takes milliseconds of CPU: made on the blocking
-    // pool, not on the thread that serves every other request.
-    let vector = match index.semantic() {
+    // With a model, the request's vector and its cosines take milliseconds of CPU: made
+    // on the blocking pool, not on the thread that serves every other request.
+    let cosines = match index.semantic() {
         Some(semantic) => match semantic.permits.acquire().await {
             Ok(_permit) => {
-                let (q, s) = (query.clone(), semantic.clone());
-                tokio::task::spawn_blocking(move || s.model.embed_now(&q)).await.ok()
+                let (q, catalog) = (query.clone(), cx.topo.catalog.clone());
+                tokio::task::spawn_blocking(move || catalog.search_index().cosines(&q))
+                    .await
+                    .ok()
+                    .flatten()
             }
             Err(_) => None,
         },
@@ -185,7 +188,7 @@ pub(super) async fn search_tools(cx: &Call<'_>, p: &Members) -> Outcome {
     };
     // What the caller may see: its allowlist, and the view of its endpoint.
     let tools = &cx.topo.catalog.tools;
-    let hits = index.search_by(&query, vector.as_deref(), limit, |name| {
+    let hits = index.search_by(&query, cosines.as_deref(), limit, |name| {
         cx.visible(name) && (cx.view.is_none() || tools.get(name).is_some_and(|r| cx.sees(name, r.server, true)))
     });
     let mut tools = String::from(r#"{"tools":["#);

@@ -393,6 +393,12 @@ impl Model {
     /// ([`super::helper::Helper`]). A catalog's vectors are made one thread at a time
     /// ([`Model::embed_document`]), in the background.
     pub fn embed_now(&self, text: &str) -> Vec<f32> {
+        self.embed_now_with_dots(text, &[]).0
+    }
+
+    /// [`Model::embed_now`], and the dot product of its vector with each of the rows of
+    /// `rows` (a catalog's vectors, [`Model::dim`] wide), shared with the helper too.
+    pub fn embed_now_with_dots(&self, text: &str, rows: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let ids = self
             .tokenizer
             .encode(&prompted(&self.query_prompt, text), self.max_tokens.min(QUERY_TOKENS));
@@ -401,7 +407,10 @@ impl Model {
             .first()
             .is_some_and(|l| l.up.packed.is_some() || l.up.int8.is_some());
         let session = if shared { super::helper::Helper::begin() } else { None };
-        self.embed_ids(&ids, session.as_ref().map(|s| s.helper))
+        let helper = session.as_ref().map(|s| s.helper);
+        let v = self.embed_ids(&ids, helper);
+        let dots = super::cosines::shared(rows, &v, helper);
+        (v, dots)
     }
 
     fn embed_ids(&self, ids: &[u32], helper: Option<&super::helper::Helper>) -> Vec<f32> {
@@ -686,40 +695,43 @@ fn gemm(
 /// Texts of at most this many tokens get their attention in plain loops.
 pub(super) const SHORT: usize = 32;
 
-/// The dot product of `query` with each of the rows of `rows` (`query.len()` wide): a
-/// search's cosines, 16 lanes at a time where the CPU has AVX-512, 8 with AVX2 (a sum in
-/// order, one add waiting on the last, took 0.4 ms for 1,000 tools).
-pub fn dots(rows: &[f32], query: &[f32]) -> Vec<f32> {
+/// The dot product of `query` with each of the rows of `rows` (`query.len()` wide), into
+/// `out`, as many rows as both have: a search's cosines, 16 lanes at a time where the CPU
+/// has AVX-512, 8 with AVX2 (a sum in order, one add waiting on the last, took 0.4 ms for
+/// 1,000 tools).
+pub fn dots_into(rows: &[f32], query: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX-512F, checked just above.
-        return unsafe { dots_avx512(rows, query) };
+        return unsafe { dots_avx512(rows, query, out) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX2 and FMA, checked just above.
-        return unsafe { dots_avx2(rows, query) };
+        return unsafe { dots_avx2(rows, query, out) };
     }
-    dots_loop(rows, query)
+    dots_loop(rows, query, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn dots_avx2(rows: &[f32], query: &[f32]) -> Vec<f32> {
-    dots_loop(rows, query)
+fn dots_avx2(rows: &[f32], query: &[f32], out: &mut [f32]) {
+    dots_loop(rows, query, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn dots_avx512(rows: &[f32], query: &[f32]) -> Vec<f32> {
-    dots_loop(rows, query)
+fn dots_avx512(rows: &[f32], query: &[f32], out: &mut [f32]) {
+    dots_loop(rows, query, out)
 }
 
 #[inline(always)]
-fn dots_loop(rows: &[f32], query: &[f32]) -> Vec<f32> {
-    rows.chunks_exact(query.len().max(1)).map(|r| dot(r, query)).collect()
+fn dots_loop(rows: &[f32], query: &[f32], out: &mut [f32]) {
+    for (o, r) in out.iter_mut().zip(rows.chunks_exact(query.len().max(1))) {
+        *o = dot(r, query);
+    }
 }
 
 /// `a · b`, in 16 partial sums (so it vectorizes).

@@ -110,16 +110,6 @@ pub struct Dense {
     pub vectors: Vec<f32>,
 }
 
-impl Dense {
-    /// The cosine of `query` (a vector) with each tool; 0 for a tool past the vectors
-    /// made ([`MAX_MODEL_TOOLS`]).
-    pub fn cosines(&self, query: &[f32]) -> impl Iterator<Item = f32> {
-        super::model::dots(&self.vectors, query)
-            .into_iter()
-            .chain(std::iter::repeat(0.0))
-    }
-}
-
 /// A job for the [`Worker`].
 pub type Job = Box<dyn FnOnce() + Send>;
 
