@@ -1,7 +1,8 @@
 //! What in a client config is a credential: by the name it is given (an `env` or `headers`
 //! key, a flag, a `NAME=VALUE`, a JSON member, a URL query parameter), by where it is (a
-//! URL's password, after `Bearer`), and by its shape (a known token prefix, a JWT, a
-//! random-looking run). Used by `import` so that no secret is written out.
+//! URL's password, a UUID in a URL's path, after `Bearer`), and by its shape (a known
+//! token prefix, a JWT, JSON in base64, a random-looking run). Used by `import` so that
+//! no secret is written out.
 
 use std::ops::Range;
 
@@ -230,6 +231,19 @@ pub fn token_like(run: &str, random: bool) -> bool {
         })
 }
 
+/// `8-4-4-4-12` hexadecimal digits.
+fn uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| {
+            if matches!(i, 8 | 13 | 18 | 23) {
+                *c == b'-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        })
+}
+
 /// Characters that end a `NAME=VALUE` value or start its name.
 fn bound(c: char) -> bool {
     c.is_whitespace()
@@ -381,6 +395,78 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
             }
         }
     }
+    // JSON in base64 (`eyJ` is `{"`), as Smithery's `?config=` carries a server's whole
+    // configuration, its keys with it: taken whole, whatever it holds. In a URL's path a
+    // `/` ends it; elsewhere it is of the alphabet, as are `%2B`, `%2F` and `%3D`.
+    let (scheme_at, query_at) = (s.find("://"), s.find('?'));
+    let mut from = 0;
+    while let Some(i) = s[from..].find("eyJ").map(|i| i + from) {
+        from = i + 3;
+        if s[..i].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric()) {
+            continue;
+        }
+        let in_path = scheme_at.is_some_and(|a| a < i) && query_at.is_none_or(|q| q > i);
+        let b = s.as_bytes();
+        let mut end = i;
+        while end < b.len() {
+            let c = b[end];
+            if c.is_ascii_alphanumeric() || matches!(c, b'+' | b'_' | b'-' | b'.') || (c == b'/' && !in_path) {
+                end += 1;
+            } else if c == b'%'
+                && b.get(end + 1..end + 3).is_some_and(|h| {
+                    let h = h.to_ascii_uppercase();
+                    h == b"2B" || h == b"2F" || h == b"3D"
+                })
+            {
+                end += 3;
+            } else {
+                break;
+            }
+        }
+        while end > i && b[end - 1] == b'.' {
+            end -= 1;
+        }
+        while end < b.len() && b[end] == b'=' {
+            end += 1;
+        }
+        // A JWT (`eyJ….eyJ….…`) is found by its shape, below.
+        if end - i >= 20 && !s[i..end].contains('.') {
+            add(i..end, "config", "JSON in base64, which may hold credentials");
+        }
+        // The rest of this run is judged with it (so a run of `eyJ.eyJ.…` stays linear).
+        from = from.max(end);
+    }
+    // A UUID in an `http(s)` URL's path: Composio's and Pipedream's server URLs are the
+    // credential, by convention, and nothing tells them from an ordinary id.
+    let mut from = 0;
+    while let Some(i) = s[from..].find("://").map(|i| i + from) {
+        let scheme_start = s[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+'))
+            .map_or(0, |j| j + 1);
+        let web = matches!(s[scheme_start..i].to_ascii_lowercase().as_str(), "http" | "https");
+        let start = i + 3;
+        let end = s[start..]
+            .find(|c: char| c == '?' || c == '#' || c.is_whitespace() || c == '"')
+            .map_or(s.len(), |e| start + e);
+        from = end.max(start);
+        let Some(path) = s[start..end].find('/').map(|p| start + p) else {
+            continue;
+        };
+        if !web {
+            continue;
+        }
+        let mut at = path;
+        for segment in s[path..end].split('/') {
+            if uuid(segment) {
+                add(
+                    at..at + segment.len(),
+                    "id",
+                    "a UUID in a URL's path, which may be its credential",
+                );
+            }
+            at += segment.len() + 1;
+        }
+    }
     // Tokens by their shape, anywhere; not a digest (`@sha256:…`, `@<commit>`).
     let run_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.';
     let mut i = 0;
@@ -509,6 +595,34 @@ mod tests {
                 "https://mcp.example/s/Zm9vYmFyQmF6cXV4MTIzNDU2Nzg5MA/mcp",
                 vec!["Zm9vYmFyQmF6cXV4MTIzNDU2Nzg5MA"],
             ),
+            // Smithery's configuration, base64 as `btoa` writes it (`+`, `/`, `=`), and
+            // percent-encoded.
+            (
+                "https://server.smithery.ai/@x/github/mcp?config=eyJnaXRodWJUb2tlbiI6ImFiYyJ9&profile=p",
+                vec!["eyJnaXRodWJUb2tlbiI6ImFiYyJ9"],
+            ),
+            (
+                "https://s.example/mcp?config=eyJrIjoi+/v/Pz8/Pz8/Pz8ifQ==",
+                vec!["eyJrIjoi+/v/Pz8/Pz8/Pz8ifQ=="],
+            ),
+            (
+                "https://s.example/mcp?config=eyJrIjoi%2B%2Fv%2FPz8ifQ%3D%3D&x=1",
+                vec!["eyJrIjoi%2B%2Fv%2FPz8ifQ%3D%3D"],
+            ),
+            ("--config eyJhcGlLZXkiOiJ4eXoifQ", vec!["eyJhcGlLZXkiOiJ4eXoifQ"]),
+            (
+                "https://s.example/eyJhcGlLZXkiOiJ4eXoifQ/mcp",
+                vec!["eyJhcGlLZXkiOiJ4eXoifQ"],
+            ),
+            // Composio's and Pipedream's URLs.
+            (
+                "https://mcp.composio.dev/composio/server/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0/mcp?user_id=u",
+                vec!["0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"],
+            ),
+            (
+                "https://mcp.pipedream.net/0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0/gmail",
+                vec!["0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0"],
+            ),
         ] {
             assert_eq!(secrets(text), want, "{text}");
         }
@@ -535,6 +649,11 @@ mod tests {
             "git@github.com:org/repo.git",
             "user@example.com",
             "postgresql://postgres@localhost/shop",
+            "postgresql://db/123e4567-e89b-12d3-a456-426614174000",
+            "https://example.com/docs?id=123e4567-e89b-12d3-a456-426614174000",
+            "https://example.com/keyJohn/mcp",
+            "eyJ",
+            "SurveyJsonSchemaForTheTeam",
         ] {
             assert_eq!(secrets(plain), Vec::<&str>::new(), "{plain}");
         }

@@ -20,6 +20,10 @@ const SECRETS: &[&str] = &[
     "SECRETnotionjson0123456789",
     "SECRETmysql0123456789",
     "SECRETlibpq0123456789",
+    // Smithery's `?config=`, base64 of `{"githubPersonalAccessToken":"SECRETsmithery…"}`,
+    // and Composio's server id.
+    "eyJnaXRodWJQZXJzb25hbEFjY2Vzc1Rva2VuIjoiU0VDUkVUc21pdGhlcnkwMTIzNDU2Nzg5In0",
+    "5e0b7c1a-93d2-4f6e-b8a1-0c2d3e4f5a6b",
 ];
 
 /// Every sample, at the place its client keeps it (`.cursor/mcp.json`, `.vscode/mcp.json`,
@@ -85,6 +89,8 @@ fn every_format_becomes_servers_with_secrets_as_references() {
         "fetch",
         "grafana",
         "zapier",
+        "github-smithery",
+        "gmail",
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
@@ -214,6 +220,16 @@ fn every_format_becomes_servers_with_secrets_as_references() {
         servers["zapier"]["url"].as_str(),
         Some("https://mcp.zapier.example/api/mcp?api_key=${ZAPIER_API_KEY}")
     );
+    // Smithery's configuration in base64 and Composio's id in the path: whole, as
+    // variables.
+    assert_eq!(
+        servers["github-smithery"]["url"].as_str(),
+        Some("https://server.smithery.example/@smithery-ai/github/mcp?config=${GITHUB_SMITHERY_CONFIG}&profile=work")
+    );
+    assert_eq!(
+        servers["gmail"]["url"].as_str(),
+        Some("https://mcp.composio.example/composio/server/${GMAIL_ID}/mcp?include_composio_helper_actions=true")
+    );
     // The variables to export are listed, without values.
     for v in [
         "SENTRY_AUTHORIZATION",
@@ -223,6 +239,8 @@ fn every_format_becomes_servers_with_secrets_as_references() {
         "BRAVE_SEARCH_API_KEY",
         "STRIPE_API_KEY",
         "ZAPIER_API_KEY",
+        "GITHUB_SMITHERY_CONFIG",
+        "GMAIL_ID",
     ] {
         assert!(toml.contains(&format!("#   export {v}=...")), "{toml}");
     }
