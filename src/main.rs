@@ -112,7 +112,19 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     }
-    let (runtime, busy_poll) = match runtime(config.gateway.worker_threads, config.gateway.busy_poll) {
+    // A CPU quota bills the poll's spinning and throttles the process for it: unless the
+    // file asks for a busy poll, there is none.
+    let quota = if config.gateway.busy_poll_set || config.gateway.busy_poll.is_zero() {
+        None
+    } else {
+        mcp_gateway::runtime::cpu_quota()
+    };
+    let budget = if quota.is_some() {
+        std::time::Duration::ZERO
+    } else {
+        config.gateway.busy_poll
+    };
+    let (runtime, busy_poll) = match runtime(config.gateway.worker_threads, budget) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mcp-gateway: cannot start the runtime: {e}");
@@ -125,6 +137,12 @@ fn main() -> ExitCode {
         let _rt = runtime.enter();
         mcp_gateway::init_telemetry(&config.telemetry, &log_filter())
     };
+    if let Some((cpus, file)) = &quota {
+        tracing::info!(
+            "gateway.busy_poll is off: this process has a CPU quota of {cpus:.2} CPUs ({}), which the poll would spend; set gateway.busy_poll to poll anyway",
+            file.display()
+        );
+    }
     match busy_poll {
         mcp_gateway::runtime::BusyPoll::NotFound(n) => tracing::warn!(
             "gateway.busy_poll is off: building the runtime opened {n} epoll descriptors, not one, so none is known to poll"

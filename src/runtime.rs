@@ -18,7 +18,8 @@
 //! waits lasted, and spins only while that average is within the budget. An idle gateway,
 //! one whose calls come seconds apart, or one waiting on slow servers never spins; a
 //! gateway whose waits are short (fast servers, steady load) spins at most the budget a
-//! wait. One thread spins at a time. Zero turns it off; it is Linux only.
+//! wait. One thread spins at a time. Zero turns it off; so does a CPU quota ([`cpu_quota`])
+//! when the config does not set it. It is Linux only.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -190,9 +191,132 @@ fn epoll_fds() -> Vec<(u64, i32)> {
         .collect()
 }
 
+/// The CPU quota this process runs under, in CPUs, and the file that sets it: the
+/// tightest `cpu.max` (cgroup v2) or `cpu.cfs_quota_us` (v1) of its cgroup and the ones
+/// above it that this process can see; `None` without one (or off Linux).
+pub fn cpu_quota() -> Option<(f64, std::path::PathBuf)> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    quota_in(&cgroup, &mounts, |p| std::fs::read_to_string(p).ok())
+}
+
+/// [`cpu_quota`] from the texts of `/proc/self/cgroup` and `/proc/self/mountinfo`, with
+/// `read` for the control files.
+fn quota_in(
+    cgroup: &str,
+    mountinfo: &str,
+    read: impl Fn(&std::path::Path) -> Option<String>,
+) -> Option<(f64, std::path::PathBuf)> {
+    use std::path::{Path, PathBuf};
+    // Mount points: (fstype, root, mount point, super options).
+    let mounts: Vec<(&str, &str, &str, &str)> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let f: Vec<&str> = left.split(' ').collect();
+            let r: Vec<&str> = right.split(' ').collect();
+            Some((*r.first()?, *f.get(3)?, *f.get(4)?, *r.get(2)?))
+        })
+        .collect();
+    let mut best: Option<(f64, PathBuf)> = None;
+    for line in cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let v2 = controllers.is_empty();
+        if !v2 && !controllers.split(',').any(|c| c == "cpu") {
+            continue;
+        }
+        let Some((_, root, at, _)) = mounts.iter().find(|(fs, _, _, opts)| {
+            if v2 {
+                *fs == "cgroup2"
+            } else {
+                *fs == "cgroup" && opts.split(',').any(|o| o == "cpu")
+            }
+        }) else {
+            continue;
+        };
+        // The cgroup's path as seen below the mount (a container mounts its own subtree).
+        let rel = path.strip_prefix(root.trim_end_matches('/')).unwrap_or(path);
+        let mut dir = Path::new(at).join(rel.trim_start_matches('/'));
+        loop {
+            let quota = if v2 {
+                let f = dir.join("cpu.max");
+                read(&f).and_then(|t| {
+                    let mut w = t.split_whitespace();
+                    let q: f64 = w.next()?.parse().ok()?;
+                    let period: f64 = w.next().unwrap_or("100000").parse().ok()?;
+                    (q > 0.0 && period > 0.0).then(|| (q / period, f))
+                })
+            } else {
+                let f = dir.join("cpu.cfs_quota_us");
+                read(&f).and_then(|t| {
+                    let q: f64 = t.trim().parse().ok()?;
+                    let period: f64 = read(&dir.join("cpu.cfs_period_us"))?.trim().parse().ok()?;
+                    (q > 0.0 && period > 0.0).then(|| (q / period, f))
+                })
+            };
+            if let Some((q, f)) = quota {
+                if best.as_ref().is_none_or(|(b, _)| q < *b) {
+                    best = Some((q, f));
+                }
+            }
+            if dir.as_path() == Path::new(at) || !dir.pop() {
+                break;
+            }
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cpu_quota_is_read_from_either_cgroup_version_and_the_tightest_wins() {
+        use std::collections::HashMap;
+        use std::path::Path;
+        let files: HashMap<&str, &str> = [
+            ("/sys/fs/cgroup/cpu/app/cpu.cfs_quota_us", "150000\n"),
+            ("/sys/fs/cgroup/cpu/app/cpu.cfs_period_us", "100000\n"),
+            ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n"),
+            ("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n"),
+            ("/sys/fs/cgroup/kubepods/pod1/cpu.max", "max 100000\n"),
+            ("/sys/fs/cgroup/kubepods/cpu.max", "50000 100000\n"),
+            ("/sys/fs/cgroup/cpu.max", "max 100000\n"),
+        ]
+        .into_iter()
+        .collect();
+        let read = |p: &Path| files.get(p.to_str().unwrap_or("")).map(|s| s.to_string());
+        let v1_mounts = "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
+                         32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n";
+        let v2_mounts = "30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+        // v1: the cgroup's own quota, 1.5 CPUs; the root's -1 is none.
+        let (q, f) = quota_in("2:cpuacct:/\n1:cpu:/app\n", v1_mounts, read).expect("v1 quota");
+        assert_eq!((q, f.to_str()), (1.5, Some("/sys/fs/cgroup/cpu/app/cpu.cfs_quota_us")));
+        // v2: none on the pod, half a CPU on its parent.
+        let (q, f) = quota_in("0::/kubepods/pod1\n", v2_mounts, read).expect("v2 quota");
+        assert_eq!((q, f.to_str()), (0.5, Some("/sys/fs/cgroup/kubepods/cpu.max")));
+        // A container that mounts its own subtree at the mount point.
+        let bound = "30 23 0:27 /kubepods /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let inside = |p: &Path| {
+            read(Path::new(
+                &p.to_str()?.replace("/sys/fs/cgroup", "/sys/fs/cgroup/kubepods"),
+            ))
+        };
+        assert_eq!(
+            quota_in("0::/kubepods/pod1\n", bound, inside).map(|(q, _)| q),
+            Some(0.5)
+        );
+        // None: no quota anywhere, no cpu controller, nothing mounted, garbage.
+        assert_eq!(quota_in("0::/\n", v2_mounts, read), None);
+        assert_eq!(quota_in("1:cpu:/\n", v1_mounts, read), None);
+        assert_eq!(quota_in("1:memory:/app\n", v1_mounts, read), None);
+        assert_eq!(quota_in("1:cpu:/app\n", "", read), None);
+        assert_eq!(quota_in("::::\n\n", "x - y\n", read), None);
+    }
 
     #[test]
     fn the_average_stops_polling_after_one_long_wait_and_starts_again_after_short_ones() {

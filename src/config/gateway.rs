@@ -141,6 +141,9 @@ pub struct Gateway {
     /// How long the runtime polls for I/O before it sleeps, while its recent waits were
     /// that short (`crate::runtime`); zero: never. Read at start only.
     pub busy_poll: Duration,
+    /// Whether the file sets `busy_poll`: unset, a CPU quota turns it off
+    /// (`crate::runtime::cpu_quota`).
+    pub busy_poll_set: bool,
     /// The operator's console at `/` and `/status*` (default on; admins only with auth,
     /// loopback peers only without).
     pub console: bool,
@@ -360,6 +363,7 @@ pub(super) fn parse(
         max_line,
         worker_threads: g.worker_threads.map(Spanned::into_inner),
         busy_poll,
+        busy_poll_set: g.busy_poll.is_some(),
         console: g.console.unwrap_or(true),
         search: g.search.unwrap_or(false),
         search_model: g.search_model.as_ref().map(|m| base.join(m.get_ref())),

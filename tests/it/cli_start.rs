@@ -88,3 +88,91 @@ async fn a_child_that_exits_before_initialize_shows_its_stderr() {
     assert!(run.stdout.contains("can't open file"), "{}", run.stdout);
     assert!(!format!("{}{}", run.stdout, run.stderr).contains("s3cret-token-value"));
 }
+
+/// A cgroup with a CPU quota of half a CPU, made for one test: cgroup v1's `cpu`
+/// hierarchy, or v2 where `cpu` can be enabled below its root. Removed on drop (once
+/// the processes put in it have exited).
+struct Quota(std::path::PathBuf);
+
+impl Quota {
+    fn half_a_cpu() -> Quota {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = |fs: &str, opt: Option<&str>| {
+            mounts.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let r: Vec<&str> = right.split(' ').collect();
+                let ok = r.first() == Some(&fs)
+                    && opt.is_none_or(|o| r.get(2).is_some_and(|s| s.split(',').any(|x| x == o)));
+                ok.then(|| std::path::PathBuf::from(left.split(' ').nth(4).unwrap()))
+            })
+        };
+        let name = format!("mcp-gateway-test-{}", std::process::id());
+        if let Some(v1) = mount("cgroup", Some("cpu")) {
+            let dir = v1.join(name);
+            std::fs::create_dir(&dir)
+                .unwrap_or_else(|e| panic!("cannot make {}: {e} (the tests run as root)", dir.display()));
+            std::fs::write(dir.join("cpu.cfs_period_us"), "100000").unwrap();
+            std::fs::write(dir.join("cpu.cfs_quota_us"), "50000").unwrap();
+            return Quota(dir);
+        }
+        let v2 = mount("cgroup2", None).expect("neither cgroup v1's cpu nor cgroup v2 is mounted");
+        let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
+        let dir = v2.join(name);
+        std::fs::create_dir(&dir)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e} (the tests run as root)", dir.display()));
+        std::fs::write(dir.join("cpu.max"), "50000 100000")
+            .unwrap_or_else(|e| panic!("cgroup v2 has no cpu controller to enable below {}: {e}", v2.display()));
+        Quota(dir)
+    }
+
+    /// `mcp-gateway stdio` on `config`, in this cgroup or not, its input closed at once:
+    /// what it wrote on stderr.
+    fn stdio_stderr(&self, config: &std::path::Path, inside: bool) -> String {
+        let mut cmd = if inside {
+            let mut c = std::process::Command::new("sh");
+            c.arg("-c")
+                .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+                .arg(&self.0)
+                .arg(BIN);
+            c
+        } else {
+            std::process::Command::new(BIN)
+        };
+        let out = cmd
+            .args(["stdio", "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    }
+}
+
+impl Drop for Quota {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_cpu_quota_turns_the_default_busy_poll_off_and_a_set_one_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let (unset, set) = (dir.path().join("unset.toml"), dir.path().join("set.toml"));
+    std::fs::write(&unset, "[gateway]\n").unwrap();
+    std::fs::write(&set, "[gateway]\nbusy_poll = \"200us\"\n").unwrap();
+    let quota = Quota::half_a_cpu();
+    let off = "gateway.busy_poll is off: this process has a CPU quota of 0.50 CPUs";
+    let err = quota.stdio_stderr(&unset, true);
+    assert!(err.contains(off), "{err}");
+    assert!(err.contains(&quota.0.display().to_string()), "names the file: {err}");
+    let err = quota.stdio_stderr(&set, true);
+    assert!(!err.contains("busy_poll is off"), "{err}");
+    // Outside that cgroup, as the tests themselves run: off only if they have a quota too.
+    let err = quota.stdio_stderr(&unset, false);
+    assert_eq!(
+        err.contains("busy_poll is off"),
+        mcp_gateway::runtime::cpu_quota().is_some(),
+        "{err}"
+    );
+}
