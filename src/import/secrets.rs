@@ -259,12 +259,17 @@ pub type Found = (Range<usize>, String, &'static str);
 /// The secrets in a string of text, in order. `random`: also runs that look random (not
 /// for a command or a folder, where a hash-named folder is common).
 pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
-    let mut found: Vec<Found> = Vec::new();
+    // By start: the ranges found never overlap, so the one that starts last before a new
+    // range's end is the only one that can overlap it.
+    let mut found: std::collections::BTreeMap<usize, (usize, String, &'static str)> = Default::default();
     let mut add = |r: Range<usize>, hint: &str, why: &'static str| {
         let value = &s[r.clone()];
-        if !r.is_empty() && !reference(value.trim()) && !found.iter().any(|(f, ..)| f.start < r.end && r.start < f.end)
-        {
-            found.push((r, hint.to_owned(), why));
+        let overlaps = found
+            .range(..r.end)
+            .next_back()
+            .is_some_and(|(_, (end, ..))| *end > r.start);
+        if !r.is_empty() && !reference(value.trim()) && !overlaps {
+            found.insert(r.start, (r.end, hint.to_owned(), why));
         }
     };
     // `Name: Bearer X` (an HTTP header as an argument).
@@ -351,6 +356,7 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
     }
     // URLs: a password, a token as the user.
     let mut from = 0;
+    let mut run: (usize, Option<usize>) = (0, None);
     while let Some(i) = s[from..].find("://").map(|i| i + from) {
         let start = i + 3;
         let end_auth = s[start..]
@@ -373,6 +379,31 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
                     add(start..start + at, "token", "a token as a URL's user")
                 }
                 _ => {}
+            }
+        } else if let Some(colon) = authority.find(':') {
+            // `scheme://user:pa/ss@host` or `pa#ss`: a password with a `/`, `?` or `#` left
+            // unencoded, which ends the authority early. Taken up to the last `@` before
+            // the next space or quote, when what follows the `:` is no port (`host:8080/`).
+            let user = &authority[..colon];
+            // The run to the next space or quote, and its last `@`: found once a run, so
+            // many URLs in one run stay linear.
+            if start >= run.0 {
+                let end = s[start..]
+                    .find(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+                    .map_or(s.len(), |e| start + e);
+                run = (end, s[start..end].rfind('@').map(|a| start + a));
+            }
+            let rest_end = run.0;
+            let pw_start = start + colon + 1;
+            let port = s[pw_start..end_auth].bytes().all(|b| b.is_ascii_digit());
+            if let Some(at) = run.1.filter(|&a| a >= end_auth) {
+                let host = &s[at + 1..rest_end];
+                let user_ok = user.chars().all(|c| c.is_ascii_alphanumeric() || "_.-%~".contains(c));
+                if !port && user_ok && host.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '[') {
+                    add(pw_start..at, "password", "the password of a URL");
+                    from = at.max(start);
+                    continue;
+                }
             }
         }
         from = end_auth.max(start);
@@ -484,8 +515,10 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
         }
         i = end;
     }
-    found.sort_by_key(|(r, ..)| r.start);
     found
+        .into_iter()
+        .map(|(start, (end, hint, why))| (start..end, hint, why))
+        .collect()
 }
 
 #[cfg(test)]
@@ -561,6 +594,10 @@ mod tests {
     fn secrets_by_place_and_shape() {
         for (text, want) in [
             ("postgresql://admin:hunter2@db:5432/app", vec!["hunter2"]),
+            // A password with `/`, `#` or `?` left unencoded.
+            ("postgresql://admin:hun/ter#2@db:5432/app", vec!["hun/ter#2"]),
+            ("redis://:pa?ss/w@cache:6379/0", vec!["pa?ss/w"]),
+            ("https://bot:x#y/z@git.example/r.git", vec!["x#y/z"]),
             ("https://x.example/mcp?api_key=zap123&mode=1", vec!["zap123"]),
             ("https://x.example/mcp#access_token=FragTok1", vec!["FragTok1"]),
             ("Bearer sk-1", vec!["sk-1"]),
@@ -649,6 +686,9 @@ mod tests {
             "git@github.com:org/repo.git",
             "user@example.com",
             "postgresql://postgres@localhost/shop",
+            "https://registry.example:8443/@scope/pkg",
+            "http://localhost:3000/mcp/@me",
+            "https://example.com/a:b/@c",
             "postgresql://db/123e4567-e89b-12d3-a456-426614174000",
             "https://example.com/docs?id=123e4567-e89b-12d3-a456-426614174000",
             "https://example.com/keyJohn/mcp",
