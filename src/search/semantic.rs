@@ -14,9 +14,9 @@
 //!   lexical, so a list_changed never waits for the model. Vectors are kept by the tool's text, so a new
 //!   catalog computes only the tools whose text changed.
 //! - A search computes one vector, the request's (about a millisecond of CPU on AMX, 15 in
-//!   f32: made on tokio's
-//!   blocking pool, at most one per CPU at once, see [`Semantic::permits`]), and one dot
-//!   product per tool.
+//!   f32), and one dot product per tool, both on tokio's blocking pool, at most one search
+//!   per CPU at once (see [`Semantic::permits`]), the dot products shared with the model's
+//!   helper thread too ([`super::Index::cosines`]).
 
 use super::model::Model;
 use std::collections::HashMap;
