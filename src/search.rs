@@ -523,7 +523,9 @@ impl Index {
     }
 
     /// [`Index::search`], with [`Index::cosines`] already made (so a caller can make them
-    /// off its thread); `None`, or cosines of another catalog, makes them here when needed.
+    /// off its thread): `None` makes them here if the index has vectors; cosines of
+    /// another length (none were made: `&[]`) rank by words only, never running the
+    /// model on the caller's thread.
     pub fn search_by(
         &self,
         query: &str,
@@ -579,21 +581,23 @@ impl Index {
                 }
             }
         }
-        let mut hits: Vec<(u32, f32)> = match self.dense.get() {
+        let made;
+        let cosines = match (self.dense.get(), cosines) {
+            (None, _) => None,
+            (Some(dense), None) => {
+                made = dense.semantic.model.embed_now_with_dots(query, &dense.vectors).1;
+                Some(&made[..])
+            }
+            (Some(dense), Some(c)) => {
+                Some(c).filter(|c| c.len() == dense.vectors.len() / dense.semantic.model.dim().max(1))
+            }
+        };
+        let mut hits: Vec<(u32, f32)> = match cosines {
             // `lexical / best + semantic · cosine`, over the tools a word of the request
             // matches and those near enough in meaning.
-            Some(dense) => {
+            Some(cosines) => {
                 let best = scores.iter().copied().fold(0f32, f32::max);
                 let scale = if best > 0.0 { 1.0 / best } else { 0.0 };
-                let made;
-                let tools = dense.vectors.len() / dense.semantic.model.dim().max(1);
-                let cosines = match cosines.filter(|c| c.len() == tools) {
-                    Some(c) => c,
-                    None => {
-                        made = dense.semantic.model.embed_now_with_dots(query, &dense.vectors).1;
-                        &made
-                    }
-                };
                 scores
                     .iter()
                     .zip(cosines.iter().copied().chain(std::iter::repeat(0.0)))

@@ -188,7 +188,8 @@ pub(super) async fn search_tools(cx: &Call<'_>, p: &Members) -> Outcome {
     };
     // What the caller may see: its allowlist, and the view of its endpoint.
     let tools = &cx.topo.catalog.tools;
-    let hits = index.search_by(&query, cosines.as_deref(), limit, |name| {
+    // Without cosines (no model yet, or its task failed): by words, not the model here.
+    let hits = index.search_by(&query, Some(cosines.as_deref().unwrap_or(&[])), limit, |name| {
         cx.visible(name) && (cx.view.is_none() || tools.get(name).is_some_and(|r| cx.sees(name, r.server, true)))
     });
     let mut tools = String::from(r#"{"tools":["#);
