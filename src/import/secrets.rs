@@ -354,15 +354,24 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
             add(v0 + scheme.len()..end, name, "a credential in JSON text");
         }
     }
-    // URLs: a password, a token as the user.
+    // URLs: a password, a token as the user, a UUID in an `http(s)` URL's path.
     let mut from = 0;
     let mut run: (usize, Option<usize>) = (0, None);
     while let Some(i) = s[from..].find("://").map(|i| i + from) {
         let start = i + 3;
+        // The scheme: the scheme characters just before `://` (looked back at once per
+        // URL, so many URLs in one string stay linear).
+        let scheme = &s[s[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |j| j + 1)..i]
+            .to_ascii_lowercase();
+        let web = scheme.ends_with("http") || scheme.ends_with("https");
         let end_auth = s[start..]
             .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
             .map_or(s.len(), |e| start + e);
         let authority = &s[start..end_auth];
+        // Where the path starts, and where the next URL is looked for.
+        let mut path = end_auth;
         if let Some(at) = authority.rfind('@') {
             let userinfo = &authority[..at];
             match userinfo.find(':') {
@@ -371,11 +380,7 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
                 }
                 // `https://TOKEN@host` (GitHub and others take a token as the user); a
                 // database's `postgresql://postgres@db` is a user name.
-                None if !userinfo.is_empty()
-                    && (token_like(userinfo, true)
-                        || s[..i].to_ascii_lowercase().ends_with("http")
-                        || s[..i].to_ascii_lowercase().ends_with("https")) =>
-                {
+                None if !userinfo.is_empty() && (web || token_like(userinfo, true)) => {
                     add(start..start + at, "token", "a token as a URL's user")
                 }
                 _ => {}
@@ -401,12 +406,33 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
                 let user_ok = user.chars().all(|c| c.is_ascii_alphanumeric() || "_.-%~".contains(c));
                 if !port && user_ok && host.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '[') {
                     add(pw_start..at, "password", "the password of a URL");
-                    from = at.max(start);
-                    continue;
+                    path = s[at..]
+                        .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+                        .map_or(s.len(), |e| at + e);
                 }
             }
         }
-        from = end_auth.max(start);
+        // Composio's and Pipedream's server URLs are the credential, by convention, and
+        // nothing tells them from an ordinary id. The path ends at the next URL too, which
+        // the loop reads next (`https://archive/web/https://…`).
+        if web && s[path..].starts_with('/') {
+            let end = s[path..]
+                .char_indices()
+                .find(|&(j, c)| matches!(c, '?' | '#' | '"') || c.is_whitespace() || s[path + j..].starts_with("://"))
+                .map_or(s.len(), |(j, _)| path + j);
+            let mut at = path;
+            for segment in s[path..end].split('/') {
+                if uuid(segment) {
+                    add(
+                        at..at + segment.len(),
+                        "id",
+                        "a UUID in a URL's path, which may be its credential",
+                    );
+                }
+                at += segment.len() + 1;
+            }
+        }
+        from = path.max(start);
     }
     // `user:password@host` without a scheme (a Go or MySQL DSN).
     if !s.contains("://") {
@@ -466,37 +492,6 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
         }
         // The rest of this run is judged with it (so a run of `eyJ.eyJ.…` stays linear).
         from = from.max(end);
-    }
-    // A UUID in an `http(s)` URL's path: Composio's and Pipedream's server URLs are the
-    // credential, by convention, and nothing tells them from an ordinary id.
-    let mut from = 0;
-    while let Some(i) = s[from..].find("://").map(|i| i + from) {
-        let scheme_start = s[..i]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+'))
-            .map_or(0, |j| j + 1);
-        let web = matches!(s[scheme_start..i].to_ascii_lowercase().as_str(), "http" | "https");
-        let start = i + 3;
-        let end = s[start..]
-            .find(|c: char| c == '?' || c == '#' || c.is_whitespace() || c == '"')
-            .map_or(s.len(), |e| start + e);
-        from = end.max(start);
-        let Some(path) = s[start..end].find('/').map(|p| start + p) else {
-            continue;
-        };
-        if !web {
-            continue;
-        }
-        let mut at = path;
-        for segment in s[path..end].split('/') {
-            if uuid(segment) {
-                add(
-                    at..at + segment.len(),
-                    "id",
-                    "a UUID in a URL's path, which may be its credential",
-                );
-            }
-            at += segment.len() + 1;
-        }
     }
     // Tokens by their shape, anywhere; not a digest (`@sha256:…`, `@<commit>`).
     let run_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.';
@@ -597,6 +592,11 @@ mod tests {
             // A password with `/`, `#` or `?` left unencoded.
             ("postgresql://admin:hun/ter#2@db:5432/app", vec!["hun/ter#2"]),
             ("redis://:pa?ss/w@cache:6379/0", vec!["pa?ss/w"]),
+            // A URL in another's path is read as a URL of its own.
+            (
+                "https://archive.example/web/2020/https://u:pw1@h/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+                vec!["pw1", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"],
+            ),
             ("https://bot:x#y/z@git.example/r.git", vec!["x#y/z"]),
             ("https://x.example/mcp?api_key=zap123&mode=1", vec!["zap123"]),
             ("https://x.example/mcp#access_token=FragTok1", vec!["FragTok1"]),
