@@ -11,6 +11,7 @@
 //! the handle by the server's supervisor, so every transport shares them.
 
 pub mod client;
+pub mod fair;
 pub mod http;
 pub mod pipe;
 pub mod sse;
@@ -338,6 +339,8 @@ pub enum Command {
         reply: oneshot::Sender<Result<Outcome, DsError>>,
         /// Extra HTTP headers for a Streamable HTTP server (2026-07-28 `Mcp-Param-*`).
         headers: Vec<(String, String)>,
+        /// Whose call it is, for a remote server's fair share of its connections.
+        caller: fair::Caller,
     },
     Notify {
         method: String,
@@ -377,6 +380,8 @@ pub struct Connection {
     degraded: Arc<std::sync::atomic::AtomicBool>,
     /// A child's last stderr lines.
     stderr: Option<Arc<stdio::StderrTail>>,
+    /// Whose calls this handle sends ([`Connection::for_caller`]).
+    caller: fair::Caller,
 }
 
 impl std::fmt::Debug for Connection {
@@ -394,7 +399,15 @@ impl Connection {
             pid: None,
             degraded: Arc::default(),
             stderr: None,
+            caller: 0,
         }
+    }
+
+    /// The same handle, sending its calls as `caller`'s: a remote server's
+    /// `max_connections` slots go to waiting callers in turn ([`fair`]).
+    pub fn for_caller(mut self, caller: fair::Caller) -> Self {
+        self.caller = caller;
+        self
     }
 
     /// The same handle, noting the child's pid (shown in `/status`).
@@ -458,6 +471,7 @@ impl Connection {
             sink,
             reply,
             headers,
+            caller: self.caller,
         };
         let gone = || DsError::Unavailable {
             server: self.server.clone(),

@@ -99,7 +99,7 @@ pub fn spawn_as(
         listening: std::sync::atomic::AtomicBool::new(false),
         stateless: std::sync::atomic::AtomicBool::new(false),
         drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
-        calls: Arc::new(tokio::sync::Semaphore::new(spec.max_connections.max(1))),
+        calls: super::fair::FairSlots::new(spec.max_connections),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -135,8 +135,9 @@ struct Shared {
     /// Requests in flight (`max_connections` at most): over HTTP/1.1 each holds a
     /// connection from its POST to its answer. Only requests wait for a permit: a
     /// notification, or the answer to a question the server asked during a call, goes at
-    /// once, since the call that holds a permit may be waiting for it.
-    calls: Arc<tokio::sync::Semaphore>,
+    /// once, since the call that holds a permit may be waiting for it. Waiting callers
+    /// get freed slots in turn ([`super::fair`]).
+    calls: super::fair::FairSlots,
 }
 
 impl Shared {
@@ -517,6 +518,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 sink,
                 reply,
                 headers,
+                caller,
             } => {
                 // 2026-07-28: the request metadata headers, mirrored from the body.
                 let stateless = method == "server/discover" || shared.is_stateless();
@@ -552,9 +554,9 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
                 let task = {
                     let (shared, inflight, sent) = (shared.clone(), inflight.clone(), sent.clone());
                     crate::background::spawn(async move {
-                        // Never closed; waiting is bounded by the call's own timeout, whose
-                        // cancellation aborts this task.
-                        let _permit = shared.calls.clone().acquire_owned().await.ok();
+                        // Waiting is bounded by the call's own timeout, whose cancellation
+                        // aborts this task (and gives up its place in line).
+                        let _slot = shared.calls.acquire(caller).await;
                         sent.store(true, Ordering::Release);
                         let out = call(
                             &shared,

@@ -536,6 +536,41 @@ async fn calls_that_time_out_waiting_for_a_slot_free_it() {
     assert_eq!(text(&r), "free", "{r}\n{}", gw.logs());
 }
 
+/// One session's flood of slow calls does not hold up another session's call: with one
+/// slot, the other session's call gets the slot as soon as the call holding it ends, not
+/// after every call the flooding session queued first (a plain semaphore's order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sessions_flood_does_not_queue_another_sessions_call_behind_it() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("one", &remote.url(), "max_connections = 1"));
+    let flood = Arc::new(gw.session().await);
+    let other = gw.session().await;
+    let spawn_call = |id: i64, seconds: f64| {
+        let s = flood.clone();
+        tokio::spawn(async move { s.call_id(json!(id), "one__slow", json!({"seconds": seconds})).await })
+    };
+    let holder = spawn_call(0, 0.5);
+    assert!(
+        until(Duration::from_secs(10), || remote.posts_of("tools/call").len() == 1).await,
+        "{:#?}",
+        remote.records()
+    );
+    let queued: Vec<_> = (1..=3).map(|id| spawn_call(id, 1.0)).collect();
+    assert!(in_flight_is(&gw, 4).await, "in flight: {}", gw.in_flight().await);
+    let r = other.call_id(json!("b"), "one__echo", json!({"text": "my turn"})).await;
+    assert_eq!(text(&r), "my turn", "{r}");
+    // Its turn came after the holder's and at most one queued call of the flood.
+    let done = queued.iter().filter(|t| t.is_finished()).count();
+    assert!(
+        done <= 1,
+        "{done} of the flood's queued calls went before the other session's"
+    );
+    assert!(holder.await.is_ok());
+    for t in queued {
+        t.abort();
+    }
+}
+
 /// Polls `/metrics` until `mcp_gateway_requests_in_flight` is `n` (true) or 10 s pass.
 async fn in_flight_is(gw: &Gateway, n: i64) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);

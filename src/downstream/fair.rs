@@ -1,0 +1,266 @@
+//! A remote server's `max_connections` slots, shared fairly among its callers.
+//!
+//! A plain semaphore queues waiters first come, first served: one client that sends a
+//! thousand slow calls to a server of 256 slots takes all of them, and every other
+//! teammate's call waits behind the 744 that are queued. Here each caller (its
+//! `[clients.NAME]` or OAuth identity, else its session; a stateless request without an
+//! identity is a caller of its own) has a queue of its own, and a slot
+//! that frees goes to the callers that wait in turn (round robin): another caller's call
+//! waits for one slot to free, not for the flood. A caller alone still gets every slot, and
+//! a slot is never left free while anyone waits.
+//!
+//! Why not a cap per caller: with few callers it leaves slots idle, and a cap of
+//! `max_connections / callers` changes as callers come and go; turns give the same bound on
+//! waiting without either.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+
+/// Who is waiting: a hash of the caller's identity or session (0: a caller with neither).
+/// Only fairness rests on it, so two callers that collide merely share a turn.
+pub type Caller = u64;
+
+/// `n` slots, handed out in turns among callers.
+#[derive(Clone)]
+pub struct FairSlots {
+    state: Arc<Mutex<State>>,
+}
+
+struct State {
+    free: usize,
+    /// Callers with a waiter, each once, in the order their turns come.
+    turns: VecDeque<Caller>,
+    /// Each waiting caller's waiters, oldest first.
+    waiting: HashMap<Caller, VecDeque<oneshot::Sender<Slot>>, foldhash::fast::FixedState>,
+}
+
+/// A slot, held until dropped.
+pub struct Slot {
+    state: Arc<Mutex<State>>,
+    /// False for a slot that never reached its waiter (already counted free again).
+    live: bool,
+}
+
+impl FairSlots {
+    pub fn new(n: usize) -> FairSlots {
+        FairSlots {
+            state: Arc::new(Mutex::new(State {
+                free: n.max(1),
+                turns: VecDeque::new(),
+                waiting: HashMap::default(),
+            })),
+        }
+    }
+
+    /// A slot for `caller`: at once if one is free and nobody waits, else when its turn
+    /// comes. Dropping the future gives up its place (and a slot it was just handed).
+    pub async fn acquire(&self, caller: Caller) -> Slot {
+        let rx = {
+            let mut st = crate::sync::lock(&self.state);
+            if st.free > 0 && st.turns.is_empty() {
+                st.free -= 1;
+                return Slot {
+                    state: self.state.clone(),
+                    live: true,
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            let State { turns, waiting, .. } = &mut *st;
+            let queue = waiting.entry(caller).or_default();
+            if queue.is_empty() {
+                turns.push_back(caller);
+            }
+            queue.push_back(tx);
+            rx
+        };
+        let mut waiter = Waiter {
+            state: &self.state,
+            caller,
+            rx: Some(rx),
+        };
+        match waiter.rx.as_mut() {
+            Some(rx) => match rx.await {
+                Ok(slot) => {
+                    waiter.rx = None;
+                    slot
+                }
+                // Senders leave the queue only to be sent a slot (or when their receiver
+                // is gone), so this cannot happen; wait for a slot the plain way.
+                Err(_) => {
+                    drop(waiter);
+                    Box::pin(self.acquire(caller)).await
+                }
+            },
+            None => unreachable!("the receiver is taken only after it answered"),
+        }
+    }
+
+    /// Slots free now.
+    #[cfg(test)]
+    pub fn available(&self) -> usize {
+        crate::sync::lock(&self.state).free
+    }
+}
+
+impl State {
+    /// Hands free slots to waiters, a caller's oldest first, callers in turn. Slots whose
+    /// receivers were gone go to `lost`, to be dropped once the lock is released (they are
+    /// already counted free again).
+    fn hand_out(&mut self, shared: &Arc<Mutex<State>>, lost: &mut Vec<Slot>) {
+        while self.free > 0 {
+            let Some(caller) = self.turns.pop_front() else { break };
+            let Some(queue) = self.waiting.get_mut(&caller) else {
+                continue;
+            };
+            while let Some(tx) = queue.pop_front() {
+                if tx.is_closed() {
+                    continue;
+                }
+                self.free -= 1;
+                match tx.send(Slot {
+                    state: shared.clone(),
+                    live: true,
+                }) {
+                    Ok(()) => break,
+                    Err(mut slot) => {
+                        // Gone between the check and the send: the slot stays free.
+                        self.free += 1;
+                        slot.live = false;
+                        lost.push(slot);
+                    }
+                }
+            }
+            if queue.is_empty() {
+                self.waiting.remove(&caller);
+            } else {
+                self.turns.push_back(caller);
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        let mut lost = Vec::new();
+        {
+            let mut st = crate::sync::lock(&self.state);
+            st.free += 1;
+            st.hand_out(&self.state, &mut lost);
+        }
+        drop(lost);
+    }
+}
+
+/// A place in a caller's queue, given up when the wait is dropped.
+struct Waiter<'a> {
+    state: &'a Arc<Mutex<State>>,
+    caller: Caller,
+    rx: Option<oneshot::Receiver<Slot>>,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        rx.close();
+        // A slot sent before the close is ours: dropping it (outside the lock) frees it
+        // for the next in turn.
+        if let Ok(slot) = rx.try_recv() {
+            drop(slot);
+        }
+        let mut st = crate::sync::lock(self.state);
+        let State { turns, waiting, .. } = &mut *st;
+        if let Some(queue) = waiting.get_mut(&self.caller) {
+            queue.retain(|tx| !tx.is_closed());
+            if queue.is_empty() {
+                waiting.remove(&self.caller);
+                turns.retain(|c| *c != self.caller);
+            }
+        }
+    }
+}
+
+/// The fairness key of a caller: its identity's name if it has one, else its session id,
+/// else 0.
+pub fn caller(identity: Option<&str>, session: Option<&str>) -> Caller {
+    use std::hash::BuildHasher;
+    match identity.map(|i| (1u8, i)).or(session.map(|s| (2u8, s))) {
+        Some(key) => foldhash::fast::FixedState::with_seed(0x6d63_7067).hash_one(key) | 1,
+        None => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn settled() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// One caller's flood waits its turn: the other caller's call gets the next slot that
+    /// frees, then the flood's calls get theirs in order.
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_next_caller_in_turn() {
+        let slots = FairSlots::new(1);
+        let held = slots.acquire(1).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (caller, tag) in [(1, "a1"), (1, "a2"), (1, "a3"), (2, "b1")] {
+            let (slots, order) = (slots.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let slot = slots.acquire(caller).await;
+                crate::sync::lock(&order).push(tag);
+                drop(slot);
+            }));
+            settled().await;
+        }
+        drop(held);
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(*crate::sync::lock(&order), ["a1", "b1", "a2", "a3"]);
+        assert_eq!(slots.available(), 1);
+    }
+
+    /// Waiters that give up (a timeout, a cancellation) leave no slot taken and no place
+    /// in line; a slot handed to a waiter just as it gave up goes to the next one.
+    #[tokio::test]
+    async fn waiters_that_give_up_take_nothing() {
+        let slots = FairSlots::new(2);
+        let a = slots.acquire(1).await;
+        let b = slots.acquire(2).await;
+        for caller in [1, 2, 3] {
+            let gave_up = tokio::time::timeout(Duration::from_millis(1), slots.acquire(caller)).await;
+            assert!(gave_up.is_err());
+        }
+        assert!(crate::sync::lock(&slots.state).waiting.is_empty());
+        assert!(crate::sync::lock(&slots.state).turns.is_empty());
+        // A slot sent to a waiter whose future is then dropped before it polls again.
+        let mut late = Box::pin(slots.acquire(4));
+        assert!(futures::poll!(late.as_mut()).is_pending());
+        drop(a);
+        drop(late);
+        assert_eq!(slots.available(), 1);
+        drop(b);
+        assert_eq!(slots.available(), 2);
+        let _c = slots.acquire(5).await;
+        let _d = slots.acquire(5).await;
+        assert_eq!(slots.available(), 0);
+    }
+
+    #[test]
+    fn callers_are_told_apart_by_identity_then_session() {
+        assert_eq!(caller(None, None), 0);
+        assert_ne!(caller(Some("alice"), None), caller(Some("bob"), None));
+        assert_eq!(caller(Some("alice"), Some("s1")), caller(Some("alice"), Some("s2")));
+        assert_ne!(caller(None, Some("alice")), caller(Some("alice"), None));
+        assert_ne!(caller(None, Some("s1")), 0);
+    }
+}
