@@ -284,8 +284,8 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
         us(&lat, 50.0) <= 1000.0 && n >= 1000,
     );
 
-    // A list_changed: one server's list changes (a description edited), the next time
-    // another's, and the edits stay, as a live catalog's do. Then every server's at once,
+    // A list_changed: one server's list changes (its first tool's description edited), the
+    // next time another's, and the edits stay, as a live catalog's do. Then every server's at once,
     // each round, which is a build from nothing (a reload of every server). The two series
     // run apart: the model keeps only the vectors of the last build's texts, so a build
     // from nothing between two one-server rounds would cost the next one every vector.
@@ -305,7 +305,11 @@ fn run_with(args: &Opts, f: &Fixture, semantic: Option<&Arc<Semantic>>, targets:
         for round in 0..args.search_rebuilds {
             let servers = match which {
                 Some(()) => {
-                    edit(&mut live, round, Some(round % padded.len()));
+                    // Servers spread evenly over the fixture, however many rounds: the
+                    // first few servers' first tools are long ones, so taking servers in
+                    // order made a short run's figure theirs alone.
+                    let which = round * padded.len() / args.search_rebuilds.max(1) % padded.len().max(1);
+                    edit(&mut live, round, Some(which));
                     live.clone()
                 }
                 None => {
