@@ -51,7 +51,8 @@ pub struct Cluster {
     /// This process's mark in its heartbeat: a replica id two processes share is noticed.
     nonce: String,
     duplicate: AtomicBool,
-    /// Told each time Redis is reachable again after an outage (it may have lost its data).
+    /// Told each time Redis is reachable again after an outage (it may have lost its data),
+    /// or the bus is listened to again.
     recovered: tokio::sync::broadcast::Sender<()>,
     /// When the shared limits last failed to reach Redis (see [`limits`]).
     limits: limits::Health,
@@ -162,8 +163,15 @@ impl Cluster {
         }
     }
 
-    /// Told each time Redis is back after an outage: what this replica holds goes back
-    /// into it (a Redis that restarted empty has lost the sessions).
+    /// Asks for what [`Cluster::recovered`] does, without an outage: the bus was listened
+    /// to again, and notes sent meanwhile (a session that ended) are lost.
+    pub fn reconcile(&self) {
+        let _ = self.recovered.send(());
+    }
+
+    /// Told each time Redis is back after an outage, or the bus is listened to again:
+    /// what this replica holds goes back into it (a Redis that restarted empty has lost
+    /// the sessions), and what it missed is caught up with.
     pub fn recovered(&self) -> tokio::sync::broadcast::Receiver<()> {
         self.recovered.subscribe()
     }

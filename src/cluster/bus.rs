@@ -191,9 +191,10 @@ impl Bus {
         let weak = Arc::downgrade(cluster);
         crate::background::spawn(async move {
             let mut wait = RETRY_MIN;
+            let mut again = false;
             loop {
                 let Some(cluster) = weak.upgrade() else { return };
-                match listen(&cluster, &key, &tx).await {
+                match listen(&cluster, &key, &tx, again).await {
                     Ok(()) => return,
                     Err(e) => {
                         cluster.failed(&e);
@@ -201,6 +202,7 @@ impl Bus {
                     }
                 }
                 drop(cluster);
+                again = true;
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(RETRY_MAX);
             }
@@ -233,8 +235,10 @@ impl Bus {
     }
 }
 
-/// Listens until the connection fails (`Err`) or the gateway is gone (`Ok`).
-async fn listen(cluster: &Cluster, key: &hmac::Key, tx: &mpsc::Sender<Note>) -> redis::RedisResult<()> {
+/// Listens until the connection fails (`Err`) or the gateway is gone (`Ok`). Listening
+/// `again`, the notes sent while nobody listened here are lost: the replica is told to
+/// reconcile what it holds with Redis, as after an outage.
+async fn listen(cluster: &Cluster, key: &hmac::Key, tx: &mpsc::Sender<Note>, again: bool) -> redis::RedisResult<()> {
     let timeout =
         |e: tokio::time::error::Elapsed| redis::RedisError::from((redis::ErrorKind::Io, "timed out", e.to_string()));
     let ps = tokio::time::timeout(super::REDIS_TIMEOUT, cluster.client().get_async_pubsub())
@@ -247,6 +251,9 @@ async fn listen(cluster: &Cluster, key: &hmac::Key, tx: &mpsc::Sender<Note>) -> 
         .await
         .map_err(timeout)??;
     cluster.ok();
+    if again {
+        cluster.reconcile();
+    }
     debug!(replica = %cluster.replica, "listening on the bus");
     let mut seen = Seen::default();
     let mut ping = tokio::time::interval(PING_EVERY);

@@ -77,6 +77,11 @@ impl Sessions {
         cluster.name(&format!("session:{}", super::digest(id)))
     }
 
+    /// The mark that session `id` ended (see [`Sessions::delete`]).
+    fn tombstone(cluster: &Cluster, id: &str) -> String {
+        cluster.name(&format!("ended:{}", super::digest(id)))
+    }
+
     /// Stores a new session's record for `ttl`.
     pub async fn save(&self, cluster: &Cluster, r: &Record, ttl: Duration) -> redis::RedisResult<()> {
         let mut conn = cluster.conn();
@@ -91,19 +96,24 @@ impl Sessions {
         cluster.track(out)
     }
 
-    /// Stores a record again unless one is there (after Redis lost its data).
-    pub async fn restore(&self, cluster: &Cluster, r: &Record, ttl: Duration) -> redis::RedisResult<()> {
+    /// Stores a record again unless one is there (after Redis lost its data), or the
+    /// session ended: [`Restored::Ended`] when a replica ended it, whose note on the bus
+    /// this replica may have missed (pub/sub is at most once).
+    pub async fn restore(&self, cluster: &Cluster, r: &Record, ttl: Duration) -> redis::RedisResult<Restored> {
         let mut conn = cluster.conn();
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let out: redis::RedisResult<()> = redis::cmd("SET")
-            .arg(Self::name(cluster, &r.id))
+        let out: redis::RedisResult<i64> = redis::Script::new(RESTORE)
+            .key(Self::name(cluster, &r.id))
+            .key(Self::tombstone(cluster, &r.id))
             .arg(r.seal(&self.key))
-            .arg("NX")
-            .arg("PX")
             .arg(ms)
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await;
-        cluster.track(out)
+        Ok(match cluster.track(out)? {
+            -1 => Restored::Ended,
+            1 => Restored::Written,
+            _ => Restored::There,
+        })
     }
 
     /// The record of session `id`: `Ok(None)` when there is none, or it does not verify
@@ -124,31 +134,67 @@ impl Sessions {
         Ok(r)
     }
 
-    /// Forgets session `id`.
-    pub async fn delete(&self, cluster: &Cluster, id: &str) -> redis::RedisResult<()> {
+    /// Forgets session `id`, leaving a tombstone for `ttl` (at least [`TOMBSTONE_MIN`]):
+    /// a replica that missed the bus's note that it ended finds it there, rather than
+    /// serving its copy on or writing the record back.
+    pub async fn delete(&self, cluster: &Cluster, id: &str, ttl: Duration) -> redis::RedisResult<()> {
         let mut conn = cluster.conn();
-        let out: redis::RedisResult<()> = redis::cmd("DEL")
+        let ms = u64::try_from(ttl.max(TOMBSTONE_MIN).as_millis()).unwrap_or(u64::MAX);
+        let out: redis::RedisResult<()> = redis::pipe()
+            .atomic()
+            .cmd("DEL")
             .arg(Self::name(cluster, id))
+            .ignore()
+            .cmd("SET")
+            .arg(Self::tombstone(cluster, id))
+            .arg("1")
+            .arg("PX")
+            .arg(ms)
+            .ignore()
             .query_async(&mut conn)
             .await;
         cluster.track(out)
     }
 
-    /// Extends the records of sessions `ids` to `ttl` from now (one pipeline).
-    pub async fn touch(&self, cluster: &Cluster, ids: &[String], ttl: Duration) -> redis::RedisResult<()> {
+    /// Extends the records of sessions `ids` to `ttl` from now (one pipeline); for each,
+    /// whether its record was there.
+    pub async fn touch(&self, cluster: &Cluster, ids: &[String], ttl: Duration) -> redis::RedisResult<Vec<bool>> {
         if ids.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let mut pipe = redis::pipe();
         for id in ids {
-            pipe.cmd("PEXPIRE").arg(Self::name(cluster, id)).arg(ms).ignore();
+            pipe.cmd("PEXPIRE").arg(Self::name(cluster, id)).arg(ms);
         }
         let mut conn = cluster.conn();
-        let out: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
-        cluster.track(out)
+        let out: redis::RedisResult<Vec<i64>> = pipe.query_async(&mut conn).await;
+        cluster.track(out).map(|v| v.into_iter().map(|n| n == 1).collect())
     }
 }
+
+/// What [`Sessions::restore`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restored {
+    /// The record was missing, and is written again.
+    Written,
+    /// The record was there.
+    There,
+    /// A replica ended the session: its copies must go.
+    Ended,
+}
+
+/// The shortest life of a tombstone: longer than the janitor's longest wait between two
+/// refreshes (a minute), so a replica that missed the note finds it.
+pub const TOMBSTONE_MIN: Duration = Duration::from_secs(300);
+
+/// KEYS[1] the record, KEYS[2] its tombstone; ARGV[1] the sealed record, ARGV[2] its
+/// life in ms. -1: ended; 1: written again; 0: there already.
+const RESTORE: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+";
 
 #[cfg(test)]
 mod tests {

@@ -85,6 +85,9 @@ pub struct Shared {
     shares: DashMap<Arc<str>, usize>,
     /// Cluster mode: when the records of sessions served here were last refreshed (ms).
     refreshed: std::sync::atomic::AtomicU64,
+    /// Cluster mode: sessions ended here while Redis was unreachable, whose record and
+    /// tombstone are written once it is back (see [`Http::reconcile_records`]).
+    unended: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Set when the drain begins (SIGTERM with a `drain_delay`): `/readyz` answers 503
     /// and responses carry `Connection: close`, while everything is still served.
     draining: AtomicBool,
@@ -117,19 +120,26 @@ impl Http {
             stateless,
             shares: DashMap::new(),
             refreshed: std::sync::atomic::AtomicU64::new(0),
+            unended: std::sync::Mutex::default(),
             draining: AtomicBool::new(false),
             path,
             base,
             origin,
         }));
-        // Cluster mode: a Redis back from an outage gets this replica's sessions again.
+        // Cluster mode: a Redis back from an outage, or a bus listened to again (notes sent
+        // meanwhile are lost), gets this replica's sessions again, and the ends it missed.
         if let Some(cluster) = http.gw.cluster() {
             let mut recovered = cluster.recovered();
             let weak = Arc::downgrade(&http.0);
             crate::background::spawn(async move {
-                while recovered.recv().await.is_ok() {
+                loop {
+                    match recovered.recv().await {
+                        // Several at once are one reconciliation.
+                        Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    }
                     let Some(shared) = weak.upgrade() else { return };
-                    Http(shared).restore_records().await;
+                    Http(shared).reconcile_records().await;
                 }
             });
         }

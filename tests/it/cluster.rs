@@ -113,6 +113,54 @@ async fn a_session_opened_on_one_replica_is_served_by_every_replica() {
     assert!(!keys.contains(&a.id), "{keys}");
 }
 
+/// A session ended through one replica while another was not listening to the bus (the
+/// note of its end is lost there: pub/sub is at most once) ends on that replica too once
+/// it listens again: it finds the session's tombstone in Redis, rather than serving its
+/// copy on or writing the record back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_while_a_replica_missed_the_bus_ends_there_once_it_listens_again() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    let r = b.call("calc__add", serde_json::json!({"a": 2, "b": 3})).await;
+    assert_eq!(text(&r), "5", "{r}");
+    // The second replica is frozen and its bus connection cut: it cannot hear the end.
+    let frozen = gws[1].child.id() as i32;
+    // SAFETY: signals to a child process this test started.
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let del = a
+        .http
+        .delete(&a.url)
+        .header("mcp-session-id", &a.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 200);
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    let mut gone = false;
+    for _ in 0..500 {
+        let (status, _) = b
+            .post_text(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#)
+            .await;
+        if status == 404 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        gone,
+        "the replica that missed the note still serves the session (CLIENT KILL: {killed})\n{}",
+        gws[1].logs()
+    );
+    // Its record was not written back.
+    let keys = redis.cli(&["KEYS", "*session:*"]);
+    assert!(keys.trim().is_empty(), "{keys}");
+}
+
 /// `logging/setLevel` through one replica is answered once the level holds on the others:
 /// a call sent to another replica right after it is filtered at the new level, every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -687,6 +735,58 @@ async fn sessions_ride_out_redis_going_away_and_coming_back_empty() {
         let r = via(s, &fresh[0]).call("calc__add", json!({"a": 5, "b": 5})).await;
         assert_eq!(text(&r), "10", "{r}");
     }
+}
+
+/// A session ended through one replica while Redis was down (the end could be neither
+/// written nor told) ends on every replica once Redis is back, though it came back empty
+/// and the other replica, still serving the session, puts its record back: the replica
+/// that ended it writes the end first thing, and the other finds it at its next refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_while_redis_was_down_ends_everywhere_once_it_is_back() {
+    use serde_json::json;
+    let mut redis = Redis::start();
+    let servers = format!("[gateway]\nsession_idle = \"2s\"\n{}", two_way());
+    let gws = replicas(2, &redis, &servers, "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    assert_eq!(text(&b.call("calc__add", json!({"a": 1, "b": 2})).await), "3");
+    redis.kill();
+    for gw in &gws {
+        redis_state(gw, "down").await;
+    }
+    let del = a
+        .http
+        .delete(&a.url)
+        .header("mcp-session-id", &a.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 200);
+    redis.restart();
+    for gw in &gws {
+        redis_state(gw, "up").await;
+    }
+    let mut gone = false;
+    for _ in 0..500 {
+        let (status, _) = b
+            .post_text(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#)
+            .await;
+        if status == 404 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "the session lives on on the other replica\n{}", gws[1].logs());
+    let mut clean = false;
+    for _ in 0..100 {
+        if redis.cli(&["KEYS", "*session:*"]).trim().is_empty() {
+            clean = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(clean, "{}", redis.cli(&["KEYS", "*"]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

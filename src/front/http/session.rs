@@ -106,7 +106,9 @@ impl Http {
     }
 
     /// Cluster mode: extends the records of the sessions this replica served since the
-    /// last refresh (and of those with a GET stream open here), in the background.
+    /// last refresh (and of those with a GET stream open here), in the background. A
+    /// record that is gone is written back, unless the session ended on another replica
+    /// (a note this one missed): then this copy goes.
     fn refresh_records(&self, cluster: &Arc<crate::cluster::Cluster>, now: u64, idle: u64) {
         let since = self.refreshed.swap(now, Ordering::Relaxed);
         let (ids, shares): (Vec<String>, Vec<Arc<str>>) = self
@@ -115,13 +117,20 @@ impl Http {
             .filter(|s| s.get_open.load(Ordering::Relaxed) || s.last_seen.load(Ordering::Relaxed) >= since)
             .map(|s| (s.key().clone(), s.share.clone()))
             .unzip();
-        if ids.is_empty() {
+        let unended = !crate::sync::lock(&self.unended).is_empty();
+        if ids.is_empty() && !unended {
             return;
         }
-        let (cluster, gw) = (cluster.clone(), self.gw.clone());
+        let (cluster, gw, http) = (cluster.clone(), self.gw.clone(), self.clone());
         let ttl = std::time::Duration::from_millis(idle);
         crate::background::spawn(async move {
-            let _ = cluster.sessions.touch(&cluster, &ids, ttl).await;
+            if unended {
+                http.end_records(&cluster).await;
+            }
+            if let Ok(there) = cluster.sessions.touch(&cluster, &ids, ttl).await {
+                let gone: Vec<&String> = ids.iter().zip(&there).filter(|(_, t)| !**t).map(|(id, _)| id).collect();
+                http.restore(&cluster, gone, ttl).await;
+            }
             let counted: Vec<(&str, &str)> = ids
                 .iter()
                 .map(String::as_str)
@@ -132,22 +141,58 @@ impl Http {
         });
     }
 
-    /// Cluster mode: puts the records of the sessions this replica holds back into Redis
+    /// Cluster mode: after Redis or the bus was unreachable, writes the ends that failed
+    /// meanwhile, puts the records of the sessions this replica holds back into Redis
     /// where they are missing (a Redis that restarted empty, or a session opened here
-    /// while Redis was down).
-    pub async fn restore_records(&self) {
+    /// while Redis was down), and forgets the copies of sessions another replica ended
+    /// meanwhile (the bus's note of it lost).
+    pub async fn reconcile_records(&self) {
         let Some(cluster) = self.gw.cluster().cloned() else {
             return;
         };
         let ttl = self.gw.config().gateway.session_idle;
-        let records: Vec<crate::cluster::sessions::Record> = self.sessions.iter().map(|s| s.record(s.key())).collect();
-        let n = records.len();
-        for r in records {
-            if cluster.sessions.restore(&cluster, &r, ttl).await.is_err() {
-                return;
+        if !self.end_records(&cluster).await {
+            return;
+        }
+        let ids: Vec<String> = self.sessions.iter().map(|s| s.key().clone()).collect();
+        self.restore(&cluster, ids.iter().collect(), ttl).await;
+    }
+
+    /// Restores the records of sessions `ids` held here, or drops the copies of those
+    /// that ended elsewhere. Stops at the first failure.
+    async fn restore(&self, cluster: &crate::cluster::Cluster, ids: Vec<&String>, ttl: std::time::Duration) {
+        use crate::cluster::sessions::Restored;
+        let mut ended = 0;
+        for id in &ids {
+            let Some(record) = self.sessions.get(id.as_str()).map(|s| s.record(s.key())) else {
+                continue;
+            };
+            match cluster.sessions.restore(cluster, &record, ttl).await {
+                Ok(Restored::Ended) => {
+                    info!(session = %id, "session ended on another replica (its note missed); forgetting it here");
+                    self.drop_copy(id);
+                    ended += 1;
+                }
+                Ok(_) => {}
+                Err(_) => return,
             }
         }
-        tracing::debug!(sessions = n, "session records restored in Redis");
+        if !ids.is_empty() {
+            tracing::debug!(sessions = ids.len(), ended, "session records reconciled with Redis");
+        }
+    }
+
+    /// Writes the ends that failed while Redis was unreachable; false if it still is.
+    async fn end_records(&self, cluster: &crate::cluster::Cluster) -> bool {
+        let pending: Vec<String> = crate::sync::lock(&self.unended).iter().cloned().collect();
+        let ttl = self.gw.config().gateway.session_idle;
+        for sid in pending {
+            if cluster.sessions.delete(cluster, &sid, ttl).await.is_err() {
+                return false;
+            }
+            crate::sync::lock(&self.unended).remove(&sid);
+        }
+        true
     }
 
     /// Ends a session: its requests are cancelled and its subscriptions dropped. In
@@ -158,8 +203,12 @@ impl Http {
             self.gw.ended_elsewhere(sid);
             let sid = sid.to_owned();
             let share = removed.as_ref().map(|(_, s)| s.share.clone());
+            let (http, ttl) = (self.clone(), self.gw.config().gateway.session_idle);
             crate::background::spawn(async move {
-                let _ = cluster.sessions.delete(&cluster, &sid).await;
+                if cluster.sessions.delete(&cluster, &sid, ttl).await.is_err() {
+                    // Written once Redis is back, before any record is restored.
+                    crate::sync::lock(&http.unended).insert(sid.clone());
+                }
                 if let Some(share) = share {
                     cluster.release_session(&sid, &share).await;
                 }
