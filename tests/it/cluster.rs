@@ -86,27 +86,9 @@ async fn a_session_opened_on_one_replica_is_served_by_every_replica() {
         .await;
     assert_eq!(r["result"], serde_json::json!({}), "{r}");
     // DELETE on the third: the session is gone on every replica.
-    let del = c
-        .http
-        .delete(&c.url)
-        .header("mcp-session-id", &c.id)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(del.status(), 200);
+    assert_eq!(c.end().await, 200);
     for s in [&a, &b] {
-        let mut gone = false;
-        for _ in 0..100 {
-            let (status, _) = s
-                .post_text(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#)
-                .await;
-            if status == 404 {
-                gone = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(gone, "the session ended everywhere");
+        assert!(s.until_gone().await, "the session ended everywhere");
     }
     // Redis never holds a session id.
     let keys = redis.cli(&["KEYS", "*"]);
@@ -130,29 +112,11 @@ async fn a_session_ended_while_a_replica_missed_the_bus_ends_there_once_it_liste
     // SAFETY: signals to a child process this test started.
     unsafe { libc::kill(frozen, libc::SIGSTOP) };
     let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
-    let del = a
-        .http
-        .delete(&a.url)
-        .header("mcp-session-id", &a.id)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(del.status(), 200);
+    assert_eq!(a.end().await, 200);
     // SAFETY: as above.
     unsafe { libc::kill(frozen, libc::SIGCONT) };
-    let mut gone = false;
-    for _ in 0..500 {
-        let (status, _) = b
-            .post_text(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#)
-            .await;
-        if status == 404 {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     assert!(
-        gone,
+        b.until_gone().await,
         "the replica that missed the note still serves the session (CLIENT KILL: {killed})\n{}",
         gws[1].logs()
     );
@@ -754,30 +718,16 @@ async fn a_session_ended_while_redis_was_down_ends_everywhere_once_it_is_back() 
     for gw in &gws {
         redis_state(gw, "down").await;
     }
-    let del = a
-        .http
-        .delete(&a.url)
-        .header("mcp-session-id", &a.id)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(del.status(), 200);
+    assert_eq!(a.end().await, 200);
     redis.restart();
     for gw in &gws {
         redis_state(gw, "up").await;
     }
-    let mut gone = false;
-    for _ in 0..500 {
-        let (status, _) = b
-            .post_text(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#)
-            .await;
-        if status == 404 {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(gone, "the session lives on on the other replica\n{}", gws[1].logs());
+    assert!(
+        b.until_gone().await,
+        "the session lives on on the other replica\n{}",
+        gws[1].logs()
+    );
     let mut clean = false;
     for _ in 0..100 {
         if redis.cli(&["KEYS", "*session:*"]).trim().is_empty() {

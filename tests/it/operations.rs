@@ -600,14 +600,7 @@ async fn metrics_count_requests_latency_sessions_and_downstreams() {
     );
 
     // Sessions: one ended by DELETE.
-    let r = s2
-        .http
-        .delete(&s2.url)
-        .header("mcp-session-id", &s2.id)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(s2.end().await, 200);
     assert_eq!(scrape(&gw).await.value("mcp_gateway_sessions", &[]), Some(1.0));
 
     // A child that dies is down; the other stays up.

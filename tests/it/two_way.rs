@@ -406,14 +406,7 @@ async fn expect_update(stream: &mut Messages) {
 }
 
 async fn delete(s: &Session) {
-    let r = s
-        .http
-        .delete(&s.url)
-        .header("mcp-session-id", &s.id)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(s.end().await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

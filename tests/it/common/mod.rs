@@ -272,6 +272,32 @@ impl Session {
         (r.status().as_u16(), r.text().await.expect("body"))
     }
 
+    /// DELETEs the session; the status.
+    pub async fn end(&self) -> u16 {
+        let r = self
+            .http
+            .delete(&self.url)
+            .header("mcp-session-id", &self.id)
+            .send()
+            .await
+            .expect("delete");
+        r.status().as_u16()
+    }
+
+    /// Whether a request of the session is answered 404 (it ended) within 10 s.
+    pub async fn until_gone(&self) -> bool {
+        for _ in 0..500 {
+            let (status, _) = self
+                .post_text(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#)
+                .await;
+            if status == 404 {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     pub async fn notify(&self, method: &str, params: Value) {
         let r = self
             .post()
