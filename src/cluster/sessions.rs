@@ -96,24 +96,41 @@ impl Sessions {
         cluster.track(out)
     }
 
-    /// Stores a record again unless one is there (after Redis lost its data), or the
-    /// session ended: [`Restored::Ended`] when a replica ended it, whose note on the bus
-    /// this replica may have missed (pub/sub is at most once).
-    pub async fn restore(&self, cluster: &Cluster, r: &Record, ttl: Duration) -> redis::RedisResult<Restored> {
-        let mut conn = cluster.conn();
+    /// Stores records again where they are missing (after Redis lost its data), unless
+    /// their session ended: [`Restored::Ended`] when a replica ended it, whose note on the
+    /// bus this replica may have missed (pub/sub is at most once). One pipeline, one
+    /// answer per record, in order.
+    pub async fn restore(
+        &self,
+        cluster: &Cluster,
+        records: &[Record],
+        ttl: Duration,
+    ) -> redis::RedisResult<Vec<Restored>> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let out: redis::RedisResult<i64> = redis::Script::new(RESTORE)
-            .key(Self::name(cluster, &r.id))
-            .key(Self::tombstone(cluster, &r.id))
-            .arg(r.seal(&self.key))
-            .arg(ms)
-            .invoke_async(&mut conn)
-            .await;
-        Ok(match cluster.track(out)? {
-            -1 => Restored::Ended,
-            1 => Restored::Written,
-            _ => Restored::There,
-        })
+        let mut pipe = redis::pipe();
+        for r in records {
+            pipe.cmd("EVAL")
+                .arg(RESTORE)
+                .arg(2)
+                .arg(Self::name(cluster, &r.id))
+                .arg(Self::tombstone(cluster, &r.id))
+                .arg(r.seal(&self.key))
+                .arg(ms);
+        }
+        let mut conn = cluster.conn();
+        let out: redis::RedisResult<Vec<i64>> = pipe.query_async(&mut conn).await;
+        Ok(cluster
+            .track(out)?
+            .into_iter()
+            .map(|n| match n {
+                -1 => Restored::Ended,
+                1 => Restored::Written,
+                _ => Restored::There,
+            })
+            .collect())
     }
 
     /// The record of session `id`: `Ok(None)` when there is none, or it does not verify

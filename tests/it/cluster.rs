@@ -653,6 +653,41 @@ async fn redis_state(gw: &Gateway, state: &str) {
     panic!("Redis never showed as {state}: {}", gw.logs());
 }
 
+/// More sessions than one pipeline restores (256) all come back after Redis restarted
+/// empty, and one that ended meanwhile among them does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_sessions_are_restored_in_batches_and_an_ended_one_stays_ended() {
+    let mut redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let mut open = Vec::new();
+    for _ in 0..300 {
+        open.push(gws[0].session().await);
+    }
+    // The second replica holds a copy of the first session.
+    let copy = via(&open[0], &gws[1]);
+    assert!(!copy.tool_names().await.is_empty());
+    redis.kill();
+    for gw in &gws {
+        redis_state(gw, "down").await;
+    }
+    assert_eq!(open[0].end().await, 200);
+    redis.restart();
+    let mut restored = 0;
+    for _ in 0..200 {
+        restored = redis.cli(&["KEYS", "mcpgw:session:*"]).lines().count();
+        if restored == 299 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(restored, 299, "{}", gws[0].logs());
+    assert!(copy.until_gone().await, "{}", gws[1].logs());
+    let r = via(&open[299], &gws[1])
+        .call("calc__add", serde_json::json!({"a": 1, "b": 1}))
+        .await;
+    assert_eq!(text(&r), "2", "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_ride_out_redis_going_away_and_coming_back_empty() {
     use serde_json::json;

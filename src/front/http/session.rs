@@ -63,6 +63,9 @@ impl Session {
     }
 }
 
+/// Sessions whose records one pipeline restores (see [`Http::reconcile_records`]).
+const RESTORE_BATCH: usize = 256;
+
 /// The first protocol version whose SSE streams start with a priming event.
 pub(super) const PRIMING_SINCE: &str = "2025-11-25";
 
@@ -159,22 +162,25 @@ impl Http {
     }
 
     /// Restores the records of sessions `ids` held here, or drops the copies of those
-    /// that ended elsewhere. Stops at the first failure.
+    /// that ended elsewhere; a pipeline of [`RESTORE_BATCH`] at a time. Stops at the first
+    /// failure.
     async fn restore(&self, cluster: &crate::cluster::Cluster, ids: Vec<&String>, ttl: std::time::Duration) {
         use crate::cluster::sessions::Restored;
         let mut ended = 0;
-        for id in &ids {
-            let Some(record) = self.sessions.get(id.as_str()).map(|s| s.record(s.key())) else {
-                continue;
+        for batch in ids.chunks(RESTORE_BATCH) {
+            let records: Vec<crate::cluster::sessions::Record> = batch
+                .iter()
+                .filter_map(|id| self.sessions.get(id.as_str()).map(|s| s.record(s.key())))
+                .collect();
+            let Ok(found) = cluster.sessions.restore(cluster, &records, ttl).await else {
+                return;
             };
-            match cluster.sessions.restore(cluster, &record, ttl).await {
-                Ok(Restored::Ended) => {
-                    info!(session = %id, "session ended on another replica (its note missed); forgetting it here");
-                    self.drop_copy(id);
+            for (record, found) in records.iter().zip(found) {
+                if found == Restored::Ended {
+                    info!(session = %record.id, "session ended on another replica (its note missed); forgetting it here");
+                    self.drop_copy(&record.id);
                     ended += 1;
                 }
-                Ok(_) => {}
-                Err(_) => return,
             }
         }
         if !ids.is_empty() {
@@ -182,7 +188,8 @@ impl Http {
         }
     }
 
-    /// Writes the ends that failed while Redis was unreachable; false if it still is.
+    /// Writes the ends that failed while Redis was unreachable, and tells the bus of them;
+    /// false if Redis is still unreachable.
     async fn end_records(&self, cluster: &crate::cluster::Cluster) -> bool {
         let pending: Vec<String> = crate::sync::lock(&self.unended).iter().cloned().collect();
         let ttl = self.gw.config().gateway.session_idle;
@@ -190,6 +197,9 @@ impl Http {
             if cluster.sessions.delete(cluster, &sid, ttl).await.is_err() {
                 return false;
             }
+            // A replica that put the record back before the tombstone was written, and
+            // listens again by now, forgets its copy at once.
+            self.gw.ended_elsewhere(&sid);
             crate::sync::lock(&self.unended).remove(&sid);
         }
         true
@@ -200,13 +210,16 @@ impl Http {
     pub fn end_session(&self, sid: &str) {
         let removed = self.sessions.remove(sid);
         if let Some(cluster) = self.gw.cluster().cloned() {
-            self.gw.ended_elsewhere(sid);
             let sid = sid.to_owned();
             let share = removed.as_ref().map(|(_, s)| s.share.clone());
             let (http, ttl) = (self.clone(), self.gw.config().gateway.session_idle);
             crate::background::spawn(async move {
-                if cluster.sessions.delete(&cluster, &sid, ttl).await.is_err() {
-                    // Written once Redis is back, before any record is restored.
+                // The bus hears of it once the tombstone is written: a replica that put the
+                // record back before then (Redis was just back) hears it after.
+                if cluster.sessions.delete(&cluster, &sid, ttl).await.is_ok() {
+                    http.gw.ended_elsewhere(&sid);
+                } else {
+                    // Written (and told) once Redis is back, before any record is restored.
                     crate::sync::lock(&http.unended).insert(sid.clone());
                 }
                 if let Some(share) = share {
