@@ -160,10 +160,21 @@ where
         gw.join(c);
     }
     gw.start().await;
-    if gw.cluster().is_some() {
-        // What sessions subscribed to on other replicas, and the level they chose.
+    if let Some(cluster) = gw.cluster() {
+        // What sessions subscribed to on other replicas, and the level they chose: now,
+        // and again each time Redis is back or the bus is listened to again (the notes of
+        // subscriptions and levels sent meanwhile are lost).
+        let mut recovered = cluster.recovered();
         let gw = gw.clone();
-        crate::background::spawn(async move { gw.catch_up().await });
+        crate::background::spawn(async move {
+            loop {
+                gw.catch_up().await;
+                match recovered.recv().await {
+                    Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
     }
     reload::spawn(&gw, gw.config().file.clone());
     // With OAuth, have the issuer's keys before the first token arrives.

@@ -187,6 +187,41 @@ async fn a_subscription_through_one_replica_holds_on_every_replica_at_once() {
     }
 }
 
+/// A subscription made through one replica while another was not listening to the bus
+/// (the note asking its server to subscribe is lost there) holds on that replica too once
+/// it listens again: it subscribes its server to what Redis says sessions subscribed to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_made_while_a_replica_missed_the_bus_holds_there_once_it_listens_again() {
+    const README: &str = "mock://calc/readme";
+    let redis = Redis::start();
+    let calc = server("calc", "calc", &["--two-way", "--quirk", "subscribed-only"], "");
+    let gws = replicas(2, &redis, &calc, "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    let r = b.call("calc__update_resource", json!({"uri": README})).await;
+    assert_eq!(text(&r), format!("not subscribed to {README}"), "{r}");
+    let frozen = gws[1].child.id() as i32;
+    // SAFETY: signals to a child process this test started.
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let r = a.request(json!(1), "resources/subscribe", json!({"uri": README})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    let mut last = serde_json::Value::Null;
+    for _ in 0..200 {
+        last = b.call("calc__update_resource", json!({"uri": README})).await;
+        if text(&last) == format!("updated {README}") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the replica that missed the note never subscribed its server: {last}\n{}",
+        gws[1].logs()
+    );
+}
+
 #[tokio::test]
 async fn a_session_outlives_the_replica_it_was_opened_on() {
     let redis = Redis::start();
