@@ -68,6 +68,27 @@ fn two_way() -> String {
 
 const T: Duration = Duration::from_secs(20);
 
+/// A resource of [`subscribable`]'s server.
+const README: &str = "mock://calc/readme";
+
+/// A server whose `update_resource` tool says whether it was subscribed to the URI.
+fn subscribable() -> String {
+    server("calc", "calc", &["--two-way", "--quirk", "subscribed-only"], "")
+}
+
+/// Runs `f` while replica `gw` is frozen and its bus connection cut: it misses every note
+/// sent meanwhile (pub/sub is at most once), and listens again once thawed.
+async fn deaf_while<F: std::future::Future>(gw: &Gateway, redis: &Redis, f: F) -> F::Output {
+    let frozen = gw.child.id() as i32;
+    // SAFETY: signals to a child process this test started.
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let out = f.await;
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    out
+}
+
 #[tokio::test]
 async fn a_session_opened_on_one_replica_is_served_by_every_replica() {
     let redis = Redis::start();
@@ -107,17 +128,10 @@ async fn a_session_ended_while_a_replica_missed_the_bus_ends_there_once_it_liste
     let b = via(&a, &gws[1]);
     let r = b.call("calc__add", serde_json::json!({"a": 2, "b": 3})).await;
     assert_eq!(text(&r), "5", "{r}");
-    // The second replica is frozen and its bus connection cut: it cannot hear the end.
-    let frozen = gws[1].child.id() as i32;
-    // SAFETY: signals to a child process this test started.
-    unsafe { libc::kill(frozen, libc::SIGSTOP) };
-    let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
-    assert_eq!(a.end().await, 200);
-    // SAFETY: as above.
-    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    assert_eq!(deaf_while(&gws[1], &redis, a.end()).await, 200);
     assert!(
         b.until_gone().await,
-        "the replica that missed the note still serves the session (CLIENT KILL: {killed})\n{}",
+        "the replica that missed the note still serves the session\n{}",
         gws[1].logs()
     );
     // Its record was not written back.
@@ -167,10 +181,8 @@ async fn a_log_level_set_through_one_replica_holds_on_the_next_at_once() {
 /// change only for a URI it was subscribed to, as a real server does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_through_one_replica_holds_on_every_replica_at_once() {
-    const README: &str = "mock://calc/readme";
     let redis = Redis::start();
-    let calc = server("calc", "calc", &["--two-way", "--quirk", "subscribed-only"], "");
-    let gws = replicas(3, &redis, &calc, "");
+    let gws = replicas(3, &redis, &subscribable(), "");
     let first = gws[0].session().await;
     let all: Vec<Session> = gws.iter().map(|g| via(&first, g)).collect();
     for round in 0..6 {
@@ -192,22 +204,19 @@ async fn a_subscription_through_one_replica_holds_on_every_replica_at_once() {
 /// it listens again: it subscribes its server to what Redis says sessions subscribed to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_made_while_a_replica_missed_the_bus_holds_there_once_it_listens_again() {
-    const README: &str = "mock://calc/readme";
     let redis = Redis::start();
-    let calc = server("calc", "calc", &["--two-way", "--quirk", "subscribed-only"], "");
-    let gws = replicas(2, &redis, &calc, "");
+    let gws = replicas(2, &redis, &subscribable(), "");
     let a = gws[0].session().await;
     let b = via(&a, &gws[1]);
     let r = b.call("calc__update_resource", json!({"uri": README})).await;
     assert_eq!(text(&r), format!("not subscribed to {README}"), "{r}");
-    let frozen = gws[1].child.id() as i32;
-    // SAFETY: signals to a child process this test started.
-    unsafe { libc::kill(frozen, libc::SIGSTOP) };
-    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
-    let r = a.request(json!(1), "resources/subscribe", json!({"uri": README})).await;
+    let r = deaf_while(
+        &gws[1],
+        &redis,
+        a.request(json!(1), "resources/subscribe", json!({"uri": README})),
+    )
+    .await;
     assert_eq!(r["result"], json!({}), "{r}");
-    // SAFETY: as above.
-    unsafe { libc::kill(frozen, libc::SIGCONT) };
     let mut last = serde_json::Value::Null;
     for _ in 0..200 {
         last = b.call("calc__update_resource", json!({"uri": README})).await;
