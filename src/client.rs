@@ -69,6 +69,16 @@ pub struct Question {
 }
 
 /// Six random base-36 characters, chosen once per process.
+/// How logs and traces name session `id`: the first 16 hex digits of its SHA-256 (the
+/// start of its digest in Redis keys). A session id works as a bearer credential for
+/// whoever holds it, so it is never written out itself; an operator who has one finds
+/// its lines by `printf %s "$ID" | sha256sum | cut -c1-16`.
+pub fn session_tag(id: &str) -> String {
+    let mut tag = crate::cluster::digest(id);
+    tag.truncate(16);
+    tag
+}
+
 pub(crate) fn process_tag() -> &'static str {
     static TAG: OnceLock<String> = OnceLock::new();
     TAG.get_or_init(|| {
@@ -138,7 +148,7 @@ impl crate::downstream::Peer for Client {
                 if questions.send(q).await.is_err() {
                     return Outcome::from(Error::gateway(format!("the call {method} was asked for has ended")));
                 }
-                debug!(session = %self.id, %method, "a server's question goes to the client as input_required");
+                debug!(session = %session_tag(&self.id), %method, "a server's question goes to the client as input_required");
                 return tokio::select! {
                     a = rx => a.unwrap_or_else(|_| Outcome::from(Error::gateway(format!("the client did not answer {method} (its call ended)")))),
                     _ = sink.call_over() => Outcome::from(Error::gateway(format!("the call {method} was asked for ended before the client answered"))),
@@ -149,7 +159,7 @@ impl crate::downstream::Peer for Client {
             let id = Id::string(&format!("mcp-gateway-{}-{n}", process_tag()));
             let (tx, rx) = tokio::sync::oneshot::channel();
             crate::sync::lock(&self.asked).insert(id_key(&id), tx);
-            debug!(session = %self.id, %method, request = %id, "asking the client for a server");
+            debug!(session = %session_tag(&self.id), %method, request = %id, "asking the client for a server");
             if !sink
                 .send(Bytes::from(message::request(&id, &method, params.as_deref())))
                 .await

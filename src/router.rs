@@ -547,7 +547,7 @@ impl Gateway {
                     return;
                 };
                 if let Some(t) = client.inflight().get(&id_key(&id)) {
-                    debug!(session = %client.id, request = %id, "client cancelled a request");
+                    debug!(session = %crate::client::session_tag(&client.id), request = %id, "client cancelled a request");
                     t.cancel();
                 } else {
                     // Cluster mode: the call may run on another replica.
@@ -560,7 +560,7 @@ impl Gateway {
                 self.roots_changed_elsewhere(client);
             }
             Method::Initialized | Method::Progress => {}
-            _ => debug!(session = %client.id, method, "ignoring client notification"),
+            _ => debug!(session = %crate::client::session_tag(&client.id), method, "ignoring client notification"),
         }
     }
 

@@ -276,7 +276,7 @@ impl Gateway {
                 let Some(c) = self.live(&sid) else { return };
                 if let Ok(Kind::Response { id, outcome }) = Kind::parse(line.as_bytes()) {
                     if c.answer(id.as_ref(), outcome) {
-                        debug!(session = %c.id, "a client's answer reached its question through another replica");
+                        debug!(session = %crate::client::session_tag(&c.id), "a client's answer reached its question through another replica");
                     }
                 }
             }
@@ -288,7 +288,7 @@ impl Gateway {
                 };
                 let token = c.inflight().get(&message::id_key(&id)).cloned();
                 if let Some(t) = token {
-                    debug!(session = %c.id, request = %id, "a client cancelled a request through another replica");
+                    debug!(session = %crate::client::session_tag(&c.id), request = %id, "a client cancelled a request through another replica");
                     t.cancel();
                 }
             }

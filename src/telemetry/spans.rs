@@ -184,7 +184,7 @@ pub fn request_span(origin: Origin<'_>, id: &Id, method: &str, params: Option<&R
         "otel.kind" = "server",
         "otel.status_code" = Empty,
         "mcp.method.name" = method,
-        "mcp.session.id" = origin.session,
+        "mcp.session.id" = crate::client::session_tag(origin.session),
         "mcp.protocol.version" = Empty,
         "jsonrpc.request.id" = Empty,
         "network.transport" = origin.transport,

@@ -378,7 +378,8 @@ async fn idle_sessions_expire_but_not_while_a_get_stream_is_open() {
     // Wait (without touching it: any request counts as use) for the janitor to end `idle`.
     let logs = gw.stderr.clone();
     let expired = |id: &str| {
-        let needle = id.to_string();
+        // Logs name a session by its tag, never by its id.
+        let needle = sha256_hex(id)[..16].to_string();
         let logs = logs.clone();
         move || {
             logs.lock()

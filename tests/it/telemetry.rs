@@ -160,7 +160,7 @@ async fn request_and_downstream_spans_nest_and_propagate_to_stdio() {
         ("jsonrpc.request.id", "7"),
         ("network.transport", "tcp"),
         ("mcp.protocol.version", "2025-11-25"),
-        ("mcp.session.id", s.id.as_str()),
+        ("mcp.session.id", &sha256_hex(&s.id)[..16]),
         ("mcp.gateway.outcome", "ok"),
     ] {
         assert_eq!(
@@ -205,6 +205,65 @@ async fn request_and_downstream_spans_nest_and_propagate_to_stdio() {
 /// The spans' resource names the service (from `[telemetry]`, else `OTEL_SERVICE_NAME`)
 /// and its version, also after a reload points the export at another receiver, and a
 /// reload's `service_name` and `log_format` apply without a restart.
+/// A session id lets whoever holds it act in the session, so neither the logs (at debug)
+/// nor the spans carry it: they name the session by its tag, the start of its SHA-256.
+#[tokio::test]
+async fn session_ids_never_reach_logs_or_spans_only_their_tags_do() {
+    let otlp = Collector::start().await;
+    let name = unique("calc");
+    let gw = Gateway::start_with_env(
+        &config(&otlp.endpoint, "", &format!("[servers.calc]\n{}", mock(&name, &[]))),
+        &[FAST[0], ("MCP_GATEWAY_LOG", "debug")],
+    );
+    let s = gw.session().await;
+    let tag = sha256_hex(&s.id)[..16].to_owned();
+    let r = s
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "calc__add", "arguments": {"a": 1, "b": 2}}),
+        )
+        .await;
+    assert_eq!(text(&r), "3", "{r}");
+    // Lines that name the session: a notification nobody handles, a cancellation, a
+    // response to no question, the end.
+    s.notify("notifications/whatever", json!({})).await;
+    s.notify("notifications/cancelled", json!({"requestId": 99})).await;
+    let (status, _) = s
+        .post_text(r#"{"jsonrpc":"2.0","id":"nobody-asked","result":{}}"#)
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(s.end().await, 200);
+    assert!(
+        gw.wait_log("session ended by the client", Duration::from_secs(10))
+            .await
+    );
+    let spans = otlp
+        .wait("the call's span", |sp| named(sp, "tools/call calc__add").is_some())
+        .await;
+    let logs = gw.logs();
+    assert!(!logs.contains(&s.id), "a session id in the logs:\n{logs}");
+    for needle in [
+        "session opened",
+        "ignoring client notification",
+        "dropping a client response",
+        "session ended by the client",
+    ] {
+        assert!(
+            logs.lines().any(|l| l.contains(needle) && l.contains(&tag)),
+            "no '{needle}' line with the tag {tag}:\n{logs}"
+        );
+    }
+    for span in &spans {
+        for kv in &span.attributes {
+            let v = any_str(kv.value.as_ref());
+            assert!(!v.contains(&s.id), "{} = {v} carries the session id", kv.key);
+        }
+    }
+    let req = named(&spans, "tools/call calc__add").unwrap();
+    assert_eq!(attr(req, "mcp.session.id").as_deref(), Some(tag.as_str()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_carry_the_service_name_and_version_across_reloads() {
     let version = env!("CARGO_PKG_VERSION");

@@ -69,7 +69,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
             // delivered at most once, and SDK clients reconnect with the id they last
             // read, so a refusal would end their GET stream for good).
             _ if event.get == Some(true) => {
-                tracing::debug!(session = %sid, %last, "a GET stream resumed that is not kept here: opened anew");
+                tracing::debug!(session = %crate::client::session_tag(&sid), %last, "a GET stream resumed that is not kept here: opened anew");
                 reopened = true;
             }
             _ if !event.here => {
@@ -166,7 +166,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
                 Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
                     // Its queue is full: this client cannot keep up. End its session (it
                     // will initialize again) rather than let it fall behind silently.
-                    tracing::warn!(session = %sid, missed = n, "GET stream cannot keep up; ending the session");
+                    tracing::warn!(session = %crate::client::session_tag(&sid), missed = n, "GET stream cannot keep up; ending the session");
                     ender.end_session(&sid);
                     None
                 }

@@ -179,7 +179,7 @@ pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) 
                     // The question may be another replica's call's.
                     http.gw.answer_elsewhere(&sid, &body);
                 } else {
-                    debug!(session = %sid, "dropping a client response: no server→client request has its id");
+                    debug!(session = %crate::client::session_tag(&sid), "dropping a client response: no server→client request has its id");
                 }
             }
             StatusCode::ACCEPTED.into_response()

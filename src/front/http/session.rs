@@ -92,10 +92,10 @@ impl Http {
                 crate::background::spawn(async move {
                     let gone = matches!(cluster.sessions.load(&cluster, &id).await, Ok(None));
                     if gone {
-                        info!(session = %id, "session expired");
+                        info!(session = %crate::client::session_tag(&id), "session expired");
                         http.end_session(&id);
                     } else {
-                        tracing::debug!(session = %id, "session idle here; its record stays for the other replicas");
+                        tracing::debug!(session = %crate::client::session_tag(&id), "session idle here; its record stays for the other replicas");
                         http.drop_copy(&id);
                     }
                 });
@@ -103,7 +103,7 @@ impl Http {
             return;
         }
         for id in expired {
-            info!(session = %id, "session expired");
+            info!(session = %crate::client::session_tag(&id), "session expired");
             self.end_session(&id);
         }
     }
@@ -177,7 +177,7 @@ impl Http {
             };
             for (record, found) in records.iter().zip(found) {
                 if found == Restored::Ended {
-                    info!(session = %record.id, "session ended on another replica (its note missed); forgetting it here");
+                    info!(session = %crate::client::session_tag(&record.id), "session ended on another replica (its note missed); forgetting it here");
                     self.drop_copy(&record.id);
                     ended += 1;
                 }
@@ -371,7 +371,7 @@ async fn adopt(
     // Two requests of the session may adopt it at once: the first copy wins.
     let session = http.sessions.entry(id.to_owned()).or_insert(session).clone();
     http.gw.remember(&session.client);
-    tracing::debug!(session = %id, "serving a session another replica opened");
+    tracing::debug!(session = %crate::client::session_tag(id), "serving a session another replica opened");
     Ok((id.to_owned(), session))
 }
 
@@ -514,8 +514,10 @@ pub(super) async fn initialize(
         ),
     );
     match &client_name {
-        Some(client) => info!(session = %sid, %version, %client, %endpoint, "session opened"),
-        None => info!(session = %sid, %version, %endpoint, "session opened"),
+        Some(client) => {
+            info!(session = %crate::client::session_tag(&sid), %version, %client, %endpoint, "session opened")
+        }
+        None => info!(session = %crate::client::session_tag(&sid), %version, %endpoint, "session opened"),
     }
     let mut resp = json_response(message::response(id, &outcome));
     if let Ok(v) = HeaderValue::from_str(&sid) {
@@ -533,7 +535,7 @@ pub(super) async fn delete(State(http): State<Http>, req: axum::extract::Request
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    info!(session = %sid, "session ended by the client");
+    info!(session = %crate::client::session_tag(&sid), "session ended by the client");
     http.end_session(&sid);
     StatusCode::OK.into_response()
 }
