@@ -167,7 +167,12 @@ impl Server {
         let name: Arc<str> = Arc::from(cfg.name.as_str());
         let stop = CancellationToken::new();
         Server {
-            pool: pool::Pool::new(name.clone(), cfg.max_sessions, stop.clone()),
+            pool: pool::Pool::new(
+                name.clone(),
+                cfg.max_sessions,
+                cfg.isolation == config::Isolation::Session,
+                stop.clone(),
+            ),
             name,
             settings: RwLock::new(Arc::new(Settings::of(&cfg))),
             cfg,

@@ -27,6 +27,8 @@ pub(super) type Started = (Connection, mpsc::Receiver<Incoming>);
 pub(super) struct Pool {
     server: Arc<str>,
     max: usize,
+    /// Keyed by session id (`isolation = "session"`), which logs show only as its tag.
+    by_session: bool,
     /// Each client session's slot for its own process, by session id. The map's lock is
     /// held only briefly; a process starts under its session's slot lock, so a slow
     /// start holds up no other session.
@@ -71,14 +73,25 @@ impl Drop for Seat {
 }
 
 impl Pool {
-    pub(super) fn new(server: Arc<str>, max_sessions: usize, stop: CancellationToken) -> Pool {
+    pub(super) fn new(server: Arc<str>, max_sessions: usize, by_session: bool, stop: CancellationToken) -> Pool {
         Pool {
             server,
             max: max_sessions,
+            by_session,
             sessions: Mutex::default(),
             seats: Arc::default(),
             next_instance: AtomicU64::new(0),
             stop,
+        }
+    }
+
+    /// How logs name the caller of key `key`: an identity by its name, a session by its
+    /// tag ([`crate::client::session_tag`]), never by its id.
+    fn shown(&self, key: &str) -> String {
+        match key.strip_prefix('\0') {
+            Some(rest) => rest.to_owned(),
+            None if self.by_session => crate::client::session_tag(key),
+            None => key.to_owned(),
         }
     }
 
@@ -153,7 +166,7 @@ impl Pool {
         let (conn, mut incoming) = start()
             .await
             .map_err(|reason| self.unavailable(format!("cannot start a process for this caller: {reason}")))?;
-        info!(server = %self.server, caller = session, "started a process for a caller");
+        info!(server = %self.server, caller = %self.shown(session), "started a process for a caller");
         let id = self.next_instance.fetch_add(1, Ordering::Relaxed);
         // Its own notifications (list_changed...) do not change the shared catalog. When it
         // exits, its slot is emptied (and its seat given back) without waiting for a call.
@@ -195,7 +208,7 @@ impl Pool {
             return;
         };
         if let Some(i) = end(&slot).await {
-            info!(server = %self.server, session, "stopping a session's process");
+            info!(server = %self.server, caller = %self.shown(session), "stopping a session's process");
             i.conn.shutdown().await;
         }
     }

@@ -80,15 +80,7 @@ async fn counter(s: &Session) -> u64 {
 }
 
 async fn delete(s: &Session) {
-    let r = s
-        .http
-        .delete(&s.url)
-        .header("mcp-session-id", &s.id)
-        .header("mcp-protocol-version", "2025-11-25")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "DELETE");
+    assert_eq!(s.end().await, 200, "DELETE");
 }
 
 /// An error response or an `isError` tool result, as one string to search.
@@ -177,6 +169,16 @@ async fn ending_a_session_stops_only_its_process() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(procs(&gw.server_status("iso").await), 1);
+    // The log names the sessions whose processes started and stopped by their tags.
+    assert!(
+        gw.wait_log("stopping a session's process", Duration::from_secs(5))
+            .await
+    );
+    let logs = gw.logs();
+    for s in [&a, &b] {
+        assert!(!logs.contains(&s.id), "a session id in the logs:\n{logs}");
+        assert!(logs.contains(&sha256_hex(&s.id)[..16]), "{logs}");
+    }
 }
 
 #[tokio::test]
