@@ -259,14 +259,7 @@ async fn max_sessions_refuses_initialize_with_503_until_one_ends() {
     }
     // End one: a new initialize succeeds, and the limit holds again after it.
     let gone = open.remove(0);
-    let r = gone
-        .http
-        .delete(&gw.url)
-        .header("mcp-session-id", &gone.id)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(gone.end().await, 200);
     let fresh = gw.session().await;
     works(&fresh, "in the freed slot").await;
     let r = reqwest::Client::new()
