@@ -382,6 +382,9 @@ pub struct Connection {
     stderr: Option<Arc<stdio::StderrTail>>,
     /// Whose calls this handle sends ([`Connection::for_caller`]).
     caller: fair::Caller,
+    /// Whether its owner shares slots among callers (a remote server's), so that a
+    /// caller's key is worth making.
+    fair: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -400,13 +403,23 @@ impl Connection {
             degraded: Arc::default(),
             stderr: None,
             caller: 0,
+            fair: false,
         }
     }
 
+    /// The same handle, to an owner that shares its slots among callers ([`fair`]).
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
+        self
+    }
+
     /// The same handle, sending its calls as `caller`'s: a remote server's
-    /// `max_connections` slots go to waiting callers in turn ([`fair`]).
-    pub fn for_caller(mut self, caller: fair::Caller) -> Self {
-        self.caller = caller;
+    /// `max_connections` slots go to waiting callers in turn ([`fair`]). The key is made
+    /// only for such a server (a child's pipe has no slots to share).
+    pub fn for_caller(mut self, caller: impl FnOnce() -> fair::Caller) -> Self {
+        if self.fair {
+            self.caller = caller();
+        }
         self
     }
 

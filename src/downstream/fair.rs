@@ -4,7 +4,8 @@
 //! thousand slow calls to a server of 256 slots takes all of them, and every other
 //! teammate's call waits behind the 744 that are queued. Here each caller (its
 //! `[clients.NAME]` or OAuth identity, else its session; a stateless request without an
-//! identity is a caller of its own) has a queue of its own, and a slot
+//! identity is its address's, as the stateless client is named) has a queue of its own,
+//! and a slot
 //! that frees goes to the callers that wait in turn (round robin): another caller's call
 //! waits for one slot to free, not for the flood. A caller alone still gets every slot, and
 //! a slot is never left free while anyone waits.
@@ -183,8 +184,8 @@ impl Drop for Waiter<'_> {
     }
 }
 
-/// The fairness key of a caller: its identity's name if it has one, else its session id,
-/// else 0.
+/// The fairness key of a caller: its identity's name if it has one, else its session id
+/// (a stateless client's id: `stateless:` and its address), else 0.
 pub fn caller(identity: Option<&str>, session: Option<&str>) -> Caller {
     use std::hash::BuildHasher;
     match identity.map(|i| (1u8, i)).or(session.map(|s| (2u8, s))) {

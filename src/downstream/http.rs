@@ -104,7 +104,7 @@ pub fn spawn_as(
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
     crate::background::spawn(run(shared, rx).instrument(span));
-    Ok(Connection::new(server, tx))
+    Ok(Connection::new(server, tx).fair())
 }
 
 /// What the owner and its request tasks share.

@@ -65,10 +65,9 @@ impl Gateway {
             s.connection()
         };
         let conn = match conn {
-            Ok(c) => c.for_caller(crate::downstream::fair::caller(
-                cx.identity.map(|i| i.name.as_str()),
-                Some(cx.client.id.as_str()),
-            )),
+            Ok(c) => c.for_caller(|| {
+                crate::downstream::fair::caller(cx.identity.map(|i| i.name.as_str()), Some(cx.client.id.as_str()))
+            }),
             Err(e) => return Outcome::Error(e.to_error_object()),
         };
         let _busy = crate::console::Busy::new(&s.in_flight);

@@ -571,6 +571,60 @@ async fn one_sessions_flood_does_not_queue_another_sessions_call_behind_it() {
     }
 }
 
+/// Stateless (2026-07-28) requests without an identity are callers by their address: a
+/// flood from one address (behind a trusted balancer, the one its `X-Forwarded-For`
+/// names) does not queue another address's call behind it, as a session's flood does not
+/// (above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_addresss_stateless_flood_does_not_queue_another_addresss_call_behind_it() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&format!(
+        "[gateway]\ntrusted_proxies = [\"127.0.0.1\"]\n\n{}",
+        remote_table("one", &remote.url(), "max_connections = 1")
+    ));
+    let call = |from: &'static str, id: Value, tool: &'static str, arguments: Value| {
+        let url = gw.url.clone();
+        async move {
+            let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": tool, "arguments": arguments, "_meta": stateless_meta("flood"),
+            }});
+            let r = reqwest::Client::new()
+                .post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", tool)
+                .header("x-forwarded-for", from)
+                .json(&body)
+                .send()
+                .await
+                .expect("post");
+            r.json::<Value>().await.expect("json")
+        }
+    };
+    let spawn_call =
+        |id: i64, seconds: f64| tokio::spawn(call("10.0.0.1", json!(id), "one__slow", json!({"seconds": seconds})));
+    let holder = spawn_call(0, 0.5);
+    assert!(
+        until(Duration::from_secs(10), || remote.posts_of("tools/call").len() == 1).await,
+        "{:#?}",
+        remote.records()
+    );
+    let queued: Vec<_> = (1..=3).map(|id| spawn_call(id, 1.0)).collect();
+    assert!(in_flight_is(&gw, 4).await, "in flight: {}", gw.in_flight().await);
+    let r = call("10.0.0.2", json!("b"), "one__echo", json!({"text": "my turn"})).await;
+    assert_eq!(r["result"]["content"][0]["text"], "my turn", "{r}");
+    let done = queued.iter().filter(|t| t.is_finished()).count();
+    assert!(
+        done <= 1,
+        "{done} of the flood's queued calls went before the other address's"
+    );
+    assert!(holder.await.is_ok());
+    for t in queued {
+        t.abort();
+    }
+}
+
 /// Polls `/metrics` until `mcp_gateway_requests_in_flight` is `n` (true) or 10 s pass.
 async fn in_flight_is(gw: &Gateway, n: i64) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
