@@ -244,6 +244,24 @@ impl Shared {
         self.inner().log_levels.get(session).copied()
     }
 
+    /// Cluster mode: the levels the sessions whose keys ([`Shared::key`]) are `keys`
+    /// chose, as Redis has them, in order (none where a session chose none, and for every
+    /// key when Redis does not answer or this is not a cluster).
+    pub async fn log_levels_by_key(&self, keys: &[&str]) -> Vec<Option<usize>> {
+        let Some(c) = self.cluster.get().filter(|_| !keys.is_empty()) else {
+            return vec![None; keys.len()];
+        };
+        let r: redis::RedisResult<Vec<Option<usize>>> = redis::cmd("HMGET")
+            .arg(c.name("levels"))
+            .arg(keys)
+            .query_async(&mut c.conn())
+            .await;
+        match c.track(r) {
+            Ok(v) if v.len() == keys.len() => v,
+            _ => vec![None; keys.len()],
+        }
+    }
+
     /// Records a task a server created for session `owner`; returns its public id.
     pub async fn add_task(&self, server: &Arc<str>, task_id: &str, owner: &str) -> String {
         let public = public_task_id(server, task_id);

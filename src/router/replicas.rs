@@ -244,11 +244,25 @@ impl Gateway {
     }
 
     /// Subscribes this replica's downstreams to what sessions subscribed to, and sets
-    /// them to the level sessions chose (a replica joining, or Redis back).
+    /// them to the level sessions chose (a replica joining, or Redis back); and sets each
+    /// session copy here to the level its session chose, which a missed note left behind.
     pub async fn catch_up(&self) {
         let names: Vec<Arc<str>> = self.topology().servers.iter().map(|s| s.name.clone()).collect();
         for name in names {
             self.restore(name).await;
+        }
+        let copies: Vec<(String, Arc<super::Client>)> = crate::sync::lock(&self.live)
+            .iter()
+            .filter_map(|(k, c)| Some((k.clone(), c.upgrade()?)))
+            .collect();
+        for batch in copies.chunks(256) {
+            let keys: Vec<&str> = batch.iter().map(|(k, _)| k.as_str()).collect();
+            let levels = self.shared.log_levels_by_key(&keys).await;
+            for ((_, c), rank) in batch.iter().zip(levels) {
+                if let Some(rank) = rank.filter(|r| *r < LOG_LEVELS.len()) {
+                    *crate::sync::write(&c.log_level) = Some(rank);
+                }
+            }
         }
     }
 

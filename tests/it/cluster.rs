@@ -175,6 +175,62 @@ async fn a_log_level_set_through_one_replica_holds_on_the_next_at_once() {
     }
 }
 
+/// A level a session set through one replica while another was not listening to the bus
+/// (the note is lost there) holds on that replica too once it listens again: its copy of
+/// the session reads the level from Redis, rather than filtering that session's log
+/// messages at the level it had. Another session keeps the servers at `debug`, so the
+/// message reaches the replica and only the session's own level decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_level_set_while_a_replica_missed_the_bus_holds_there_once_it_listens_again() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let (a, chatty) = (gws[0].session().await, gws[0].session().await);
+    for (s, level) in [(&chatty, "debug"), (&a, "info")] {
+        let r = s.request(json!(1), "logging/setLevel", json!({"level": level})).await;
+        assert_eq!(r["result"], json!({}), "{r}");
+    }
+    let b = via(&a, &gws[1]);
+    let heard = |round: usize| {
+        let b = &b;
+        async move {
+            let message = format!("round-{round}");
+            let mut m = b
+                .start(
+                    json!(round),
+                    "tools/call",
+                    json!({"name": "calc__log", "arguments": {"message": message}}),
+                )
+                .await;
+            let (notes, r) = m.response(T).await;
+            assert_eq!(text(&r), "logged", "{r}");
+            notes
+                .iter()
+                .any(|n| n["method"] == "notifications/message" && n["params"]["data"] == message.as_str())
+        }
+    };
+    assert!(
+        heard(0).await,
+        "at info, the message is heard through the other replica"
+    );
+    let r = deaf_while(
+        &gws[1],
+        &redis,
+        a.request(json!(2), "logging/setLevel", json!({"level": "error"})),
+    )
+    .await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    for round in 1..200 {
+        if !heard(round).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the replica that missed the note still sends the session messages below its level\n{}",
+        gws[1].logs()
+    );
+}
+
 /// `resources/subscribe` through one replica is answered once every replica's child
 /// subscribed, and `resources/unsubscribe` once they left: a change right after either,
 /// on any replica, is heard or not as the client was told (the calc child here notifies a
