@@ -549,6 +549,20 @@ async fn one_sessions_flood_does_not_queue_another_sessions_call_behind_it() {
         let s = flood.clone();
         tokio::spawn(async move { s.call_id(json!(id), "one__slow", json!({"seconds": seconds})).await })
     };
+    let other = other.call_id(json!("b"), "one__echo", json!({"text": "my turn"}));
+    other_goes_before_the_flood(&remote, &gw, spawn_call, other, "session").await;
+}
+
+/// Floods a server of one slot (`spawn_call(id, seconds)`: a holder, then three queued
+/// calls), then makes `other`'s call: its turn comes after the holder's and at most one
+/// queued call of the flood.
+async fn other_goes_before_the_flood<T: Send + 'static>(
+    remote: &Remote,
+    gw: &Gateway,
+    spawn_call: impl Fn(i64, f64) -> tokio::task::JoinHandle<T>,
+    other: impl std::future::Future<Output = Value>,
+    whose: &str,
+) {
     let holder = spawn_call(0, 0.5);
     assert!(
         until(Duration::from_secs(10), || remote.posts_of("tools/call").len() == 1).await,
@@ -556,14 +570,13 @@ async fn one_sessions_flood_does_not_queue_another_sessions_call_behind_it() {
         remote.records()
     );
     let queued: Vec<_> = (1..=3).map(|id| spawn_call(id, 1.0)).collect();
-    assert!(in_flight_is(&gw, 4).await, "in flight: {}", gw.in_flight().await);
-    let r = other.call_id(json!("b"), "one__echo", json!({"text": "my turn"})).await;
+    assert!(in_flight_is(gw, 4).await, "in flight: {}", gw.in_flight().await);
+    let r = other.await;
     assert_eq!(text(&r), "my turn", "{r}");
-    // Its turn came after the holder's and at most one queued call of the flood.
     let done = queued.iter().filter(|t| t.is_finished()).count();
     assert!(
         done <= 1,
-        "{done} of the flood's queued calls went before the other session's"
+        "{done} of the flood's queued calls went before the other {whose}'s"
     );
     assert!(holder.await.is_ok());
     for t in queued {
@@ -604,25 +617,8 @@ async fn one_addresss_stateless_flood_does_not_queue_another_addresss_call_behin
     };
     let spawn_call =
         |id: i64, seconds: f64| tokio::spawn(call("10.0.0.1", json!(id), "one__slow", json!({"seconds": seconds})));
-    let holder = spawn_call(0, 0.5);
-    assert!(
-        until(Duration::from_secs(10), || remote.posts_of("tools/call").len() == 1).await,
-        "{:#?}",
-        remote.records()
-    );
-    let queued: Vec<_> = (1..=3).map(|id| spawn_call(id, 1.0)).collect();
-    assert!(in_flight_is(&gw, 4).await, "in flight: {}", gw.in_flight().await);
-    let r = call("10.0.0.2", json!("b"), "one__echo", json!({"text": "my turn"})).await;
-    assert_eq!(r["result"]["content"][0]["text"], "my turn", "{r}");
-    let done = queued.iter().filter(|t| t.is_finished()).count();
-    assert!(
-        done <= 1,
-        "{done} of the flood's queued calls went before the other address's"
-    );
-    assert!(holder.await.is_ok());
-    for t in queued {
-        t.abort();
-    }
+    let other = call("10.0.0.2", json!("b"), "one__echo", json!({"text": "my turn"}));
+    other_goes_before_the_flood(&remote, &gw, spawn_call, other, "address").await;
 }
 
 /// Polls `/metrics` until `mcp_gateway_requests_in_flight` is `n` (true) or 10 s pass.
