@@ -549,6 +549,21 @@ impl Connection {
     }
 }
 
+/// A configured value this long or longer is masked in what a server says back (a
+/// child's stderr, a remote server's error texts); shorter ones would mask ordinary words.
+pub(crate) const MASKED_MIN: usize = 6;
+
+/// `text` with every secret in it replaced by `***`.
+pub(crate) fn masked(text: std::borrow::Cow<'_, str>, secrets: &[String]) -> String {
+    let mut text = text.into_owned();
+    for s in secrets {
+        if text.contains(s.as_str()) {
+            text = text.replace(s.as_str(), "***");
+        }
+    }
+    text
+}
+
 /// Cancels a request downstream when its caller stops waiting for it.
 struct CancelOnDrop<'a> {
     id: u64,

@@ -28,7 +28,7 @@
 //! The gateway expands `${VAR}` in `args`, `env`, `url` and `headers`; a secret found in a
 //! `command` or `cwd`, which it does not expand, leaves that server out, with a note.
 
-mod secrets;
+pub(crate) mod secrets;
 
 use secrets::{credential_name, found_secrets, scheme_split, setting_value};
 use serde_json::{Map, Value};

@@ -231,7 +231,9 @@ pub enum HttpMode {
 /// A remote server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpSpec {
-    /// The URL as written in gateway.toml (before `${VAR}` expansion): safe to show.
+    /// The URL as written in gateway.toml (before `${VAR}` expansion), with a password
+    /// or a credential's query value written in it literally shown as `****`
+    /// ([`shown_url`]): safe to show.
     pub url_display: String,
     /// The expanded URL; may carry a credential in its query.
     pub url: Secret,
@@ -550,6 +552,63 @@ pub(super) fn parse(
     servers
 }
 
+/// A URL as written in gateway.toml, safe to show: a password in its user info, and the
+/// value of a query parameter named as a credential (`api_key`, `token`, `sig` …), are
+/// `****` unless written as `${VAR}` (which is shown as written: the value is not in it).
+pub fn shown_url(written: &str) -> String {
+    use crate::import::secrets::{credential_name, setting_value};
+    let (head, fragment) = match written.split_once('#') {
+        Some((h, f)) => (h, Some(f)),
+        None => (written, None),
+    };
+    let (head, query) = match head.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (head, None),
+    };
+    let mut out = String::with_capacity(written.len());
+    let start = head.find("://").map_or(0, |i| i + 3);
+    let authority_end = head[start..].find('/').map_or(head.len(), |i| start + i);
+    let authority = &head[start..authority_end];
+    match authority.rsplit_once('@') {
+        Some((user, host)) => {
+            out.push_str(&head[..start]);
+            match user.split_once(':') {
+                Some((name, password))
+                    if !(password.is_empty() || password.starts_with("${") && password.ends_with('}')) =>
+                {
+                    out.push_str(name);
+                    out.push_str(":****");
+                }
+                _ => out.push_str(user),
+            }
+            out.push('@');
+            out.push_str(host);
+            out.push_str(&head[authority_end..]);
+        }
+        None => out.push_str(head),
+    }
+    if let Some(q) = query {
+        out.push('?');
+        for (i, part) in q.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            match part.split_once('=') {
+                Some((k, v)) if credential_name(k) && !v.is_empty() && !setting_value(v) => {
+                    out.push_str(k);
+                    out.push_str("=****");
+                }
+                _ => out.push_str(part),
+            }
+        }
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
 #[allow(clippy::too_many_arguments)]
 fn http_spec(
     cx: &mut Ctx,
@@ -638,7 +697,7 @@ fn http_spec(
         p
     });
     (cx.errors.len() == errors).then(|| HttpSpec {
-        url_display: url.into_inner(),
+        url_display: shown_url(url.get_ref()),
         url: Secret(expanded),
         mode,
         headers: out_headers,

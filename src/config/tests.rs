@@ -477,3 +477,28 @@ fn args_expand_variables_and_keep_their_values_hidden() {
         assert!(e.contains(want), "{bad}: {e}");
     }
 }
+
+#[test]
+fn a_url_is_shown_without_the_credentials_written_in_it() {
+    use super::servers::shown_url;
+    for (written, shown) in [
+        ("https://mcp.example.com/mcp", "https://mcp.example.com/mcp"),
+        (
+            "http://user:sk-PASS-456@host:8080/mcp",
+            "http://user:****@host:8080/mcp",
+        ),
+        ("http://user:${PASS}@host/mcp", "http://user:${PASS}@host/mcp"),
+        ("http://user@host/mcp", "http://user@host/mcp"),
+        ("http://a:b@c@host/mcp", "http://a:****@host/mcp"),
+        (
+            "https://h/mcp?api_key=abc123def&region=eu&token=${T}#x",
+            "https://h/mcp?api_key=****&region=eu&token=${T}#x",
+        ),
+        (
+            "https://h/mcp?sig=Zm9vYmFyYmF6&auth=true",
+            "https://h/mcp?sig=****&auth=true",
+        ),
+    ] {
+        assert_eq!(shown_url(written), shown, "{written}");
+    }
+}

@@ -67,6 +67,66 @@ pub fn headers(spec: &HttpSpec) -> Result<HeaderMap, String> {
     Ok(h)
 }
 
+/// What must never be shown of a server's configuration, should the server (or an
+/// error about it) repeat it: each header's value, and the credential after its scheme
+/// (`Bearer …`); the URL's password and query values, decoded and as written.
+fn secret_values(spec: &HttpSpec) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (_, v) in &spec.headers {
+        let v = v.expose();
+        out.push(v.to_owned());
+        if let Some((_, credential)) = v.trim().rsplit_once(' ') {
+            out.push(credential.to_owned());
+        }
+    }
+    if let Ok(url) = reqwest::Url::parse(spec.url.expose()) {
+        if let Some(p) = url.password() {
+            out.push(p.to_owned());
+            out.extend(percent_decoded(p));
+        }
+        for part in url.query().unwrap_or_default().split('&') {
+            if let Some((_, v)) = part.split_once('=') {
+                out.push(v.to_owned());
+                out.extend(percent_decoded(v));
+            }
+        }
+    }
+    out.retain(|v| v.len() >= super::MASKED_MIN);
+    // Longest first, so a value that holds a shorter one is masked whole.
+    out.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    out.dedup();
+    out
+}
+
+/// `s` with its `%XX` escapes decoded, if it has any and they make UTF-8.
+fn percent_decoded(s: &str) -> Option<String> {
+    if !s.contains('%') && !s.contains('+') {
+        return None;
+    }
+    let b = s.as_bytes();
+    let (mut out, mut i) = (Vec::with_capacity(b.len()), 0);
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).ok()?, 16) {
+                    Ok(x) => out.push(x),
+                    Err(_) => return None,
+                }
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Starts the task that owns a Streamable HTTP session with one server.
 pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>) -> Result<Connection, String> {
     spawn_as(server, spec, incoming, None)
@@ -87,6 +147,7 @@ pub fn spawn_as(
     let shared = Arc::new(Shared {
         server: server.clone(),
         http: client(spec)?,
+        secrets: secret_values(spec),
         url_display: spec.url_display.clone(),
         headers: configured,
         bearer,
@@ -113,6 +174,8 @@ struct Shared {
     /// The client, with the URL parsed once; it may carry a credential, so it is never
     /// shown.
     http: HttpClient,
+    /// What is masked in a server's error texts and answers ([`secret_values`]).
+    secrets: Vec<String>,
     url_display: String,
     headers: HeaderMap,
     /// One caller's connection: its `Authorization`, swapped on refresh.
@@ -148,7 +211,39 @@ impl Shared {
     fn unavailable(&self, reason: impl Into<String>) -> DsError {
         DsError::Unavailable {
             server: self.server.clone(),
-            reason: reason.into(),
+            reason: self.masked(reason.into()),
+        }
+    }
+
+    /// `text` with the server's secrets in it replaced by `***`: the configured ones, and
+    /// the caller's current bearer token.
+    fn masked(&self, text: String) -> String {
+        let bearer = self.bearer.as_ref().and_then(|b| sync::read(b).clone());
+        let bearer: Vec<String> = bearer
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                let mut b = vec![v.to_owned()];
+                b.extend(v.trim().rsplit_once(' ').map(|(_, t)| t.to_owned()));
+                b.retain(|t| t.len() >= super::MASKED_MIN);
+                b
+            })
+            .unwrap_or_default();
+        let text = super::masked(text.into(), &bearer);
+        super::masked(text.into(), &self.secrets)
+    }
+
+    /// An error the server answered, with the server's secrets masked in it.
+    fn masked_outcome(&self, outcome: Outcome) -> Outcome {
+        match outcome {
+            Outcome::Error(e) => {
+                let text = self.masked(e.get().to_owned());
+                if text.len() == e.get().len() && text == e.get() {
+                    return Outcome::Error(e);
+                }
+                Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or(e))
+            }
+            result => result,
         }
     }
 
@@ -663,7 +758,7 @@ async fn call(
             return Err(shared.unavailable(format!("answered {method} with 202 and no response")));
         }
         if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
+            let text = shared.masked(resp.text().await.unwrap_or_default());
             // A JSON-RPC error body is the server's answer; pass it on.
             if let Ok(Kind::Response {
                 outcome: o @ Outcome::Error(_),
@@ -683,7 +778,7 @@ async fn call(
                 },
             });
         }
-        let outcome = shared.read_answer(resp, id, sink, progress).await?;
+        let outcome = shared.masked_outcome(shared.read_answer(resp, id, sink, progress).await?);
         if method == "server/discover" {
             if let Outcome::Result(r) = &outcome {
                 if super::stateless::discovered(r.get()).is_some() {

@@ -99,8 +99,7 @@ pub fn spawn(
 const TAIL_LINES: usize = 5;
 /// The longest kept line, in characters.
 const TAIL_LINE_MAX: usize = 300;
-/// An env value this long or longer is masked in what the child writes to stderr.
-const MASKED_MIN: usize = 6;
+use super::{masked, MASKED_MIN};
 
 /// A child's last stderr lines (secrets masked): shown in `/status` `lastError` and by
 /// `check --connect` when it exits, for example before answering `initialize`.
@@ -148,17 +147,6 @@ fn secret_values(spec: &StdioSpec) -> Vec<String> {
         .filter(|v| v.len() >= MASKED_MIN)
         .map(str::to_owned)
         .collect()
-}
-
-/// `line` with every secret in it replaced by `***`.
-fn masked(line: std::borrow::Cow<'_, str>, secrets: &[String]) -> String {
-    let mut line = line.into_owned();
-    for s in secrets {
-        if line.contains(s.as_str()) {
-            line = line.replace(s.as_str(), "***");
-        }
-    }
-    line
 }
 
 /// The process groups of the children alive now. The one piece of global state in the

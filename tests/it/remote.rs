@@ -418,10 +418,20 @@ async fn server_down_at_start_does_not_stop_the_gateway() {
 async fn secrets_in_headers_and_url_never_show() {
     let header_secret = "hdr-secret-5b8e2f";
     let url_secret = "url-secret-a91c07";
+    // Written in gateway.toml itself, not through a variable.
+    let literal_secret = "lit-pass-7d3e9a";
     let mut remote = Remote::start(&[]);
     let dead = ReservedPort::new();
     let config = format!(
-        "{}{}",
+        "{}{}{}",
+        remote_table(
+            "lit",
+            &format!(
+                "http://user:{literal_secret}@127.0.0.1:{}/mcp?api_key={literal_secret}",
+                remote.port
+            ),
+            "",
+        ),
         remote_table(
             "sec",
             &format!("{}?key=${{URL_SECRET}}", remote.url()),
@@ -440,7 +450,7 @@ async fn secrets_in_headers_and_url_never_show() {
     ];
     let leaks = |what: &str, text: &str| {
         assert!(
-            !text.contains(header_secret) && !text.contains(url_secret),
+            !text.contains(header_secret) && !text.contains(url_secret) && !text.contains(literal_secret),
             "a secret shows in {what}:\n{text}"
         );
     };
@@ -468,6 +478,17 @@ async fn secrets_in_headers_and_url_never_show() {
 
     let mut errors = Vec::new();
     errors.push(call(&s, json!(2), "sec__cut_missing", json!({})).await);
+    // A server that repeats the credentials it was sent in its error: as an HTTP error's
+    // text, and as a JSON-RPC error with an HTTP error status or with 200.
+    for (id, status) in [(5, 502), (6, 400), (7, 200)] {
+        let e = call(&s, json!(id), "sec__echo", json!({"text": format!("leak {status}")})).await;
+        assert!(e.to_string().contains("***"), "{e}");
+        errors.push(e);
+    }
+    assert_eq!(
+        text(&call(&s, json!(8), "lit__echo", json!({"text": "ok"})).await),
+        "ok"
+    );
     remote.kill();
     errors.push(call(&s, json!(3), "sec__echo", json!({"text": "down"})).await);
     let st = until_state(&gw, "sec", "down", Duration::from_secs(10)).await;
