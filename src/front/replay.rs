@@ -216,11 +216,14 @@ impl Replay {
         n
     }
 
-    /// The priming event of `stream` for a connection starting now: its id (the last
-    /// event sent, so a resume from it misses nothing), `retry` and empty data.
-    pub fn priming(&self, stream: u64) -> Bytes {
+    /// The priming event of `stream` for a connection starting now: its id, `retry` and
+    /// empty data. The id is the last event sent, so a resume from it misses nothing; on
+    /// a connection that resumes after event `resumed`, it is that one's, since the
+    /// events replayed after it come next (a client whose connection breaks during the
+    /// replay resumes from the last of them it read, or from `resumed` again).
+    pub fn priming(&self, stream: u64, resumed: Option<u64>) -> Bytes {
         let (last, get) = self.lock().streams.get(&stream).map_or((0, false), |s| (s.last, s.get));
-        let id = self.id(stream, last, get);
+        let id = self.id(stream, resumed.unwrap_or(last), get);
         Bytes::from(format!("id: {id}\nretry: {RETRY_MS}\ndata: \n\n"))
     }
 
@@ -378,7 +381,9 @@ mod tests {
         let r = Replay::new(Some("0a1b2c3d".into()));
         let (a, _rx) = r.open_post();
         let b = r.open_get();
-        assert!(r.priming(b).starts_with(format!("id: 0a1b2c3d.g{b}-0\n").as_bytes()));
+        assert!(r
+            .priming(b, None)
+            .starts_with(format!("id: 0a1b2c3d.g{b}-0\n").as_bytes()));
         let frame = r.record(a, b"{}");
         assert!(frame.starts_with(format!("id: 0a1b2c3d.p{a}-1\n").as_bytes()));
         let mine = parse_id(&format!("0a1b2c3d.g{b}-4"), Some("0a1b2c3d"));

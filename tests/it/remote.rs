@@ -591,7 +591,7 @@ async fn other_goes_before_the_flood<T: Send + 'static>(
         remote.records()
     );
     let queued: Vec<_> = (1..=3).map(|id| spawn_call(id, 1.0)).collect();
-    assert!(in_flight_is(gw, 4).await, "in flight: {}", gw.in_flight().await);
+    assert!(gw.in_flight_is(4).await, "in flight: {}", gw.in_flight().await);
     let r = other.await;
     assert_eq!(text(&r), "my turn", "{r}");
     let done = queued.iter().filter(|t| t.is_finished()).count();
@@ -642,18 +642,6 @@ async fn one_addresss_stateless_flood_does_not_queue_another_addresss_call_behin
     other_goes_before_the_flood(&remote, &gw, spawn_call, other, "address").await;
 }
 
-/// Polls `/metrics` until `mcp_gateway_requests_in_flight` is `n` (true) or 10 s pass.
-async fn in_flight_is(gw: &Gateway, n: i64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if gw.in_flight().await == n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
-}
-
 /// A call still waiting for the server's only slot never reached the server, so its
 /// client's cancellation is not passed on (a thousand such waiters would otherwise be a
 /// thousand notifications, and notifications take no slot); the call holding the slot is
@@ -674,7 +662,7 @@ async fn a_call_cancelled_while_waiting_for_a_slot_is_not_cancelled_at_the_serve
         remote.records()
     );
     let waiters: Vec<_> = (1..=3).map(spawn_call).collect();
-    assert!(in_flight_is(&gw, 4).await, "in flight: {}", gw.in_flight().await);
+    assert!(gw.in_flight_is(4).await, "in flight: {}", gw.in_flight().await);
     for id in 1..=3 {
         s.notify(
             "notifications/cancelled",
@@ -682,7 +670,7 @@ async fn a_call_cancelled_while_waiting_for_a_slot_is_not_cancelled_at_the_serve
         )
         .await;
     }
-    assert!(in_flight_is(&gw, 1).await, "in flight: {}", gw.in_flight().await);
+    assert!(gw.in_flight_is(1).await, "in flight: {}", gw.in_flight().await);
     s.notify("notifications/cancelled", json!({"requestId": 0})).await;
     assert!(
         until(Duration::from_secs(10), || !remote
@@ -691,7 +679,7 @@ async fn a_call_cancelled_while_waiting_for_a_slot_is_not_cancelled_at_the_serve
         .await,
         "the holder's cancellation did not reach the server"
     );
-    assert!(in_flight_is(&gw, 0).await, "in flight: {}", gw.in_flight().await);
+    assert!(gw.in_flight_is(0).await, "in flight: {}", gw.in_flight().await);
     // Only the holder's request and its cancellation reached the server.
     assert_eq!(remote.posts_of("tools/call").len(), 1, "{:#?}", remote.records());
     assert_eq!(

@@ -71,9 +71,44 @@ async fn a_dropped_call_stream_resumes_after_its_last_event_id() {
         rest.next(Duration::from_secs(2)).await.is_none(),
         "the stream ends after its answer"
     );
-    // The resumed events carry the ids of the same stream, after the one resumed from.
+    // The resumed events carry the ids of the same stream, after the one resumed from;
+    // the priming event before them names the one resumed from, so a connection that
+    // breaks again before the replay ends loses none of it (with the newest id there, a
+    // client that read only the priming event would resume past the replay).
     assert!(rest.ids.iter().all(|i| stream_of(i) == stream), "{:?}", rest.ids);
+    assert_eq!(rest.ids[0], last, "{:?}", rest.ids);
     assert!(!rest.ids[1..].contains(&last), "{:?}", rest.ids);
+}
+
+/// A stream resumed after its call ended starts with a priming event that names the
+/// event resumed from, not the stream's newest: a client whose connection breaks right
+/// after it (SSE clients keep the id of every event, empty ones too) resumes from it and
+/// gets the whole replay, the answer included, again.
+#[tokio::test]
+async fn a_resumed_streams_priming_event_names_the_event_resumed_from() {
+    let (gw, _) = gateway();
+    let s = gw.session().await;
+    let args = json!({"name": "s__slow", "arguments": {"seconds": 0.6, "steps": 3}, "_meta": {"progressToken": "p"}});
+    let mut m = s.start(json!("r"), "tools/call", args).await;
+    assert_eq!(progress_of(&m.next(T).await.expect("progress 1")), 1);
+    let last = m.last_id.clone().unwrap();
+    drop(m);
+    // The call runs on to its answer, its events kept.
+    assert!(gw.in_flight_is(0).await, "in flight: {}", gw.in_flight().await);
+    for round in 0..2 {
+        let r = resume(&s, &last, "2025-11-25").await;
+        assert_eq!(r.status(), 200);
+        let mut rest = Messages::new(r);
+        let (notes, answer) = rest.response(T).await;
+        assert_eq!(
+            notes.iter().map(progress_of).collect::<Vec<_>>(),
+            vec![2, 3],
+            "round {round}"
+        );
+        assert_eq!(answer["id"], "r");
+        // What a client that read only the priming event resumes from.
+        assert_eq!(rest.ids[0], last, "round {round}: {:?}", rest.ids);
+    }
 }
 
 /// An id of a stream the session never had, or one whose events were evicted (past the
@@ -135,6 +170,11 @@ async fn the_get_stream_resumes_after_its_last_event_id() {
     let mut again = Messages::new(r);
     let replayed = again.next(T).await.expect("the second list_changed, replayed");
     assert_eq!(replayed["method"], "notifications/tools/list_changed");
+    assert_eq!(
+        again.ids.first(),
+        Some(&first_id),
+        "the priming event names the event resumed from"
+    );
     assert_eq!(again.last_id.as_deref(), Some(second_id.as_str()));
     s.call("s__add_tool", json!({"name": "three"})).await;
     again.next(T).await.expect("a live list_changed");

@@ -231,7 +231,7 @@ fn session_sse(
 ) -> Response {
     let replay = session.replay(http);
     let (stream, live) = replay.open_post();
-    let priming = session.priming.then(|| replay.priming(stream));
+    let priming = session.priming.then(|| replay.priming(stream, None));
     crate::background::spawn(async move {
         if let Some(m) = first {
             replay.record(stream, &m);

@@ -59,10 +59,12 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
         };
         match kept {
             Some(Ok(Resumed::Post { frames, live })) => {
-                let priming = session.priming.then(|| session.replay(&http).priming(event.stream));
+                let priming = session
+                    .priming
+                    .then(|| session.replay(&http).priming(event.stream, Some(event.seq)));
                 return sse_response(Body::from_stream(live_body(priming, frames, live)));
             }
-            Some(Ok(Resumed::Get { stream, frames })) => resumed = Some((stream, frames)),
+            Some(Ok(Resumed::Get { stream, frames })) => resumed = Some((stream, frames, event.seq)),
             // The session's GET stream, held by another replica (gone, or draining) or
             // with its events no longer kept: a new one. What was sent on the old one
             // since that id is not sent again (cluster mode; notifications are
@@ -112,12 +114,12 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
         session.get_open.store(true, Ordering::Release);
     }
     let replay = session.replay(&http);
-    let (stream, frames) = match resumed {
-        Some((stream, frames)) => {
+    let (stream, frames, after) = match resumed {
+        Some((stream, frames, after)) => {
             replay.reopen(stream);
-            (stream, frames)
+            (stream, frames, Some(after))
         }
-        None => (replay.open_get(), Vec::new()),
+        None => (replay.open_get(), Vec::new(), None),
     };
     /// The GET connection `.3` of stream `.2`; when it ends, the stream has no
     /// connection (unless a resuming GET took it over meanwhile).
@@ -132,7 +134,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
             }
         }
     }
-    let priming = session.priming.then(|| replay.priming(stream));
+    let priming = session.priming.then(|| replay.priming(stream, after));
     let open = Open(session, replay, stream, conn);
     let rx = http.gw.subscribe();
     let own = open.0.client.subscribe_own();

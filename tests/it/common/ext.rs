@@ -59,6 +59,18 @@ impl Gateway {
             .unwrap_or(-1)
     }
 
+    /// Polls `/metrics` until `mcp_gateway_requests_in_flight` is `n` (true) or 10 s pass.
+    pub async fn in_flight_is(&self, n: i64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.in_flight().await == n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     /// GET on a path of the gateway.
     async fn get(&self, path: &str) -> reqwest::Response {
         reqwest::get(format!("{}{path}", self.base)).await.unwrap()
