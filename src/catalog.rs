@@ -362,12 +362,18 @@ impl Catalog {
 
     /// The server that owns a resource URI: listed URIs first, then templates in order.
     pub fn resource_owner(&self, uri: &str) -> Option<usize> {
-        if let Some(&s) = self.resources.get(uri) {
+        self.resource_owner_among(uri, |_| true)
+    }
+
+    /// [`Catalog::resource_owner`] among the servers `keep` says yes to (a view's): a URI
+    /// of a server outside them is one this catalog does not have.
+    pub fn resource_owner_among(&self, uri: &str, keep: impl Fn(usize) -> bool) -> Option<usize> {
+        if let Some(&s) = self.resources.get(uri).filter(|&&s| keep(s)) {
             return Some(s);
         }
         self.templates
             .iter()
-            .find(|(t, _)| t.source == uri || t.matches(uri))
+            .find(|&&(ref t, s)| keep(s) && (t.source == uri || t.matches(uri)))
             .map(|&(_, s)| s)
     }
 }

@@ -181,7 +181,9 @@ impl Gateway {
 /// caller's view that offers resources at all (servers may serve URIs they do not list).
 pub(super) fn resource_owner(cx: &Call<'_>, uri: &str) -> Option<usize> {
     let topo = cx.topo;
-    topo.catalog.resource_owner(uri).or_else(|| {
+    // A URI of a server outside the caller's view is looked up as one no server has, so
+    // the answer never tells the two apart.
+    topo.catalog.resource_owner_among(uri, |s| cx.in_view(s)).or_else(|| {
         let mut offering = topo.servers.iter().enumerate().filter(|&(i, s)| {
             if !cx.in_view(i) {
                 return false;

@@ -178,12 +178,21 @@ async fn a_profile_has_its_own_paged_lists_and_hears_only_of_its_own_changes() {
         .filter_map(|r| r["uri"].as_str().map(str::to_owned))
         .find(|u| u.starts_with("mock://pb-"))
         .unwrap();
-    let r = p.request(json!(6), "resources/read", json!({"uri": b_readme})).await;
-    assert_eq!(r["error"]["code"], -32002, "{r}");
-    let r = p
-        .request(json!(7), "resources/subscribe", json!({"uri": b_readme}))
-        .await;
-    assert_eq!(r["error"]["code"], -32002, "{r}");
+    // A hidden server's resource is answered as one no server has: by the profile's one
+    // resource server (an error to read, as it has no such resource; a subscription it
+    // takes), the same words either way.
+    for method in ["resources/read", "resources/subscribe"] {
+        let r = p.request(json!(6), method, json!({"uri": b_readme})).await;
+        if method == "resources/read" {
+            assert!(r["error"]["code"].is_i64(), "{r}");
+        }
+        let nowhere = p.request(json!(6), method, json!({"uri": "mock://nowhere/x"})).await;
+        assert_eq!(
+            unknown(&r, &b_readme),
+            unknown(&nowhere, "mock://nowhere/x"),
+            "{method}: {r}"
+        );
+    }
 
     // A change outside the profile reaches /mcp's session, not the profile's.
     let mut p_get = p.get_stream().await;
