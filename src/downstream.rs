@@ -193,9 +193,13 @@ pub enum DsError {
     #[error("server '{server}' is not available: {reason}")]
     Unavailable { server: Arc<str>, reason: String },
     #[error(
-        "server '{server}' is busy: {queued} messages are already waiting to be written to it (the gateway's bound); try again shortly"
+        "server '{server}' is busy: {queued} messages ({kib} KiB) are already waiting to be written to it (the gateway's bound); try again shortly"
     )]
-    Busy { server: Arc<str>, queued: usize },
+    Busy {
+        server: Arc<str>,
+        queued: usize,
+        kib: usize,
+    },
     #[error("server '{server}' answered HTTP {status}: {detail}")]
     Status {
         server: Arc<str>,

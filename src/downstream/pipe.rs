@@ -343,9 +343,12 @@ impl Actor {
             return;
         }
         if !self.has_room() {
+            // Those in the outbox, and those handed to the writer but not yet written.
+            let handed = write.as_ref().map_or(0, |w| w.max_capacity() - w.capacity());
             let _ = reply.send(Err(DsError::Busy {
                 server: self.server.clone(),
-                queued: self.outbox.len(),
+                queued: self.outbox.len() + handed,
+                kib: self.unwritten.load(Ordering::Relaxed).div_ceil(1024),
             }));
             return;
         }

@@ -204,6 +204,13 @@ async fn past_the_outbox_bound_a_call_is_refused_as_busy_at_once() {
         if early {
             let msg = a["error"]["message"].as_str().unwrap_or_default();
             assert!(msg.contains("server 'e' is busy"), "{a:.300}");
+            // It says what waits: at least one 7 MB message, whether still in the outbox
+            // or handed to the writer.
+            let said = msg.split("is busy: ").nth(1).unwrap_or_default();
+            let (n, rest) = said.split_once(" messages (").unwrap_or_default();
+            let kib = rest.split_once(" KiB)").unwrap_or_default().0;
+            assert!(n.parse::<usize>().is_ok_and(|n| n >= 1), "{msg}");
+            assert!(kib.parse::<usize>().is_ok_and(|k| k >= 7 << 10), "{msg}");
         }
     }
     assert!(answers.iter().any(|a| a.get("result").is_some()), "none was served");
