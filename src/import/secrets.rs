@@ -272,18 +272,26 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
             found.insert(r.start, (r.end, hint.to_owned(), why));
         }
     };
-    // `Name: Bearer X` (an HTTP header as an argument).
-    if let Some((name, _)) = s.split_once(':') {
-        if !name.is_empty()
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-            && !s[name.len()..].starts_with("://")
-            && credential_name(name)
-        {
-            let v = s[name.len() + 1..].trim_start();
-            let at = s.len() - v.len();
-            let (scheme, rest) = scheme_split(v);
-            if !rest.trim().is_empty() && !setting_value(rest) {
-                add(at + scheme.len()..s.len(), name, "a credential in a header");
+    // `Name: Bearer X` (an HTTP header as an argument), also joined to its flag
+    // (`--header=Name: X`).
+    let joined = s
+        .strip_prefix('-')
+        .and_then(|_| s.split_once('='))
+        .map(|(flag, _)| flag.len() + 1);
+    for from in std::iter::once(0).chain(joined) {
+        let h = &s[from..];
+        if let Some((name, _)) = h.split_once(':') {
+            if !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !h[name.len()..].starts_with("://")
+                && credential_name(name)
+            {
+                let v = h[name.len() + 1..].trim_start();
+                let at = s.len() - v.len();
+                let (scheme, rest) = scheme_split(v);
+                if !rest.trim().is_empty() && !setting_value(rest) {
+                    add(at + scheme.len()..s.len(), name, "a credential in a header");
+                }
             }
         }
     }
@@ -604,6 +612,14 @@ mod tests {
             ("https://BasicPw13@api.example.com/mcp", vec!["BasicPw13"]),
             ("Authorization: Bearer abc", vec!["abc"]),
             ("Authorization:${AUTH_HEADER}", vec![]),
+            // A header joined to its flag.
+            ("--header=X-Api-Key:3f9a7c1e5b2d4f60aa", vec!["3f9a7c1e5b2d4f60aa"]),
+            ("--header=Private-Token: 3f9a7c1e5b2d4f60aa", vec!["3f9a7c1e5b2d4f60aa"]),
+            (
+                "--header=Authorization: token 3f9a7c1e5b2d4f60aa",
+                vec!["3f9a7c1e5b2d4f60aa"],
+            ),
+            ("--header=X-Team: web", vec![]),
             ("--token=tok_1", vec!["tok_1"]),
             ("--env=OPENAI_API_KEY=DockKey7", vec!["DockKey7"]),
             ("GITHUB_TOKEN=ghp_x", vec!["ghp_x"]),
