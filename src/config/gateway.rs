@@ -243,9 +243,14 @@ pub(super) fn parse(
         .path
         .as_ref()
         .map_or(DEFAULT_PATH.to_string(), |p| p.get_ref().clone());
+    let at = g.path.as_ref().map_or(0, |p| p.span().start);
     if !path.starts_with('/') {
-        let at = g.path.as_ref().map_or(0, |p| p.span().start);
         cx.at(at, format!("path: {path:?} must start with '/'"));
+    } else if let Some(why) = path_refused(&path) {
+        cx.at(
+            at,
+            format!("path: {path:?} {why}; choose another, such as {DEFAULT_PATH}"),
+        );
     }
     let separator = g
         .separator
@@ -385,6 +390,34 @@ pub(super) fn parse(
             })
             .collect(),
     }
+}
+
+/// Why the endpoint may not be served at `path` (which starts with `/`), if it may not:
+/// the gateway's own pages are there, or it has characters its router reads as patterns.
+fn path_refused(path: &str) -> Option<String> {
+    if let Some(c) = path.chars().find(|c| matches!(c, '{' | '}' | '*' | '?' | '#' | '%')) {
+        return Some(format!("has {c:?}, which a path of the endpoint may not have"));
+    }
+    if path.contains("//") {
+        return Some("has an empty segment".into());
+    }
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Some("is the console's page".into());
+    }
+    const OWN: [&str; 8] = [
+        "/healthz",
+        "/readyz",
+        "/status",
+        "/metrics",
+        "/console.js",
+        "/console.css",
+        "/oauth",
+        "/.well-known",
+    ];
+    OWN.iter()
+        .find(|o| trimmed == **o || trimmed.starts_with(&format!("{o}/")))
+        .map(|o| format!("is the gateway's own {o}"))
 }
 
 #[cfg(test)]

@@ -502,3 +502,26 @@ fn a_url_is_shown_without_the_credentials_written_in_it() {
         assert_eq!(shown_url(written), shown, "{written}");
     }
 }
+
+#[test]
+fn the_endpoint_is_not_served_where_the_gateways_own_pages_are() {
+    for bad in [
+        "/",
+        "/status",
+        "/status/x",
+        "/metrics/",
+        "/oauth/callback",
+        "/.well-known/x",
+        "/a/{b}",
+        "/a//b",
+        "/a*",
+    ] {
+        let toml = format!("[gateway]\npath = {bad:?}\n");
+        let e = Config::parse(Path::new("g.toml"), &toml, &env).expect_err(bad);
+        assert!(e.to_string().contains("path:"), "{bad}: {e}");
+    }
+    for good in ["/mcp", "/mcp/", "/team/mcp", "/statusx"] {
+        let toml = format!("[gateway]\npath = {good:?}\n");
+        assert!(Config::parse(Path::new("g.toml"), &toml, &env).is_ok(), "{good}");
+    }
+}

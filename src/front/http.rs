@@ -259,11 +259,18 @@ pub fn app(http: Http) -> Router {
         .get(get::get_stream)
         .post(post::post)
         .delete(session::delete);
-    // Profiles: `{path}/{NAME}`, the same handlers (they read the name from the URI).
-    let profiles = format!("{}/{{profile}}", path.trim_end_matches('/'));
-    Router::new()
-        .route(&path, mcp.clone())
-        .route(&profiles, mcp)
+    // Profiles: `{path}/{NAME}`, the same handlers (they read the name from the URI). Every
+    // other path under `{path}/` (`/mcp/`, `/mcp/a/b`, `/mcp//a`) goes to them too, so it is
+    // answered as an unknown profile is: after the caller's credential, under the
+    // request's id.
+    let base = path.trim_end_matches('/');
+    let profiles = format!("{base}/{{profile}}");
+    let under = format!("{base}/{{*rest}}");
+    let mut router = Router::new().route(&path, mcp.clone()).route(&under, mcp.clone());
+    if format!("{base}/") != path {
+        router = router.route(&format!("{base}/"), mcp);
+    }
+    router
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(status::readyz))
         .route("/status", get(console::status))
@@ -291,14 +298,9 @@ pub fn app(http: Http) -> Router {
         .with_state(http)
 }
 
-/// Any other path: 404. One under `{gateway.path}/` that is no profile's endpoint (`/mcp/`,
-/// `/mcp/a/b`, `/mcp//a`) gets the body an unknown profile does, naming the profiles.
-async fn not_found(axum::extract::State(http): axum::extract::State<Http>, uri: axum::http::Uri) -> Response {
-    let under = uri.path().strip_prefix(&*http.base).and_then(|p| p.strip_prefix('/'));
-    match under.map(|_| http.endpoint(&uri)) {
-        Some(Err(e)) => e.into_response(),
-        _ => StatusCode::NOT_FOUND.into_response(),
-    }
+/// Any other path: 404 (those under `{gateway.path}/` are the endpoint's, [`app`]).
+async fn not_found() -> Response {
+    StatusCode::NOT_FOUND.into_response()
 }
 
 /// The one rendering of an [`Error`] on this front: its status (see [`Error::status`])

@@ -332,6 +332,19 @@ async fn an_allowlist_applies_inside_a_profile_as_the_intersection() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
+    // Without the credential, no path under the endpoint names the profiles.
+    for path in ["/nope", "/p/extra", "/", "//p"] {
+        let r = http
+            .post(format!("{}{path}", gw.url))
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(!body.contains("profiles"), "{path}: {body}");
+    }
 }
 
 #[tokio::test]
@@ -369,6 +382,7 @@ async fn an_unknown_profile_is_404_naming_the_profiles_and_a_session_stays_on_it
         assert_eq!(r.status(), 404, "{path}");
         let body: Value = r.json().await.unwrap_or_default();
         assert_eq!(body["error"]["data"]["profiles"], json!(["a", "b"]), "{path}: {body}");
+        assert_eq!(body["id"], 1, "{path}: answered under the request's id: {body}");
     }
 
     let a = Session::open(&format!("{}/a", gw.url)).await;
