@@ -512,6 +512,13 @@ pub(super) fn parse(
         let mut client_env = Vec::new();
         for (key, value) in s.env {
             let span = value.span();
+            if key.is_empty() || key.contains(['=', '\0']) {
+                cx.at(
+                    span.start,
+                    format!("servers.{name}.env: {key:?} is not a variable name (empty, or with '=' or a NUL byte)"),
+                );
+                continue;
+            }
             match expand_template(value.get_ref(), env) {
                 Ok(t) if t.is_plain() => child_env.extend(t.plain().map(|v| (key, v))),
                 Ok(t) => {

@@ -525,3 +525,12 @@ fn the_endpoint_is_not_served_where_the_gateways_own_pages_are() {
         assert!(Config::parse(Path::new("g.toml"), &toml, &env).is_ok(), "{good}");
     }
 }
+
+#[test]
+fn an_env_key_that_is_no_variable_name_is_an_error() {
+    for bad in ["", "A=B", "A\\u0000B"] {
+        let toml = format!("[servers.s]\ncommand = \"x\"\nenv = {{ \"{bad}\" = \"v\" }}\n");
+        let e = Config::parse(Path::new("g.toml"), &toml, &env).expect_err(bad);
+        assert!(e.to_string().contains("is not a variable name"), "{bad:?}: {e}");
+    }
+}
