@@ -70,7 +70,7 @@ pub fn headers(spec: &HttpSpec) -> Result<HeaderMap, String> {
 /// What must never be shown of a server's configuration, should the server (or an
 /// error about it) repeat it: each header's value, and the credential after its scheme
 /// (`Bearer …`); the URL's password and query values, decoded and as written.
-fn secret_values(spec: &HttpSpec) -> Vec<String> {
+pub(super) fn secret_values(spec: &HttpSpec) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for (_, v) in &spec.headers {
         let v = v.expose();

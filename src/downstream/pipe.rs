@@ -66,6 +66,9 @@ pub struct Pipe {
     /// queues it, the writer takes it off once written. Bounds the outbox and the
     /// writer's channel together ([`OUTBOX_BYTES`]).
     pub unwritten: Arc<AtomicUsize>,
+    /// Values masked (`***`) in what the server says that the gateway shows: a line it
+    /// logs, an error the server answers (its configured env values, for a child).
+    pub secrets: Vec<String>,
 }
 
 /// Starts the task that owns `pipe` and returns its handle.
@@ -92,6 +95,7 @@ pub fn run_pipe(
         degraded: conn.degraded.clone(),
         questions: Arc::new(tokio::sync::Semaphore::new(MAX_QUESTIONS)),
         next_id: Arc::downgrade(&conn.next_id),
+        secrets: pipe.secrets,
     };
     crate::background::spawn(actor.run(rx, pipe.write, pipe.lines, pipe.exit).instrument(span));
     conn
@@ -126,6 +130,8 @@ struct Actor {
     /// references is the number of handles ([`Connection::handles`]), which tells an idle
     /// session's process from a busy one.
     next_id: std::sync::Weak<std::sync::atomic::AtomicU64>,
+    /// See [`Pipe::secrets`].
+    secrets: Vec<String>,
 }
 
 /// How the child ended, as a sentence.
@@ -262,6 +268,18 @@ impl Actor {
     fn has_room(&self) -> bool {
         let bytes = self.unwritten.load(Ordering::Relaxed);
         bytes == 0 || (bytes < OUTBOX_BYTES && self.outbox.len() < OUTBOX_MESSAGES)
+    }
+
+    /// An error the server answered, with [`Pipe::secrets`] masked in it (a result is
+    /// passed on as the server wrote it).
+    fn masked_error(&self, outcome: message::Outcome) -> message::Outcome {
+        match outcome {
+            message::Outcome::Error(e) if self.secrets.iter().any(|s| e.get().contains(s.as_str())) => {
+                let text = super::masked(e.get().into(), &self.secrets);
+                message::Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or(e))
+            }
+            other => other,
+        }
     }
 
     /// Answers are owed for every pending call but the listen streams.
@@ -412,7 +430,7 @@ impl Actor {
         let kind = match kind {
             Ok(k) => k,
             Err(e) => {
-                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                let shown = super::masked(String::from_utf8_lossy(&line[..line.len().min(200)]), &self.secrets);
                 warn!(error = %e, line = %shown, "skipping a stdout line that is not JSON-RPC");
                 self.heard();
                 return;
@@ -428,7 +446,7 @@ impl Actor {
                 // Only an id the gateway minted and still waits on is answered.
                 match self.take(n) {
                     Some(p) => {
-                        let _ = p.reply.send(Ok(outcome));
+                        let _ = p.reply.send(Ok(self.masked_error(outcome)));
                     }
                     None => debug!(id = n, "skipping a response to no pending request"),
                 }

@@ -87,6 +87,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         pid: None,
         stop: Some(stop),
         unwritten,
+        secrets: super::http::secret_values(spec),
     };
     Ok(run_pipe(server, pipe, incoming, super::pipe::Watch::OFF, span))
 }

@@ -89,6 +89,7 @@ pub fn spawn(
         pid,
         stop: None,
         unwritten,
+        secrets: secret_values(spec),
     };
     Ok(run_pipe(server, pipe, incoming, watch, span)
         .with_pid(pid)

@@ -89,6 +89,36 @@ async fn a_child_that_exits_before_initialize_shows_its_stderr() {
     assert!(!format!("{}{}", run.stdout, run.stderr).contains("s3cret-token-value"));
 }
 
+/// A child's configured env values are masked in what it says back that the gateway
+/// shows: a JSON-RPC error it answers (to the client, and so in `/status`), and a stdout
+/// line that is not JSON-RPC (logged as skipped).
+#[tokio::test]
+async fn a_childs_error_and_stray_stdout_lines_mask_its_secrets() {
+    let secret = "s3cret-api-key-77";
+    let cfg = server(
+        "calc",
+        &unique("mask"),
+        &[],
+        &format!("env = {{ API_KEY = \"{secret}\" }}\n"),
+    );
+    let gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    let r = s.call("calc__env", serde_json::json!({"name": "API_KEY"})).await;
+    assert_eq!(text(&r), secret, "a result is passed on as the server wrote it");
+    let r = s
+        .call("calc__env", serde_json::json!({"name": "API_KEY", "leak": true}))
+        .await;
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(message, "upstream rejected key ***", "{r}");
+    assert!(
+        gw.wait_log("debug: using key ***", std::time::Duration::from_secs(10))
+            .await,
+        "{}",
+        gw.logs()
+    );
+    assert!(!gw.logs().contains(secret), "the secret reached the log");
+}
+
 /// A cgroup with a CPU quota of half a CPU, made for one test: cgroup v1's `cpu`
 /// hierarchy, or v2 where `cpu` can be enabled below its root. Removed on drop (once
 /// the processes put in it have exited).
