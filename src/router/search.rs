@@ -233,7 +233,11 @@ fn search_args(p: &Members) -> Result<(String, usize), Error> {
     let bad = |what: &str| Error::invalid_params(format!("{SEARCH_TOOLS}: {what}"));
     let args: serde_json::Map<String, Value> = match p.get_raw("arguments") {
         None => serde_json::Map::new(),
-        Some(raw) => serde_json::from_str(raw).map_err(|_| bad("arguments must be an object"))?,
+        Some(raw) => serde_json::from_str(raw).map_err(|e| match raw.trim_start().starts_with('{') {
+            // An object whose text holds what no string can (a lone surrogate escape).
+            true => bad(&format!("arguments cannot be read: {e}")),
+            false => bad("arguments must be an object"),
+        })?,
     };
     let query = match args.get("query") {
         Some(Value::String(q)) if q.len() > MAX_QUERY => {

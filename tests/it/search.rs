@@ -118,6 +118,17 @@ async fn search_mode_lists_two_tools_finds_a_tool_and_calls_it_both_ways() {
         assert_eq!(e["error"]["code"], -32602, "{e}");
         assert!(e["error"]["message"].as_str().unwrap().contains(field), "{e}");
     }
+    // An object whose text no string can hold (a lone surrogate escape) is said to be one,
+    // not to be no object.
+    let (_, body) = s
+        .post_text(
+            r#"{"jsonrpc":"2.0","id":"ls","method":"tools/call","params":{"name":"gateway__search_tools","arguments":{"query":"\ud800"}}}"#,
+        )
+        .await;
+    assert!(
+        body.contains("-32602") && body.contains("arguments cannot be read"),
+        "{body}"
+    );
 }
 
 /// A query of many different words, or one long word, costs the gateway's thread time
