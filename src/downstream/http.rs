@@ -241,7 +241,15 @@ impl Shared {
                 if text.len() == e.get().len() && text == e.get() {
                     return Outcome::Error(e);
                 }
-                Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or(e))
+                // Masking inside an escape (`\u00…`) can leave text that is no JSON: then
+                // the gateway's own words, never the unmasked error.
+                Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or_else(|_| {
+                    crate::error::Error::gateway(format!(
+                        "server '{}' answered an error that cannot be shown with its secrets masked",
+                        self.server
+                    ))
+                    .object()
+                }))
             }
             result => result,
         }

@@ -276,7 +276,15 @@ impl Actor {
         match outcome {
             message::Outcome::Error(e) if self.secrets.iter().any(|s| e.get().contains(s.as_str())) => {
                 let text = super::masked(e.get().into(), &self.secrets);
-                message::Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or(e))
+                // Masking inside an escape (`\u00…`) can leave text that is no JSON: then
+                // the gateway's own words, never the unmasked error.
+                message::Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or_else(|_| {
+                    Error::gateway(format!(
+                        "server '{}' answered an error that cannot be shown with its secrets masked",
+                        self.server
+                    ))
+                    .object()
+                }))
             }
             other => other,
         }
