@@ -281,6 +281,49 @@ async fn with_clients_the_console_needs_an_admin_token() {
     assert!(!page.contains(ADMIN), "the token stayed in the page: {page}");
 }
 
+/// A page that rebinds its own name to the gateway's address reads it from the operator's
+/// browser with that name in `Host` (and maybe in `Origin`): the console and `/status*` are
+/// refused to it as the endpoint is, from loopback and without auth too. Two
+/// `Authorization` headers are refused, not read by the first.
+#[tokio::test]
+async fn a_rebound_name_reads_neither_the_console_nor_status() {
+    let gw = Gateway::start(&two_servers());
+    let port = gw.base.rsplit(':').next().unwrap_or_default().to_owned();
+    let send = |path: &str, host: Option<String>, origin: Option<&str>| {
+        let mut r = reqwest::Client::new().get(format!("{}{path}", gw.base));
+        if let Some(h) = host {
+            r = r.header("host", h);
+        }
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    for path in [
+        "/status",
+        "/status/events",
+        "/status/catalog",
+        "/status/stream",
+        "/",
+        "/console.js",
+    ] {
+        let rebound = Some(format!("rebind.attacker.example:{port}"));
+        assert_eq!(send(path, rebound, None).await, 403, "{path} with a rebound Host");
+        let foreign = Some("http://rebind.attacker.example");
+        assert_eq!(send(path, None, foreign).await, 403, "{path} with a foreign Origin");
+        assert_eq!(send(path, Some(format!("localhost:{port}")), None).await, 200, "{path}");
+    }
+    let gw = Gateway::start(&authed());
+    let r = reqwest::Client::new()
+        .get(format!("{}/status", gw.base))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("authorization", format!("Bearer {USER}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400, "two Authorization headers");
+}
+
 /// A local address that is not loopback, if this host has one (the one a route out uses;
 /// nothing is sent).
 fn outside_address() -> Option<std::net::IpAddr> {

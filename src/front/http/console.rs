@@ -55,16 +55,19 @@ fn refused(status: StatusCode, why: &str) -> Response {
     reject(status, code::INVALID_REQUEST, why).into_response()
 }
 
-/// Whether the console is served at all to this peer (the page and its files): on, and
+/// Whether the console is served at all to this request (the page and its files): on,
+/// its `Host` and `Origin` allowed as the endpoint's are (a page that rebinds its own
+/// name to this address must not read the console from the operator's browser), and
 /// with no auth configured, a loopback peer.
 #[allow(clippy::result_large_err)]
-fn open_to(http: &Http, peer: Option<std::net::IpAddr>) -> Result<(), Response> {
+fn open_to(http: &Http, headers: &axum::http::HeaderMap, peer: Option<std::net::IpAddr>) -> Result<(), Response> {
     if !http.gw.config().gateway.console {
         return Err(refused(
             StatusCode::NOT_FOUND,
             "the console is off ([gateway] console = false)",
         ));
     }
+    super::checks::check_origin_host(&http.gw, headers).map_err(IntoResponse::into_response)?;
     if http.gw.topology().auth.required() {
         return Ok(());
     }
@@ -81,7 +84,7 @@ fn open_to(http: &Http, peer: Option<std::net::IpAddr>) -> Result<(), Response> 
 #[allow(clippy::result_large_err)]
 async fn guard(http: &Http, req: Request) -> Result<(), Response> {
     let req = asker(http, req);
-    open_to(http, req.peer)?;
+    open_to(http, &req.headers, req.peer)?;
     let authn = http.gw.topology().auth.clone();
     if !authn.required() {
         return Ok(());
@@ -124,7 +127,7 @@ fn static_file(body: &'static str, kind: &'static str) -> Response {
 
 /// `GET /`: the page.
 pub(super) async fn page(State(http): State<Http>, req: Request) -> Response {
-    if let Err(r) = open_to(&http, peer(&http, &req)) {
+    if let Err(r) = open_to(&http, req.headers(), peer(&http, &req)) {
         return r;
     }
     let mut resp = static_file(PAGE, "text/html; charset=utf-8");
@@ -138,14 +141,14 @@ pub(super) async fn page(State(http): State<Http>, req: Request) -> Response {
 }
 
 pub(super) async fn script(State(http): State<Http>, req: Request) -> Response {
-    match open_to(&http, peer(&http, &req)) {
+    match open_to(&http, req.headers(), peer(&http, &req)) {
         Ok(()) => static_file(SCRIPT, "text/javascript; charset=utf-8"),
         Err(r) => r,
     }
 }
 
 pub(super) async fn style(State(http): State<Http>, req: Request) -> Response {
-    match open_to(&http, peer(&http, &req)) {
+    match open_to(&http, req.headers(), peer(&http, &req)) {
         Ok(()) => static_file(STYLE, "text/css; charset=utf-8"),
         Err(r) => r,
     }
