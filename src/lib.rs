@@ -185,6 +185,17 @@ where
     info!(%local, %path, "listening");
 
     let http = front::http::Http::new(gw.clone());
+    {
+        // Sessions follow each reload: a removed client's end, the others' allowlists apply.
+        let http = http.clone();
+        let gw = gw.clone();
+        crate::background::spawn(async move {
+            loop {
+                gw.reloaded.notified().await;
+                http.follow_reload();
+            }
+        });
+    }
     let janitor = {
         let http = http.clone();
         // Idle sessions are looked for every session_idle / 2 (at most a minute apart), so

@@ -113,6 +113,15 @@ impl Gateway {
         }
         let line = Bytes::from(message::notification(method, params));
         for id in sessions {
+            // A session whose allowlist hides the URI now (a reload narrowed it) hears
+            // nothing of it, as of a URI that does not exist.
+            if self
+                .live(&id)
+                .and_then(|c| c.identity())
+                .is_some_and(|i| !i.permits(&uri))
+            {
+                continue;
+            }
             self.deliver(&id, line.clone());
         }
     }

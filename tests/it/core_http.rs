@@ -308,3 +308,18 @@ async fn get_stream_receives_list_changed() {
     assert!(!names.contains(&"other__fresh".to_string()));
     assert_eq!(text(&s.call("dyn__fresh", json!({"text": "new"})).await), "new");
 }
+
+/// A DELETE ends the session's GET stream too: an ended session hears nothing more.
+#[tokio::test]
+async fn a_deleted_sessions_get_stream_ends() {
+    let gw = Gateway::start(&server("m", &unique("del"), &[], ""));
+    let s = gw.session().await;
+    let mut get = s.get_stream().await;
+    assert_eq!(s.end().await, 200);
+    let wait = Duration::from_secs(10);
+    let started = Instant::now();
+    if let Some(m) = get.next(wait).await {
+        panic!("the ended session's stream sent {m}");
+    }
+    assert!(started.elapsed() < wait, "the GET stream is still open after DELETE");
+}

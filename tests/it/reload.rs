@@ -348,3 +348,49 @@ async fn a_rate_limit_edit_leaves_the_child_and_its_calls_alone() {
     assert_eq!(text(&resp), "done", "{resp}");
     assert_eq!(pid_of(&ready(&gw, "a").await), pid);
 }
+
+/// A reload that narrows a client's allowlist stops what it was subscribed to reaching it
+/// (as a URI it may not see any more, it hears nothing of it); one that removes the
+/// client ends its sessions, GET stream and all, as a revoked token would.
+#[tokio::test]
+async fn a_reload_that_narrows_or_removes_a_client_reaches_its_open_session() {
+    let name = unique("revoke");
+    let uri = format!("mock://{name}/readme");
+    let clients = |alice: &str| {
+        format!(
+            "{}[clients.bob]\ntoken = \"bob-token-0123456789ab\"\n\n{alice}",
+            server("m", &name, &["--two-way"], "")
+        )
+    };
+    let alice = "[clients.alice]\ntoken = \"alice-token-0123456789\"\n";
+    let gw = Gateway::start(&clients(alice));
+    let a = Session::open_as(&gw.url, "alice-token-0123456789").await;
+    let b = Session::open_as(&gw.url, "bob-token-0123456789ab").await;
+    let r = a.request(json!(1), "resources/subscribe", json!({"uri": uri})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let mut a_get = a.get_stream().await;
+
+    let before = reloads(&gw);
+    rewrite(&gw, &clients(&format!("{alice}deny = [\"mock://*\"]\n")));
+    reloaded(&gw, before).await;
+    let r = b.call("m__update_resource", json!({"uri": uri})).await;
+    assert_eq!(text(&r), format!("updated {uri}"), "{r}");
+    // Then a change alice does hear, on the same stream: the update did not come first.
+    assert_eq!(text(&b.call("m__add_tool", json!({"name": "after"})).await), "added");
+    let m = a_get.next(WAIT).await.expect("list_changed on alice's stream");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "alice heard {m}");
+
+    let before = reloads(&gw);
+    rewrite(&gw, &clients(""));
+    reloaded(&gw, before).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match a_get.next(deadline.saturating_duration_since(Instant::now())).await {
+            None => break,
+            Some(m) => assert_eq!(m["method"], "notifications/tools/list_changed", "alice heard {m}"),
+        }
+    }
+    assert!(Instant::now() < deadline, "alice's GET stream is still open");
+    let (status, _) = a.post_text(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#).await;
+    assert_eq!(status, 401);
+}

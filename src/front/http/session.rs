@@ -43,6 +43,13 @@ pub(super) struct Session {
 }
 
 impl Session {
+    /// Ends its open GET stream, if any: a session that ended sends nothing more.
+    pub(super) fn close_get_stream(&self) {
+        if let Some((_, ended)) = crate::sync::lock(&self.get_conn).take() {
+            ended.cancel();
+        }
+    }
+
     /// What another replica needs to serve it (cluster mode).
     pub(super) fn record(&self, id: &str) -> crate::cluster::sessions::Record {
         crate::cluster::sessions::Record {
@@ -70,6 +77,34 @@ const RESTORE_BATCH: usize = 256;
 pub(super) const PRIMING_SINCE: &str = "2025-11-25";
 
 impl Http {
+    /// After a reload: a session whose client's `[clients.NAME]` is gone (and no OAuth
+    /// could name it) ends, its streams with it, as if its token were revoked; every other
+    /// session of a client takes the client's new allowlist at once, not at its next
+    /// request, so what is delivered to it (resource updates) follows the new file.
+    pub fn follow_reload(&self) {
+        let auth = self.gw.topology().auth.clone();
+        let mut revoked = Vec::new();
+        for s in self.sessions.iter() {
+            let Some(name) = s.owner.as_deref() else { continue };
+            match auth.client(name) {
+                Some(now) => {
+                    let bearer = s.client.identity().and_then(|i| i.bearer.clone());
+                    s.client.set_identity(Some(Arc::new(crate::auth::Identity {
+                        name: now.name.clone(),
+                        policy: now.policy.clone(),
+                        bearer,
+                    })));
+                }
+                None if auth.oauth().is_none() => revoked.push(s.key().clone()),
+                None => {}
+            }
+        }
+        for id in revoked {
+            info!(session = %crate::client::session_tag(&id), "session ended: its client is no longer in gateway.toml");
+            self.end_session(&id);
+        }
+    }
+
     /// Ends sessions idle for longer than `gateway.session_idle`; run periodically.
     pub fn expire_idle(&self) {
         let now = self.now_ms();
@@ -239,6 +274,7 @@ impl Http {
                 self.release_share(&s.share);
             }
             s.client.cancel_all();
+            s.close_get_stream();
             let (gw, client) = (self.gw.clone(), s.client.clone());
             crate::background::spawn(async move { gw.forget_client(&client).await });
         }
@@ -252,6 +288,7 @@ impl Http {
                 self.release_share(&s.share);
             }
             s.client.cancel_all();
+            s.close_get_stream();
             let (gw, client) = (self.gw.clone(), s.client.clone());
             crate::background::spawn(async move { gw.forget_copy(&client).await });
         }
