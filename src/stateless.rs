@@ -123,6 +123,32 @@ pub struct Call {
     pub finish: Finish,
     /// Its entry in the table of requests in flight, until it is answered.
     pub held: Option<Tracked>,
+    /// Its place among its caller's requests in flight ([`Slot`]), until it is answered.
+    pub _slot: Slot,
+}
+
+/// Requests in flight by caller (its principal: the identity's name, or the address a
+/// stateless client is named after), held from a request's start to its answer.
+type Callers = Arc<Mutex<HashMap<String, usize>>>;
+
+/// One request's place among its caller's requests in flight: `gateway.max_in_flight`
+/// bounds a stateless caller's as it bounds a session's (one address, or one identity,
+/// cannot start unbounded calls at once by not keeping a session).
+pub struct Slot {
+    callers: Callers,
+    caller: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut callers = crate::sync::lock(&self.callers);
+        if let Some(n) = callers.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                callers.remove(&self.caller);
+            }
+        }
+    }
 }
 
 /// A request in flight on a transport that cancels by id.
@@ -187,6 +213,7 @@ pub struct Stateless {
     closing: CancellationToken,
     listening: Arc<AtomicUsize>,
     inflight: Table,
+    callers: Callers,
 }
 
 impl Stateless {
@@ -212,6 +239,7 @@ impl Stateless {
             closing,
             listening: Arc::new(AtomicUsize::new(0)),
             inflight: Arc::default(),
+            callers: Arc::default(),
         }
     }
 
@@ -284,6 +312,15 @@ impl Stateless {
             };
             return self.listen(listen);
         }
+        let max = topo.config.gateway.max_in_flight;
+        let Some(slot) = self.slot(&client, max) else {
+            return Answer::Refused(
+                id,
+                Error::invalid_request(format!(
+                    "this caller already has {max} requests in flight (gateway.max_in_flight); wait for some to finish"
+                )),
+            );
+        };
         // A call parked on one endpoint is resumed on the same endpoint only: its state
         // is issued for the principal there.
         let rounds = env.rounds;
@@ -311,6 +348,7 @@ impl Stateless {
                 finish,
                 stop,
                 _held: held,
+                _slot: slot,
             };
             return match round.start(client, env.params, env.retry, parent) {
                 Ok(rounds) => Answer::Rounds(rounds),
@@ -327,6 +365,7 @@ impl Stateless {
             parent,
             finish,
             held,
+            _slot: slot,
         })
     }
 
@@ -375,6 +414,20 @@ impl Stateless {
             cancel,
             finish: l.finish,
             _held: (counted, tracked),
+        })
+    }
+
+    /// A place for one more request of `caller`, unless it has `max` in flight.
+    fn slot(&self, caller: &str, max: usize) -> Option<Slot> {
+        let mut callers = crate::sync::lock(&self.callers);
+        let n = callers.entry(caller.to_owned()).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            callers: self.callers.clone(),
+            caller: caller.to_owned(),
         })
     }
 

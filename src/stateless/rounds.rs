@@ -454,6 +454,8 @@ pub struct Round {
     pub stop: Option<CancellationToken>,
     /// Held until the round ends (its entry in a table of requests in flight).
     pub(super) _held: Option<Tracked>,
+    /// Its place among its caller's requests in flight, until the round ends.
+    pub(super) _slot: super::Slot,
 }
 
 impl Round {

@@ -311,6 +311,54 @@ async fn max_in_flight_bounds_one_session_not_the_others() {
     works(&a, "after the slow calls").await;
 }
 
+/// A stateless (2026-07-28) caller has no session, but its requests in flight are
+/// bounded the same: by its address (or identity), one address's third is refused at
+/// once, another address's is served.
+#[tokio::test]
+async fn max_in_flight_bounds_one_stateless_caller_not_the_others() {
+    let (gw, _) = gateway("max_in_flight = 2\ntrusted_proxies = [\"127.0.0.1\"]", "");
+    let call = |from: &'static str, id: i64, tool: &'static str, arguments: Value| {
+        let url = gw.url.clone();
+        async move {
+            let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": tool, "arguments": arguments, "_meta": stateless_meta("many"),
+            }});
+            reqwest::Client::new()
+                .post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", tool)
+                .header("x-forwarded-for", from)
+                .json(&body)
+                .send()
+                .await
+                .expect("post")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    let slow: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(call("10.0.0.1", i, "m__slow", json!({"seconds": 2}))))
+        .collect();
+    assert!(gw.in_flight_is(2).await, "in flight: {}", gw.in_flight().await);
+    let t = Instant::now();
+    let r = call("10.0.0.1", 3, "m__echo", json!({"text": "x"})).await;
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let e = error_of(&r);
+    assert_eq!(e["code"], -32600, "{r}");
+    assert!(e["message"].as_str().unwrap().contains("gateway.max_in_flight"), "{r}");
+    let r = call("10.0.0.2", 4, "m__echo", json!({"text": "other"})).await;
+    assert_eq!(text(&r), "other", "another address is served: {r}");
+    for s in slow {
+        let r = s.await.unwrap();
+        assert_eq!(text(&r), "done", "{r}");
+    }
+    let r = call("10.0.0.1", 5, "m__echo", json!({"text": "again"})).await;
+    assert_eq!(text(&r), "again", "{r}");
+}
+
 #[tokio::test]
 async fn an_over_long_child_line_fails_its_call_fast_and_the_child_lives_on() {
     let (gw, _) = gateway("max_line = \"1MiB\"", "timeout = \"20s\"\n");
