@@ -43,6 +43,9 @@ pub struct Filter {
     pub uris: Vec<String>,
 }
 
+/// The most resource URIs one listen stream subscribes to.
+pub const MAX_URIS: usize = 1024;
+
 impl Filter {
     /// Reads `params.notifications` (absent: nothing asked). Wrong types are an error.
     pub fn parse(params: &Map<String, Value>) -> Result<Filter, String> {
@@ -60,11 +63,20 @@ impl Filter {
         match n.get("resourceSubscriptions") {
             None | Some(Value::Null) => {}
             Some(Value::Array(a)) => {
+                // Each URI is a subscription at its server (and an unsubscribe when the
+                // stream ends): a bounded number, and duplicates found in linear time.
+                if a.len() > MAX_URIS {
+                    return Err(format!(
+                        "params.notifications.resourceSubscriptions has {} URIs; one stream takes at most {MAX_URIS}",
+                        a.len()
+                    ));
+                }
+                let mut seen = std::collections::HashSet::with_capacity(a.len());
                 for u in a {
                     let Value::String(u) = u else {
                         return Err("params.notifications.resourceSubscriptions must be an array of strings".into());
                     };
-                    if !uris.contains(u) {
+                    if seen.insert(u.as_str()) {
                         uris.push(u.clone());
                     }
                 }
@@ -272,6 +284,7 @@ mod tests {
             json!({"notifications": 1}),
             json!({"notifications": {"toolsListChanged": "yes"}}),
             json!({"notifications": {"resourceSubscriptions": [1]}}),
+            json!({"notifications": {"resourceSubscriptions": (0..=MAX_URIS).map(|i| format!("a://{i}")).collect::<Vec<_>>()}}),
         ] {
             assert!(Filter::parse(bad.as_object().unwrap()).is_err(), "{bad}");
         }
