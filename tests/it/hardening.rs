@@ -318,26 +318,7 @@ async fn max_in_flight_bounds_one_session_not_the_others() {
 async fn max_in_flight_bounds_one_stateless_caller_not_the_others() {
     let (gw, _) = gateway("max_in_flight = 2\ntrusted_proxies = [\"127.0.0.1\"]", "");
     let call = |from: &'static str, id: i64, tool: &'static str, arguments: Value| {
-        let url = gw.url.clone();
-        async move {
-            let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-                "name": tool, "arguments": arguments, "_meta": stateless_meta("many"),
-            }});
-            reqwest::Client::new()
-                .post(&url)
-                .header("accept", "application/json, text/event-stream")
-                .header("mcp-protocol-version", "2026-07-28")
-                .header("mcp-method", "tools/call")
-                .header("mcp-name", tool)
-                .header("x-forwarded-for", from)
-                .json(&body)
-                .send()
-                .await
-                .expect("post")
-                .json::<Value>()
-                .await
-                .expect("json")
-        }
+        stateless_call_from(gw.url.clone(), from, json!(id), tool, arguments)
     };
     let slow: Vec<_> = (0..2)
         .map(|i| tokio::spawn(call("10.0.0.1", i, "m__slow", json!({"seconds": 2}))))

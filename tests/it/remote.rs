@@ -617,24 +617,7 @@ async fn one_addresss_stateless_flood_does_not_queue_another_addresss_call_behin
         remote_table("one", &remote.url(), "max_connections = 1")
     ));
     let call = |from: &'static str, id: Value, tool: &'static str, arguments: Value| {
-        let url = gw.url.clone();
-        async move {
-            let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-                "name": tool, "arguments": arguments, "_meta": stateless_meta("flood"),
-            }});
-            let r = reqwest::Client::new()
-                .post(&url)
-                .header("accept", "application/json, text/event-stream")
-                .header("mcp-protocol-version", "2026-07-28")
-                .header("mcp-method", "tools/call")
-                .header("mcp-name", tool)
-                .header("x-forwarded-for", from)
-                .json(&body)
-                .send()
-                .await
-                .expect("post");
-            r.json::<Value>().await.expect("json")
-        }
+        stateless_call_from(gw.url.clone(), from, id, tool, arguments)
     };
     let spawn_call =
         |id: i64, seconds: f64| tokio::spawn(call("10.0.0.1", json!(id), "one__slow", json!({"seconds": seconds})));

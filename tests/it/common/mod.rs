@@ -404,6 +404,29 @@ pub fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// A 2026-07-28 (stateless) `tools/call` of `tool` POSTed to `url` as if through a
+/// balancer for the address `from` (`X-Forwarded-For`; the gateway must trust 127.0.0.1):
+/// its JSON answer.
+pub async fn stateless_call_from(url: String, from: &str, id: Value, tool: &str, arguments: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": tool, "arguments": arguments, "_meta": stateless_meta("caller"),
+    }});
+    reqwest::Client::new()
+        .post(&url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .header("x-forwarded-for", from)
+        .json(&body)
+        .send()
+        .await
+        .expect("post")
+        .json::<Value>()
+        .await
+        .expect("json")
+}
+
 /// The 2026-07-28 `_meta` envelope of a request from a client named `client`.
 pub fn stateless_meta(client: &str) -> Value {
     json!({
