@@ -568,6 +568,23 @@ pub(crate) fn masked(text: std::borrow::Cow<'_, str>, secrets: &[String]) -> Str
     text
 }
 
+/// An error `server` answered, with `mask` applied to its text (a result is passed on as
+/// the server wrote it). Masking inside an escape (`\u00…`) can leave text that is no
+/// JSON: then the gateway's own words, never the unmasked error.
+pub(crate) fn masked_error(server: &str, outcome: Outcome, mask: impl FnOnce(&str) -> String) -> Outcome {
+    let Outcome::Error(e) = outcome else { return outcome };
+    let text = mask(e.get());
+    if text == e.get() {
+        return Outcome::Error(e);
+    }
+    Outcome::Error(RawValue::from_string(text).unwrap_or_else(|_| {
+        Error::gateway(format!(
+            "server '{server}' answered an error that cannot be shown with its secrets masked"
+        ))
+        .object()
+    }))
+}
+
 /// Cancels a request downstream when its caller stops waiting for it.
 struct CancelOnDrop<'a> {
     id: u64,

@@ -233,28 +233,6 @@ impl Shared {
         super::masked(text.into(), &self.secrets)
     }
 
-    /// An error the server answered, with the server's secrets masked in it.
-    fn masked_outcome(&self, outcome: Outcome) -> Outcome {
-        match outcome {
-            Outcome::Error(e) => {
-                let text = self.masked(e.get().to_owned());
-                if text.len() == e.get().len() && text == e.get() {
-                    return Outcome::Error(e);
-                }
-                // Masking inside an escape (`\u00…`) can leave text that is no JSON: then
-                // the gateway's own words, never the unmasked error.
-                Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or_else(|_| {
-                    crate::error::Error::gateway(format!(
-                        "server '{}' answered an error that cannot be shown with its secrets masked",
-                        self.server
-                    ))
-                    .object()
-                }))
-            }
-            result => result,
-        }
-    }
-
     /// The configured headers and the session's.
     fn headers(&self, with_session: bool) -> HeaderMap {
         let mut h = self.headers.clone();
@@ -786,7 +764,11 @@ async fn call(
                 },
             });
         }
-        let outcome = shared.masked_outcome(shared.read_answer(resp, id, sink, progress).await?);
+        let outcome = super::masked_error(
+            &shared.server,
+            shared.read_answer(resp, id, sink, progress).await?,
+            |t| shared.masked(t.to_owned()),
+        );
         if method == "server/discover" {
             if let Outcome::Result(r) = &outcome {
                 if super::stateless::discovered(r.get()).is_some() {

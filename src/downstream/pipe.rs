@@ -270,26 +270,6 @@ impl Actor {
         bytes == 0 || (bytes < OUTBOX_BYTES && self.outbox.len() < OUTBOX_MESSAGES)
     }
 
-    /// An error the server answered, with [`Pipe::secrets`] masked in it (a result is
-    /// passed on as the server wrote it).
-    fn masked_error(&self, outcome: message::Outcome) -> message::Outcome {
-        match outcome {
-            message::Outcome::Error(e) if self.secrets.iter().any(|s| e.get().contains(s.as_str())) => {
-                let text = super::masked(e.get().into(), &self.secrets);
-                // Masking inside an escape (`\u00…`) can leave text that is no JSON: then
-                // the gateway's own words, never the unmasked error.
-                message::Outcome::Error(serde_json::value::RawValue::from_string(text).unwrap_or_else(|_| {
-                    Error::gateway(format!(
-                        "server '{}' answered an error that cannot be shown with its secrets masked",
-                        self.server
-                    ))
-                    .object()
-                }))
-            }
-            other => other,
-        }
-    }
-
     /// Answers are owed for every pending call but the listen streams.
     fn owes(&self) -> bool {
         self.pending.len() > self.listens
@@ -454,7 +434,9 @@ impl Actor {
                 // Only an id the gateway minted and still waits on is answered.
                 match self.take(n) {
                     Some(p) => {
-                        let _ = p.reply.send(Ok(self.masked_error(outcome)));
+                        let outcome =
+                            super::masked_error(&self.server, outcome, |t| super::masked(t.into(), &self.secrets));
+                        let _ = p.reply.send(Ok(outcome));
                     }
                     None => debug!(id = n, "skipping a response to no pending request"),
                 }
