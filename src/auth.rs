@@ -43,6 +43,9 @@ pub struct Identity {
     /// The validated inbound JWT (an `[auth.oauth]` identity): the subject token of
     /// `auth.token_exchange`. Never sent downstream as it is.
     pub bearer: Option<config::Secret>,
+    /// The digest of the `[clients.NAME]` token it presented (`None`: it presented none
+    /// of theirs): a reload that changes the token ends what the old one opened.
+    pub token: Option<TokenDigest>,
 }
 
 impl Identity {
@@ -261,6 +264,7 @@ impl Authenticator {
                     name: c.name.clone(),
                     policy: policies.get(&c.name).cloned(),
                     bearer: None,
+                    token: c.token,
                 });
                 c.token.map(|d| (d, identity))
             })
@@ -294,8 +298,37 @@ impl Authenticator {
                 name: name.to_owned(),
                 policy: Some(p.clone()),
                 bearer: None,
+                token: None,
             })
         })
+    }
+
+    /// What this (reloaded) configuration makes of an identity authenticated under an
+    /// earlier one: the same caller under its table as it is now, or `None` when what it
+    /// authenticated with is gone. A static token is gone when its client's table is, or
+    /// when the table's token changed (a rotated token ends what the old one opened); a
+    /// JWT when `[auth.oauth]` is.
+    pub fn reread(&self, old: &Identity) -> Option<Arc<Identity>> {
+        let policy = self.policies.get(&old.name).cloned();
+        if old.bearer.is_some() {
+            self.oauth.as_ref()?;
+        } else {
+            policy.as_ref()?;
+            if old.token.is_some() && self.token_of(&old.name) != old.token {
+                return None;
+            }
+        }
+        Some(Arc::new(Identity {
+            name: old.name.clone(),
+            policy,
+            bearer: old.bearer.clone(),
+            token: old.token,
+        }))
+    }
+
+    /// The digest of a client's static token, if its table has one.
+    fn token_of(&self, name: &str) -> Option<TokenDigest> {
+        self.tokens.iter().find(|(_, i)| i.name == name).map(|(d, _)| *d)
     }
 
     /// The identity behind an `Authorization` header value (`None`: no header).
@@ -315,6 +348,7 @@ impl Authenticator {
                     name,
                     policy,
                     bearer: Some(config::Secret::new(token)),
+                    token: None,
                 }))
             }
             _ => Err(Denied::Invalid("unknown token".into())),

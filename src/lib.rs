@@ -188,10 +188,9 @@ where
     {
         // Sessions follow each reload: a removed client's end, the others' allowlists apply.
         let http = http.clone();
-        let gw = gw.clone();
+        let mut reloads = gw.reloads.subscribe();
         crate::background::spawn(async move {
-            loop {
-                gw.reloaded.notified().await;
+            while reloads.changed().await.is_ok() {
                 http.follow_reload();
             }
         });

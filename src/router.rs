@@ -67,8 +67,9 @@ pub struct Gateway {
     events_rx: Mutex<Option<mpsc::Receiver<Event>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
-    /// Told after each reload is applied (a permit is kept until someone waits).
-    pub reloaded: tokio::sync::Notify,
+    /// Counts the reloads applied: whoever holds state a reload may revoke (HTTP
+    /// sessions, listen streams) waits for it to change.
+    pub reloads: tokio::sync::watch::Sender<u64>,
     /// Subscriptions, log levels and tasks, by session id.
     shared: Shared,
     /// The sessions of this process that `shared` may name, to deliver to them.
@@ -201,7 +202,7 @@ impl Gateway {
             events,
             events_rx: Mutex::new(Some(events_rx)),
             reloading: tokio::sync::Mutex::new(()),
-            reloaded: tokio::sync::Notify::new(),
+            reloads: tokio::sync::watch::Sender::new(0),
             shared: Shared::default(),
             live: Mutex::new(HashMap::new()),
             cluster: std::sync::OnceLock::new(),

@@ -198,6 +198,7 @@ mod tests {
             name: "alice".into(),
             policy: None,
             bearer: None,
+            token: None,
         })
     }
 

@@ -142,7 +142,7 @@ impl Gateway {
         };
         self.warm_search();
         self.announce(&before, &after, true, None);
-        self.reloaded.notify_one();
+        self.reloads.send_modify(|n| *n += 1);
         // A changed server's new process takes over its sessions' subscriptions and log level.
         for s in added.iter().filter(|s| old.servers.iter().any(|o| o.name == s.name)) {
             self.restore(s.name.clone()).await;

@@ -134,6 +134,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     // is lost; it is sent after the acknowledgment.
     let mut changes = l.gw.subscribe();
     let mut own = l.client.subscribe_own();
+    let mut reloads = l.gw.reloads.subscribe();
     let _forget = Forget(l.gw.clone(), l.client.clone());
     let mut honored = Vec::new();
     for (i, uri) in l.filter.uris.iter().enumerate() {
@@ -205,6 +206,15 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
                 let _ = out.send(frame(&message::response(&l.id, &done))).await;
                 return;
             }
+            Ok(()) = reloads.changed() => {
+                // As a session's streams do: a revoked caller's stream ends, the others
+                // take the new allowlist.
+                if !follow_reload(&l) {
+                    debug!(subscription = %l.id, "listen stream ended: its client or its token is no longer in gateway.toml");
+                    return;
+                }
+                continue;
+            }
             m = recv_for(&mut changes, l.client.view()) => m,
             m = own.recv() => m,
             () = idle => {
@@ -225,17 +235,30 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
-        // A reload may have narrowed the client's allowlist since it subscribed.
+        // A reload applied since the last message may not have been seen yet.
+        if !follow_reload(&l) {
+            return;
+        }
         let identity = l.client.identity();
-        let refreshed = identity
-            .as_ref()
-            .map(|i| l.gw.topology().auth.client(&i.name).unwrap_or_else(|| i.clone()));
-        let visible = |uri: &str| refreshed.as_ref().is_none_or(|i| i.permits(uri));
+        let visible = |uri: &str| identity.as_ref().is_none_or(|i| i.permits(uri));
         if let Some(tagged) = tag(&m, &l.filter, &honored, &l.id, &visible) {
             if out.send(frame(&tagged)).await.is_err() {
                 return;
             }
         }
+    }
+}
+
+/// Rereads the stream's caller under the configuration now in force; `false` when its
+/// credential is gone (see [`crate::auth::Authenticator::reread`]).
+fn follow_reload(l: &Listen) -> bool {
+    let Some(was) = l.client.identity() else { return true };
+    match l.gw.topology().auth.reread(&was) {
+        Some(now) => {
+            l.client.set_identity(Some(now));
+            true
+        }
+        None => false,
     }
 }
 

@@ -394,3 +394,34 @@ async fn a_reload_that_narrows_or_removes_a_client_reaches_its_open_session() {
     let (status, _) = a.post_text(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#).await;
     assert_eq!(status, 401);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_token_ends_the_sessions_the_old_one_opened() {
+    let name = unique("rotate");
+    let config = |token: &str| format!("{}[clients.alice]\ntoken = \"{token}\"\n", server("m", &name, &[], ""));
+    let gw = Gateway::start(&config("alice-token-0123456789"));
+    let a = Session::open_as(&gw.url, "alice-token-0123456789").await;
+    let mut get = a.get_stream().await;
+    let before = reloads(&gw);
+    rewrite(&gw, &config("alice-token-rotated-0123"));
+    reloaded(&gw, before).await;
+    let deadline = Instant::now() + WAIT;
+    while let Some(m) = get.next(deadline.saturating_duration_since(Instant::now())).await {
+        assert_eq!(m["method"], "notifications/tools/list_changed", "alice heard {m}");
+    }
+    assert!(Instant::now() < deadline, "the old token's GET stream is still open");
+    // The old token is refused, and the session is gone for the new one too (which opens
+    // a session of its own).
+    let (status, _) = a.post_text(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#).await;
+    assert_eq!(status, 401);
+    let b = Session::open_as(&gw.url, "alice-token-rotated-0123").await;
+    assert_eq!(b.request(json!(3), "ping", json!({})).await["result"], json!({}));
+    let old = Session {
+        http: b.http.clone(),
+        url: b.url.clone(),
+        id: a.id.clone(),
+        init: a.init.clone(),
+    };
+    let (status, body) = old.post_text(r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#).await;
+    assert_eq!(status, 404, "{body}");
+}

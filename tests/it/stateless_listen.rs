@@ -254,6 +254,74 @@ async fn listen_only_subscribes_what_the_allowlist_shows() {
     assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
 }
 
+/// Reads a stream until it ends; `false` if it is still open after `T`. What it carries
+/// meanwhile must be a tools list change.
+async fn ends(s: &mut Messages) -> bool {
+    let deadline = std::time::Instant::now() + T;
+    while let Some(m) = s
+        .next(deadline.saturating_duration_since(std::time::Instant::now()))
+        .await
+    {
+        assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+    }
+    std::time::Instant::now() < deadline
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_rotates_or_removes_a_clients_token_ends_its_listen_stream() {
+    let n = unique("listen-revoke");
+    let config = |alice: &str, bob: &str| {
+        format!(
+            "{}[clients.alice]\ntoken = \"{alice}\"\n\n{bob}",
+            server("a", &n, &["--two-way"], "")
+        )
+    };
+    let bob = "[clients.bob]\ntoken = \"bob-listen-token\"\n";
+    let gw = Gateway::start(&config("alice-listen-token", bob));
+    let mut a = listen(
+        &gw,
+        Some("alice-listen-token"),
+        json!(1),
+        json!({"toolsListChanged": true}),
+    )
+    .await;
+    let mut b = listen(
+        &gw,
+        Some("bob-listen-token"),
+        json!(2),
+        json!({"toolsListChanged": true}),
+    )
+    .await;
+    for s in [&mut a, &mut b] {
+        assert_eq!(next(s).await["method"], "notifications/subscriptions/acknowledged");
+    }
+
+    // Alice's token is rotated (a leaked one, say): what the old token opened ends; bob's
+    // stream stays and hears the next change.
+    std::fs::write(gw.config_path(), config("alice-rotated-token", bob)).unwrap();
+    assert!(gw.wait_log("reload done", T).await, "{}", gw.logs());
+    assert!(
+        ends(&mut a).await,
+        "alice's stream is still open after her token changed"
+    );
+    call(&gw, Some("bob-listen-token"), "a__add_tool", json!({"name": "later"})).await;
+    assert_eq!(next(&mut b).await["method"], "notifications/tools/list_changed");
+    let r = post(
+        &gw,
+        Some("alice-listen-token"),
+        "application/json",
+        json!(3),
+        "tools/list",
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status(), 401);
+
+    // Bob's table is removed: his stream ends too.
+    std::fs::write(gw.config_path(), config("alice-rotated-token", "")).unwrap();
+    assert!(ends(&mut b).await, "bob's stream is still open after his table went");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listen_streams_are_bounded_by_max_sessions() {
     let gw = Gateway::start(&format!(

@@ -77,30 +77,26 @@ const RESTORE_BATCH: usize = 256;
 pub(super) const PRIMING_SINCE: &str = "2025-11-25";
 
 impl Http {
-    /// After a reload: a session whose client's `[clients.NAME]` is gone (and no OAuth
-    /// could name it) ends, its streams with it, as if its token were revoked; every other
-    /// session of a client takes the client's new allowlist at once, not at its next
-    /// request, so what is delivered to it (resource updates) follows the new file.
+    /// After a reload: a session whose credential is gone (its client's `[clients.NAME]`
+    /// table or token changed, and no OAuth could name it) ends, its streams with it, as
+    /// if its token were revoked; every other session of a client takes the client's new
+    /// allowlist at once, not at its next request, so what is delivered to it (resource
+    /// updates) follows the new file.
     pub fn follow_reload(&self) {
         let auth = self.gw.topology().auth.clone();
         let mut revoked = Vec::new();
         for s in self.sessions.iter() {
-            let Some(name) = s.owner.as_deref() else { continue };
-            match auth.client(name) {
-                Some(now) => {
-                    let bearer = s.client.identity().and_then(|i| i.bearer.clone());
-                    s.client.set_identity(Some(Arc::new(crate::auth::Identity {
-                        name: now.name.clone(),
-                        policy: now.policy.clone(),
-                        bearer,
-                    })));
-                }
-                None if auth.oauth().is_none() => revoked.push(s.key().clone()),
-                None => {}
+            if s.owner.is_none() {
+                continue;
+            }
+            let Some(was) = s.client.identity() else { continue };
+            match auth.reread(&was) {
+                Some(now) => s.client.set_identity(Some(now)),
+                None => revoked.push(s.key().clone()),
             }
         }
         for id in revoked {
-            info!(session = %crate::client::session_tag(&id), "session ended: its client is no longer in gateway.toml");
+            info!(session = %crate::client::session_tag(&id), "session ended: its client or its token is no longer in gateway.toml");
             self.end_session(&id);
         }
     }
