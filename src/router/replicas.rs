@@ -269,7 +269,9 @@ impl Gateway {
     async fn note(self: &Arc<Self>, note: Note) {
         match note {
             Note::Deliver { sid, line } => {
-                if let Some(c) = self.live(&sid) {
+                // The replica that heard the update may hold no copy of the session to
+                // check its allowlist against: this one, which streams to it, checks.
+                if let Some(c) = self.live(&sid).filter(|c| !super::resources::hidden_update(c, &line)) {
                     c.send_own(Bytes::from(line));
                 }
             }

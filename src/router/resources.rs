@@ -206,3 +206,19 @@ pub(super) fn resource_owner(cx: &Call<'_>, uri: &str) -> Option<usize> {
         }
     })
 }
+
+/// Whether `line` is a `notifications/resources/updated` whose URI `c`'s allowlist hides
+/// now (a reload narrowed it since the session subscribed): it hears nothing of it, as of
+/// a URI that does not exist.
+pub(super) fn hidden_update(c: &crate::client::Client, line: &str) -> bool {
+    let Some(identity) = c.identity().filter(|i| i.policy.is_some()) else {
+        return false;
+    };
+    let Ok(m) = serde_json::from_str::<Value>(line) else {
+        return false;
+    };
+    m.get("method").and_then(Value::as_str) == Some("notifications/resources/updated")
+        && m.pointer("/params/uri")
+            .and_then(Value::as_str)
+            .is_some_and(|uri| !identity.permits(uri))
+}

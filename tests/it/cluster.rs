@@ -1087,3 +1087,48 @@ async fn a_get_stream_resumed_on_another_replica_is_opened_anew_there() {
     let new_id = again.last_id.clone().unwrap();
     assert_ne!(new_id.split_once('.').map(|p| p.0), get_id.split_once('.').map(|p| p.0));
 }
+
+/// A reload narrows a client's allowlist on every replica. An update that a replica
+/// holding no copy of the session hears goes to the replica that streams to it over the
+/// bus: that one checks the allowlist as it is now, so the hidden URI's update never
+/// arrives (the next thing on the stream is a change the client may hear).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_heard_by_another_replica_follows_the_narrowed_allowlist_where_it_streams() {
+    let redis = Redis::start();
+    let clients =
+        "[clients.alice]\ntoken = \"alice-cluster-token-01\"\n\n[clients.bob]\ntoken = \"bob-cluster-token-0123\"\n";
+    let gws = replicas(3, &redis, &format!("{}{clients}", two_way()), "");
+    let a = Session::open_as(&gws[0].url, "alice-cluster-token-01").await;
+    let mut stream = via(&a, &gws[1]).get_stream().await;
+    let r = a
+        .request(json!("sub"), "resources/subscribe", json!({"uri": README}))
+        .await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    for gw in &gws {
+        assert!(
+            gw.wait_log(&format!("[mock] subscribe {README}"), T).await,
+            "{}",
+            gw.logs()
+        );
+    }
+    for gw in &gws {
+        let before = gw.logs().matches("reload done").count();
+        let config = std::fs::read_to_string(gw.config_path()).unwrap();
+        let narrowed = config.replace(
+            "token = \"alice-cluster-token-01\"\n",
+            "token = \"alice-cluster-token-01\"\ndeny = [\"mock://*\"]\n",
+        );
+        assert_ne!(narrowed, config);
+        std::fs::write(gw.config_path(), narrowed).unwrap();
+        let log = gw.stderr.clone();
+        let done = until(T, || log.lock().unwrap().matches("reload done").count() > before).await;
+        assert!(done, "no reload:\n{}", gw.logs());
+    }
+    let bob = Session::open_as(&gws[2].url, "bob-cluster-token-0123").await;
+    let r = bob.call("calc__update_resource", json!({"uri": README})).await;
+    assert_eq!(text(&r), format!("updated {README}"), "{r}");
+    let r = bob.call("calc__add_tool", json!({"name": "after"})).await;
+    assert_eq!(text(&r), "added", "{r}");
+    let m = stream.next(T).await.expect("list_changed");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "alice heard {m}");
+}
