@@ -210,6 +210,13 @@ impl Server {
         self.cfg.isolation != config::Isolation::Shared || self.cfg.transport.per_client()
     }
 
+    /// Whether callers' calls go to connections of their own (see [`Server::pooled`]), or
+    /// carry their own credential (`auth.token_exchange`, `auth.oauth`): the shared
+    /// connection only lists.
+    pub fn per_caller(&self) -> bool {
+        self.pooled() || self.token_exchange().is_some() || self.oauth().is_some()
+    }
+
     /// Whose process serves `caller`: its session's (`isolation = "session"`), else its
     /// identity's. `Err`: a caller without an identity, which a process per identity
     /// cannot serve. `Ok(None)`: the shared connection.
@@ -530,7 +537,7 @@ impl Server {
     pub async fn run(self: Arc<Self>, events: mpsc::Sender<Event>, started: oneshot::Sender<()>) {
         let mut started = Some(started);
         let mut backoff = RETRY_MIN;
-        if self.pooled() || self.token_exchange().is_some() || self.oauth().is_some() {
+        if self.per_caller() {
             let me = self.clone();
             crate::background::spawn(async move { me.pool.reap_until_stopped(me.cfg.idle_timeout).await });
         }

@@ -57,6 +57,17 @@ impl Gateway {
         };
         let s = &cx.topo.servers[server];
         let subscribe = method == Method::ResourcesSubscribe;
+        if subscribe && s.per_caller() {
+            // A subscription is shared by URI, and made on one connection: here it would
+            // be made under one caller's credential (or the catalog's) and heard by
+            // every caller, while what a caller's own connection says goes nowhere.
+            return Error::invalid_params(format!(
+                "server '{}' serves each caller on a connection of its own; subscribing to its resources is not supported (read {uri} again instead)",
+                s.name
+            ))
+            .with_data(json!({ "uri": uri, "server": &*s.name }))
+            .into();
+        }
         let session = &cx.client.id;
         let first_or_last = if subscribe {
             self.remember(cx.client);

@@ -394,3 +394,33 @@ fn stdio_session_gets_its_own_process_and_eof_leaves_none() {
         gw.logs()
     );
 }
+
+/// A server whose callers get processes of their own refuses resource subscriptions with
+/// an error naming it: one shared subscription would be made in one caller's process and
+/// heard by every caller, while what a caller's own process says goes nowhere. A shared
+/// server beside it still takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_a_process_per_caller_refuses_resource_subscriptions_by_name() {
+    let (iso, shared) = (unique("iso-sub"), unique("shared-sub"));
+    let config = format!(
+        "{}{}",
+        server("iso", &iso, &["--two-way"], "isolation = \"session\"\n"),
+        server("plain", &shared, &["--two-way"], "")
+    );
+    let gw = Gateway::start(&config);
+    let s = Session::open(&gw.url).await;
+    let uri = format!("mock://{iso}/readme");
+    let r = s.request(json!(1), "resources/subscribe", json!({"uri": uri})).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'iso'") && msg.contains("not supported"), "{r}");
+    assert_eq!(r["error"]["data"]["uri"], uri.as_str(), "{r}");
+    let r = s
+        .request(
+            json!(2),
+            "resources/subscribe",
+            json!({"uri": format!("mock://{shared}/readme")}),
+        )
+        .await;
+    assert_eq!(r["result"], json!({}), "{r}");
+}
