@@ -281,7 +281,7 @@ pub fn app(http: Http) -> Router {
         .route("/console.js", get(console::script))
         .route("/console.css", get(console::style))
         .route("/metrics", get(status::metrics))
-        .route("/oauth/start", get(oauth::start))
+        .route("/oauth/start", get(oauth::start).post(oauth::prove_and_start))
         .route("/oauth/callback", get(oauth::callback))
         .route("/oauth/tokens/{server}", axum::routing::delete(oauth::revoke))
         .route(auth::METADATA_PATH, get(status::resource_metadata))

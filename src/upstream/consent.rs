@@ -582,10 +582,26 @@ impl Consent {
 
     /// `/oauth/start?link=…`: `caller` is who the request authenticated as, if it carried
     /// credentials (a browser carries none).
+    /// Whom a link was made for, and for which server, without using it: the page that
+    /// asks whoever opened it to prove they are that client.
+    pub async fn describe(&self, link: &str) -> Result<(String, String), (u16, String)> {
+        match self.peek::<Link>("link", link).await {
+            Ok(Some(l)) if l.expires > now_secs() => Ok((l.identity, l.server)),
+            Ok(_) => Err((
+                404,
+                "this consent link is unknown, was used already, or has expired: call the tool again for a new one"
+                    .into(),
+            )),
+            Err(e) => Err((503, e)),
+        }
+    }
+
+    /// Uses `link` for `caller`, who proved to be a client of the gateway: the link's own,
+    /// or it is refused (a link forwarded to someone else binds nobody's account to it).
     pub async fn start(
         &self,
         link: &str,
-        caller: Option<&str>,
+        caller: &str,
         servers: &(dyn Fn(&str) -> Option<Arc<Server>> + Sync),
     ) -> Started {
         let refused = |status: u16, why: &str| Started::Refused {
@@ -601,12 +617,10 @@ impl Consent {
                 ),
                 Err(e) => return refused(503, &e),
             };
-        if let Some(c) = caller {
-            if c != l.identity {
-                // A stolen link: it stays usable by the one it was made for.
-                warn!(server = %l.server, "a consent link was opened by another client than it was made for");
-                return refused(403, "this consent link was made for another client");
-            }
+        if caller != l.identity {
+            // A stolen or forwarded link: it stays usable by the one it was made for.
+            warn!(server = %l.server, "a consent link was opened by another client than it was made for");
+            return refused(403, "this consent link was made for another client");
         }
         // Single use: whoever takes it out first goes on.
         match self.take::<Link>("link", link).await {

@@ -128,11 +128,12 @@ impl Setup {
         panic!("{tool} never listed; gateway log:\n{}", self.gw.logs());
     }
 
-    /// Asks `s` to call `tool`, expects -32042, and consents in a browser: the callback's page.
-    async fn consent(&self, s: &Session, tool: &str) -> Browsed {
+    /// Asks `s` (a session of `token`) to call `tool`, expects -32042, and consents in a
+    /// browser whose user types `token` into the gateway's page: the callback's page.
+    async fn consent(&self, s: &Session, token: &str, tool: &str) -> Browsed {
         let r = s.call(tool, json!({})).await;
         let url = elicitation_url(&r);
-        let b = browse(&url, None).await;
+        let b = browse(&url, None, Some(token)).await;
         assert_eq!(b.status, 200, "{b:?}\n{}", self.gw.logs());
         b
     }
@@ -172,8 +173,10 @@ struct Browsed {
 }
 
 /// Follows redirects from `url` as a browser would, keeping the cookies each origin sets
-/// (by host:port) and sending them back; `auth` goes with the first request only.
-async fn browse(url: &str, auth: Option<&str>) -> Browsed {
+/// (by host:port) and sending them back; `auth` goes with the first request only. When
+/// the gateway's page asks for a token, its user types `typed` (if given) and sends the
+/// form.
+async fn browse(url: &str, auth: Option<&str>, typed: Option<&str>) -> Browsed {
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -181,10 +184,17 @@ async fn browse(url: &str, auth: Option<&str>) -> Browsed {
     let mut jar: HashMap<String, HashMap<String, String>> = HashMap::new();
     let mut visited = Vec::new();
     let mut next = url.to_owned();
+    let mut form: Option<String> = None;
     for hop in 0..10 {
         let u = reqwest::Url::parse(&next).unwrap();
         let origin = format!("{}:{}", u.host_str().unwrap(), u.port().unwrap_or(80));
-        let mut req = http.get(u.clone());
+        let mut req = match form.take() {
+            Some(body) => http
+                .post(u.clone())
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(body),
+            None => http.get(u.clone()),
+        };
         if let Some(c) = jar.get(&origin) {
             let v = c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
             req = req.header("cookie", v);
@@ -205,11 +215,20 @@ async fn browse(url: &str, auth: Option<&str>) -> Browsed {
             next = u.join(loc).unwrap().to_string();
             continue;
         }
+        let body = r.text().await.unwrap();
+        if let (200, Some(t), true) = (status, typed, body.contains("name=\"token\"")) {
+            let link = query_of(&next)["link"].clone();
+            let encoded =
+                reqwest::Url::parse_with_params("http://x/", &[("link", link.as_str()), ("token", t)]).unwrap();
+            form = Some(encoded.query().unwrap().to_owned());
+            next = u.join("start").unwrap().to_string();
+            continue;
+        }
         let gw_origin = jar.keys().next().cloned().unwrap_or_default();
         return Browsed {
             visited,
             status,
-            body: r.text().await.unwrap(),
+            body,
             cookies: jar.remove(&gw_origin).unwrap_or_default(),
         };
     }
@@ -279,13 +298,14 @@ async fn the_python_sdk_client_consents_through_url_elicitation_and_then_calls_w
     assert_eq!(el["mode"], "url");
     let url = el["url"].as_str().unwrap();
     assert!(url.starts_with(&format!("{}/oauth/start?link=", s.gw.base)), "{url}");
-    let browsed = browse(url, None).await;
+    let browsed = browse(url, None, Some(ALICE)).await;
     assert_eq!(browsed.status, 200, "{browsed:?}");
     assert!(browsed.body.contains("You can close this page"), "{}", browsed.body);
-    // gateway → AS (PKCE S256, its own state, the registered callback) → gateway callback.
-    assert_eq!(browsed.visited.len(), 3, "{:?}", browsed.visited);
-    let authorize = query_of(&browsed.visited[1]);
-    assert!(browsed.visited[1].starts_with(&format!("{}/authorize?", s.as_base)));
+    // gateway's page → its form, with alice's token → AS (PKCE S256, its own state, the
+    // registered callback) → gateway callback.
+    assert_eq!(browsed.visited.len(), 4, "{:?}", browsed.visited);
+    let authorize = query_of(&browsed.visited[2]);
+    assert!(browsed.visited[2].starts_with(&format!("{}/authorize?", s.as_base)));
     assert_eq!(authorize["code_challenge_method"], "S256");
     assert_eq!(authorize["redirect_uri"], format!("{}/oauth/callback", s.gw.base));
     assert_eq!(authorize["resource"], format!("{}/mcp", s.mcp_base));
@@ -312,7 +332,7 @@ async fn the_python_sdk_client_consents_through_url_elicitation_and_then_calls_w
     assert_eq!(stats["token"]["authorization_code"], 1, "{stats}");
 
     // No token at trace level, on /status, or in the store's file in clear.
-    let code = query_of(&browsed.visited[2])["code"].clone();
+    let code = query_of(&browsed.visited[3])["code"].clone();
     let link = query_of(url)["link"].clone();
     let logs = s.gw.logs();
     assert!(logs.contains("TRACE") || logs.contains("trace"), "trace logging is on");
@@ -355,7 +375,7 @@ async fn a_consented_servers_input_required_is_asked_of_a_handshake_client() {
     let s = setup(&[], &[]).await;
     let caps = json!({"elicitation": {"form": {}, "url": {}}});
     let alice = Session::open_on(bearer_client(ALICE), &s.gw.url, caps).await;
-    s.consent(&alice, "docs__authorize").await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
     s.wait_tool(&alice, "docs__greet").await;
     let t = Duration::from_secs(20);
     let mut m = alice
@@ -384,7 +404,7 @@ async fn a_client_without_url_elicitation_gets_a_tool_error_with_the_link() {
     let text = text(&r);
     let at = text.find("/oauth/start?link=").unwrap_or_else(|| panic!("{text}"));
     let url = format!("{}{}", s.gw.base, text[at..].split_whitespace().next().unwrap());
-    let b = browse(&url, None).await;
+    let b = browse(&url, None, Some(BOB)).await;
     assert_eq!(b.status, 200, "{b:?}");
     // bob's own next call goes with bob's token (his catalog came with the consent).
     s.wait_tool(&bob, "docs__whoami").await;
@@ -423,7 +443,7 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
         assert!(r.headers().get("location").is_none(), "{extra}");
     }
     // Stolen: bob (authenticated as bob) opens alice's link.
-    let stolen = browse(&url, Some(BOB)).await;
+    let stolen = browse(&url, Some(BOB), None).await;
     assert_eq!(stolen.status, 403, "{stolen:?}");
     assert!(stolen.body.contains("another client"), "{}", stolen.body);
     assert_eq!(stolen.visited.len(), 1, "no redirect for a stolen link");
@@ -435,8 +455,36 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    let start = http2.get(&url).send().await.unwrap();
-    assert_eq!(start.status(), 302);
+    // A browser carries no credentials: the link's page names its client and asks for
+    // that client's token. Opening it uses nothing up.
+    let page = http2.get(&url).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("frame-ancestors 'none'"));
+    let body = page.text().await.unwrap();
+    assert!(
+        body.contains("<strong>alice</strong>") && body.contains("name=\"token\""),
+        "{body}"
+    );
+    let form = |token: &str| {
+        let encoded =
+            reqwest::Url::parse_with_params("http://x/", &[("link", link.as_str()), ("token", token)]).unwrap();
+        http2
+            .post(format!("{}/oauth/start", s.gw.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(encoded.query().unwrap().to_owned())
+    };
+    // Phished: the link reaches bob, who types his own token. Nothing is authorized, and
+    // the link stays alice's.
+    let phished = form(BOB).send().await.unwrap();
+    assert_eq!(phished.status(), 401);
+    assert!(phished.headers().get("location").is_none());
+    assert!(phished.text().await.unwrap().contains("not this client"));
+    assert_eq!(s.stats().await["authorize"], 0);
+    let start = form(ALICE).send().await.unwrap();
+    assert_eq!(start.status(), 303);
     let to_as = start.headers()["location"].to_str().unwrap().to_owned();
     assert!(
         to_as.starts_with(&format!("{}/authorize?", s.as_base)),
@@ -468,7 +516,7 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
     // A fresh link, completed properly, then its callback replayed.
     let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
     assert_ne!(query_of(&url)["link"], link);
-    let b = browse(&url, Some(ALICE)).await;
+    let b = browse(&url, Some(ALICE), None).await;
     assert_eq!(b.status, 200, "{b:?}");
     let cookie = b
         .cookies
@@ -486,7 +534,7 @@ async fn the_refresh_token_is_used_before_the_user_is_asked_again() {
     // Tokens live 30 s: each is within the gateway's refresh margin at once.
     let s = setup(&["--expires-in", "30"], &[]).await;
     let alice = s.url_session(ALICE).await;
-    s.consent(&alice, "docs__authorize").await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
     s.wait_tool(&alice, "docs__whoami").await;
     s.control(json!({"reset_stats": true, "expires_in": 3600})).await;
     let r = alice.call("docs__whoami", json!({})).await;
@@ -505,7 +553,7 @@ async fn the_refresh_token_is_used_before_the_user_is_asked_again() {
 async fn tokens_are_revoked_by_delete_and_by_the_command_line() {
     let s = setup(&[], &[]).await;
     let alice = s.url_session(ALICE).await;
-    s.consent(&alice, "docs__authorize").await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
     s.wait_tool(&alice, "docs__whoami").await;
     let r = alice.call("docs__whoami", json!({})).await;
     assert_eq!(who(&r)["sub"], "alice", "{r}");
@@ -534,7 +582,7 @@ async fn tokens_are_revoked_by_delete_and_by_the_command_line() {
     assert_eq!(unauthenticated.status(), 401);
 
     // Again, then revoked on the command line (the store's file, read by the running gateway).
-    s.consent(&alice, "docs__whoami").await;
+    s.consent(&alice, ALICE, "docs__whoami").await;
     let r = alice.call("docs__whoami", json!({})).await;
     assert_eq!(who(&r)["sub"], "alice", "{r}");
     let cli = |client: &str| {
@@ -567,10 +615,10 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
     // The browser reaches the other replica (a balancer without sticky sessions): the
     // link and the flow are in Redis, and the session asked hears of it over the bus.
     let url = url.replace(&gws[0].base, &gws[1].base);
-    let b = browse(&url, None).await;
+    let b = browse(&url, None, Some(ALICE)).await;
     assert_eq!(b.status, 200, "{b:?}\n{}", gws[1].logs());
     assert!(
-        b.visited[2].starts_with(&format!("{}/oauth/callback?", gws[1].base)),
+        b.visited[3].starts_with(&format!("{}/oauth/callback?", gws[1].base)),
         "{b:?}"
     );
     let note = loop {
@@ -651,7 +699,7 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
 async fn a_stdio_gateway_uses_the_stored_tokens_but_cannot_ask() {
     let s = setup(&[], &[]).await;
     let alice = s.url_session(ALICE).await;
-    s.consent(&alice, "docs__authorize").await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
     let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
     let mut as_alice = StdioGateway::start(&config, &[("MCP_GATEWAY_CLIENT", "alice")]);
     as_alice.initialize();

@@ -1,6 +1,7 @@
 //! The consent endpoints of servers with `auth.oauth` (see `upstream::consent`):
-//! `GET /oauth/start?link=…` (the link a client was given: a 302 to the authorization
-//! server), `GET /oauth/callback` (where the authorization server sends the browser back),
+//! `GET /oauth/start?link=…` (the link a client was given: a page that asks for the
+//! link's client's token, posted back to `POST /oauth/start`, then a redirect to the
+//! authorization server), `GET /oauth/callback` (where the authorization server sends the browser back),
 //! and `DELETE /oauth/tokens/{server}` (the caller forgets its own tokens).
 //!
 //! `/oauth/start` takes exactly one parameter, `link`: the gateway redirects only to the
@@ -16,13 +17,16 @@ use axum::response::{IntoResponse, Response};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// `s` as HTML text or an attribute's value.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
 fn page(status: u16, title: &str, text: &str) -> Response {
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-            .replace('"', "&quot;")
-    };
     let body = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head><body><h1>{t}</h1><p>{x}</p></body></html>\n",
         t = esc(title),
@@ -81,7 +85,8 @@ fn no_consent() -> Response {
     page(404, "Not found", "no server of this gateway asks for consent")
 }
 
-/// `GET /oauth/start?link=…`.
+/// `GET /oauth/start?link=…`: a request that carries the link's client's credential goes
+/// on at once; a browser, which carries none, gets [`prove`]'s page.
 pub(super) async fn start(State(http): State<Http>, RawQuery(raw): RawQuery, headers: HeaderMap) -> Response {
     let Some(consent) = consent::get() else {
         return no_consent();
@@ -101,16 +106,110 @@ pub(super) async fn start(State(http): State<Http>, RawQuery(raw): RawQuery, hea
     let Some(link) = q.get("link") else {
         return page(400, "Bad request", "/oauth/start needs the `link` it was given");
     };
-    // A browser carries no credentials; a request that does must be the link's own client.
-    let caller = match headers.get(header::AUTHORIZATION) {
-        None => None,
+    match headers.get(header::AUTHORIZATION) {
         Some(v) => match http.gw.topology().auth.clone().authenticate(Some(v.as_bytes())).await {
-            Ok(identity) => Some(identity.name.clone()),
-            Err(denied) => return page(401, "Not authenticated", &denied.to_string()),
+            Ok(identity) => go_on(&http, consent, link, &identity.name, StatusCode::FOUND).await,
+            Err(denied) => page(401, "Not authenticated", &denied.to_string()),
         },
+        None => match consent.describe(link).await {
+            Ok((client, server)) => prove(200, link, &client, &server, None),
+            Err((status, why)) => page(status, "Consent refused", &why),
+        },
+    }
+}
+
+/// `POST /oauth/start` (the form of [`prove`]'s page): `link`, and the `token` that proves
+/// its user is the client the link was made for.
+pub(super) async fn prove_and_start(State(http): State<Http>, body: axum::body::Bytes) -> Response {
+    let Some(consent) = consent::get() else {
+        return no_consent();
     };
+    let form = match std::str::from_utf8(&body)
+        .map_err(|_| "the form is not UTF-8".to_owned())
+        .and_then(|b| query_map(Some(b)))
+    {
+        Ok(f) => f,
+        Err(why) => return page(400, "Bad request", &why),
+    };
+    if let Some(other) = form.keys().find(|k| !matches!(k.as_str(), "link" | "token")) {
+        return page(
+            400,
+            "Bad request",
+            &format!("the form takes only `link` and `token`, not {other:?}"),
+        );
+    }
+    let (Some(link), Some(token)) = (form.get("link"), form.get("token")) else {
+        return page(400, "Bad request", "the form needs `link` and `token`");
+    };
+    let (client, server) = match consent.describe(link).await {
+        Ok(d) => d,
+        Err((status, why)) => return page(status, "Consent refused", &why),
+    };
+    let bearer = format!("Bearer {}", token.trim());
+    match http
+        .gw
+        .topology()
+        .auth
+        .clone()
+        .authenticate(Some(bearer.as_bytes()))
+        .await
+    {
+        Ok(identity) if identity.name == client => {
+            go_on(&http, consent, link, &identity.name, StatusCode::SEE_OTHER).await
+        }
+        Ok(_) | Err(_) => {
+            tracing::warn!(%server, "a consent link's page was given a token that is not its client's");
+            prove(401, link, &client, &server, Some("That is not this client's token."))
+        }
+    }
+}
+
+/// The page a browser gets for a link: whom the link was made for and what continuing
+/// does, and a form that takes that client's token. Without it, a link forwarded to
+/// someone else (phishing) would bind their account at the server to the link's client
+/// (the MCP spec's URL elicitation: the user who completes the flow must be the one who
+/// started it).
+fn prove(status: u16, link: &str, client: &str, server: &str, error: Option<&str>) -> Response {
+    let error = error.map_or_else(String::new, |e| format!("<p><strong>{}</strong></p>", esc(e)));
+    let body = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Authorize server '{server}' for {client}</title></head><body>\
+<h1>Authorize server '{server}' for {client}</h1>\
+<p>This link was made for the gateway client <strong>{client}</strong>. Continuing lets {client}'s calls to '{server}' use the account you sign in with at the next page.</p>\
+<p><strong>If you are not {client}, or did not ask for this just now, close this page.</strong></p>\
+{error}<form method=\"post\" action=\"start\">\
+<input type=\"hidden\" name=\"link\" value=\"{link}\">\
+<label>{client}'s gateway token (the Bearer token your MCP client sends to the gateway): <input type=\"password\" name=\"token\" autocomplete=\"off\" required></label> \
+<button type=\"submit\">Continue</button></form></body></html>\n",
+        server = esc(server),
+        client = esc(client),
+        link = esc(link),
+    );
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    (
+        status,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static("default-src 'none'; form-action 'self'; frame-ancestors 'none'"),
+            ),
+            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Uses the link for `client`: the redirect to the authorization server (`status`: 302,
+/// or 303 after the form's POST), with the cookie that binds the flow to this browser.
+async fn go_on(http: &Http, consent: &consent::Consent, link: &str, client: &str, status: StatusCode) -> Response {
     let https = consent.public_is_https();
-    match consent.start(link, caller.as_deref(), &servers(&http)).await {
+    match consent.start(link, client, &servers(http)).await {
         Started::Redirect { location, cookie } => {
             let Ok(loc) = HeaderValue::from_str(&location) else {
                 return page(502, "Bad gateway", "the authorization URL is not a valid header value");
@@ -124,7 +223,7 @@ pub(super) async fn start(State(http): State<Http>, RawQuery(raw): RawQuery, hea
                 return page(500, "Error", "cannot set the cookie");
             };
             (
-                StatusCode::FOUND,
+                status,
                 [
                     (header::LOCATION, loc),
                     (header::SET_COOKIE, cookie),
