@@ -118,7 +118,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::info;
+use tracing::{info, warn};
 
 /// The janitor's period bounds: see [`serve`].
 const JANITOR_MIN: Duration = Duration::from_millis(100);
@@ -140,6 +140,9 @@ pub async fn serve<H>(
 where
     H: Future<Output = ()> + Send + 'static,
 {
+    for line in secret_warnings(&config).lines() {
+        warn!("{}", line.trim_start_matches("warning: "));
+    }
     let grace = config.gateway.shutdown_grace;
     let drain = config.gateway.drain_delay;
     let addr = listen.unwrap_or(config.gateway.listen);
@@ -385,6 +388,20 @@ fn secret_warnings(config: &Config) -> String {
                 .map(|c| c.name.as_str())
                 .collect();
             let what = format!("servers.{}.{key} uses ${{client:{secret}}}", s.name);
+            let short: Vec<&str> = config
+                .auth
+                .clients
+                .iter()
+                .filter(|c| c.secret(secret).is_some_and(|v| v.expose().len() < downstream::MASKED_MIN))
+                .map(|c| c.name.as_str())
+                .collect();
+            if !short.is_empty() {
+                out.push_str(&format!(
+                    "warning: {what}; the secret {secret} of {} is shorter than {} characters, too short to be masked in logs and errors: use a longer one\n",
+                    short.join(", "),
+                    downstream::MASKED_MIN
+                ));
+            }
             if lacking.len() == config.auth.clients.len() {
                 out.push_str(&format!(
                     "warning: {what}, which no [clients.*] table defines in `secrets`: every call to server {} fails\n",

@@ -310,6 +310,20 @@ fn check_refuses_client_secrets_on_a_shared_stdio_server_and_warns_of_missing_on
         run.stdout
     );
     secret_free("check", &format!("{}{}", run.stdout, run.stderr));
+
+    // A secret too short to be masked is named (never shown), by check and at start.
+    let mut short = env();
+    short.retain(|(k, _)| *k != "BOB_GH");
+    short.push(("BOB_GH", "ab12"));
+    let (run, _dir) = check(&isolated, &[], &short);
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("the secret GH of bob is shorter than 6 characters, too short to be masked"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("ab12") && !run.stderr.contains("ab12"));
 }
 
 #[tokio::test]
