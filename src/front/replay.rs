@@ -146,16 +146,19 @@ pub fn message_event(id: Option<&str>, json: &[u8]) -> Vec<u8> {
         out.push(b'\n');
     }
     out.extend_from_slice(b"event: message\n");
-    // A line a `data:` field; `memchr` finds the (rare) newlines, so a 20 MB message
-    // costs a copy, not a loop over its bytes.
+    // A line a `data:` field. SSE ends a line at CR, LF or CRLF, so each of them starts
+    // the next field (in valid JSON a raw CR or LF is whitespace between tokens, so the
+    // client's join of the fields with LF reads as the same JSON); `memchr2` finds the
+    // (rare) breaks, so a 20 MB message costs a copy, not a loop over its bytes.
     let mut rest = json;
     loop {
-        let (line, next) = match memchr::memchr(b'\n', rest) {
+        let (line, next) = match memchr::memchr2(b'\n', b'\r', rest) {
+            Some(at) if rest[at] == b'\r' && rest.get(at + 1) == Some(&b'\n') => (&rest[..at], Some(&rest[at + 2..])),
             Some(at) => (&rest[..at], Some(&rest[at + 1..])),
             None => (rest, None),
         };
         out.extend_from_slice(b"data: ");
-        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+        out.extend_from_slice(line);
         out.push(b'\n');
         match next {
             Some(next) => rest = next,
@@ -344,6 +347,11 @@ mod tests {
         assert_eq!(
             message_event(None, b"{\r\n\"a\": 1\n}\n"),
             b"event: message\ndata: {\ndata: \"a\": 1\ndata: }\ndata: \n\n"
+        );
+        // A lone CR ends an SSE line too (two would end the event): each is a break.
+        assert_eq!(
+            message_event(None, b"{\"a\":1\r\r}"),
+            b"event: message\ndata: {\"a\":1\ndata: \ndata: }\n\n"
         );
     }
 

@@ -138,6 +138,25 @@ async fn progress_goes_to_its_own_call_only() {
     assert_eq!(first["method"], "notifications/tools/list_changed", "{first}");
 }
 
+/// A server's answer with raw CRs as whitespace, sent as an SSE event: SSE ends a line at
+/// a lone CR (two end the event), so none may reach the stream as a byte: the client reads
+/// the whole answer.
+#[tokio::test]
+async fn a_raw_cr_in_a_servers_answer_does_not_cut_its_sse_event() {
+    let gw = Gateway::start(&server("p", &unique("cr"), &[], ""));
+    let s = gw.session().await;
+    let body = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "name": "p__big", "arguments": {"bytes": 3, "cr": true}, "_meta": {"progressToken": 1}}});
+    let r = s.post().json(&body).send().await.unwrap();
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let raw = r.bytes().await.unwrap();
+    assert!(!raw.contains(&b'\r'), "{}", String::from_utf8_lossy(&raw));
+    let all = parse_sse(&String::from_utf8_lossy(&raw));
+    let last = all.last().expect("the answer");
+    assert_eq!(last["id"], 5, "{all:?}");
+    assert_eq!(text(last), "xxx");
+}
+
 /// notifications/cancelled from the client: the POST is answered with -32800 at once,
 /// the server is told (the mock logs "cancelled <id>"), and the gateway stays healthy.
 #[tokio::test]
