@@ -568,6 +568,41 @@ pub(crate) fn masked(text: std::borrow::Cow<'_, str>, secrets: &[String]) -> Str
     text
 }
 
+/// Text a child or server wrote, as the gateway logs or shows it: at most `max` bytes of
+/// it, masked before it is cut (so a secret across the cut is masked too), with every
+/// control character but tab escaped (`\u{d}`), so it can neither forge a log line (CR,
+/// LF) nor drive an operator's terminal (ESC, C1). The flag: whether it was cut.
+pub(crate) fn shown_line(line: &[u8], max: usize, secrets: &[String]) -> (String, bool) {
+    let longest = secrets.iter().map(String::len).max().unwrap_or(0);
+    let head = &line[..line.len().min(max.saturating_add(longest))];
+    let text = masked(String::from_utf8_lossy(head), secrets);
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.chars() {
+        if out.len() >= max {
+            return (out, true);
+        }
+        push_shown(&mut out, c);
+    }
+    (out, line.len() > head.len())
+}
+
+/// `text` with its control characters but tab escaped, as [`shown_line`] shows them.
+pub(crate) fn controls_escaped(text: impl IntoIterator<Item = char>) -> String {
+    let mut out = String::new();
+    for c in text {
+        push_shown(&mut out, c);
+    }
+    out
+}
+
+fn push_shown(out: &mut String, c: char) {
+    if c.is_control() && c != '\t' {
+        out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+    } else {
+        out.push(c);
+    }
+}
+
 /// An error `server` answered, with `mask` applied to its text (a result is passed on as
 /// the server wrote it). Masking inside an escape (`\u00…`) can leave text that is no
 /// JSON: then the gateway's own words, never the unmasked error.

@@ -392,7 +392,10 @@ fn secret_warnings(config: &Config) -> String {
                 .auth
                 .clients
                 .iter()
-                .filter(|c| c.secret(secret).is_some_and(|v| v.expose().len() < downstream::MASKED_MIN))
+                .filter(|c| {
+                    c.secret(secret)
+                        .is_some_and(|v| v.expose().len() < downstream::MASKED_MIN)
+                })
                 .map(|c| c.name.as_str())
                 .collect();
             if !short.is_empty() {

@@ -760,7 +760,7 @@ async fn call(
                 status: status.as_u16(),
                 detail: match status.as_u16() {
                     401 | 403 => "the server refused the credentials (check `headers` in gateway.toml)".to_owned(),
-                    _ => text.chars().take(200).collect(),
+                    _ => super::controls_escaped(text.chars().take(200)),
                 },
             });
         }

@@ -418,7 +418,7 @@ impl Actor {
         let kind = match kind {
             Ok(k) => k,
             Err(e) => {
-                let shown = super::masked(String::from_utf8_lossy(&line[..line.len().min(200)]), &self.secrets);
+                let (shown, _) = super::shown_line(&line, 200, &self.secrets);
                 warn!(error = %e, line = %shown, "skipping a stdout line that is not JSON-RPC");
                 self.heard();
                 return;

@@ -100,7 +100,7 @@ pub fn spawn(
 const TAIL_LINES: usize = 5;
 /// The longest kept line, in characters.
 const TAIL_LINE_MAX: usize = 300;
-use super::{masked, MASKED_MIN};
+use super::{shown_line, MASKED_MIN};
 
 /// A child's last stderr lines (secrets masked): shown in `/status` `lastError` and by
 /// `check --connect` when it exits, for example before answering `initialize`.
@@ -529,9 +529,8 @@ async fn log_stderr<R: AsyncRead + Unpin>(
                 continue;
             }
         };
-        let shown = &line[..line.len().min(STDERR_SHOWN_MAX)];
-        let text = masked(String::from_utf8_lossy(shown), &secrets);
-        if shown.len() < line.len() {
+        let (text, cut) = shown_line(&line, STDERR_SHOWN_MAX, &secrets);
+        if cut {
             info!(target: "downstream::stderr", "{text} … ({} bytes)", line.len());
         } else {
             info!(target: "downstream::stderr", "{text}");

@@ -206,3 +206,47 @@ fn a_cpu_quota_turns_the_default_busy_poll_off_and_a_set_one_stays() {
         "{err}"
     );
 }
+
+/// What a child writes reaches the gateway's log with its control characters escaped, so
+/// it can forge no log line (a CR that returns over the line's start, a newline) and send
+/// no escape sequence to an operator's terminal; and a long secret across the point where
+/// a logged line is cut is masked whole, not shown in part.
+#[tokio::test]
+async fn a_childs_lines_reach_the_log_escaped_and_masked_before_they_are_cut() {
+    let secret = format!("S3cretDbPassw0rd-{}", "ABCDEFGHIJKLMNOPQRSTUVWXYZ".repeat(10));
+    let cfg = server(
+        "calc",
+        &unique("escape"),
+        &["--two-way"],
+        &format!("env = {{ DB_PASSWORD = \"{secret}\" }}\n"),
+    );
+    let gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    let forged = "x\r2026-12-05T00:00:00Z  INFO mcp_gateway: forged \u{1b}[31mred\u{9b}2J";
+    let r = s.call("calc__mark", serde_json::json!({"text": forged})).await;
+    assert_eq!(text(&r), "marked");
+    let escaped = r"mark x\u{d}2026-12-05T00:00:00Z  INFO mcp_gateway: forged \u{1b}[31mred\u{9b}2J";
+    assert!(
+        gw.wait_log(escaped, std::time::Duration::from_secs(10)).await,
+        "{}",
+        gw.logs()
+    );
+    // The stray stdout line is cut at 200 bytes, inside the secret: masked all the same.
+    s.call("calc__env", serde_json::json!({"name": "DB_PASSWORD", "leak": true}))
+        .await;
+    assert!(
+        gw.wait_log("debug: using key ***", std::time::Duration::from_secs(10))
+            .await,
+        "{}",
+        gw.logs()
+    );
+    let logs = gw.logs();
+    assert!(
+        !logs.contains("S3cretDbPassw0rd"),
+        "a part of the secret reached the log:\n{logs}"
+    );
+    assert!(
+        !logs.contains('\r') && !logs.contains('\u{1b}') && !logs.contains('\u{9b}'),
+        "{logs:?}"
+    );
+}

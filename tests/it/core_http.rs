@@ -148,7 +148,10 @@ async fn a_raw_cr_in_a_servers_answer_does_not_cut_its_sse_event() {
     let body = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
         "name": "p__big", "arguments": {"bytes": 3, "cr": true}, "_meta": {"progressToken": 1}}});
     let r = s.post().json(&body).send().await.unwrap();
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let raw = r.bytes().await.unwrap();
     assert!(!raw.contains(&b'\r'), "{}", String::from_utf8_lossy(&raw));
     let all = parse_sse(&String::from_utf8_lossy(&raw));
