@@ -72,6 +72,9 @@ fn durations_and_sizes() {
     assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
     assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
     assert_eq!(parse_duration("5"), None);
+    // Past what a Duration holds (it panicked), or infinite: not a duration.
+    assert_eq!(parse_duration("99999999999999999999s"), None);
+    assert_eq!(parse_duration("5124095576030431h"), None);
     assert_eq!(parse_size("16MiB"), Some(16 << 20));
     assert_eq!(parse_size("x"), None);
 }
@@ -533,4 +536,23 @@ fn an_env_key_that_is_no_variable_name_is_an_error() {
         let e = Config::parse(Path::new("g.toml"), &toml, &env).expect_err(bad);
         assert!(e.to_string().contains("is not a variable name"), "{bad:?}: {e}");
     }
+}
+
+#[test]
+fn a_duration_past_ten_years_is_an_error_at_its_place() {
+    let none = |_: &str| None;
+    for (v, says) in [
+        ("2777777777777777h", "longer than the longest duration"),
+        ("99999999999999999999s", "is not a duration"),
+    ] {
+        let src = format!("[gateway]\nshutdown_grace = \"{v}\"\n");
+        let e = Config::parse(Path::new("g.toml"), &src, &none).unwrap_err().to_string();
+        assert!(
+            e.contains("g.toml:2:") && e.contains("shutdown_grace") && e.contains(says),
+            "{v}: {e}"
+        );
+    }
+    let src = "[gateway]\nshutdown_grace = \"87600h\"\n";
+    let c = Config::parse(Path::new("g.toml"), src, &none).unwrap();
+    assert_eq!(c.gateway.shutdown_grace, values::MAX_DURATION);
 }

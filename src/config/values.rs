@@ -58,6 +58,16 @@ pub(super) fn duration(cx: &mut Ctx, v: Option<&Spanned<String>>, key: &str, def
     match v {
         None => default,
         Some(s) => match parse_duration(s.get_ref()) {
+            Some(d) if d > MAX_DURATION => {
+                cx.at(
+                    s.span().start,
+                    format!(
+                        "{key}: {:?} is longer than the longest duration the gateway takes, 10 years",
+                        s.get_ref()
+                    ),
+                );
+                default
+            }
             Some(d) => d,
             None => {
                 cx.at(
@@ -91,7 +101,11 @@ fn is_zero_duration(s: &str) -> bool {
     n.parse::<f64>().is_ok_and(|n| n == 0.0) && matches!(unit.trim(), "us" | "µs" | "ms" | "s" | "m" | "h")
 }
 
-/// Parses `"200us"` (or `"200µs"`), `"500ms"`, `"30s"`, `"2m"`, `"1h"`.
+/// The longest duration a key takes: 10 years, where no clock arithmetic overflows.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Parses `"200us"` (or `"200µs"`), `"500ms"`, `"30s"`, `"2m"`, `"1h"`; a value past
+/// what a `Duration` holds is none.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '.')?;
@@ -105,7 +119,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         "h" => n * 3600.0,
         _ => return None,
     };
-    (secs > 0.0 && secs.is_finite()).then(|| Duration::from_secs_f64(secs))
+    (secs > 0.0).then(|| Duration::try_from_secs_f64(secs).ok()).flatten()
 }
 
 /// Parses `"1048576"`, `"512KiB"`, `"16MiB"`, `"1GiB"` (also KB/MB/GB as powers of 1000).
