@@ -20,6 +20,7 @@ use crate::stateless::{self, Answer, Stateless};
 use bytes::Bytes;
 use serde_json::Value;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -90,6 +91,7 @@ pub async fn serve<R, W>(
     let flow = Stateless::new(gw.clone(), transport, closing.clone());
 
     let max_line = gw.config().gateway.max_line;
+    let spawned = Arc::new(AtomicUsize::new(0));
     let mut reader = LineReader::new(input);
     tokio::pin!(shutdown);
     let mut stopping = false;
@@ -177,8 +179,21 @@ pub async fn serve<R, W>(
                         }
                     }
                 }
+                // A request runs in a task of its own, which holds its answer until the
+                // writer takes it. Past max_in_flight of them the refusal is sent from
+                // here: a client that writes without reading its answers is held up by
+                // its own full pipe, rather than piling up tasks (and memory) forever.
+                let max = gw.config().gateway.max_in_flight;
+                let Some(slot) = Spawned::take(&spawned, max) else {
+                    let err = Error::invalid_request(format!(
+                        "this session already has {max} requests in flight (gateway.max_in_flight); wait for some to finish"
+                    ));
+                    let _ = out_tx.send(refuse(&id, err)).await;
+                    continue;
+                };
                 let (gw, client, out, large) = (gw.clone(), client.clone(), out_tx.clone(), large_tx.clone());
                 crate::background::spawn(async move {
+                    let _slot = slot;
                     // A cancelled request gets no answer, as the spec asks.
                     if let Some(result) = gw
                         .request(
@@ -228,6 +243,25 @@ pub async fn serve<R, W>(
     drop(large_tx);
     // Answers still being computed hold senders; the writer ends when the last is gone.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+}
+
+/// One of the requests a pipe runs at once, given back when its task ends.
+struct Spawned(Arc<AtomicUsize>);
+
+impl Spawned {
+    /// A place among at most `max`, if one is free.
+    fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<Spawned> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Spawned(count.clone()))
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Sends what the stateless flow answered: at once, or from a task of its own (a call,

@@ -137,3 +137,79 @@ fn twenty_megabyte_result_arrives_intact_over_stdio() {
     );
     assert_eq!(text(&r), "after");
 }
+
+/// A client that writes requests and never reads its answers is held up by its own full
+/// pipe: past `max_in_flight` requests the gateway answers from its reader, which then
+/// waits for stdout, so it stops reading stdin. (It ran each request in a task of its own
+/// that waited for stdout, and read on: a gigabyte of tasks in seconds.) Once the client
+/// reads, every request read is answered, in full.
+#[test]
+fn a_client_that_does_not_read_its_answers_stops_being_read() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let cfg = format!(
+        "[gateway]\nmax_in_flight = 4\n\n{}",
+        server("m", &unique("noread"), &[], "")
+    );
+    let (_dir, mut cmd) = gateway_command(&cfg, &["stdio"], &[]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#).unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("\"id\":0"), "{line}");
+    const N: usize = 200_000;
+    let written = Arc::new(AtomicUsize::new(0));
+    let writer = {
+        let written = written.clone();
+        std::thread::spawn(move || {
+            for i in 1..=N {
+                if writeln!(stdin, r#"{{"jsonrpc":"2.0","id":{i},"method":"ping"}}"#).is_err() {
+                    return;
+                }
+                written.store(i, Ordering::Relaxed);
+            }
+        })
+    };
+    // The writer stalls once the pipes fill up: no progress for half a second.
+    let mut last = usize::MAX;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = written.load(Ordering::Relaxed);
+        if now == last || now == N {
+            break;
+        }
+        last = now;
+    }
+    let stalled_at = written.load(Ordering::Relaxed);
+    assert!(
+        stalled_at < N / 2,
+        "the gateway read {stalled_at} of {N} requests nobody read answers to"
+    );
+    // Reading now: each request is answered once, pong or refusal, in the order read.
+    let mut answered = 0;
+    while answered < stalled_at {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "stdout ended after {answered} answers"
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert!(
+            v.get("result").is_some()
+                || v["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("max_in_flight"),
+            "{v}"
+        );
+        answered += 1;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = writer.join();
+}
