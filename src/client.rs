@@ -112,28 +112,25 @@ impl crate::downstream::Peer for Client {
         sink: Sink,
     ) -> futures::future::BoxFuture<'static, Outcome> {
         Box::pin(async move {
-            let needs = ASKED_FOR.iter().find(|(m, _)| *m == method).map(|(_, cap)| *cap);
-            if let Some(cap) = needs {
-                let declared = crate::sync::read(&self.capabilities)
-                    .as_ref()
-                    .is_some_and(|c| c.contains_key(cap));
-                if !declared {
-                    return Outcome::from(Error::client(
-                        code::METHOD_NOT_FOUND,
-                        format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
-                    ));
-                }
+            // A server may ask a client only these (the spec's server→client requests; a
+            // ping is the gateway's to answer): anything else, such as tools/call or a
+            // notification sent with an id, reaches no client.
+            let Some(cap) = ASKED_FOR.iter().find(|(m, _)| *m == method).map(|(_, cap)| *cap) else {
+                return Outcome::from(Error::client(
+                    code::METHOD_NOT_FOUND,
+                    format!("Method not found: {method} (mcp-gateway asks its clients sampling/createMessage, elicitation/create and roots/list for servers, nothing else)"),
+                ));
+            };
+            let declared = crate::sync::read(&self.capabilities)
+                .as_ref()
+                .is_some_and(|c| c.contains_key(cap));
+            if !declared {
+                return Outcome::from(Error::client(
+                    code::METHOD_NOT_FOUND,
+                    format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
+                ));
             }
             if self.stateless {
-                if needs.is_none() {
-                    // A 2026-07-28 client is asked only sampling, elicitation and roots (an
-                    // InputRequest is one of those; a server's ping never gets here, see
-                    // `downstream::answer_server_request`): anything else has no way to it.
-                    return Outcome::from(Error::client(
-                        code::METHOD_NOT_FOUND,
-                        format!("Method not found: {method} (a 2026-07-28 client can be asked sampling/createMessage, elicitation/create and roots/list only)"),
-                    ));
-                }
                 let Some(questions) = &self.questions else {
                     return Outcome::from(Error::client(code::METHOD_NOT_FOUND, format!(
                             "the client speaks 2026-07-28 (stateless): it can be asked {method} only during tools/call, prompts/get or resources/read, and only for a capability it declared (sampling, elicitation, roots)"

@@ -243,6 +243,23 @@ async fn a_client_without_the_capability_gets_an_error_naming_it() {
     assert!(is_error(&r) && text(&r).contains("roots capability"), "{r}");
 }
 
+/// A server may ask a client sampling, elicitation and roots, nothing else: a `tools/call`,
+/// a `tasks/list` (a client's own tasks are no server's business) or a notification sent
+/// with an id reach no client, even one that declared every capability; the server is
+/// told Method not found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_asks_a_client_only_what_the_spec_lets_it() {
+    let gw = Gateway::start(&config());
+    let s = open(&gw, all_caps()).await;
+    for (id, method) in [(1, "tools/call"), (2, "tasks/list"), (3, "notifications/progress")] {
+        let mut call = start_call(&s, json!(id), "calc__ask_roots", json!({"method": method})).await;
+        let (notes, resp) = call.response(T).await;
+        assert!(notes.is_empty(), "{method} reached the client: {notes:?}");
+        assert!(is_error(&resp), "{resp}");
+        assert!(text(&resp).contains(&format!("Method not found: {method}")), "{resp}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_over_a_shared_pipe_reaches_its_caller_only_or_is_refused() {
     let gw = Gateway::start(&config());
