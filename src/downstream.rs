@@ -649,10 +649,57 @@ impl Drop for CancelOnDrop<'_> {
 /// A call waiting for its answer, as the owner of a connection keeps it.
 pub struct Pending {
     pub method: String,
+    /// For `tasks/*`: the server's id of the task it is about (a server's question
+    /// related to that task goes to the caller waiting on it).
+    pub task: Option<String>,
     pub sink: Option<Sink>,
     /// The caller's own progress token, restored on each `notifications/progress`.
     pub progress: Option<Id>,
     pub reply: oneshot::Sender<Result<Outcome, DsError>>,
+}
+
+/// The task a `tasks/*` request is about (its `taskId`), as the server knows it.
+pub fn task_of(method: &str, params: &Params) -> Option<String> {
+    if !method.starts_with("tasks/") {
+        return None;
+    }
+    match params {
+        Params::Object { params, .. } => params.get("taskId").and_then(Value::as_str).map(str::to_owned),
+        Params::Members { params, .. } => params.get_str("taskId").map(|t| t.into_owned()),
+        Params::Raw(raw) => raw
+            .as_deref()
+            .and_then(|r| serde_json::from_str::<Map<String, Value>>(r.get()).ok())
+            .and_then(|mut m| match m.remove("taskId") {
+                Some(Value::String(t)) => Some(t),
+                _ => None,
+            }),
+    }
+}
+
+/// The task a server's message relates to: `params._meta["io.modelcontextprotocol/related-task"].taskId`.
+pub fn related_task(params: Option<&RawValue>) -> Option<String> {
+    let raw = params?.get();
+    if !raw.contains("related-task") {
+        return None;
+    }
+    let v: Value = serde_json::from_str(raw).ok()?;
+    v.pointer("/_meta/io.modelcontextprotocol~1related-task/taskId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// A server's question's params with `_meta`'s related-task id (`task`, the server's own)
+/// replaced by the gateway's public name for it, as the client knows the task.
+pub(crate) fn public_related_task(params: Option<Box<RawValue>>, server: &str, task: &str) -> Option<Box<RawValue>> {
+    let raw = params?;
+    let Ok(mut v) = serde_json::from_str::<Value>(raw.get()) else {
+        return Some(raw);
+    };
+    match v.pointer_mut("/_meta/io.modelcontextprotocol~1related-task/taskId") {
+        Some(id) => *id = Value::String(crate::shared::public_task_id(server, task)),
+        None => return Some(raw),
+    }
+    Some(message::to_raw(&v))
 }
 
 /// Serializes a request for the wire, putting the owner's progress token in place of

@@ -309,6 +309,7 @@ impl Actor {
                 id,
                 Pending {
                     method: "ping".to_owned(),
+                    task: None,
                     sink: None,
                     progress: None,
                     reply,
@@ -358,6 +359,7 @@ impl Actor {
             }));
             return;
         }
+        let task = super::task_of(&method, &params);
         let (mut line, progress) = encode_request(id, &method, params);
         line.push(b'\n');
         if method == "subscriptions/listen" {
@@ -369,6 +371,7 @@ impl Actor {
             id,
             Pending {
                 method,
+                task,
                 sink,
                 progress,
                 reply,
@@ -450,14 +453,32 @@ impl Actor {
                 self.heard();
                 // Over a shared pipe a request carries no link to the call that caused it:
                 // it goes to the caller when exactly one call with a client is in flight.
-                let callers: Vec<&Pending> = self.pending.values().filter(|p| p.sink.is_some()).collect();
-                let (caller, why) = match callers.as_slice() {
-                    [one] => (one.sink.clone(), String::new()),
-                    [] => (None, "no call of a client is in flight on this server".to_owned()),
-                    many => (
+                // One about a task (`_meta` related-task) goes only to the caller waiting
+                // on that task (tasks/result), whose session owns it: whoever else has a
+                // call in flight is not the one to answer it.
+                let params = params.into_raw();
+                let related = super::related_task(params.as_deref());
+                let callers: Vec<&Pending> = self
+                    .pending
+                    .values()
+                    .filter(|p| p.sink.is_some() && related.as_ref().is_none_or(|t| p.task.as_ref() == Some(t)))
+                    .collect();
+                let (caller, why) = match (callers.as_slice(), &related) {
+                    ([one], _) => (one.sink.clone(), String::new()),
+                    ([], Some(t)) => (
+                        None,
+                        format!("no call of a client waits on its task {t} (tasks/result)"),
+                    ),
+                    ([], None) => (None, "no call of a client is in flight on this server".to_owned()),
+                    (many, _) => (
                         None,
                         format!("{} calls of clients are in flight on this server", many.len()),
                     ),
+                };
+                // The client knows the task by the gateway's name for it.
+                let params = match &related {
+                    Some(t) => super::public_related_task(params, &self.server, t),
+                    None => params,
                 };
                 let Some(write) = write.clone() else { return };
                 // Each question waits for its client: a server that asks faster than
@@ -475,7 +496,7 @@ impl Actor {
                 crate::background::spawn(
                     async move {
                         let _permit = permit;
-                        let outcome = super::answer_server_request(caller, method, params.into_raw(), &why).await;
+                        let outcome = super::answer_server_request(caller, method, params, &why).await;
                         let mut out = message::response(&id, &outcome);
                         out.push(b'\n');
                         // Counted like the outbox's lines: the writer subtracts what it writes.

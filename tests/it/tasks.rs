@@ -104,3 +104,51 @@ async fn status_notifications_reach_the_owner_only() {
         "B must not see A's task"
     );
 }
+
+/// A shared server's question about a task (`_meta` related-task) goes to the session
+/// waiting on that task's result, under the gateway's name for the task, though another
+/// session has a call in flight on the same pipe; its answer goes back to the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_about_a_task_goes_to_the_session_that_waits_on_it() {
+    let gw = Gateway::start(&config());
+    let caps = json!({"elicitation": {}});
+    let a = Session::open_with(&gw.url, caps.clone()).await;
+    let b = Session::open_with(&gw.url, caps).await;
+    let created = a
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"ask": true}, "task": {"ttl": 60000}}),
+        )
+        .await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    // B's call is in flight on the same pipe when the task asks.
+    let mut b_call = b
+        .start(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"seconds": 3, "text": "b"}}),
+        )
+        .await;
+    let mut waiting = a.start(json!(2), "tasks/result", json!({"taskId": id})).await;
+    let q = waiting
+        .next(std::time::Duration::from_secs(20))
+        .await
+        .expect("the task's question");
+    assert_eq!(q["method"], "elicitation/create", "{q}");
+    assert_eq!(
+        q["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        id.as_str(),
+        "{q}"
+    );
+    let answer = json!({"jsonrpc": "2.0", "id": q["id"], "result": {"action": "accept", "content": {"key": "from-a"}}});
+    assert_eq!(a.post().json(&answer).send().await.unwrap().status(), 202);
+    let (_, result) = waiting.response(std::time::Duration::from_secs(20)).await;
+    assert!(text(&result).contains("from-a"), "{result}");
+    let (notes, done) = b_call.response(std::time::Duration::from_secs(20)).await;
+    assert!(notes.is_empty(), "B was asked about A's task: {notes:?}");
+    assert_eq!(text(&done), "inline b");
+}
