@@ -90,6 +90,25 @@ pub(crate) fn process_tag() -> &'static str {
     })
 }
 
+/// A client's answer as a server may read it: an error that is no JSON-RPC error object
+/// (`code` an integer, `message` a string) would be dropped by the server, which then
+/// waits for an answer until its own timeout; it goes as the gateway's error instead.
+fn well_formed(outcome: Outcome) -> Outcome {
+    let Outcome::Error(e) = &outcome else { return outcome };
+    let ok = serde_json::from_str::<serde_json::Value>(e.get()).is_ok_and(|v| {
+        v.get("code").is_some_and(serde_json::Value::is_i64)
+            && v.get("message").is_some_and(serde_json::Value::is_string)
+    });
+    if ok {
+        return outcome;
+    }
+    debug!("a client answered a server's question with a malformed error; the server gets the gateway's");
+    Outcome::from(Error::client(
+        code::INTERNAL_ERROR,
+        "the client answered with an error that is not a JSON-RPC error object (an integer code and a string message)",
+    ))
+}
+
 /// How long a client gets to answer a server's question (a person may be answering).
 const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -238,7 +257,7 @@ impl Client {
     pub fn answer(&self, id: Option<&Id>, outcome: Outcome) -> bool {
         let Some(id) = id else { return false };
         match crate::sync::lock(&self.asked).remove(&id_key(id)) {
-            Some(tx) => tx.send(outcome).is_ok(),
+            Some(tx) => tx.send(well_formed(outcome)).is_ok(),
             None => false,
         }
     }

@@ -260,6 +260,36 @@ async fn a_server_asks_a_client_only_what_the_spec_lets_it() {
     }
 }
 
+/// A client's error answer that is no JSON-RPC error object (a string, a code that is no
+/// integer, a message that is no string) reaches the server as the gateway's own error,
+/// which the server can read, rather than as it was (a server drops it and waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_error_answer_reaches_the_server_as_one_it_can_read() {
+    let gw = Gateway::start(&config());
+    let s = open(&gw, all_caps()).await;
+    for (n, bad) in [
+        json!("just a string"),
+        json!({"code": "x", "message": 5}),
+        json!({"code": 1.5, "message": "m"}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut call = start_call(&s, json!(n), "calc__ask_sampling", json!({"prompt": "x"})).await;
+        let q = question(&mut call, "sampling/createMessage").await;
+        reply(&s, &q["id"], json!({"error": bad})).await;
+        let (_, resp) = call.response(T).await;
+        assert!(is_error(&resp), "{resp}");
+        assert!(text(&resp).contains("not a JSON-RPC error object"), "{bad}: {resp}");
+    }
+    // A well-formed one goes as the client wrote it.
+    let mut call = start_call(&s, json!(9), "calc__ask_sampling", json!({"prompt": "x"})).await;
+    let q = question(&mut call, "sampling/createMessage").await;
+    reply(&s, &q["id"], json!({"error": {"code": -1, "message": "user declined"}})).await;
+    let (_, resp) = call.response(T).await;
+    assert_eq!(text(&resp), "user declined", "{resp}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_over_a_shared_pipe_reaches_its_caller_only_or_is_refused() {
     let gw = Gateway::start(&config());
