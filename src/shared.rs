@@ -47,6 +47,12 @@ pub fn public_task_id(server: &str, task_id: &str) -> String {
     format!("{server}/{task_id}")
 }
 
+/// The key of a task of a server with a process per caller: its public id and its owner
+/// (a NUL never ends a public id's text as a client could write it into a lookup).
+fn owned_key(public: &str, owner: &str) -> String {
+    format!("{public}\0{owner}")
+}
+
 /// The cross-session state (see the module doc).
 #[derive(Default)]
 pub struct Shared {
@@ -263,15 +269,23 @@ impl Shared {
     }
 
     /// Records a task a server created for session `owner`; returns its public id.
-    pub async fn add_task(&self, server: &Arc<str>, task_id: &str, owner: &str) -> String {
+    /// `own_process`: the server runs a process (or connection) per caller, whose task
+    /// ids are its own, so two callers' processes may both say `task-1`: such a route is
+    /// kept under its owner too, and one caller's task never takes another's place.
+    pub async fn add_task(&self, server: &Arc<str>, task_id: &str, owner: &str, own_process: bool) -> String {
         let public = public_task_id(server, task_id);
+        let key = if own_process {
+            owned_key(&public, owner)
+        } else {
+            public.clone()
+        };
         let route = TaskRoute {
             server: server.clone(),
             task_id: task_id.to_owned(),
             owner: owner.to_owned(),
             replica: None,
         };
-        self.inner().tasks.insert(public.clone(), route);
+        self.inner().tasks.insert(key.clone(), route);
         if let Some(c) = self.cluster.get() {
             // Other replicas reach it through this one (its downstream holds it).
             let stored = StoredTask {
@@ -285,7 +299,7 @@ impl Shared {
             let tag = ring::hmac::sign(&c.derive(TASK_PURPOSE), format!("{public}\n{json}").as_bytes());
             let json = format!("{}.{json}", crate::cluster::hex(tag.as_ref()));
             let r: redis::RedisResult<()> = redis::cmd("SET")
-                .arg(c.name(&format!("task:{}", digest(&public))))
+                .arg(c.name(&format!("task:{}", digest(&key))))
                 .arg(json)
                 .arg("PX")
                 .arg(TASK_TTL_MS)
@@ -298,13 +312,35 @@ impl Shared {
 
     /// The task `public` of session `owner`, if it exists and is that session's.
     pub async fn task(&self, public: &str, owner: &str) -> Option<TaskRoute> {
-        let here = self.inner().tasks.get(public).filter(|r| r.owner == owner).cloned();
+        let owned = owned_key(public, owner);
+        let here = {
+            let inner = self.inner();
+            inner
+                .tasks
+                .get(public)
+                .filter(|r| r.owner == owner)
+                .or_else(|| inner.tasks.get(&owned).filter(|r| r.owner == owner))
+                .cloned()
+        };
         if here.is_some() {
             return here;
         }
         let c = self.cluster.get()?;
-        let r: redis::RedisResult<Option<String>> = c.conn().get(c.name(&format!("task:{}", digest(public)))).await;
-        let text = c.track(r).ok()??;
+        let keys = [
+            c.name(&format!("task:{}", digest(public))),
+            c.name(&format!("task:{}", digest(&owned))),
+        ];
+        let r: redis::RedisResult<Vec<Option<String>>> =
+            redis::cmd("MGET").arg(&keys[..]).query_async(&mut c.conn()).await;
+        let found = c.track(r).ok()?;
+        found
+            .into_iter()
+            .flatten()
+            .find_map(|text| self.verified_task(c, public, owner, &text))
+    }
+
+    /// A task route read from Redis, if its seal verifies and `owner` owns it.
+    fn verified_task(&self, c: &crate::cluster::Cluster, public: &str, owner: &str, text: &str) -> Option<TaskRoute> {
         let (tag, json) = text.split_once('.')?;
         let key = c.derive(TASK_PURPOSE);
         if ring::hmac::verify(
@@ -327,6 +363,7 @@ impl Shared {
     }
 
     /// The route of a downstream's task, by its server and own id.
+    /// (A server with a process per caller has no one route by its own id: none.)
     pub async fn task_by_origin(&self, server: &str, task_id: &str) -> Option<TaskRoute> {
         self.inner().tasks.get(&public_task_id(server, task_id)).cloned()
     }
@@ -438,7 +475,7 @@ mod tests {
     async fn tasks_are_bound_to_their_session() {
         let s = Shared::default();
         let calc: Arc<str> = "calc".into();
-        let public = s.add_task(&calc, "t-1", "s1").await;
+        let public = s.add_task(&calc, "t-1", "s1", false).await;
         assert_eq!(public, "calc/t-1");
         assert!(s.task(&public, "s2").await.is_none());
         assert_eq!(s.task(&public, "s1").await.map(|r| r.task_id), Some("t-1".into()));

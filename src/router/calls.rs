@@ -91,7 +91,7 @@ impl Gateway {
         }
         match self.forward(cx, route.server, method, p).await {
             Outcome::Result(r) if as_task => self
-                .created_task(&server.name, cx.client, r.get())
+                .created_task(server, cx.client, r.get())
                 .await
                 .unwrap_or(Outcome::Result(r)),
             other => other,

@@ -64,15 +64,17 @@ impl Gateway {
     }
 
     /// Rewrites a server's CreateTaskResult for the client and binds the task to it.
-    pub(super) async fn created_task(&self, server: &Arc<str>, client: &Arc<Client>, result: &str) -> Option<Outcome> {
+    pub(super) async fn created_task(&self, server: &Server, client: &Arc<Client>, result: &str) -> Option<Outcome> {
         let mut body = open(result);
         let Some(Value::Object(task)) = body.get_mut("task") else {
             return None;
         };
         let original = task.get("taskId").and_then(Value::as_str)?.to_owned();
-        rewrite_task_object(task, server);
-        rewrite_task_object(&mut body, server);
-        self.shared.add_task(server, &original, &client.id).await;
+        rewrite_task_object(task, &server.name);
+        rewrite_task_object(&mut body, &server.name);
+        self.shared
+            .add_task(&server.name, &original, &client.id, server.per_caller())
+            .await;
         self.remember(client);
         Some(Outcome::Result(close(body).into()))
     }

@@ -152,3 +152,40 @@ async fn a_question_about_a_task_goes_to_the_session_that_waits_on_it() {
     assert!(notes.is_empty(), "B was asked about A's task: {notes:?}");
     assert_eq!(text(&done), "inline b");
 }
+
+/// Each session's own process numbers its tasks from 1: both sessions hold `jobs/task-1`,
+/// each its own, and neither takes the other's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_two_sessions_own_processes_with_the_same_id_stay_each_their_own() {
+    let config = format!(
+        "[servers.jobs]\ncommand = \"python3\"\nargs = [\"tests/fixtures/task_server.py\"]\ncwd = {:?}\nisolation = \"session\"\n",
+        repo().display().to_string()
+    );
+    let gw = Gateway::start(&config);
+    let (a, b) = (gw.session().await, gw.session().await);
+    let mut ids = Vec::new();
+    for (s, text) in [(&a, "for a"), (&b, "for b")] {
+        let created = s
+            .request(
+                json!(1),
+                "tools/call",
+                json!({"name": "jobs__work", "arguments": {"seconds": 0.1, "text": text}, "task": {"ttl": 60000}}),
+            )
+            .await;
+        ids.push(
+            created["result"]["task"]["taskId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{created}"))
+                .to_owned(),
+        );
+    }
+    assert_eq!(ids, ["jobs/task-1", "jobs/task-1"], "each process numbers its own");
+    for (s, text) in [(&a, "for a"), (&b, "for b")] {
+        let r = s
+            .request(json!(2), "tasks/result", json!({"taskId": "jobs/task-1"}))
+            .await;
+        assert_eq!(crate::common::text(&r), text, "{r}");
+        let got = s.request(json!(3), "tasks/get", json!({"taskId": "jobs/task-1"})).await;
+        assert_eq!(got["result"]["status"], "completed", "{got}");
+    }
+}
