@@ -83,6 +83,17 @@ impl Sink {
         self
     }
 
+    /// The same sink for one question of a server: over when its call is, or when the
+    /// returned token is cancelled (the server withdrew the question).
+    pub fn for_question(mut self) -> (Sink, tokio_util::sync::CancellationToken) {
+        let token = match &self.call_over {
+            Some(t) => t.child_token(),
+            None => tokio_util::sync::CancellationToken::new(),
+        };
+        self.call_over = Some(token.clone());
+        (self, token)
+    }
+
     /// Completes when the call this sink belongs to is over (never, if not known).
     pub async fn call_over(&self) {
         match &self.call_over {

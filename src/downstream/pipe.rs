@@ -94,6 +94,7 @@ pub fn run_pipe(
         owed_since: None,
         degraded: conn.degraded.clone(),
         questions: Arc::new(tokio::sync::Semaphore::new(MAX_QUESTIONS)),
+        asking: Arc::default(),
         next_id: Arc::downgrade(&conn.next_id),
         secrets: pipe.secrets,
     };
@@ -126,6 +127,9 @@ struct Actor {
     degraded: Arc<AtomicBool>,
     /// Permits for the server's own requests being answered ([`MAX_QUESTIONS`]).
     questions: Arc<tokio::sync::Semaphore>,
+    /// The server's questions a client is being asked, by the server's id: cancelled when
+    /// the server withdraws one.
+    asking: Arc<std::sync::Mutex<HashMap<String, tokio_util::sync::CancellationToken>>>,
     /// The handles' id counter, for the owner's own pings. Weak: the number of strong
     /// references is the number of handles ([`Connection::handles`]), which tells an idle
     /// session's process from a busy one.
@@ -493,10 +497,24 @@ impl Actor {
                     return;
                 };
                 let unwritten = self.unwritten.clone();
+                // The server may withdraw its question (notifications/cancelled): the client
+                // is told, and the server gets no answer.
+                let key = message::id_key(&id);
+                let (caller, withdrawn) = match caller.map(super::Sink::for_question) {
+                    Some((sink, token)) => {
+                        crate::sync::lock(&self.asking).insert(key.clone(), token);
+                        (Some(sink), true)
+                    }
+                    None => (None, false),
+                };
+                let asking = self.asking.clone();
                 crate::background::spawn(
                     async move {
                         let _permit = permit;
                         let outcome = super::answer_server_request(caller, method, params, &why).await;
+                        if withdrawn && crate::sync::lock(&asking).remove(&key).is_none() {
+                            return;
+                        }
                         let mut out = message::response(&id, &outcome);
                         out.push(b'\n');
                         // Counted like the outbox's lines: the writer subtracts what it writes.
@@ -553,7 +571,16 @@ impl Actor {
                 }
             }
             "notifications/cancelled" => {
-                debug!("downstream cancelled a request of ours; ignoring");
+                // Of a question the server asked a client: withdrawn there too.
+                let asked = params
+                    .as_deref()
+                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
+                    .and_then(|v| v.get("requestId").map(|r| message::to_raw(r)))
+                    .map(|raw| message::id_key(&message::Id::from_raw(&raw)));
+                match asked.and_then(|k| crate::sync::lock(&self.asking).remove(&k)) {
+                    Some(token) => token.cancel(),
+                    None => debug!("downstream cancelled a request that is not a question it asked; ignoring"),
+                }
             }
             _ => {
                 let _ = self.incoming.send(Incoming::Notification { method, params }).await;

@@ -290,6 +290,34 @@ async fn a_malformed_error_answer_reaches_the_server_as_one_it_can_read() {
     assert_eq!(text(&resp), "user declined", "{resp}");
 }
 
+/// A server that withdraws its question (notifications/cancelled naming it) has it
+/// withdrawn from the client too, under the id the client knows, and gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_the_server_withdraws_is_withdrawn_from_the_client() {
+    let gw = Gateway::start(&config());
+    let s = open(&gw, all_caps()).await;
+    let mut call = start_call(&s, json!(1), "calc__ask_roots", json!({"withdraw": 0.3})).await;
+    let q = question(&mut call, "roots/list").await;
+    // Withdrawn while the call goes on (the server waits 5 s more for an answer), not
+    // when the call ends.
+    let cancelled = call.next(T).await.expect("the withdrawal");
+    assert_eq!(cancelled["method"], "notifications/cancelled", "{cancelled}");
+    assert_eq!(cancelled["params"]["requestId"], q["id"], "{cancelled}");
+    assert!(gw.logs().contains("roots/list: withdrawn"), "{}", gw.logs());
+    assert!(
+        !gw.logs().contains("roots/list: no answer"),
+        "the call was over first:\n{}",
+        gw.logs()
+    );
+    // Answered late anyway: the server gets nothing.
+    reply(&s, &q["id"], json!({"result": {"roots": []}})).await;
+    let (_, resp) = call.response(T).await;
+    assert!(
+        is_error(&resp) && text(&resp).contains("no answer to roots/list"),
+        "{resp}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_over_a_shared_pipe_reaches_its_caller_only_or_is_refused() {
     let gw = Gateway::start(&config());
