@@ -575,7 +575,7 @@ impl Actor {
                 let asked = params
                     .as_deref()
                     .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
-                    .and_then(|v| v.get("requestId").map(|r| message::to_raw(r)))
+                    .and_then(|v| v.get("requestId").map(message::to_raw))
                     .map(|raw| message::id_key(&message::Id::from_raw(&raw)));
                 match asked.and_then(|k| crate::sync::lock(&self.asking).remove(&k)) {
                     Some(token) => token.cancel(),
