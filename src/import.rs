@@ -824,6 +824,24 @@ impl Server<'_> {
     /// The parts with every secret in their text replaced by a variable. `key`: the `env`
     /// or `headers` key the value is of.
     fn scan(&mut self, field: &str, parts: Vec<Part>, key: Option<&str>) -> Vec<Part> {
+        // A default of a variable in a credential's value is the credential, whatever the
+        // variable is named (`PGPASSWORD = "${PGPW:-hunter2}"`): left out, the variable asked.
+        let parts = match key.filter(|k| credential_name(k)) {
+            Some(_) => parts
+                .into_iter()
+                .map(|p| match p {
+                    Part::Var(v, Some(d)) if !setting_value(&d) => {
+                        self.vars.asked(&v);
+                        self.note(format!(
+                            "{field}: the default of ${{{v}}} is a credential, by its key's name; it is left out (export {v})"
+                        ));
+                        Part::Var(v, None)
+                    }
+                    p => p,
+                })
+                .collect(),
+            None => parts,
+        };
         // Text of its own beyond separators (`${A}-${B}` is only references).
         let written = parts
             .iter()

@@ -216,9 +216,10 @@ fn import(files: &[PathBuf], write: Option<&std::path::Path>, from: Option<&str>
             }
         }
     }
-    let current = match write.map(std::fs::read_to_string) {
-        Some(Ok(text)) => text,
-        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+    // The file is locked from before it is read until the tables are appended: two
+    // imports at once each see the other's tables, so neither adds a server twice.
+    let target = match write.map(Target::open) {
+        Some(Ok(t)) => Some(t),
         Some(Err(e)) => {
             eprintln!(
                 "mcp-gateway import: {}: {e}",
@@ -226,8 +227,9 @@ fn import(files: &[PathBuf], write: Option<&std::path::Path>, from: Option<&str>
             );
             return ExitCode::FAILURE;
         }
-        None => String::new(),
+        None => None,
     };
+    let current = target.as_ref().map(|t| t.text.clone()).unwrap_or_default();
     let result = mcp_gateway::import::existing(&current)
         .map_err(|e| format!("{}: {e}", write.map_or(String::new(), |p| p.display().to_string())))
         .and_then(|existing| {
@@ -276,11 +278,10 @@ fn import(files: &[PathBuf], write: Option<&std::path::Path>, from: Option<&str>
     // Appended (O_APPEND), not rewritten: the file keeps its mode, owner and links, and
     // what was there stays byte for byte.
     let suffix = &combined[current.len()..];
-    let appended = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, suffix.as_bytes()));
+    let appended = match &target {
+        Some(t) => t.append(suffix),
+        None => Ok(()),
+    };
     if let Err(e) = appended {
         eprintln!("mcp-gateway import: {}: {e}", path.display());
         return ExitCode::FAILURE;
@@ -389,5 +390,55 @@ impl Signals {
         {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+/// The file `import --write` appends to, locked (an advisory lock, which another import
+/// takes too) while it is open, with the text it held when it was locked.
+struct Target {
+    file: std::fs::File,
+    text: String,
+    /// Made by this import: removed again if nothing was appended to it.
+    made: Option<PathBuf>,
+    appended: std::cell::Cell<bool>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let (Some(path), false) = (&self.made, self.appended.get()) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Target {
+    fn open(path: &std::path::Path) -> std::io::Result<Target> {
+        let existed = std::fs::symlink_metadata(path).is_ok();
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)?;
+        file.lock()?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut file, &mut text)?;
+        Ok(Target {
+            file,
+            text,
+            made: (!existed).then(|| path.to_owned()),
+            appended: std::cell::Cell::new(false),
+        })
+    }
+
+    /// Appends `suffix`; on a failure part way (a full disk), the file is cut back to
+    /// what it held, so no half table is left in it.
+    fn append(&self, suffix: &str) -> std::io::Result<()> {
+        let mut f = &self.file;
+        std::io::Write::write_all(&mut f, suffix.as_bytes())
+            .and_then(|()| f.sync_data())
+            .inspect(|()| self.appended.set(true))
+            .inspect_err(|_| {
+                let _ = self.file.set_len(self.text.len() as u64);
+            })
     }
 }

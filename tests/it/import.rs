@@ -348,3 +348,63 @@ fn a_file_without_servers_or_json_is_refused_by_name() {
     assert_eq!(code, 64);
     assert!(err.contains("not JSON"), "{err}");
 }
+
+/// A default of a variable in a credential's value (by its key's name) is the credential,
+/// whatever the variable is called: left out, and the variable named to export. A default
+/// in a setting stays.
+#[test]
+fn a_credentials_default_is_left_out_by_its_keys_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(".mcp.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {"pg": {"command": "pg-mcp", "env": {"PGPASSWORD": "${PGPW:-hunter2pass}", "API_KEY": "${X:-changeme123}", "MODE": "${M:-fast}"}}}}"#,
+    )
+    .unwrap();
+    let (code, out, err) = import(&[Path::new("--from"), Path::new("claude-code"), &file]);
+    assert_eq!(code, 0, "{err}");
+    for secret in ["hunter2pass", "changeme123"] {
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "{secret}:\n{out}\n{err}"
+        );
+    }
+    assert!(
+        out.contains(r#"PGPASSWORD = "${PGPW}""#) && out.contains(r#"API_KEY = "${X}""#),
+        "{out}"
+    );
+    assert!(out.contains(r#"MODE = "${M:-fast}""#), "{out}");
+    assert!(out.contains("export PGPW=") && out.contains("export X="), "{out}");
+}
+
+/// Two `import --write` at once onto one file: each reads it under a lock held until its
+/// tables are appended, so the second sees the first's and adds nothing twice.
+#[test]
+fn two_imports_writing_one_file_at_once_add_each_server_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join(".mcp.json");
+    std::fs::write(
+        &json,
+        r#"{"mcpServers": {"gh": {"command": "gh-mcp"}, "fs": {"command": "fs-mcp"}}}"#,
+    )
+    .unwrap();
+    let toml = dir.path().join("gateway.toml");
+    for round in 0..10 {
+        std::fs::write(&toml, "[servers.old]\ncommand = \"echo\"\n").unwrap();
+        let spawn = || {
+            Command::new(BIN)
+                .args(["import", "--from", "claude-code", "--write"])
+                .arg(&toml)
+                .arg(&json)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let (mut a, mut b) = (spawn(), spawn());
+        assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+        let text = std::fs::read_to_string(&toml).unwrap();
+        for table in ["[servers.gh]", "[servers.fs]"] {
+            assert_eq!(text.matches(table).count(), 1, "round {round}:\n{text}");
+        }
+    }
+}
