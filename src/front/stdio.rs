@@ -103,6 +103,12 @@ pub async fn serve<R, W>(
                 stopping = true;
                 break;
             }
+            // stdout broke (the client went away): no answer can reach it any more, so
+            // the calls in flight are cancelled rather than run for nobody.
+            () = out_tx.closed() => {
+                warn!("stdout is closed; stopping");
+                break;
+            }
         };
         let line = match read {
             Ok(Next::Eof) => break,

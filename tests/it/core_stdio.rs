@@ -213,3 +213,47 @@ fn a_client_that_does_not_read_its_answers_stops_being_read() {
     let _ = child.wait();
     let _ = writer.join();
 }
+
+/// The client's end of stdout breaks (it went away) while stdin stays open: the gateway
+/// stops at its next answer, cancelling what is in flight, rather than running calls for
+/// nobody until stdin ends.
+#[test]
+fn a_broken_stdout_stops_the_gateway_though_stdin_stays_open() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let name = unique("epipe");
+    let cfg = server("m", &name, &[], "");
+    let (_dir, mut cmd) = gateway_command(&cfg, &["stdio"], &[]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#).unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"m__slow","arguments":{{"seconds":60}}}}}}"#
+    )
+    .unwrap();
+    drop(stdout);
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":2,"method":"ping"}}"#).unwrap();
+    stdin.flush().unwrap();
+    let deadline = std::time::Instant::now() + T;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
+    assert!(status.is_some(), "still running with stdout broken:\n{err}");
+    assert!(err.contains("stdout is closed"), "{err}");
+    assert!(mock_pids(&name).into_iter().all(|p| !alive(p)), "its server is left running");
+    drop(stdin);
+}
