@@ -14,14 +14,29 @@ pub struct Event {
     pub retry: Option<u64>,
 }
 
+/// An event (or a line of one) longer than the parser's limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TooLong(pub usize);
+
 /// Parses an event stream chunk by chunk.
-#[derive(Default)]
 pub struct Parser {
     buf: Vec<u8>,
+    /// How far into `buf` no line end was found (a lone CR at its end excepted): the next
+    /// chunk is searched from there, so a long line costs its length once, not once per
+    /// chunk.
+    scanned: usize,
     current: Event,
     has_data: bool,
+    /// The longest line, and the most data of one event, accepted.
+    max: usize,
     /// The last event id seen, for `Last-Event-ID` on reconnect.
     pub last_id: Option<String>,
+}
+
+impl Default for Parser {
+    fn default() -> Parser {
+        Parser::with_limit(usize::MAX)
+    }
 }
 
 impl Parser {
@@ -29,15 +44,34 @@ impl Parser {
         Parser::default()
     }
 
-    /// Feeds bytes; returns every event completed by them.
-    pub fn feed(&mut self, chunk: &[u8]) -> Vec<Event> {
+    /// A parser that refuses a line, or an event's data, over `max` bytes.
+    pub fn with_limit(max: usize) -> Parser {
+        Parser {
+            buf: Vec::new(),
+            scanned: 0,
+            current: Event::default(),
+            has_data: false,
+            max,
+            last_id: None,
+        }
+    }
+
+    /// Feeds bytes; returns every event completed by them, or how long the line or event
+    /// that went over the limit had grown (the stream is then to be dropped).
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<Event>, TooLong> {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
         let mut start = 0;
-        while let Some(pos) = self.buf[start..].iter().position(|&b| b == b'\n' || b == b'\r') {
-            let end = start + pos;
+        let mut from = self.scanned.min(self.buf.len());
+        loop {
+            let Some(pos) = memchr::memchr2(b'\n', b'\r', &self.buf[from..]) else {
+                from = self.buf.len();
+                break;
+            };
+            let end = from + pos;
             // A lone '\r' at the end of the buffer may be the first half of "\r\n".
             if self.buf[end] == b'\r' && end + 1 == self.buf.len() {
+                from = end;
                 break;
             }
             let line = String::from_utf8_lossy(&self.buf[start..end]).into_owned();
@@ -47,12 +81,33 @@ impl Parser {
                 1
             };
             start = end + skip;
+            from = start;
             if let Some(ev) = self.line(&line) {
                 out.push(ev);
             }
+            if self.current.data.len() > self.max {
+                return Err(TooLong(self.current.data.len()));
+            }
         }
         self.buf.drain(..start);
-        out
+        self.scanned = from - start;
+        if self.buf.len() > self.max {
+            return Err(TooLong(self.buf.len()));
+        }
+        Ok(out)
+    }
+
+    /// The stream ended: a lone CR it ended with ends its line (and so may complete an
+    /// event); an unfinished line or event is dropped, as the format says.
+    pub fn finish(&mut self) -> Vec<Event> {
+        if self.buf.last() != Some(&b'\r') {
+            return Vec::new();
+        }
+        self.buf.pop();
+        let line = String::from_utf8_lossy(&self.buf).into_owned();
+        self.buf.clear();
+        self.scanned = 0;
+        self.line(&line).into_iter().collect()
     }
 
     fn line(&mut self, line: &str) -> Option<Event> {
@@ -103,9 +158,12 @@ mod tests {
     #[test]
     fn parses_across_chunks_and_line_endings() {
         let mut p = Parser::new();
-        let mut evs = p.feed(b"event: endpoint\r\ndata: /messages?s=1\r");
-        evs.extend(p.feed(b"\n\r\n: comment\n\nid: 7\nretry: 3000\ndata: {\"a\":\n"));
-        evs.extend(p.feed(b"data: 1}\n\n"));
+        let mut evs = p.feed(b"event: endpoint\r\ndata: /messages?s=1\r").unwrap();
+        evs.extend(
+            p.feed(b"\n\r\n: comment\n\nid: 7\nretry: 3000\ndata: {\"a\":\n")
+                .unwrap(),
+        );
+        evs.extend(p.feed(b"data: 1}\n\n").unwrap());
         assert_eq!(evs.len(), 2, "{evs:?}");
         assert_eq!(evs[0].event, "endpoint");
         assert_eq!(evs[0].data, "/messages?s=1");
@@ -116,13 +174,54 @@ mod tests {
     }
 
     #[test]
+    fn a_long_line_in_small_chunks_is_found_once_and_bounded() {
+        let mut p = Parser::with_limit(1 << 20);
+        let line = format!("data: {}\n", "x".repeat(300_000));
+        let mut evs = Vec::new();
+        for c in line.as_bytes().chunks(1000) {
+            evs.extend(p.feed(c).unwrap());
+        }
+        // \r then \n in two chunks: one line end.
+        evs.extend(p.feed(b"\r").unwrap());
+        evs.extend(p.feed(b"\n").unwrap());
+        assert_eq!(evs.len(), 1);
+        assert_eq!(evs[0].data.len(), 300_000);
+        // Over the limit: a line, and an event's data over many lines.
+        let mut p = Parser::with_limit(1000);
+        assert_eq!(p.feed(&[b'a'; 600]), Ok(vec![]));
+        assert_eq!(p.feed(&[b'a'; 600]), Err(TooLong(1200)));
+        let mut p = Parser::with_limit(1000);
+        let many = "data: 0123456789\n".repeat(100);
+        assert!(matches!(p.feed(many.as_bytes()), Err(TooLong(n)) if n > 1000));
+    }
+
+    #[test]
+    fn a_lone_cr_that_ends_the_stream_ends_its_event() {
+        let mut p = Parser::new();
+        assert_eq!(p.feed(b"data: {}\r\r"), Ok(vec![]));
+        let evs = p.finish();
+        assert_eq!(evs.len(), 1);
+        assert_eq!(evs[0].data, "{}");
+        // An unfinished line is dropped.
+        let mut p = Parser::new();
+        assert_eq!(
+            p.feed(b"data: {}\n\ndata: x"),
+            Ok(vec![Event {
+                data: "{}".into(),
+                ..Event::default()
+            }])
+        );
+        assert!(p.finish().is_empty());
+    }
+
+    #[test]
     fn priming_event_sets_id_without_data() {
         let mut p = Parser::new();
-        let evs = p.feed(b"id: abc\ndata:\n\n");
+        let evs = p.feed(b"id: abc\ndata:\n\n").unwrap();
         // `data:` with an empty value is still data.
         assert_eq!(evs.len(), 1);
         assert_eq!(p.last_id.as_deref(), Some("abc"));
-        let evs = p.feed(b"id: def\nretry: 10\n\n");
+        let evs = p.feed(b"id: def\nretry: 10\n\n").unwrap();
         assert_eq!(
             evs,
             vec![Event {

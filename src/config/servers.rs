@@ -249,6 +249,9 @@ pub struct HttpSpec {
     /// this bounds them; more wait. Answers to the server's own questions and
     /// notifications do not wait (a call may be waiting for them).
     pub max_connections: usize,
+    /// `gateway.max_line`: the longest message (a JSON answer, an SSE event or line)
+    /// accepted from the server.
+    pub max_message: usize,
     /// `auth`: a credential got per caller (token exchange, or the user's own OAuth).
     pub auth: Option<UpstreamAuth>,
 }
@@ -478,6 +481,7 @@ pub(super) fn parse(
                         Some(n) => t.max_connections = *n.get_ref(),
                         None => {}
                     }
+                    t.max_message = gateway.max_line;
                     if cx.errors.len() == errors {
                         t.auth = auth;
                         let t = Transport::Http(t);
@@ -711,6 +715,7 @@ fn http_spec(
         client_headers,
         ca_file,
         max_connections: DEFAULT_MAX_CONNECTIONS,
+        max_message: crate::config::gateway::DEFAULT_MAX_LINE,
         auth: None,
     })
 }

@@ -17,7 +17,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use http::header::HeaderMap;
 use http::{Method, StatusCode, Uri};
-use http_body_util::{BodyDataStream, BodyExt, Full};
+use http_body_util::{BodyDataStream, Full};
 use hyper_util::client::legacy;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -146,6 +146,9 @@ pub fn reqwest_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Clie
         .pool_max_idle_per_host(POOL_MAX_IDLE)
         .tcp_nodelay(true)
         .connect_timeout(CONNECT_TIMEOUT)
+        // As the direct path: a 3xx is the server's answer, never followed (a redirect
+        // would carry the configured headers, X-Api-Key say, and the body elsewhere).
+        .redirect(reqwest::redirect::Policy::none())
         .use_rustls_tls();
     if let Some(path) = ca_file {
         let pem = std::fs::read(path).map_err(|e| format!("cannot read ca_file {}: {e}", path.display()))?;
@@ -256,18 +259,37 @@ impl Response {
         &self.headers
     }
 
-    /// The whole body.
-    pub async fn bytes(self) -> Result<Bytes, Error> {
-        match self.body {
-            Body::Hyper(b) => b.collect().await.map(|c| c.to_bytes()).map_err(|e| from_body(&e)),
-            Body::Reqwest(r) => r.bytes().await.map_err(|e| from_reqwest(&e)),
+    /// The whole body, unless it is longer than `max` bytes: then `None`, and no more of
+    /// it is read (a server cannot make the gateway hold more than `max` for an answer).
+    pub async fn bytes_up_to(self, max: usize) -> Result<Option<Bytes>, Error> {
+        let declared = self
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max as u64) {
+            return Ok(None);
         }
-    }
-
-    /// The whole body as text (invalid UTF-8 replaced).
-    pub async fn text(self) -> Result<String, Error> {
-        let b = self.bytes().await?;
-        Ok(String::from_utf8_lossy(&b).into_owned())
+        let mut body = self.bytes_stream();
+        // One chunk (most answers) is kept as it came; more are joined.
+        let mut first: Option<Bytes> = None;
+        let mut joined = bytes::BytesMut::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk?;
+            let total = first.as_ref().map_or(0, Bytes::len) + joined.len() + chunk.len();
+            if total > max {
+                return Ok(None);
+            }
+            match first.take() {
+                None if joined.is_empty() => first = Some(chunk),
+                Some(f) => {
+                    joined.extend_from_slice(&f);
+                    joined.extend_from_slice(&chunk);
+                }
+                None => joined.extend_from_slice(&chunk),
+            }
+        }
+        Ok(Some(first.unwrap_or_else(|| joined.freeze())))
     }
 
     /// The body as it arrives.

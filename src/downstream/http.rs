@@ -38,6 +38,10 @@ const VERSION: &str = "mcp-protocol-version";
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How many times a broken response stream is resumed before the call fails.
 const MAX_RESUMES: usize = 5;
+/// The shortest wait a server's `retry:` sets before a stream is opened again.
+const RETRY_FLOOR_MS: u64 = 500;
+/// How much of an error answer's body is read (200 characters of it are shown).
+const ERROR_BODY_MAX: usize = 64 << 10;
 use super::client::POOL_MAX_IDLE;
 /// After a call's answer arrived on its SSE stream, the rest of the stream is read (in
 /// the background: the answer is already on its way) for up to this long, so that the
@@ -161,6 +165,7 @@ pub fn spawn_as(
         stateless: std::sync::atomic::AtomicBool::new(false),
         drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
         calls: super::fair::FairSlots::new(spec.max_connections),
+        max_message: spec.max_message,
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -193,6 +198,8 @@ struct Shared {
     /// The server answered `server/discover` naming 2026-07-28: no session, and every
     /// request carries the request metadata headers.
     stateless: std::sync::atomic::AtomicBool,
+    /// The longest answer or SSE event taken from the server (`gateway.max_line`).
+    max_message: usize,
     /// Bodies being read to their end in the background ([`MAX_DRAINS`] at most).
     drains: Arc<tokio::sync::Semaphore>,
     /// Requests in flight (`max_connections` at most): over HTTP/1.1 each holds a
@@ -206,6 +213,14 @@ struct Shared {
 impl Shared {
     fn session(&self) -> Option<String> {
         sync::read(&self.session).clone()
+    }
+
+    /// An SSE line or event over [`Shared::max_message`].
+    fn too_long(&self, n: sse::TooLong) -> DsError {
+        self.unavailable(format!(
+            "sent an SSE event of more than {} bytes, over the gateway's limit of {} (gateway.max_line)",
+            n.0, self.max_message
+        ))
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> DsError {
@@ -406,8 +421,17 @@ impl Shared {
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        let max = self.max_message;
         if !is_sse {
-            let body = resp.bytes().await.map_err(|e| self.unavailable(e.to_string()))?;
+            let Some(body) = resp
+                .bytes_up_to(max)
+                .await
+                .map_err(|e| self.unavailable(e.to_string()))?
+            else {
+                return Err(self.unavailable(format!(
+                    "answered with more than {max} bytes, the gateway's limit (gateway.max_line)"
+                )));
+            };
             return match Kind::parse_shared(&body) {
                 Ok(Kind::Response { outcome, .. }) => Ok(outcome),
                 Ok(_) => Err(self.unavailable("answered a request with something other than a response")),
@@ -415,7 +439,7 @@ impl Shared {
             };
         }
         let mut first = Some(resp);
-        let mut parser = sse::Parser::new();
+        let mut parser = sse::Parser::with_limit(max);
         let mut retry = Duration::from_millis(1000);
         for _ in 0..=MAX_RESUMES {
             let resp = match first.take() {
@@ -442,16 +466,23 @@ impl Shared {
                 }
             };
             let mut body = resp.bytes_stream();
-            while let Some(chunk) = body.next().await {
-                let Ok(chunk) = chunk else { break };
-                for ev in parser.feed(&chunk) {
+            loop {
+                let (events, more) = match body.next().await {
+                    Some(Ok(chunk)) => (parser.feed(&chunk).map_err(|n| self.too_long(n))?, true),
+                    // The end (or a break): a lone CR it ended with ends an event too.
+                    _ => (parser.finish(), false),
+                };
+                for ev in events {
                     if let Some(r) = ev.retry {
-                        retry = Duration::from_millis(r);
+                        retry = Duration::from_millis(r.max(RETRY_FLOOR_MS));
                     }
                     if let Some(outcome) = self.stream_message(&ev.data, id, sink, progress).await {
                         self.finish(body);
                         return Ok(outcome);
                     }
+                }
+                if !more {
+                    break;
                 }
             }
         }
@@ -545,21 +576,40 @@ impl Shared {
                     return;
                 }
                 Ok(r) if r.status().is_success() => {
-                    backoff = Duration::from_millis(500);
-                    let mut parser = sse::Parser::new();
+                    let mut parser = sse::Parser::with_limit(self.max_message);
                     parser.last_id = last_id.clone();
                     let mut body = r.bytes_stream();
+                    // The backoff starts over only once the stream carried something: a
+                    // server that closes it at once (or says `retry: 0`) is not reopened
+                    // in a loop.
+                    let mut heard = false;
                     loop {
                         let chunk = tokio::select! {
                             c = body.next() => c,
                             _ = self.stop.cancelled() => return,
                         };
-                        let Some(Ok(chunk)) = chunk else { break };
-                        for ev in parser.feed(&chunk) {
+                        let (events, more) = match chunk {
+                            Some(Ok(chunk)) => match parser.feed(&chunk) {
+                                Ok(evs) => (evs, true),
+                                Err(n) => {
+                                    warn!(error = %self.too_long(n), "dropping the GET stream");
+                                    break;
+                                }
+                            },
+                            _ => (parser.finish(), false),
+                        };
+                        for ev in events {
+                            if !heard {
+                                heard = true;
+                                backoff = Duration::from_millis(500);
+                            }
                             if let Some(r) = ev.retry {
-                                backoff = Duration::from_millis(r);
+                                backoff = Duration::from_millis(r.max(RETRY_FLOOR_MS));
                             }
                             self.stream_message(&ev.data, u64::MAX, None, None).await;
+                        }
+                        if !more {
+                            break;
                         }
                     }
                     last_id = parser.last_id;
@@ -750,7 +800,12 @@ async fn call(
             return Err(shared.unavailable(format!("answered {method} with 202 and no response")));
         }
         if !status.is_success() {
-            let text = shared.masked(resp.text().await.unwrap_or_default());
+            // Enough of it to show (200 characters are), never the whole of a huge body.
+            let text = match resp.bytes_up_to(ERROR_BODY_MAX).await {
+                Ok(Some(b)) => shared.masked(String::from_utf8_lossy(&b).into_owned()),
+                Ok(None) => format!("(a body of more than {} KiB, not read)", ERROR_BODY_MAX >> 10),
+                Err(_) => String::new(),
+            };
             // A JSON-RPC error body is the server's answer; pass it on.
             if let Ok(Kind::Response {
                 outcome: o @ Outcome::Error(_),

@@ -26,6 +26,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
     let hdrs = headers(spec)?;
     let url = reqwest::Url::parse(spec.url.expose()).map_err(|e| format!("bad url {}: {e}", spec.url_display))?;
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display, transport = "sse");
+    let max = spec.max_message;
     let (write_tx, mut write_rx) = mpsc::channel::<Vec<u8>>(super::COMMAND_QUEUE);
     let (line_tx, line_rx) = mpsc::channel::<bytes::Bytes>(64);
     let (exit_tx, exit_rx) = oneshot::channel();
@@ -38,7 +39,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         crate::background::spawn(
             async move {
                 let reason = tokio::select! {
-                    r = read_stream(&http, hdrs, url, endpoint_tx, line_tx) => r,
+                    r = read_stream(&http, hdrs, url, endpoint_tx, line_tx, max) => r,
                     _ = stop.cancelled() => "closed by the gateway".to_owned(),
                 };
                 let _ = exit_tx.send(reason);
@@ -99,6 +100,7 @@ async fn read_stream(
     url: reqwest::Url,
     endpoint: watch::Sender<Option<reqwest::Url>>,
     lines: mpsc::Sender<bytes::Bytes>,
+    max: usize,
 ) -> String {
     let resp = match http
         .get(url.clone())
@@ -113,15 +115,32 @@ async fn read_stream(
     if !resp.status().is_success() {
         return format!("the SSE stream was refused with HTTP {}", resp.status());
     }
-    let mut parser = sse::Parser::new();
+    let mut parser = sse::Parser::with_limit(max);
     let mut body = resp.bytes_stream();
     while let Some(chunk) = body.next().await {
         let Ok(chunk) = chunk else {
             return "the SSE stream broke".to_owned();
         };
-        for ev in parser.feed(&chunk) {
+        let events = match parser.feed(&chunk) {
+            Ok(evs) => evs,
+            Err(n) => {
+                return format!(
+                    "the server sent an SSE event of more than {} bytes, over the gateway's limit of {max} (gateway.max_line)",
+                    n.0
+                )
+            }
+        };
+        for ev in events {
             match ev.event.as_str() {
                 "endpoint" => match url.join(ev.data.trim()) {
+                    // Messages carry the configured headers: only to the server's own
+                    // origin (scheme, host and port), as the SDKs require.
+                    Ok(u) if u.origin() != url.origin() => {
+                        return format!(
+                            "the server named an endpoint on another origin ({}), which is refused: messages carry the configured headers",
+                            u.origin().ascii_serialization()
+                        )
+                    }
                     Ok(u) => {
                         debug!(endpoint = %u.path(), "server named its endpoint");
                         let _ = endpoint.send(Some(u));

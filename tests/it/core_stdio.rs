@@ -254,6 +254,9 @@ fn a_broken_stdout_stops_the_gateway_though_stdin_stays_open() {
     let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
     assert!(status.is_some(), "still running with stdout broken:\n{err}");
     assert!(err.contains("stdout is closed"), "{err}");
-    assert!(mock_pids(&name).into_iter().all(|p| !alive(p)), "its server is left running");
+    assert!(
+        mock_pids(&name).into_iter().all(|p| !alive(p)),
+        "its server is left running"
+    );
     drop(stdin);
 }

@@ -676,3 +676,61 @@ async fn a_call_cancelled_while_waiting_for_a_slot_is_not_cancelled_at_the_serve
         w.abort();
     }
 }
+
+/// What a remote server sends is bounded by `gateway.max_line`, as a child's lines are: a
+/// JSON answer or an SSE event past it fails the call with an error naming the server
+/// and the limit (it was read whole, a gigabyte if the server liked), and an error body is
+/// read only as far as it is shown.
+#[tokio::test]
+async fn a_remote_servers_answer_is_bounded_by_max_line() {
+    let remote = Remote::start(&["--hostile"]);
+    let config = format!(
+        "[gateway]\nmax_line = \"64KiB\"\n\n{}",
+        remote_table("r", &remote.url(), "")
+    );
+    let gw = Gateway::start(&config);
+    let s = gw.session().await;
+    let small = call(&s, json!(1), "r__big", json!({"bytes": 10_000})).await;
+    assert_eq!(text(&small).len(), 10_000, "{small}");
+    for (id, args) in [
+        (2, json!({"bytes": 100_000})),
+        (3, json!({"bytes": 100_000, "sse": true})),
+    ] {
+        let r = call(&s, json!(id), "r__big", args.clone()).await;
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("server 'r'") && msg.contains("gateway.max_line"),
+            "{args}: {r}"
+        );
+    }
+    let r = call(&s, json!(4), "r__big", json!({"bytes": 50_000_000, "status": 500})).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'r'") && msg.contains("not read"), "{r}");
+    // The server is still there for the next call.
+    assert_eq!(text(&call(&s, json!(5), "r__echo", json!({"text": "ok"})).await), "ok");
+}
+
+/// A 3xx is a remote server's answer, never followed, on every path (a URL with a user
+/// and password goes through another HTTP client than a plain one): a redirect would
+/// carry the configured headers and the request to wherever it points.
+#[tokio::test]
+async fn a_redirect_is_not_followed_with_the_servers_headers() {
+    let remote = Remote::start(&["--hostile"]);
+    let sink = Remote::start(&[]);
+    for url in [
+        remote.url(),
+        format!("http://user:pass-0123456@127.0.0.1:{}/mcp", remote.port),
+    ] {
+        let config = remote_table("r", &url, "headers = { X-Api-Key = \"key-0123456789\" }");
+        let gw = Gateway::start(&config);
+        let s = gw.session().await;
+        let r = call(&s, json!(1), "r__moved", json!({"to": sink.url()})).await;
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("server 'r'") && msg.contains("307"), "{url}: {r}");
+    }
+    assert!(
+        sink.records().is_empty(),
+        "the redirect was followed: {:?}",
+        sink.records()
+    );
+}
