@@ -734,3 +734,24 @@ async fn a_redirect_is_not_followed_with_the_servers_headers() {
         sink.records()
     );
 }
+
+/// A legacy HTTP+SSE server whose `endpoint` event names another origin is refused and
+/// marked down with that reason: its messages would carry the configured headers there.
+#[tokio::test]
+async fn a_legacy_endpoint_on_another_origin_is_refused() {
+    let sink = Remote::start(&[]);
+    let legacy = Remote::start(&["--legacy-endpoint", &sink.url()]);
+    let config = remote_table(
+        "old",
+        &format!("http://127.0.0.1:{}/sse", legacy.port),
+        "transport = \"sse\"\nheaders = { X-Api-Key = \"key-0123456789\" }",
+    );
+    let gw = Gateway::start(&config);
+    let st = until_state(&gw, "old", "down", Duration::from_secs(20)).await;
+    assert!(st.to_string().contains("another origin"), "{st}");
+    assert!(
+        sink.records().is_empty(),
+        "a message went to the other origin: {:?}",
+        sink.records()
+    );
+}
