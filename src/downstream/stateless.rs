@@ -224,11 +224,19 @@ pub async fn bridge_input_required(
     timeout: Duration,
 ) -> Outcome {
     let fail = |msg: String| Outcome::Error(Error::server(server, code::INTERNAL_ERROR, msg).object());
+    // One deadline for the whole call, however many rounds it takes.
+    let deadline = tokio::time::Instant::now() + timeout;
     for _ in 0..MAX_ROUNDS {
         let Outcome::Result(r) = &out else { return out };
         let Some((requests, state)) = input_required(r.get()) else {
             return out;
         };
+        if requests.is_empty() {
+            // Nothing to ask: sending the call again would only loop.
+            return fail(format!(
+                "server '{server}' answered {method} with input_required but asked nothing (no inputRequests)"
+            ));
+        }
         let Some((sink, peer)) = sink.as_ref().and_then(|s| s.peer().cloned().map(|p| (s, p))) else {
             return fail(format!(
                 "server '{server}' needs input from the client for {method}, but this call has no stream to ask it on"
@@ -261,8 +269,19 @@ pub async fn bridge_input_required(
             params: retry,
             progress: progress.clone(),
         };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Outcome::Error(
+                super::DsError::Timeout {
+                    server: server.clone(),
+                    method: method.to_owned(),
+                    after: timeout,
+                }
+                .to_error_object(),
+            );
+        }
         out = match conn
-            .call_with_headers(method, params, Some(sink.clone()), timeout, headers.clone())
+            .call_with_headers(method, params, Some(sink.clone()), left, headers.clone())
             .await
         {
             Ok(o) => o,

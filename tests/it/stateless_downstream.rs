@@ -338,3 +338,14 @@ async fn a_stateless_servers_log_messages_reach_the_caller_at_its_level() {
     assert_eq!(logs[0]["params"]["data"], "Tool execution started", "{all:?}");
     assert_eq!(text(all.last().unwrap()), "Tool with logging executed successfully");
 }
+
+/// A stateless server that answers `input_required` but asks nothing is a protocol error
+/// at once, naming it: the bridge used to send the call again, round after round.
+#[tokio::test]
+async fn an_input_required_that_asks_nothing_fails_at_once() {
+    let gw = Gateway::start(&fixture_stdio(&["--asks-nothing-tool"], "prefix = \"\""));
+    let s = gw.session().await;
+    let r = s.call("test_asks_nothing", json!({})).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'everything'") && msg.contains("asked nothing"), "{r}");
+}
