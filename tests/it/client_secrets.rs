@@ -311,7 +311,7 @@ fn check_refuses_client_secrets_on_a_shared_stdio_server_and_warns_of_missing_on
     );
     secret_free("check", &format!("{}{}", run.stdout, run.stderr));
 
-    // A secret too short to be masked is named (never shown), by check and at start.
+    // A secret too short to be masked is named (never shown) by check.
     let mut short = env();
     short.retain(|(k, _)| *k != "BOB_GH");
     short.push(("BOB_GH", "ab12"));

@@ -145,23 +145,20 @@ fn twenty_megabyte_result_arrives_intact_over_stdio() {
 /// reads, every request read is answered, in full.
 #[test]
 fn a_client_that_does_not_read_its_answers_stops_being_read() {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::Stdio;
+    use std::io::{BufRead, Write};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let cfg = format!(
         "[gateway]\nmax_in_flight = 4\n\n{}",
         server("m", &unique("noread"), &[], "")
     );
-    let (_dir, mut cmd) = gateway_command(&cfg, &["stdio"], &[]);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child = cmd.spawn().unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#).unwrap();
+    let RawStdio {
+        mut child,
+        mut stdin,
+        mut stdout,
+        _dir,
+    } = RawStdio::start(&cfg, false);
     let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert!(line.contains("\"id\":0"), "{line}");
     const N: usize = 200_000;
     let written = Arc::new(AtomicUsize::new(0));
     let writer = {
@@ -219,18 +216,15 @@ fn a_client_that_does_not_read_its_answers_stops_being_read() {
 /// nobody until stdin ends.
 #[test]
 fn a_broken_stdout_stops_the_gateway_though_stdin_stays_open() {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::Stdio;
+    use std::io::Write;
     let name = unique("epipe");
     let cfg = server("m", &name, &[], "");
-    let (_dir, mut cmd) = gateway_command(&cfg, &["stdio"], &[]);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#).unwrap();
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
+    let RawStdio {
+        mut child,
+        mut stdin,
+        stdout,
+        _dir,
+    } = RawStdio::start(&cfg, true);
     writeln!(
         stdin,
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"m__slow","arguments":{{"seconds":60}}}}}}"#
@@ -259,4 +253,36 @@ fn a_broken_stdout_stops_the_gateway_though_stdin_stays_open() {
         "its server is left running"
     );
     drop(stdin);
+}
+
+/// `mcp-gateway stdio` on `cfg` with raw pipes (no reader thread: the test decides when, and
+/// whether, stdout is read), initialized. Its stderr is piped when `stderr`.
+struct RawStdio {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    _dir: tempfile::TempDir,
+}
+
+impl RawStdio {
+    fn start(cfg: &str, stderr: bool) -> RawStdio {
+        use std::io::{BufRead, Write};
+        use std::process::Stdio;
+        let (dir, mut cmd) = gateway_command(cfg, &["stdio"], &[]);
+        let err = if stderr { Stdio::piped() } else { Stdio::null() };
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(err);
+        let mut child = cmd.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        writeln!(stdin, r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#).unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.contains("\"id\":0"), "{line}");
+        RawStdio {
+            child,
+            stdin,
+            stdout,
+            _dir: dir,
+        }
+    }
 }

@@ -347,5 +347,8 @@ async fn an_input_required_that_asks_nothing_fails_at_once() {
     let s = gw.session().await;
     let r = s.call("test_asks_nothing", json!({})).await;
     let msg = r["error"]["message"].as_str().unwrap_or_default();
-    assert!(msg.contains("server 'everything'") && msg.contains("asked nothing"), "{r}");
+    assert!(
+        msg.contains("server 'everything'") && msg.contains("asked nothing"),
+        "{r}"
+    );
 }

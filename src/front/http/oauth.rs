@@ -27,11 +27,19 @@ fn esc(s: &str) -> String {
 }
 
 fn page(status: u16, title: &str, text: &str) -> Response {
-    let body = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head><body><h1>{t}</h1><p>{x}</p></body></html>\n",
-        t = esc(title),
-        x = esc(text)
-    );
+    html(
+        status,
+        format!(
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head><body><h1>{t}</h1><p>{x}</p></body></html>\n",
+            t = esc(title),
+            x = esc(text)
+        ),
+    )
+}
+
+/// A page of the consent flow: never cached, never framed, no script, and a form may
+/// post only back to the gateway.
+fn html(status: u16, body: String) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
     (
         status,
@@ -43,8 +51,9 @@ fn page(status: u16, title: &str, text: &str) -> Response {
             (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
             (
                 header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static("default-src 'none'"),
+                HeaderValue::from_static("default-src 'none'; form-action 'self'; frame-ancestors 'none'"),
             ),
+            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
             (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
         ],
         body,
@@ -184,25 +193,7 @@ fn prove(status: u16, link: &str, client: &str, server: &str, error: Option<&str
         client = esc(client),
         link = esc(link),
     );
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-    (
-        status,
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/html; charset=utf-8"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static("default-src 'none'; form-action 'self'; frame-ancestors 'none'"),
-            ),
-            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
-            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
-        ],
-        body,
-    )
-        .into_response()
+    html(status, body)
 }
 
 /// Uses the link for `client`: the redirect to the authorization server (`status`: 302,
