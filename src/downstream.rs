@@ -687,30 +687,26 @@ pub fn task_of(method: &str, params: &Params) -> Option<String> {
     }
 }
 
-/// The task a server's message relates to: `params._meta["io.modelcontextprotocol/related-task"].taskId`.
-pub fn related_task(params: Option<&RawValue>) -> Option<String> {
-    let raw = params?.get();
-    if !raw.contains("related-task") {
-        return None;
+/// A server's question as the client is to see it: the task it relates to (`_meta`'s
+/// related-task `taskId`, the server's own id), and its params with that id replaced by
+/// the gateway's public name for the task, which is how the client knows it.
+pub(crate) fn question_task(params: Option<Box<RawValue>>, server: &str) -> (Option<String>, Option<Box<RawValue>>) {
+    let Some(raw) = params else { return (None, None) };
+    if !raw.get().contains("related-task") {
+        return (None, Some(raw));
     }
-    let v: Value = serde_json::from_str(raw).ok()?;
-    v.pointer("/_meta/io.modelcontextprotocol~1related-task/taskId")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-}
-
-/// A server's question's params with `_meta`'s related-task id (`task`, the server's own)
-/// replaced by the gateway's public name for it, as the client knows the task.
-pub(crate) fn public_related_task(params: Option<Box<RawValue>>, server: &str, task: &str) -> Option<Box<RawValue>> {
-    let raw = params?;
     let Ok(mut v) = serde_json::from_str::<Value>(raw.get()) else {
-        return Some(raw);
+        return (None, Some(raw));
     };
-    match v.pointer_mut("/_meta/io.modelcontextprotocol~1related-task/taskId") {
-        Some(id) => *id = Value::String(crate::shared::public_task_id(server, task)),
-        None => return Some(raw),
-    }
-    Some(message::to_raw(&v))
+    let id = v
+        .get_mut("_meta")
+        .and_then(|m| m.get_mut(message::meta::META_RELATED_TASK))
+        .and_then(|r| r.get_mut("taskId"));
+    let Some(Value::String(task)) = id else {
+        return (None, Some(raw));
+    };
+    let own = std::mem::replace(task, crate::shared::public_task_id(server, task));
+    (Some(own), Some(message::to_raw(&v)))
 }
 
 /// Serializes a request for the wire, putting the owner's progress token in place of

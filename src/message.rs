@@ -76,4 +76,6 @@ pub mod meta {
     pub const META_LOG: &str = "io.modelcontextprotocol/logLevel";
     pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
     pub const META_SUBSCRIPTION: &str = "io.modelcontextprotocol/subscriptionId";
+    /// Relates a message (a server's question, a result) to a task.
+    pub const META_RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 }

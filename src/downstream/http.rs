@@ -504,12 +504,8 @@ impl Shared {
             Ok(Kind::Request { id, method, params }) => {
                 // On a call's own stream a request belongs to that call's client.
                 let why = "it arrived on the server's GET stream, outside any call";
-                let params = params.into_raw();
                 // The client knows a task by the gateway's name for it.
-                let params = match super::related_task(params.as_deref()) {
-                    Some(t) => super::public_related_task(params, &self.server, &t),
-                    None => params,
-                };
+                let (_, params) = super::question_task(params.into_raw(), &self.server);
                 let outcome = super::answer_server_request(sink.cloned(), method, params, why).await;
                 self.send(message::response(&id, &outcome)).await;
                 None

@@ -460,8 +460,7 @@ impl Actor {
                 // One about a task (`_meta` related-task) goes only to the caller waiting
                 // on that task (tasks/result), whose session owns it: whoever else has a
                 // call in flight is not the one to answer it.
-                let params = params.into_raw();
-                let related = super::related_task(params.as_deref());
+                let (related, params) = super::question_task(params.into_raw(), &self.server);
                 let callers: Vec<&Pending> = self
                     .pending
                     .values()
@@ -478,11 +477,6 @@ impl Actor {
                         None,
                         format!("{} calls of clients are in flight on this server", many.len()),
                     ),
-                };
-                // The client knows the task by the gateway's name for it.
-                let params = match &related {
-                    Some(t) => super::public_related_task(params, &self.server, t),
-                    None => params,
                 };
                 let Some(write) = write.clone() else { return };
                 // Each question waits for its client: a server that asks faster than
@@ -572,11 +566,7 @@ impl Actor {
             }
             "notifications/cancelled" => {
                 // Of a question the server asked a client: withdrawn there too.
-                let asked = params
-                    .as_deref()
-                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
-                    .and_then(|v| v.get("requestId").map(message::to_raw))
-                    .map(|raw| message::id_key(&message::Id::from_raw(&raw)));
+                let asked = message::cancelled_request_id(params.as_deref()).map(|id| message::id_key(&id));
                 match asked.and_then(|k| crate::sync::lock(&self.asking).remove(&k)) {
                     Some(token) => token.cancel(),
                     None => debug!("downstream cancelled a request that is not a question it asked; ignoring"),

@@ -19,8 +19,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-/// The key under which `_meta` relates a message to a task.
-const RELATED: &str = "io.modelcontextprotocol/related-task";
+use crate::message::meta::META_RELATED_TASK as RELATED;
 
 /// How many pages of one server's tasks/list are read at most.
 const MAX_TASK_PAGES: usize = 100;
