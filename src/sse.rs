@@ -14,9 +14,20 @@ pub struct Event {
     pub retry: Option<u64>,
 }
 
-/// An event (or a line of one) longer than the parser's limit.
+/// An event (or a line of one) longer than the parser's limit: how long it had grown,
+/// and the limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TooLong(pub usize);
+pub struct TooLong(pub usize, pub usize);
+
+impl std::fmt::Display for TooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "an SSE event of more than {} bytes, over the gateway's limit of {} (gateway.max_line)",
+            self.0, self.1
+        )
+    }
+}
 
 /// Parses an event stream chunk by chunk.
 pub struct Parser {
@@ -86,13 +97,13 @@ impl Parser {
                 out.push(ev);
             }
             if self.current.data.len() > self.max {
-                return Err(TooLong(self.current.data.len()));
+                return Err(TooLong(self.current.data.len(), self.max));
             }
         }
         self.buf.drain(..start);
         self.scanned = from - start;
         if self.buf.len() > self.max {
-            return Err(TooLong(self.buf.len()));
+            return Err(TooLong(self.buf.len(), self.max));
         }
         Ok(out)
     }
@@ -189,10 +200,10 @@ mod tests {
         // Over the limit: a line, and an event's data over many lines.
         let mut p = Parser::with_limit(1000);
         assert_eq!(p.feed(&[b'a'; 600]), Ok(vec![]));
-        assert_eq!(p.feed(&[b'a'; 600]), Err(TooLong(1200)));
+        assert_eq!(p.feed(&[b'a'; 600]), Err(TooLong(1200, 1000)));
         let mut p = Parser::with_limit(1000);
         let many = "data: 0123456789\n".repeat(100);
-        assert!(matches!(p.feed(many.as_bytes()), Err(TooLong(n)) if n > 1000));
+        assert!(matches!(p.feed(many.as_bytes()), Err(TooLong(n, 1000)) if n > 1000));
     }
 
     #[test]

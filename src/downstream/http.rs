@@ -217,10 +217,7 @@ impl Shared {
 
     /// An SSE line or event over [`Shared::max_message`].
     fn too_long(&self, n: sse::TooLong) -> DsError {
-        self.unavailable(format!(
-            "sent an SSE event of more than {} bytes, over the gateway's limit of {} (gateway.max_line)",
-            n.0, self.max_message
-        ))
+        self.unavailable(format!("sent {n}"))
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> DsError {

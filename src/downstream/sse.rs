@@ -123,12 +123,7 @@ async fn read_stream(
         };
         let events = match parser.feed(&chunk) {
             Ok(evs) => evs,
-            Err(n) => {
-                return format!(
-                    "the server sent an SSE event of more than {} bytes, over the gateway's limit of {max} (gateway.max_line)",
-                    n.0
-                )
-            }
+            Err(n) => return format!("the server sent {n}"),
         };
         for ev in events {
             match ev.event.as_str() {

@@ -222,6 +222,9 @@ pub(super) fn resource_owner(cx: &Call<'_>, uri: &str) -> Option<usize> {
 /// now (a reload narrowed it since the session subscribed): it hears nothing of it, as of
 /// a URI that does not exist.
 pub(super) fn hidden_update(c: &crate::client::Client, line: &str) -> bool {
+    if !line.contains("resources/updated") {
+        return false;
+    }
     let Some(identity) = c.identity().filter(|i| i.policy.is_some()) else {
         return false;
     };

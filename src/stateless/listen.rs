@@ -235,10 +235,7 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
-        // A reload applied since the last message may not have been seen yet.
-        if !follow_reload(&l) {
-            return;
-        }
+        // (A reload is seen before any message: its branch comes first.)
         let identity = l.client.identity();
         let visible = |uri: &str| identity.as_ref().is_none_or(|i| i.permits(uri));
         if let Some(tagged) = tag(&m, &l.filter, &honored, &l.id, &visible) {
