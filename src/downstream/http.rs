@@ -166,6 +166,8 @@ pub fn spawn_as(
         drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
         calls: super::fair::FairSlots::new(spec.max_connections),
         max_message: spec.max_message,
+        questions: Arc::new(tokio::sync::Semaphore::new(super::pipe::MAX_QUESTIONS)),
+        asking: Mutex::default(),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -208,6 +210,11 @@ struct Shared {
     /// once, since the call that holds a permit may be waiting for it. Waiting callers
     /// get freed slots in turn ([`super::fair`]).
     calls: super::fair::FairSlots,
+    /// Permits for the server's own requests being answered ([`super::pipe::MAX_QUESTIONS`]).
+    questions: Arc<tokio::sync::Semaphore>,
+    /// The server's questions a client is being asked, by the server's id: cancelled when
+    /// the server withdraws one (`notifications/cancelled`), which then gets no answer.
+    asking: Mutex<HashMap<String, CancellationToken>>,
 }
 
 impl Shared {
@@ -374,7 +381,7 @@ impl Shared {
 
     /// The server forgot session `failed`: initialize again (once, however many calls
     /// noticed) with the original params.
-    async fn reinitialize(&self, failed: Option<String>) -> Result<(), DsError> {
+    async fn reinitialize(self: &Arc<Self>, failed: Option<String>) -> Result<(), DsError> {
         let _one = self.reinit.lock().await;
         if self.session() != failed {
             return Ok(());
@@ -407,7 +414,7 @@ impl Shared {
     /// Reads the answer to request `id` from a successful POST (JSON or SSE), resuming a
     /// broken stream when the server allows it.
     async fn read_answer(
-        &self,
+        self: &Arc<Self>,
         resp: Response,
         id: u64,
         sink: Option<&Sink>,
@@ -487,7 +494,13 @@ impl Shared {
     }
 
     /// Handles one message from a stream; returns the outcome if it answers `id`.
-    async fn stream_message(&self, data: &str, id: u64, sink: Option<&Sink>, progress: Option<&Id>) -> Option<Outcome> {
+    async fn stream_message(
+        self: &Arc<Self>,
+        data: &str,
+        id: u64,
+        sink: Option<&Sink>,
+        progress: Option<&Id>,
+    ) -> Option<Outcome> {
         if data.trim().is_empty() {
             return None;
         }
@@ -499,12 +512,7 @@ impl Shared {
                 None
             }
             Ok(Kind::Request { id, method, params }) => {
-                // On a call's own stream a request belongs to that call's client.
-                let why = "it arrived on the server's GET stream, outside any call";
-                // The client knows a task by the gateway's name for it.
-                let (_, params) = super::question_task(params.into_raw(), &self.server);
-                let outcome = super::answer_server_request(sink.cloned(), method, params, why).await;
-                self.send(message::response(&id, &outcome)).await;
+                self.question(id, method, params.into_raw(), sink);
                 None
             }
             Err(e) => {
@@ -512,6 +520,46 @@ impl Shared {
                 None
             }
         }
+    }
+
+    /// A server's request (a question for a client): on a call's own stream it belongs to
+    /// that call's client. It is answered in the background, so the stream goes on being
+    /// read: the server may withdraw it (`notifications/cancelled`), send progress, or
+    /// ask more. [`super::pipe::MAX_QUESTIONS`] are answered at once; past them, an error.
+    fn question(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>, sink: Option<&Sink>) {
+        let Ok(permit) = self.questions.clone().try_acquire_owned() else {
+            let error = crate::error::Error::gateway(format!(
+                "mcp-gateway is already answering {} requests of this server; ask again once they are answered",
+                super::pipe::MAX_QUESTIONS
+            ));
+            let shared = self.clone();
+            let out = message::response(&id, &Outcome::Error(error.object()));
+            crate::background::spawn(async move { shared.send(out).await }.in_current_span());
+            return;
+        };
+        let why = "it arrived on the server's GET stream, outside any call";
+        // The client knows a task by the gateway's name for it.
+        let (_, params) = super::question_task(params, &self.server);
+        let key = message::id_key(&id);
+        let (caller, withdrawable) = match sink.cloned().map(Sink::for_question) {
+            Some((sink, token)) => {
+                sync::lock(&self.asking).insert(key.clone(), token);
+                (Some(sink), true)
+            }
+            None => (None, false),
+        };
+        let shared = self.clone();
+        crate::background::spawn(
+            async move {
+                let _permit = permit;
+                let outcome = super::answer_server_request(caller, method, params, why).await;
+                if withdrawable && sync::lock(&shared.asking).remove(&key).is_none() {
+                    return;
+                }
+                shared.send(message::response(&id, &outcome)).await;
+            }
+            .in_current_span(),
+        );
     }
 
     async fn notification(
@@ -537,7 +585,14 @@ impl Shared {
                     "downstream log message"
                 ),
             },
-            "notifications/cancelled" => {}
+            "notifications/cancelled" => {
+                // Of a question the server asked a client: withdrawn there too.
+                let asked = message::cancelled_request_id(params.as_deref()).map(|id| message::id_key(&id));
+                match asked.and_then(|k| sync::lock(&self.asking).remove(&k)) {
+                    Some(token) => token.cancel(),
+                    None => debug!("the server cancelled a request that is not a question it asked; ignoring"),
+                }
+            }
             "notifications/elicitation/complete" if sink.is_some() => {
                 if let Some(sink) = sink {
                     sink.try_send(bytes::Bytes::from(message::notification(&method, params.as_deref())));
@@ -764,7 +819,7 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
 /// One request: POST, read the answer, re-initialize once on a forgotten session.
 #[allow(clippy::too_many_arguments)]
 async fn call(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     id: u64,
     method: &str,
     body: Vec<u8>,

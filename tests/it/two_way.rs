@@ -661,6 +661,28 @@ async fn over_an_http_downstream_each_question_reaches_the_client_whose_call_it_
     assert!(others.is_empty(), "{others:?}");
 }
 
+/// A remote server may withdraw its question (`notifications/cancelled` on the call's own
+/// stream) while the client still holds it: the client is told under the id it knows, and
+/// the server gets no answer, however late the client sends one. The stream is read on
+/// while a question waits, or the withdrawal would sit unread behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_servers_withdrawn_question_is_withdrawn_from_the_client() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("web", &remote.url(), ""));
+    let a = open(&gw, json!({"sampling": {}})).await;
+    let args = json!({"prompt": "never mind", "withdraw": 0.3});
+    let mut call = start_call(&a, json!(1), "web__ask_sampling", args).await;
+    let q = question(&mut call, "sampling/createMessage").await;
+    let cancelled = call.next(T).await.expect("the withdrawal");
+    assert_eq!(cancelled["method"], "notifications/cancelled", "{cancelled}");
+    assert_eq!(cancelled["params"]["requestId"], q["id"], "{cancelled}");
+    // Answered late anyway (the server listens 2 s more): it gets nothing.
+    reply(&a, &q["id"], sampling_answer("too late")).await;
+    let (_, resp) = call.response(T).await;
+    assert!(is_error(&resp), "{resp}");
+    assert_eq!(text(&resp), "withdrawn, no answer", "{resp}");
+}
+
 /// With `max_connections = 1`, a call holds the server's only slot while its question
 /// waits for the client. The client's answer goes to the server past the bound (queued
 /// behind the call that waits for it, it would never go), and a second call, which waits
