@@ -597,6 +597,24 @@ pub(crate) fn shown_line(line: &[u8], max: usize, secrets: &[String]) -> (String
     (out, line.len() > head.len())
 }
 
+/// Logs a server's `notifications/message` that no client takes: with the server's name,
+/// masked, escaped and cut as a stderr line is ([`stdio::STDERR_SHOWN_MAX`]), and within
+/// the server's budget of log lines, shared with its stderr: a server that floods its
+/// log messages fills the gateway's log no faster than one that floods its stderr.
+pub(crate) fn log_message(server: &Arc<str>, params: Option<&RawValue>, secrets: &[String]) {
+    let raw = params.map_or("", |p| p.get());
+    if !stdio::take(&stdio::budget_of(server)) {
+        tracing::debug!(server = %server, bytes = raw.len(), "a downstream log message over the server's budget, not logged");
+        return;
+    }
+    let (text, cut) = shown_line(raw.as_bytes(), stdio::STDERR_SHOWN_MAX, secrets);
+    if cut {
+        tracing::info!(server = %server, message = %text, bytes = raw.len(), "downstream log message (cut)");
+    } else {
+        tracing::info!(server = %server, message = %text, "downstream log message");
+    }
+}
+
 /// `text` with its control characters but tab escaped, as [`shown_line`] shows them.
 pub(crate) fn controls_escaped(text: impl IntoIterator<Item = char>) -> String {
     let mut out = String::new();

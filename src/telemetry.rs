@@ -74,6 +74,54 @@ impl Telemetry {
     }
 }
 
+/// A text log line as one line: the formatter writes each event whole, ending in `\n`;
+/// any other line break or control character in it (a server's error message, a tool
+/// name, a protocol version: peers' words reach log fields) is written escaped (`\n`,
+/// `\u{1b}`), so no peer can forge a log line or drive the operator's terminal. Tabs stay.
+/// The JSON format escapes on its own.
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write_all(&one_line(buf))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// `buf` with control characters but tab and a last `\n` escaped; borrowed when there are
+/// none (the usual line).
+fn one_line(buf: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let (body, end) = match buf.strip_suffix(b"\n") {
+        Some(b) => (b, &b"\n"[..]),
+        None => (buf, &b""[..]),
+    };
+    // C0, DEL, and C1 (U+0080–U+009F: 0xC2 0x80–0x9F in UTF-8).
+    let clean = !body
+        .iter()
+        .zip(body.iter().skip(1).chain([&0u8]))
+        .any(|(&b, &next)| (b < 0x20 && b != b'\t') || b == 0x7f || (b == 0xc2 && (0x80..0xa0).contains(&next)));
+    if clean {
+        return std::borrow::Cow::Borrowed(buf);
+    }
+    let text = String::from_utf8_lossy(body);
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() && c != '\t' => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    let mut out = out.into_bytes();
+    out.extend_from_slice(end);
+    std::borrow::Cow::Owned(out)
+}
+
 /// Installs the global subscriber: log lines on stderr filtered by `log_filter` (an
 /// `EnvFilter` directive such as `info`) and, when an OTLP endpoint is configured, the
 /// OpenTelemetry layer. Must run inside a Tokio runtime context (the exporter's batch
@@ -87,7 +135,7 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
     let level =
         || tracing_subscriber::EnvFilter::new(log_filter).and(tracing_subscriber::filter::filter_fn(not_per_fs_event));
     let text = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| OneLine(std::io::stderr()))
         .with_ansi(false)
         .with_filter(level().and(tracing_subscriber::filter::filter_fn(|_| {
             !LOG_JSON.load(Ordering::Relaxed)
@@ -335,4 +383,24 @@ pub async fn reconfigure(cfg: &config::Telemetry) {
         endpoint = cfg.otlp_endpoint.as_deref().unwrap_or("none"),
         "telemetry reconfigured"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn a_log_line_stays_one_line() {
+        let plain = b"2026-12-05T00:00:00Z  INFO mcp_gateway: ready\ttabs stay\n";
+        assert!(matches!(one_line(plain), std::borrow::Cow::Borrowed(_)));
+        let forged = "x INFO a: error=boom\n2099-01-01T00:00:00Z  WARN forged\r\u{1b}[2J\u{85}\u{7f}é\n";
+        let got = String::from_utf8(one_line(forged.as_bytes()).into_owned()).unwrap();
+        assert_eq!(
+            got,
+            "x INFO a: error=boom\\n2099-01-01T00:00:00Z  WARN forged\\r\\u{1b}[2J\\u{85}\\u{7f}é\n"
+        );
+        assert_eq!(got.matches('\n').count(), 1);
+        // Without a final line break, nothing is added.
+        assert_eq!(&*one_line(b"a\nb"), b"a\\nb");
+    }
 }

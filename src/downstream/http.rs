@@ -580,10 +580,7 @@ impl Shared {
             // On a call's own stream a log message belongs to that call.
             "notifications/message" => match sink {
                 Some(sink) => sink.log(params.as_deref()),
-                None => info!(
-                    message = params.as_deref().map_or("", |p| p.get()),
-                    "downstream log message"
-                ),
+                None => super::log_message(&self.server, params.as_deref(), &self.secrets),
             },
             "notifications/cancelled" => {
                 // Of a question the server asked a client: withdrawn there too.

@@ -558,10 +558,7 @@ impl Actor {
                         sink.log(params.as_deref());
                     }
                 } else {
-                    info!(
-                        message = params.as_deref().map_or("", |p| p.get()),
-                        "downstream log message"
-                    );
+                    super::log_message(&self.server, params.as_deref(), &self.secrets);
                 }
             }
             "notifications/cancelled" => {

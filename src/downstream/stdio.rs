@@ -422,7 +422,7 @@ fn memchr(buf: &[u8]) -> Option<usize> {
 /// The longest stderr line read whole; a longer one is skipped (its length logged).
 const STDERR_LINE_MAX: usize = 64 << 10;
 /// Of a line logged, at most this many bytes are shown.
-const STDERR_SHOWN_MAX: usize = 4 << 10;
+pub(crate) const STDERR_SHOWN_MAX: usize = 4 << 10;
 /// Stderr lines logged per second per server, on average, …
 const STDERR_RATE: f64 = 100.0;
 /// … and at once after a quiet spell. Lines over the budget are counted, not logged.
@@ -432,7 +432,7 @@ const STDERR_REPORT: Duration = Duration::from_secs(1);
 
 /// A token bucket: [`STDERR_BURST`] lines at once, refilled at [`STDERR_RATE`] a second.
 #[derive(Debug)]
-struct Budget {
+pub(crate) struct Budget {
     tokens: f64,
     at: Instant,
 }
@@ -460,13 +460,13 @@ impl Budget {
 }
 
 /// A server's stderr budget, shared by its processes.
-type Shared = Arc<Mutex<Budget>>;
+pub(crate) type Shared = Arc<Mutex<Budget>>;
 
 /// The stderr budget of each server by name, shared by its processes (one per session
 /// with `isolation = "session"`, and the next one after a restart).
 static BUDGETS: std::sync::LazyLock<Mutex<HashMap<Arc<str>, Shared>>> = std::sync::LazyLock::new(Default::default);
 
-fn budget_of(server: &Arc<str>) -> Shared {
+pub(crate) fn budget_of(server: &Arc<str>) -> Shared {
     let mut all = sync::lock(&BUDGETS);
     all.entry(server.clone())
         .or_insert_with(|| Arc::new(Mutex::new(Budget::new(Instant::now()))))
@@ -542,7 +542,7 @@ async fn log_stderr<R: AsyncRead + Unpin>(
     release_budget(&server, budget);
 }
 
-fn take(budget: &Mutex<Budget>) -> bool {
+pub(crate) fn take(budget: &Mutex<Budget>) -> bool {
     sync::lock(budget).take(Instant::now())
 }
 

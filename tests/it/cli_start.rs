@@ -250,3 +250,52 @@ async fn a_childs_lines_reach_the_log_escaped_and_masked_before_they_are_cut() {
         "{logs:?}"
     );
 }
+
+/// Peers' words reach log fields (a server's error message, a tool name, a protocol
+/// version): every log line stays one line, its line breaks and control characters
+/// escaped, so a server cannot forge a line of the gateway's or clear the terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_error_message_cannot_forge_a_log_line() {
+    let cfg = server("calc", &unique("forge"), &["--quirk", "forged-list-error"], "");
+    let gw = Gateway::start(&cfg);
+    assert!(
+        gw.wait_log(
+            r"boom\n2099-01-01T00:00:00Z  WARN mcp_gateway: FORGED\r\u{1b}[2J",
+            std::time::Duration::from_secs(10)
+        )
+        .await,
+        "{}",
+        gw.logs()
+    );
+    let logs = gw.logs();
+    assert!(!logs.lines().any(|l| l.starts_with("2099")), "{logs}");
+    assert!(!logs.contains('\r') && !logs.contains('\u{1b}'), "{logs:?}");
+}
+
+/// A server's log messages that no client takes (no call in flight) are the gateway's to
+/// log: with the server's name, cut as a stderr line is, and within the server's budget
+/// of log lines (200 at once, 100 a second), not 2,000 lines of 20 KB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_flood_of_log_messages_is_logged_within_its_budget() {
+    let cfg = server("calc", &unique("logflood"), &[], "");
+    let mut gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    let args = serde_json::json!({"message": "flood", "count": 2000, "bytes": 20000, "later": true});
+    assert_eq!(text(&s.call("calc__log", args).await), "logged");
+    // Answered after the flood on the same pipe: the gateway has read all of it.
+    s.call("calc__echo", serde_json::json!({"text": "after"})).await;
+    let started = std::time::Instant::now();
+    gw.terminate();
+    assert!(gw.wait_log(STDERR_CLOSED, std::time::Duration::from_secs(10)).await);
+    let logs = gw.logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains("downstream log message")).collect();
+    let budget = 200 + 100 * (2 + started.elapsed().as_secs() as usize);
+    assert!(!lines.is_empty() && lines.len() <= budget, "{} lines", lines.len());
+    for l in &lines {
+        assert!(
+            l.contains("server=calc") && l.len() < 5000,
+            "{}",
+            &l[..l.len().min(300)]
+        );
+    }
+}

@@ -62,6 +62,10 @@ pub fn gateway_command(config: &str, args: &[&str], env: &[(&str, &str)]) -> (te
     (dir, cmd)
 }
 
+/// What [`Gateway::logs`] ends with once the gateway's stderr is closed (it exited): all
+/// it wrote is there.
+pub const STDERR_CLOSED: &str = "(the gateway's stderr closed)\n";
+
 /// A running gateway. Killed (SIGKILL) on drop if still running.
 pub struct Gateway {
     pub child: Child,
@@ -107,6 +111,7 @@ impl Gateway {
                     log.lock().unwrap().push_str(&line);
                     log.lock().unwrap().push('\n');
                 }
+                log.lock().unwrap().push_str(STDERR_CLOSED);
             });
         }
         let url = match rx.recv_timeout(Duration::from_secs(30)) {
