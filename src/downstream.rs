@@ -633,11 +633,25 @@ fn push_shown(out: &mut String, c: char) {
 }
 
 /// An error `server` answered, with `mask` applied to its text (a result is passed on as
-/// the server wrote it). Masking inside an escape (`\u00…`) can leave text that is no
-/// JSON: then the gateway's own words, never the unmasked error.
-pub(crate) fn masked_error(server: &str, outcome: Outcome, mask: impl FnOnce(&str) -> String) -> Outcome {
+/// the server wrote it). An escape can hide a secret from a search of the raw text (`\/`
+/// for `/`, as PHP writes it, or any `\u0041`): an error with a backslash in it is masked
+/// string by string, decoded. Masking inside an escape can leave text that is no JSON:
+/// then the gateway's own words, never the unmasked error.
+pub(crate) fn masked_error(server: &str, outcome: Outcome, mask: impl Fn(&str) -> String) -> Outcome {
     let Outcome::Error(e) = outcome else { return outcome };
-    let text = mask(e.get());
+    let decoded = match e.get().contains('\\') {
+        true => serde_json::from_str::<Value>(e.get()).ok(),
+        false => None,
+    };
+    let text = match decoded {
+        Some(mut v) => {
+            if !mask_strings(&mut v, &mask) {
+                return Outcome::Error(e);
+            }
+            v.to_string()
+        }
+        None => mask(e.get()),
+    };
     if text == e.get() {
         return Outcome::Error(e);
     }
@@ -647,6 +661,31 @@ pub(crate) fn masked_error(server: &str, outcome: Outcome, mask: impl FnOnce(&st
         ))
         .object()
     }))
+}
+
+/// Applies `mask` to every string in `v` (keys too); whether any changed.
+fn mask_strings(v: &mut Value, mask: &impl Fn(&str) -> String) -> bool {
+    match v {
+        Value::String(s) => {
+            let m = mask(s);
+            let changed = m != *s;
+            *s = m;
+            changed
+        }
+        Value::Array(a) => a.iter_mut().fold(false, |c, x| mask_strings(x, mask) | c),
+        Value::Object(o) => {
+            let mut changed = false;
+            let entries: Vec<(String, Value)> = std::mem::take(o).into_iter().collect();
+            for (k, mut x) in entries {
+                changed |= mask_strings(&mut x, mask);
+                let key = mask(&k);
+                changed |= key != k;
+                o.insert(key, x);
+            }
+            changed
+        }
+        _ => false,
+    }
 }
 
 /// Cancels a request downstream when its caller stops waiting for it.

@@ -858,7 +858,7 @@ async fn call(
             }) = Kind::parse(text.as_bytes())
             {
                 if !matches!(status.as_u16(), 401 | 403) {
-                    return Ok(o);
+                    return Ok(super::masked_error(&shared.server, o, |t| shared.masked(t.to_owned())));
                 }
             }
             return Err(DsError::Status {

@@ -299,3 +299,23 @@ async fn a_servers_flood_of_log_messages_is_logged_within_its_budget() {
         );
     }
 }
+
+/// A server may write its error's JSON with escapes (`\/` for `/`, as PHP does, or any
+/// `\u0073`): its secrets are masked in what the escapes mean, not only in the bytes.
+#[tokio::test]
+async fn a_secret_written_with_json_escapes_is_masked_all_the_same() {
+    let secret = "s3cret/api/key+77==";
+    let cfg = server(
+        "calc",
+        &unique("mask"),
+        &[],
+        &format!("env = {{ API_KEY = \"{secret}\" }}\n"),
+    );
+    let gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    let args = serde_json::json!({"name": "API_KEY", "leak": true, "escaped": true});
+    let r = s.call("calc__env", args).await;
+    assert_eq!(r["error"]["message"], "upstream rejected key ***", "{r}");
+    assert_eq!(r["error"]["data"]["key"], "***", "{r}");
+    assert_eq!(r["error"]["code"], -32001, "{r}");
+}
