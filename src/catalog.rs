@@ -79,18 +79,22 @@ impl Hint {
 
 impl Lists {
     /// Replaces what list method `m` (one of [`LISTS`]) returned, and its hint.
-    pub fn set(&mut self, m: Method, items: Vec<Map<String, Value>>, hint: Option<Hint>) {
+    /// Sets one list and its hint; whether either changed.
+    pub fn set(&mut self, m: Method, items: Vec<Map<String, Value>>, hint: Option<Hint>) -> bool {
         let list = match m {
             Method::ToolsList => &mut self.tools,
             Method::PromptsList => &mut self.prompts,
             Method::ResourcesList => &mut self.resources,
             Method::ResourcesTemplatesList => &mut self.templates,
-            _ => return,
+            _ => return false,
         };
+        let mut changed = *list != items;
         *list = items;
         if let Some(i) = list_index(m) {
+            changed |= self.hints[i] != hint;
             self.hints[i] = hint;
         }
+        changed
     }
 }
 

@@ -36,6 +36,8 @@ const CRASH_LOOP: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
 /// How often a crash-looping child is tried.
 const SLOW_RETRY: Duration = Duration::from_secs(60);
+/// The shortest time between two re-lists of a server's lists after its list_changed.
+const RELIST_EVERY: Duration = Duration::from_millis(250);
 
 /// What a reload may change on a running server.
 #[derive(Debug)]
@@ -655,23 +657,31 @@ impl Server {
     /// notifications that arrive meanwhile are coalesced into one more re-list per kind.
     async fn watch(&self, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) -> bool {
         let mut dirty: Vec<ListKind> = Vec::new();
-        let mut relisting: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ListKind> + Send + '_>>> = None;
+        type Relist<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (ListKind, bool)> + Send + 'a>>;
+        let mut relisting: Option<Relist<'_>> = None;
+        // A server that says list_changed without pause is re-listed at most every
+        // RELIST_EVERY, and its clients hear of a list only when it did change.
+        let mut last: Option<tokio::time::Instant> = None;
         loop {
             if relisting.is_none() && !dirty.is_empty() {
                 let kind = dirty.remove(0);
+                let at = last.map_or_else(tokio::time::Instant::now, |l| l + RELIST_EVERY);
+                last = Some(at.max(tokio::time::Instant::now()));
                 relisting = Some(Box::pin(async move {
-                    self.relist(kind).await;
-                    kind
+                    tokio::time::sleep_until(at).await;
+                    (kind, self.relist(kind).await)
                 }));
             }
             let msg = tokio::select! {
-                kind = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
+                (kind, changed) = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
                     relisting = None;
-                    let _ = events
-                        .send(Event::ListsChanged {
-                            announced: Some((self.name.clone(), kind)),
-                        })
-                        .await;
+                    if changed {
+                        let _ = events
+                            .send(Event::ListsChanged {
+                                announced: Some((self.name.clone(), kind)),
+                            })
+                            .await;
+                    }
                     continue;
                 }
                 msg = incoming.recv() => match msg {

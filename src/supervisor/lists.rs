@@ -62,18 +62,18 @@ impl Server {
         );
         let mut out = Lists::default();
         for (m, (items, hint)) in LISTS.into_iter().zip([lists.0, lists.1, lists.2, lists.3]) {
-            out.set(m, items, hint);
+            let _ = out.set(m, items, hint);
         }
         out
     }
 
-    /// Lists `kind` again, after the server said it changed.
-    pub(super) async fn relist(&self, kind: ListKind) {
+    /// Lists `kind` again, after the server said it changed; whether it did.
+    pub(super) async fn relist(&self, kind: ListKind) -> bool {
         let (conn, info) = {
             let s = self.state();
             match (&s.conn, &s.info) {
                 (Some(c), Some(i)) => (c.clone(), i.clone()),
-                _ => return,
+                _ => return false,
             }
         };
         let timeout = self.settings().timeout;
@@ -82,12 +82,14 @@ impl Server {
             listed.push((m, self.list(&conn, &info, m, timeout).await));
         }
         // Resources and their templates change together.
+        let mut changed = false;
         self.update(|s| {
             for (m, (items, hint)) in listed {
-                s.lists.set(m, items, hint);
+                changed |= s.lists.set(m, items, hint);
             }
         });
-        info!(server = %self.name, ?kind, "re-listed after list_changed");
+        info!(server = %self.name, ?kind, changed, "re-listed after list_changed");
+        changed
     }
 
     /// Lists one kind through all its pages. A server that declared no capabilities at

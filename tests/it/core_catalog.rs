@@ -336,3 +336,32 @@ async fn status_counts_what_clients_see_beside_each_servers_totals() {
     let dup = crate::console::card(&page, "dup");
     assert!(dup.contains("<span>resources</span><b>0 of 1</b>"), "{dup}");
 }
+
+/// A server that says tools/list_changed without pause (200 times, 5 ms apart) and
+/// changes nothing is re-listed a few times a second, not 200 times, and its clients
+/// hear nothing of it; a real change after it still reaches them, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_changed_storm_is_not_a_relist_storm_nor_passed_on_when_nothing_changed() {
+    let gw = Gateway::start(&server("calc", "calc", &[], ""));
+    let s = gw.session().await;
+    let mut stream = s.get_stream().await;
+    let r = s
+        .call("calc__add_tool", json!({"name": "-", "announce": 200, "every_ms": 5}))
+        .await;
+    assert_eq!(text(&r), "announced", "{r}");
+    let r = s.call("calc__add_tool", json!({"name": "after_storm"})).await;
+    assert_eq!(text(&r), "added", "{r}");
+    let first = stream
+        .next(std::time::Duration::from_secs(10))
+        .await
+        .expect("the real change's list_changed");
+    assert_eq!(first["method"], "notifications/tools/list_changed", "{first}");
+    let tools = s.list("tools/list", "tools").await;
+    assert!(tools.iter().any(|t| t["name"] == "calc__after_storm"), "{tools:?}");
+    // Anything else queued before it shows up at once.
+    let mut more = 0;
+    while stream.next(std::time::Duration::from_millis(300)).await.is_some() {
+        more += 1;
+    }
+    assert_eq!(more, 0, "list_changed for a list that did not change");
+}
