@@ -162,30 +162,9 @@ where
     if let Some(c) = cluster {
         gw.join(c);
     }
-    gw.start().await;
-    if let Some(cluster) = gw.cluster() {
-        // What sessions subscribed to on other replicas, and the level they chose: now,
-        // and again each time Redis is back or the bus is listened to again (the notes of
-        // subscriptions and levels sent meanwhile are lost).
-        let mut recovered = cluster.recovered();
-        let gw = gw.clone();
-        crate::background::spawn(async move {
-            loop {
-                gw.catch_up().await;
-                match recovered.recv().await {
-                    Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        });
-    }
-    reload::spawn(&gw, gw.config().file.clone());
-    // With OAuth, have the issuer's keys before the first token arrives.
-    let auth = gw.topology().auth.clone();
-    crate::background::spawn(async move { auth.prefetch().await });
-    // A stable line on stderr that scripts and tests wait for.
-    eprintln!("mcp-gateway listening on http://{local}{path}");
-    info!(%local, %path, "listening");
+    // The servers start while the port already answers its probes (/healthz, /readyz);
+    // every other request waits for the start to be over (see `front::http::app`).
+    crate::background::spawn(started(gw.clone(), format!("http://{local}{path}")));
 
     let http = front::http::Http::new(gw.clone());
     {
@@ -266,6 +245,36 @@ where
     janitor.abort();
     stop_servers(&gw, deadline).await;
     Ok(())
+}
+
+/// Starts the servers, then what follows a start: the line saying the gateway listens,
+/// the cluster's catch-up, the config file's watcher, the OAuth issuer's keys.
+async fn started(gw: Arc<Gateway>, url: String) {
+    gw.start().await;
+    // A stable line on stderr that scripts and tests wait for: the servers have made their
+    // first attempt, and every request is served.
+    eprintln!("mcp-gateway listening on {url}");
+    info!(%url, "listening");
+    if let Some(cluster) = gw.cluster() {
+        // What sessions subscribed to on other replicas, and the level they chose: now,
+        // and again each time Redis is back or the bus is listened to again (the notes of
+        // subscriptions and levels sent meanwhile are lost).
+        let mut recovered = cluster.recovered();
+        let gw = gw.clone();
+        crate::background::spawn(async move {
+            loop {
+                gw.catch_up().await;
+                match recovered.recv().await {
+                    Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+    reload::spawn(&gw, gw.config().file.clone());
+    // With OAuth, have the issuer's keys before the first token arrives.
+    let auth = gw.topology().auth.clone();
+    crate::background::spawn(async move { auth.prefetch().await });
 }
 
 /// Stops every server, and once `deadline` (the end of `shutdown_grace`) has passed

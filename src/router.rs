@@ -70,6 +70,9 @@ pub struct Gateway {
     /// Counts the reloads applied: whoever holds state a reload may revoke (HTTP
     /// sessions, listen streams) waits for it to change.
     pub reloads: tokio::sync::watch::Sender<u64>,
+    /// Set once [`Gateway::start`] is over: every server's first attempt made and the
+    /// catalog built.
+    started: tokio::sync::watch::Sender<bool>,
     /// Subscriptions, log levels and tasks, by session id.
     shared: Shared,
     /// The sessions of this process that `shared` may name, to deliver to them.
@@ -203,6 +206,7 @@ impl Gateway {
             events_rx: Mutex::new(Some(events_rx)),
             reloading: tokio::sync::Mutex::new(()),
             reloads: tokio::sync::watch::Sender::new(0),
+            started: tokio::sync::watch::Sender::new(false),
             shared: Shared::default(),
             live: Mutex::new(HashMap::new()),
             cluster: std::sync::OnceLock::new(),
@@ -215,6 +219,15 @@ impl Gateway {
             exchanger: crate::upstream::exchange::Exchanger::new(),
             search_worker: Arc::default(),
         })
+    }
+
+    /// Completes once [`Gateway::start`] is over.
+    pub async fn started(&self) {
+        if *self.started.borrow() {
+            return;
+        }
+        let mut rx = self.started.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
     }
 
     /// The current topology: config, servers, catalog and limits that belong together.
@@ -233,6 +246,7 @@ impl Gateway {
         let servers = self.topology().servers.clone();
         self.start_servers(&servers).await;
         self.rebuild_catalog(false);
+        self.started.send_replace(true);
         let rx = crate::sync::lock(&self.events_rx).take();
         if let Some(mut events_rx) = rx {
             let gw = Arc::downgrade(self);

@@ -271,8 +271,6 @@ pub fn app(http: Http) -> Router {
         router = router.route(&format!("{base}/"), mcp);
     }
     router
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(status::readyz))
         .route("/status", get(console::status))
         .route("/status/events", get(console::events))
         .route("/status/catalog", get(console::catalog))
@@ -293,9 +291,21 @@ pub fn app(http: Http) -> Router {
             &format!("{}{profiles}", auth::METADATA_PATH),
             get(status::resource_metadata),
         )
+        // While the servers make their first attempt (a remote one that hangs takes its
+        // `timeout`), requests wait for the catalog as they did in the listener's backlog;
+        // the probes below answer at once (/readyz: 503, not ready).
+        .route_layer(axum::middleware::from_fn_with_state(http.clone(), after_start))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(status::readyz))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(http)
+}
+
+/// Waits until the gateway has started ([`crate::router::Gateway::started`]).
+async fn after_start(State(http): State<Http>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    http.gw.started().await;
+    next.run(req).await
 }
 
 /// Any other path: 404 (those under `{gateway.path}/` are the endpoint's, [`app`]).

@@ -755,3 +755,61 @@ async fn a_legacy_endpoint_on_another_origin_is_refused() {
         sink.records()
     );
 }
+
+/// A remote server that accepts the connection and never answers holds the gateway's
+/// start (for its `timeout`): the probes answer meanwhile (/healthz 200, /readyz 503), and
+/// the rest waits for the start to be over (the "listening" line too), then sees the
+/// server named as unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_answer_while_a_hanging_server_holds_the_start() {
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/mcp", hole.local_addr().unwrap());
+    let cfg = format!("[servers.hole]\nurl = {url:?}\ntimeout = \"60s\"\n");
+    let port = ReservedPort::new();
+    let listen = format!("127.0.0.1:{}", port.port);
+    let (_dir, mut cmd) = gateway_command(&cfg, &["serve", "--listen", &listen], &[]);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn gateway");
+    let stderr = child.stderr.take().unwrap();
+    // The gateway's first attempt connects, and is never answered while this holds it.
+    let (held, hole) = tokio::task::spawn_blocking(move || (hole.accept().unwrap().0, hole))
+        .await
+        .unwrap();
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    // Held for 60 s, the start cannot be over before this answers (unless it hangs).
+    let h = http
+        .get(format!("{base}/healthz"))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .expect("/healthz answers during the start");
+    assert_eq!(h.status(), 200);
+    let r = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    // The rest waits: let the attempt fail (connection closed, then refused).
+    let status = tokio::spawn(http.get(format!("{base}/status")).send());
+    drop((held, hole));
+    let seen = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        let mut seen = String::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains("mcp-gateway listening on") {
+                break;
+            }
+        }
+        seen
+    })
+    .await
+    .unwrap();
+    assert!(seen.contains("server unavailable"), "{seen}");
+    let st: Value = status.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(st["servers"][0]["state"], "down", "{st}");
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(port);
+}

@@ -39,6 +39,8 @@ async fn drain(body: &mut Body, max: usize) -> bool {
 }
 
 pub(super) async fn post(State(http): State<Http>, req: axum::extract::Request) -> Response {
+    // Served directly, not through the app's routes: waits for the start here.
+    http.gw.started().await;
     // Taken apart, not extracted: the `HeaderMap` and `Extensions` extractors clone.
     let (parts, body) = req.into_parts();
     let (headers, extensions, uri) = (parts.headers, parts.extensions, parts.uri);
