@@ -68,7 +68,26 @@ fn sentence(kind: &str, e: &(dyn std::error::Error + 'static)) -> Error {
     if detail.is_empty() {
         Error(kind.to_owned())
     } else {
-        Error(format!("{kind}: {detail}"))
+        Error(format!("{kind}: {}", plain_tls(detail)))
+    }
+}
+
+/// rustls's words for a certificate it refuses in some cases are its enum's debug text
+/// (`invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))`): those in words.
+fn plain_tls(detail: String) -> String {
+    const SAID: [(&str, &str); 2] = [
+        (
+            "CaUsedAsEndEntity",
+            "the server presents a CA certificate (basicConstraints CA:TRUE, as `openssl req -x509` makes by default) as its own, which TLS refuses even when `ca_file` names it: give the server a certificate with CA:FALSE, signed by the CA that `ca_file` names",
+        ),
+        (
+            "UnsupportedCertVersion",
+            "the server's certificate is not X.509 version 3",
+        ),
+    ];
+    match SAID.iter().find(|(k, _)| detail.contains(k)) {
+        Some((_, words)) => format!("invalid peer certificate: {words}"),
+        None => detail,
     }
 }
 

@@ -260,3 +260,63 @@ async fn a_server_behind_an_http_proxy_is_reached_through_it() {
         proxy.error_log()
     );
 }
+
+/// A self-signed certificate made the usual way (`openssl req -x509`: CA:TRUE) is refused
+/// by TLS even with `ca_file` naming it: the reason says so in words, not rustls's enum.
+#[tokio::test]
+async fn a_ca_certificate_used_as_the_servers_own_is_refused_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |f: &str| path_str(&dir.path().join(f));
+    let ok = |c: &mut std::process::Command| assert!(c.status().unwrap().success(), "{c:?}");
+    ok(std::process::Command::new("openssl").args([
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-addext",
+        "subjectAltName=DNS:localhost",
+        "-days",
+        "2",
+        "-keyout",
+        &p("key.pem"),
+        "-out",
+        &p("cert.pem"),
+    ]));
+    ok(std::process::Command::new("openssl").args([
+        "x509",
+        "-in",
+        &p("cert.pem"),
+        "-outform",
+        "DER",
+        "-out",
+        &p("cert.der"),
+    ]));
+    ok(std::process::Command::new("openssl").args([
+        "pkcs8",
+        "-topk8",
+        "-nocrypt",
+        "-in",
+        &p("key.pem"),
+        "-outform",
+        "DER",
+        "-out",
+        &p("key.der"),
+    ]));
+    let fx = Fixture::start(&["--tls-cert", &p("cert.der"), "--tls-key", &p("key.der")]);
+    let url = format!("https://localhost:{}/mcp", fx.port());
+    let ca = p("cert.pem");
+    let gw = Gateway::start(&remote_table("fx", &url, &format!("ca_file = {ca:?}")));
+    let st = gw.server_status("fx").await;
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(
+        st["state"] == "down"
+            && reason.contains("a CA certificate (basicConstraints CA:TRUE")
+            && !reason.contains("OtherError"),
+        "{st}"
+    );
+}
