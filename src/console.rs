@@ -25,6 +25,12 @@ pub const STEP: u64 = 10;
 const LATENCY_BUCKETS: usize = 24;
 /// Events kept.
 pub const EVENTS: usize = 200;
+/// Characters kept of what a peer said (a server's error message, a tool's name) where
+/// the console records it, as of a stderr line (the rest is cut, and marked so).
+pub const PEER_TEXT: usize = 300;
+/// Characters kept of any text the console records (an event's, a last error): a
+/// server's reason with its stderr tail fits.
+pub const TEXT: usize = 2048;
 /// Client rows kept at most (past it, new callers share one row).
 const CLIENTS: usize = 1024;
 /// Events of one burst (the same key) this close together are one event, counted.
@@ -50,6 +56,25 @@ pub fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `text` cut to its first `max` characters (on a char boundary), marked as cut, so a
+/// peer's megabytes never reach an event, a last error or `/status`.
+pub fn clip(mut text: String, max: usize) -> String {
+    if let Some((at, _)) = text.char_indices().nth(max) {
+        let cut = text.len() - at;
+        text.truncate(at);
+        text.push_str(&format!("… ({cut} more bytes cut)"));
+    }
+    text
+}
+
+/// [`clip`] of a borrowed text.
+pub fn clipped(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}… ({} more bytes cut)", &text[..at], text.len() - at),
+        None => text.to_owned(),
+    }
 }
 
 fn latency_bucket(took: Duration) -> usize {
@@ -260,9 +285,10 @@ impl ClientStats {
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A call that failed, and why.
+    /// A call that failed, and why (cut to [`TEXT`] characters).
     pub fn error(&self, what: String) {
         self.errors.fetch_add(1, Ordering::Relaxed);
+        let what = clip(what, TEXT);
         *crate::sync::lock(&self.last_error) = Some((unix_ms(), what));
     }
 
@@ -390,6 +416,7 @@ impl Events {
 
     fn add(&self, kind: &'static str, server: Option<&str>, text: String, burst: Option<&str>) {
         let now = Instant::now();
+        let text = clip(text, TEXT);
         let mut ring = crate::sync::lock(&self.ring);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(key) = burst {
@@ -504,6 +531,16 @@ mod tests {
             e.push("session_opened", None, format!("{i}"));
         }
         assert_eq!(e.since(0).len(), EVENTS);
+    }
+
+    #[test]
+    fn texts_are_clipped_on_char_boundaries() {
+        assert_eq!(clip("abc".into(), 3), "abc");
+        assert_eq!(clip("aé€x".into(), 2), "aé… (4 more bytes cut)");
+        assert_eq!(clipped("aé€x", 3), "aé€… (1 more bytes cut)");
+        let e = Events::default();
+        e.push("error", None, "x".repeat(1 << 20));
+        assert!(e.since(0)[0].text.len() < TEXT + 40);
     }
 
     #[test]

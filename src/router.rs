@@ -600,7 +600,8 @@ fn check_client_rates(topo: &Topology, key: &str, identity: Option<&Identity>) -
 /// The router in-process: a gateway with no servers, requests as a front would send them.
 /// A call as the console sees it: counted on the session's row (with the limit that
 /// refused it, or why it failed), and a server's failure as an event naming the server
-/// (one per burst). Only a failure reads the answer.
+/// (one per burst). Only a failure reads the answer; what a peer said is cut to
+/// [`crate::console::PEER_TEXT`].
 fn console(stats: Option<&Arc<crate::console::ClientStats>>, method: Method, info: &CallInfo, out: Option<&Outcome>) {
     if let Some(stats) = stats {
         stats.call();
@@ -610,12 +611,10 @@ fn console(stats: Option<&Arc<crate::console::ClientStats>>, method: Method, inf
         return;
     }
     let Some(Outcome::Error(e)) = out else { return };
-    let message = serde_json::from_str::<serde_json::Value>(e.get())
-        .ok()
-        .and_then(|v| v.get("message").and_then(serde_json::Value::as_str).map(str::to_owned))
-        .unwrap_or_default();
+    let message = crate::console::clipped(&message::error_summary(e).1, crate::console::PEER_TEXT);
+    let peer = |s: &str| crate::console::clipped(s, crate::console::PEER_TEXT);
     let what = match (&info.server, &info.tool) {
-        (Some(s), Some(t)) => format!("{method} {t} (server {s}): {message}"),
+        (Some(s), Some(t)) => format!("{method} {} (server {s}): {message}", peer(t)),
         (Some(s), None) => format!("{method} (server {s}): {message}"),
         _ => format!("{method}: {message}"),
     };

@@ -448,3 +448,56 @@ async fn behind_a_trusted_balancer_on_this_host_a_caller_is_not_loopback() {
     assert_eq!(status("203.0.113.5").await, 403, "a remote caller through the balancer");
     assert_eq!(status("127.0.0.1").await, 200, "a local one");
 }
+
+fn console_server(table: &str) -> String {
+    server(table, &unique("console-peer"), &["--console"], "")
+}
+
+fn event_texts(events: &Value, kind: &str) -> Vec<String> {
+    events["events"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .filter(|e| e["kind"] == kind)
+                .map(|e| e["text"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A server's megabytes of error message, or a client's megabyte argument echoed in one,
+/// are cut where the console records them: the events and the client's last error keep a
+/// few hundred characters, marked as cut, and `/status` stays small.
+#[tokio::test]
+async fn a_huge_error_message_is_cut_where_the_console_records_it() {
+    let gw = Gateway::start(&console_server("big"));
+    let s = gw.session().await;
+    let r = s.call("big__fail", json!({"text": "boom ", "size": 4_000_000})).await;
+    assert!(
+        r["error"]["message"].as_str().is_some_and(|m| m.len() > 4_000_000),
+        "the client gets it whole"
+    );
+    let echoed = "A".repeat(2_000_000);
+    let r = s.call("big__fail", json!({"text": echoed})).await;
+    assert!(r.get("error").is_some(), "{}", r.to_string().len());
+
+    let status = gw.get_text("/status").await;
+    assert!(status.len() < 16_000, "/status is {} bytes", status.len());
+    let st: Value = serde_json::from_str(&status).unwrap();
+    let last = st["clients"][0]["lastError"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        last.starts_with("tools/call big__fail (server big): AAAA") && last.ends_with("bytes cut)") && last.len() < 600,
+        "{last}"
+    );
+    let events = gw.get_text("/status/events").await;
+    assert!(events.len() < 16_000, "/status/events is {} bytes", events.len());
+    let errors = event_texts(&serde_json::from_str(&events).unwrap(), "error");
+    assert!(!errors.is_empty(), "{events}");
+    assert!(
+        errors.iter().all(|t| t.contains("bytes cut)") && t.len() < 600),
+        "{errors:?}"
+    );
+}

@@ -293,7 +293,8 @@ pub(super) fn status_json(http: &Http) -> Value {
                 "url": url,
                 "prefix": s.settings().prefix.clone(),
                 "pid": st.conn.as_ref().and_then(|c| c.pid()),
-                "protocolVersion": st.info.as_ref().map(|i| i.protocol_version.clone()),
+                // The server's word: any string it likes.
+                "protocolVersion": st.info.as_ref().map(|i| crate::console::clipped(&i.protocol_version, 64)),
                 "uptimeSeconds": st.since.filter(|_| st.status == Status::Ready).map(|t| t.elapsed().as_secs()),
                 "tools": tools,
                 "toolsTotal": st.lists.tools.len(),
