@@ -23,8 +23,12 @@ pub const STEP: u64 = 10;
 /// Latency buckets: bucket `i` counts calls of [2^(i-1), 2^i) µs (0: under 1 µs), the
 /// last one everything from about 4 s up.
 const LATENCY_BUCKETS: usize = 24;
-/// Events kept.
+/// Events kept: this many of the operator's (reloads, servers down, errors...), and as
+/// many again of the routine ones (sessions opened and ended), in a ring of their own so
+/// that no number of sessions pushes the others out.
 pub const EVENTS: usize = 200;
+/// The kinds of [`Events::routine`].
+const ROUTINE: [&str; 2] = ["session_opened", "session_ended"];
 /// Characters kept of what a peer said (a server's error message, a tool's name) where
 /// the console records it, as of a stderr line (the rest is cut, and marked so).
 pub const PEER_TEXT: usize = 300;
@@ -395,10 +399,12 @@ pub struct Event {
     last: Instant,
 }
 
-/// The last [`EVENTS`] events, newest first.
+/// The last [`EVENTS`] events, newest first, and the last [`EVENTS`] routine ones.
 #[derive(Default)]
 pub struct Events {
     ring: Mutex<VecDeque<Event>>,
+    /// Sessions opened and ended: any client (without auth, any address) may make them.
+    routine: Mutex<VecDeque<Event>>,
     seq: AtomicU64,
 }
 
@@ -417,7 +423,11 @@ impl Events {
     fn add(&self, kind: &'static str, server: Option<&str>, text: String, burst: Option<&str>) {
         let now = Instant::now();
         let text = clip(text, TEXT);
-        let mut ring = crate::sync::lock(&self.ring);
+        let mut ring = crate::sync::lock(if ROUTINE.contains(&kind) {
+            &self.routine
+        } else {
+            &self.ring
+        });
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(key) = burst {
             let open = ring
@@ -448,13 +458,19 @@ impl Events {
         ring.truncate(EVENTS);
     }
 
-    /// Events with a `seq` above `since`, newest first.
+    /// Events with a `seq` above `since`, newest first (both rings, merged).
     pub fn since(&self, since: u64) -> Vec<Event> {
-        crate::sync::lock(&self.ring)
-            .iter()
-            .take_while(|e| e.seq > since)
-            .cloned()
-            .collect()
+        let newer = |ring: &Mutex<VecDeque<Event>>| -> Vec<Event> {
+            crate::sync::lock(ring)
+                .iter()
+                .take_while(|e| e.seq > since)
+                .cloned()
+                .collect()
+        };
+        let mut out = newer(&self.ring);
+        out.extend(newer(&self.routine));
+        out.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        out
     }
 
     /// The newest event's `seq` (0: none yet).
@@ -530,7 +546,15 @@ mod tests {
         for i in 0..500 {
             e.push("session_opened", None, format!("{i}"));
         }
-        assert_eq!(e.since(0).len(), EVENTS);
+        // Routine events have their own ring: the reload and the burst stay.
+        let all = e.since(0);
+        assert_eq!(all.len(), EVENTS + 2);
+        assert!(all.windows(2).all(|w| w[0].seq > w[1].seq), "newest first");
+        assert!(all.iter().any(|e| e.kind == "reload"));
+        for i in 0..500 {
+            e.push("down", None, format!("{i}"));
+        }
+        assert_eq!(e.since(0).len(), 2 * EVENTS);
     }
 
     #[test]

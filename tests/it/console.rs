@@ -501,3 +501,42 @@ async fn a_huge_error_message_is_cut_where_the_console_records_it() {
         "{errors:?}"
     );
 }
+
+/// Without auth every address is a client of its own: sessions opened from 250 loopback
+/// addresses fill the routine ring, and the events an operator needs (a server failing,
+/// restarting) stay.
+#[tokio::test]
+async fn sessions_from_many_addresses_do_not_push_out_other_events() {
+    let gw = Gateway::start(&two_servers());
+    let s = gw.session().await;
+    let r = s.call("docs__crash", json!({})).await;
+    assert!(r.get("error").is_some(), "{r}");
+    wait_for(Duration::from_secs(20), "docs back", async || {
+        gw.server_status("docs").await["restarts"].as_u64() >= Some(1)
+    })
+    .await;
+    for batch in 0..5u8 {
+        let opens = (0..50u8).map(|i| {
+            let ip = std::net::IpAddr::from([127, 0, 1 + batch, 2 + i]);
+            let http = reqwest::Client::builder().local_address(ip).build().unwrap();
+            crate::common::Session::open_on(http, &gw.url, json!({}))
+        });
+        futures::future::join_all(opens).await;
+    }
+    let events = gw.get_json("/status/events").await;
+    let opened = event_texts(&events, "session_opened");
+    assert!(opened.len() >= 200, "{} session events", opened.len());
+    assert!(
+        !event_texts(&events, "error").is_empty(),
+        "the failed call's event was pushed out"
+    );
+    assert!(
+        !event_texts(&events, "restart").is_empty(),
+        "the restart was pushed out"
+    );
+    let seqs: Vec<u64> = events["events"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|e| e["seq"].as_u64()).collect())
+        .unwrap_or_default();
+    assert!(seqs.windows(2).all(|w| w[0] > w[1]), "newest first: {seqs:?}");
+}
