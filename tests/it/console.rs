@@ -540,3 +540,46 @@ async fn sessions_from_many_addresses_do_not_push_out_other_events() {
         .unwrap_or_default();
     assert!(seqs.windows(2).all(|w| w[0] > w[1]), "newest first: {seqs:?}");
 }
+
+/// `/metrics` names servers and tools: a page that rebinds its name to the gateway's
+/// address does not read it; a scraper naming the gateway by an address does. The probes
+/// say one word and stay open.
+#[tokio::test]
+async fn metrics_checks_host_and_origin_as_the_console_does() {
+    let gw = Gateway::start(&two_servers());
+    let port = gw.base.rsplit(':').next().unwrap_or_default().to_owned();
+    let send = |path: &str, host: String, origin: Option<&str>| {
+        let mut r = reqwest::Client::new()
+            .get(format!("{}{path}", gw.base))
+            .header("host", host);
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let rebound = format!("rebind.attacker.example:{port}");
+    let (code, body) = send("/metrics", rebound.clone(), None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(!body.contains("calc"), "{body}");
+    let local = format!("localhost:{port}");
+    let foreign = Some("http://rebind.attacker.example");
+    assert_eq!(
+        send("/metrics", local.clone(), foreign).await.0,
+        403,
+        "a foreign Origin"
+    );
+    assert_eq!(send("/metrics", local, None).await.0, 200);
+    for ip in ["10.1.2.3:9090", "[fd00::1]:80", "192.0.2.7"] {
+        let (code, body) = send("/metrics", ip.to_owned(), None).await;
+        assert_eq!(code, 200, "Host {ip}: {body}");
+        assert!(body.contains("mcp_gateway_"), "{body}");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (code, body) = send(path, rebound.clone(), None).await;
+        assert_eq!(code, 200, "{path}");
+        assert!(body.len() < 16, "{path} says more than a word: {body}");
+    }
+}
