@@ -583,3 +583,30 @@ async fn metrics_checks_host_and_origin_as_the_console_does() {
         assert!(body.len() < 16, "{path} says more than a word: {body}");
     }
 }
+
+/// A tool's title and annotations show in the catalog (and `/status/catalog`), and format
+/// characters (a bidi override, a zero-width space) are shown escaped, never raw: a tool
+/// `delete_all` titled `read_file\u202e` is found by `read_file` and visibly so.
+#[tokio::test]
+async fn the_catalog_shows_titles_annotations_and_hidden_characters() {
+    let gw = Gateway::start(&console_server("x"));
+    let cat = gw.get_json("/status/catalog").await;
+    let item = cat["items"]
+        .as_array()
+        .and_then(|i| i.iter().find(|i| i["name"] == "x__delete_all"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(item["title"], "read_file\u{202e}", "{item}");
+    assert_eq!(item["annotations"]["readOnlyHint"], true, "{item}");
+    let profile = tempfile::tempdir().unwrap();
+    let page = dom(profile.path(), &format!("{}/?q=read_file", gw.base));
+    assert!(page.contains("data-name=\"x__delete_all\""), "{page}");
+    assert!(page.contains("title: read_file\\u{202e}"), "{page}");
+    assert!(page.contains("readOnlyHint: true · destructiveHint: false"), "{page}");
+    let page = dom(profile.path(), &format!("{}/", gw.base));
+    assert!(page.contains("\\u{202e}eteled_lla"), "{page}");
+    assert!(page.contains("Reversed \\u{200b}name."), "{page}");
+    for c in ['\u{202e}', '\u{200b}'] {
+        assert!(!page.contains(c), "{c:?} shown raw: {page}");
+    }
+}

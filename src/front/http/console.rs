@@ -424,6 +424,7 @@ fn catalog_json(http: &Http) -> Value {
             "server": server.and_then(server_name),
             "original": original,
             "title": field("title"),
+            "annotations": field("annotations"),
             "description": field("description"),
             "inputSchema": field("inputSchema"),
             "arguments": field("arguments"),
