@@ -610,3 +610,27 @@ async fn the_catalog_shows_titles_annotations_and_hidden_characters() {
         assert!(!page.contains(c), "{c:?} shown raw: {page}");
     }
 }
+
+/// An `isError` result is an error on the client's row as on the server's card.
+#[tokio::test]
+async fn tool_errors_count_on_the_clients_row_as_on_the_servers_card() {
+    let gw = Gateway::start(&two_servers());
+    let s = gw.session().await;
+    for _ in 0..5 {
+        let r = s.call("calc__add", json!({"a": "x", "b": 1})).await;
+        assert_eq!(r["result"]["isError"], true, "{r}");
+    }
+    let st = gw.get_json("/status").await;
+    let calc = st["servers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["name"] == "calc"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(calc["errors"], 5, "{calc}");
+    let row = &st["clients"][0];
+    assert_eq!(row["errors"], 5, "{row}");
+    assert_eq!(
+        row["lastError"]["text"], "tools/call calc__add (server calc): the tool answered isError: true",
+        "{row}"
+    );
+}
