@@ -634,3 +634,41 @@ async fn tool_errors_count_on_the_clients_row_as_on_the_servers_card() {
         "{row}"
     );
 }
+
+/// `/status/events?since=abc` tells a stranger no more than `/status/events` does; an
+/// admin gets the 400.
+#[tokio::test]
+async fn status_events_checks_access_before_its_query() {
+    let gw = Gateway::start(&authed());
+    let url = format!("{}/status/events?since=abc", gw.base);
+    assert_eq!(get(&url, None).await.0, 401);
+    assert_eq!(get(&url, Some(USER)).await.0, 403);
+    assert_eq!(get(&url, Some(ADMIN)).await.0, 400);
+    assert_eq!(
+        get(&format!("{}/status/events?since=0", gw.base), Some(ADMIN)).await.0,
+        200
+    );
+}
+
+/// At most 64 `/status/stream` watchers at once: past it, 503 saying so; a closed one
+/// makes room.
+#[tokio::test]
+async fn status_stream_watchers_are_capped() {
+    let gw = Gateway::start(&two_servers());
+    let url = format!("{}/status/stream", gw.base);
+    let http = reqwest::Client::new();
+    let mut open = Vec::new();
+    for i in 0..64 {
+        let r = http.get(&url).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "watcher {i}");
+        open.push(r);
+    }
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r.text().await.unwrap().contains("64 /status/stream"));
+    drop(open.pop());
+    wait_for(Duration::from_secs(10), "room for a watcher", async || {
+        http.get(&url).send().await.unwrap().status().as_u16() == 200
+    })
+    .await;
+}
