@@ -672,3 +672,34 @@ async fn status_stream_watchers_are_capped() {
     })
     .await;
 }
+
+/// A server that changes its tools hundreds of times sends as many list_changed: one event
+/// per burst, so they do not push out a failure either.
+#[tokio::test]
+async fn a_flood_of_list_changed_is_one_event_per_burst() {
+    let gw = Gateway::start(&two_servers());
+    let s = gw.session().await;
+    let r = s.call("docs__crash", json!({})).await;
+    assert!(r.get("error").is_some(), "{r}");
+    for i in 0..250 {
+        let r = s.call("calc__add_tool", json!({"name": format!("t{i}")})).await;
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    wait_for(Duration::from_secs(20), "the last tool listed", async || {
+        gw.get_json("/status/catalog").await["items"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["name"] == "calc__t249"))
+    })
+    .await;
+    let events = gw.get_json("/status/events").await;
+    let changed = event_texts(&events, "list_changed");
+    assert!(
+        !changed.is_empty() && changed.len() < 10,
+        "{} list_changed events",
+        changed.len()
+    );
+    assert!(
+        !event_texts(&events, "error").is_empty(),
+        "the failed call's event was pushed out"
+    );
+}
