@@ -23,8 +23,18 @@ pub const STEP: u64 = 10;
 /// Latency buckets: bucket `i` counts calls of [2^(i-1), 2^i) µs (0: under 1 µs), the
 /// last one everything from about 4 s up.
 const LATENCY_BUCKETS: usize = 24;
-/// Events kept.
+/// Events kept: this many of the operator's (reloads, servers down, errors...), and as
+/// many again of the routine ones (sessions opened and ended), in a ring of their own so
+/// that no number of sessions pushes the others out.
 pub const EVENTS: usize = 200;
+/// The kinds of [`Events::routine`].
+const ROUTINE: [&str; 2] = ["session_opened", "session_ended"];
+/// Characters kept of what a peer said (a server's error message, a tool's name) where
+/// the console records it, as of a stderr line (the rest is cut, and marked so).
+pub const PEER_TEXT: usize = 300;
+/// Characters kept of any text the console records (an event's, a last error): a
+/// server's reason with its stderr tail fits.
+pub const TEXT: usize = 2048;
 /// Client rows kept at most (past it, new callers share one row).
 const CLIENTS: usize = 1024;
 /// Events of one burst (the same key) this close together are one event, counted.
@@ -50,6 +60,25 @@ pub fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `text` cut to its first `max` characters (on a char boundary), marked as cut, so a
+/// peer's megabytes never reach an event, a last error or `/status`.
+pub fn clip(mut text: String, max: usize) -> String {
+    if let Some((at, _)) = text.char_indices().nth(max) {
+        let cut = text.len() - at;
+        text.truncate(at);
+        text.push_str(&format!("… ({cut} more bytes cut)"));
+    }
+    text
+}
+
+/// [`clip`] of a borrowed text.
+pub fn clipped(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}… ({} more bytes cut)", &text[..at], text.len() - at),
+        None => text.to_owned(),
+    }
 }
 
 fn latency_bucket(took: Duration) -> usize {
@@ -260,9 +289,10 @@ impl ClientStats {
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A call that failed, and why.
+    /// A call that failed, and why (cut to [`TEXT`] characters).
     pub fn error(&self, what: String) {
         self.errors.fetch_add(1, Ordering::Relaxed);
+        let what = clip(what, TEXT);
         *crate::sync::lock(&self.last_error) = Some((unix_ms(), what));
     }
 
@@ -369,10 +399,12 @@ pub struct Event {
     last: Instant,
 }
 
-/// The last [`EVENTS`] events, newest first.
+/// The last [`EVENTS`] events, newest first, and the last [`EVENTS`] routine ones.
 #[derive(Default)]
 pub struct Events {
     ring: Mutex<VecDeque<Event>>,
+    /// Sessions opened and ended: any client (without auth, any address) may make them.
+    routine: Mutex<VecDeque<Event>>,
     seq: AtomicU64,
 }
 
@@ -390,7 +422,12 @@ impl Events {
 
     fn add(&self, kind: &'static str, server: Option<&str>, text: String, burst: Option<&str>) {
         let now = Instant::now();
-        let mut ring = crate::sync::lock(&self.ring);
+        let text = clip(text, TEXT);
+        let mut ring = crate::sync::lock(if ROUTINE.contains(&kind) {
+            &self.routine
+        } else {
+            &self.ring
+        });
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(key) = burst {
             let open = ring
@@ -421,13 +458,19 @@ impl Events {
         ring.truncate(EVENTS);
     }
 
-    /// Events with a `seq` above `since`, newest first.
+    /// Events with a `seq` above `since`, newest first (both rings, merged).
     pub fn since(&self, since: u64) -> Vec<Event> {
-        crate::sync::lock(&self.ring)
-            .iter()
-            .take_while(|e| e.seq > since)
-            .cloned()
-            .collect()
+        let newer = |ring: &Mutex<VecDeque<Event>>| -> Vec<Event> {
+            crate::sync::lock(ring)
+                .iter()
+                .take_while(|e| e.seq > since)
+                .cloned()
+                .collect()
+        };
+        let mut out = newer(&self.ring);
+        out.extend(newer(&self.routine));
+        out.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        out
     }
 
     /// The newest event's `seq` (0: none yet).
@@ -503,7 +546,25 @@ mod tests {
         for i in 0..500 {
             e.push("session_opened", None, format!("{i}"));
         }
-        assert_eq!(e.since(0).len(), EVENTS);
+        // Routine events have their own ring: the reload and the burst stay.
+        let all = e.since(0);
+        assert_eq!(all.len(), EVENTS + 2);
+        assert!(all.windows(2).all(|w| w[0].seq > w[1].seq), "newest first");
+        assert!(all.iter().any(|e| e.kind == "reload"));
+        for i in 0..500 {
+            e.push("down", None, format!("{i}"));
+        }
+        assert_eq!(e.since(0).len(), 2 * EVENTS);
+    }
+
+    #[test]
+    fn texts_are_clipped_on_char_boundaries() {
+        assert_eq!(clip("abc".into(), 3), "abc");
+        assert_eq!(clip("aé€x".into(), 2), "aé… (4 more bytes cut)");
+        assert_eq!(clipped("aé€x", 3), "aé€… (1 more bytes cut)");
+        let e = Events::default();
+        e.push("error", None, "x".repeat(1 << 20));
+        assert!(e.since(0)[0].text.len() < TEXT + 40);
     }
 
     #[test]

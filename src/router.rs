@@ -457,7 +457,7 @@ impl Gateway {
                 s.series().record(second, outcome != metrics::Outcome::Ok, took);
             }
         }
-        console(client.stats.get(), parsed, &info, out.as_ref());
+        console(client.stats.get(), parsed, &info, out.as_ref(), outcome);
         telemetry::finish_request(&span, method, out.as_ref(), info.rate_limited);
         out
     }
@@ -614,8 +614,16 @@ fn check_client_rates(topo: &Topology, key: &str, identity: Option<&Identity>) -
 /// The router in-process: a gateway with no servers, requests as a front would send them.
 /// A call as the console sees it: counted on the session's row (with the limit that
 /// refused it, or why it failed), and a server's failure as an event naming the server
-/// (one per burst). Only a failure reads the answer.
-fn console(stats: Option<&Arc<crate::console::ClientStats>>, method: Method, info: &CallInfo, out: Option<&Outcome>) {
+/// (one per burst). A failure is what the server's card counts too: a JSON-RPC error or
+/// an `isError` tool result (a refusal by a rate limit shows as that limit's instead).
+/// Only a failure reads the answer; what a peer said is cut to [`crate::console::PEER_TEXT`].
+fn console(
+    stats: Option<&Arc<crate::console::ClientStats>>,
+    method: Method,
+    info: &CallInfo,
+    out: Option<&Outcome>,
+    outcome: metrics::Outcome,
+) {
     if let Some(stats) = stats {
         stats.call();
     }
@@ -623,13 +631,17 @@ fn console(stats: Option<&Arc<crate::console::ClientStats>>, method: Method, inf
         // Counted by the limit that refused it (`Gateway::limited`).
         return;
     }
-    let Some(Outcome::Error(e)) = out else { return };
-    let message = serde_json::from_str::<serde_json::Value>(e.get())
-        .ok()
-        .and_then(|v| v.get("message").and_then(serde_json::Value::as_str).map(str::to_owned))
-        .unwrap_or_default();
+    let message = match (out, outcome) {
+        (Some(Outcome::Error(e)), _) => {
+            crate::console::clipped(&message::error_summary(e).1, crate::console::PEER_TEXT)
+        }
+        // Its content is the server's own text, passed on unmasked: not copied here.
+        (Some(Outcome::Result(_)), metrics::Outcome::ToolError) => "the tool answered isError: true".to_owned(),
+        _ => return,
+    };
+    let peer = |s: &str| crate::console::clipped(s, crate::console::PEER_TEXT);
     let what = match (&info.server, &info.tool) {
-        (Some(s), Some(t)) => format!("{method} {t} (server {s}): {message}"),
+        (Some(s), Some(t)) => format!("{method} {} (server {s}): {message}", peer(t)),
         (Some(s), None) => format!("{method} (server {s}): {message}"),
         _ => format!("{method}: {message}"),
     };

@@ -605,12 +605,15 @@ impl Server {
                 failures.pop_front();
             }
             let delay = if stdio && failures.len() >= CRASH_LOOP {
-                let why = format!(
-                    "crash loop: {} failures within {}s; retrying every {}s (last: {})",
-                    failures.len(),
-                    CRASH_WINDOW.as_secs(),
-                    SLOW_RETRY.as_secs(),
-                    self.state().last_error.clone().unwrap_or_default()
+                let why = crate::console::clip(
+                    format!(
+                        "crash loop: {} failures within {}s; retrying every {}s (last: {})",
+                        failures.len(),
+                        CRASH_WINDOW.as_secs(),
+                        SLOW_RETRY.as_secs(),
+                        self.state().last_error.clone().unwrap_or_default()
+                    ),
+                    crate::console::TEXT,
                 );
                 warn!(server = %self.name, "{why}");
                 crate::console::events().push("crash_loop", Some(&self.name), why.clone());
@@ -638,6 +641,8 @@ impl Server {
     }
 
     fn fail(&self, why: String) {
+        // A server's own words may be megabytes (an initialize error): shown cut.
+        let why = crate::console::clip(why, crate::console::TEXT);
         // The stderr lines were logged as they came; the log line need not repeat them.
         let logged = why.split_once(STDERR_TAIL).map_or(why.as_str(), |(w, _)| w);
         warn!(server = %self.name, error = %logged, "server unavailable");

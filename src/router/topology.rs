@@ -252,9 +252,12 @@ impl Gateway {
                     (true, n) => format!("the whole catalog's sessions and {n} view(s)"),
                     (false, n) => format!("{n} view(s)"),
                 };
-                crate::console::events().push(
+                // One event per burst of a server's (a server may send thousands).
+                let server = announced.as_ref().map(|(s, _)| &**s);
+                crate::console::events().burst(
                     "list_changed",
-                    announced.as_ref().map(|(s, _)| &**s),
+                    &format!("list_changed {} {}", server.unwrap_or(""), kind.notification()),
+                    server,
                     format!("{} sent to {whom}", kind.notification()),
                 );
                 let line = Bytes::from(message::notification(kind.notification(), None));

@@ -313,7 +313,7 @@ async fn initialized(conn: &Connection, out: Outcome) -> Result<InitInfo, Handsh
         Outcome::Error(e) => {
             return Err(Handshake::Refused(format!(
                 "server answered {}",
-                message::error_summary(&e).1
+                crate::console::clipped(&message::error_summary(&e).1, crate::console::PEER_TEXT)
             )))
         }
     };

@@ -448,3 +448,258 @@ async fn behind_a_trusted_balancer_on_this_host_a_caller_is_not_loopback() {
     assert_eq!(status("203.0.113.5").await, 403, "a remote caller through the balancer");
     assert_eq!(status("127.0.0.1").await, 200, "a local one");
 }
+
+fn console_server(table: &str) -> String {
+    server(table, &unique("console-peer"), &["--console"], "")
+}
+
+fn event_texts(events: &Value, kind: &str) -> Vec<String> {
+    events["events"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .filter(|e| e["kind"] == kind)
+                .map(|e| e["text"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A server's megabytes of error message, or a client's megabyte argument echoed in one,
+/// are cut where the console records them: the events and the client's last error keep a
+/// few hundred characters, marked as cut, and `/status` stays small.
+#[tokio::test]
+async fn a_huge_error_message_is_cut_where_the_console_records_it() {
+    let gw = Gateway::start(&console_server("big"));
+    let s = gw.session().await;
+    let r = s.call("big__fail", json!({"text": "boom ", "size": 4_000_000})).await;
+    assert!(
+        r["error"]["message"].as_str().is_some_and(|m| m.len() > 4_000_000),
+        "the client gets it whole"
+    );
+    let echoed = "A".repeat(2_000_000);
+    let r = s.call("big__fail", json!({"text": echoed})).await;
+    assert!(r.get("error").is_some(), "{}", r.to_string().len());
+
+    let status = gw.get_text("/status").await;
+    assert!(status.len() < 16_000, "/status is {} bytes", status.len());
+    let st: Value = serde_json::from_str(&status).unwrap();
+    let last = st["clients"][0]["lastError"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        last.starts_with("tools/call big__fail (server big): AAAA") && last.ends_with("bytes cut)") && last.len() < 600,
+        "{last}"
+    );
+    let events = gw.get_text("/status/events").await;
+    assert!(events.len() < 16_000, "/status/events is {} bytes", events.len());
+    let errors = event_texts(&serde_json::from_str(&events).unwrap(), "error");
+    assert!(!errors.is_empty(), "{events}");
+    assert!(
+        errors.iter().all(|t| t.contains("bytes cut)") && t.len() < 600),
+        "{errors:?}"
+    );
+}
+
+/// Without auth every address is a client of its own: sessions opened from 250 loopback
+/// addresses fill the routine ring, and the events an operator needs (a server failing,
+/// restarting) stay.
+#[tokio::test]
+async fn sessions_from_many_addresses_do_not_push_out_other_events() {
+    let gw = Gateway::start(&two_servers());
+    let s = gw.session().await;
+    let r = s.call("docs__crash", json!({})).await;
+    assert!(r.get("error").is_some(), "{r}");
+    wait_for(Duration::from_secs(20), "docs back", async || {
+        gw.server_status("docs").await["restarts"].as_u64() >= Some(1)
+    })
+    .await;
+    for batch in 0..5u8 {
+        let opens = (0..50u8).map(|i| {
+            let ip = std::net::IpAddr::from([127, 0, 1 + batch, 2 + i]);
+            let http = reqwest::Client::builder().local_address(ip).build().unwrap();
+            crate::common::Session::open_on(http, &gw.url, json!({}))
+        });
+        futures::future::join_all(opens).await;
+    }
+    let events = gw.get_json("/status/events").await;
+    let opened = event_texts(&events, "session_opened");
+    assert!(opened.len() >= 200, "{} session events", opened.len());
+    assert!(
+        !event_texts(&events, "error").is_empty(),
+        "the failed call's event was pushed out"
+    );
+    assert!(
+        !event_texts(&events, "restart").is_empty(),
+        "the restart was pushed out"
+    );
+    let seqs: Vec<u64> = events["events"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|e| e["seq"].as_u64()).collect())
+        .unwrap_or_default();
+    assert!(seqs.windows(2).all(|w| w[0] > w[1]), "newest first: {seqs:?}");
+}
+
+/// `/metrics` names servers and tools: a page that rebinds its name to the gateway's
+/// address does not read it; a scraper naming the gateway by an address does. The probes
+/// say one word and stay open.
+#[tokio::test]
+async fn metrics_checks_host_and_origin_as_the_console_does() {
+    let gw = Gateway::start(&two_servers());
+    let port = gw.base.rsplit(':').next().unwrap_or_default().to_owned();
+    let send = |path: &str, host: String, origin: Option<&str>| {
+        let mut r = reqwest::Client::new()
+            .get(format!("{}{path}", gw.base))
+            .header("host", host);
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let rebound = format!("rebind.attacker.example:{port}");
+    let (code, body) = send("/metrics", rebound.clone(), None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(!body.contains("calc"), "{body}");
+    let local = format!("localhost:{port}");
+    let foreign = Some("http://rebind.attacker.example");
+    assert_eq!(
+        send("/metrics", local.clone(), foreign).await.0,
+        403,
+        "a foreign Origin"
+    );
+    assert_eq!(send("/metrics", local, None).await.0, 200);
+    for ip in ["10.1.2.3:9090", "[fd00::1]:80", "192.0.2.7"] {
+        let (code, body) = send("/metrics", ip.to_owned(), None).await;
+        assert_eq!(code, 200, "Host {ip}: {body}");
+        assert!(body.contains("mcp_gateway_"), "{body}");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (code, body) = send(path, rebound.clone(), None).await;
+        assert_eq!(code, 200, "{path}");
+        assert!(body.len() < 16, "{path} says more than a word: {body}");
+    }
+}
+
+/// A tool's title and annotations show in the catalog (and `/status/catalog`), and format
+/// characters (a bidi override, a zero-width space) are shown escaped, never raw: a tool
+/// `delete_all` titled `read_file\u202e` is found by `read_file` and visibly so.
+#[tokio::test]
+async fn the_catalog_shows_titles_annotations_and_hidden_characters() {
+    let gw = Gateway::start(&console_server("x"));
+    let cat = gw.get_json("/status/catalog").await;
+    let item = cat["items"]
+        .as_array()
+        .and_then(|i| i.iter().find(|i| i["name"] == "x__delete_all"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(item["title"], "read_file\u{202e}", "{item}");
+    assert_eq!(item["annotations"]["readOnlyHint"], true, "{item}");
+    let profile = tempfile::tempdir().unwrap();
+    let page = dom(profile.path(), &format!("{}/?q=read_file", gw.base));
+    assert!(page.contains("data-name=\"x__delete_all\""), "{page}");
+    assert!(page.contains("title: read_file\\u{202e}"), "{page}");
+    assert!(page.contains("readOnlyHint: true · destructiveHint: false"), "{page}");
+    let page = dom(profile.path(), &format!("{}/", gw.base));
+    assert!(page.contains("\\u{202e}eteled_lla"), "{page}");
+    assert!(page.contains("Reversed \\u{200b}name."), "{page}");
+    for c in ['\u{202e}', '\u{200b}'] {
+        assert!(!page.contains(c), "{c:?} shown raw: {page}");
+    }
+}
+
+/// An `isError` result is an error on the client's row as on the server's card.
+#[tokio::test]
+async fn tool_errors_count_on_the_clients_row_as_on_the_servers_card() {
+    let gw = Gateway::start(&two_servers());
+    let s = gw.session().await;
+    for _ in 0..5 {
+        let r = s.call("calc__add", json!({"a": "x", "b": 1})).await;
+        assert_eq!(r["result"]["isError"], true, "{r}");
+    }
+    let st = gw.get_json("/status").await;
+    let calc = st["servers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["name"] == "calc"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(calc["errors"], 5, "{calc}");
+    let row = &st["clients"][0];
+    assert_eq!(row["errors"], 5, "{row}");
+    assert_eq!(
+        row["lastError"]["text"], "tools/call calc__add (server calc): the tool answered isError: true",
+        "{row}"
+    );
+}
+
+/// `/status/events?since=abc` tells a stranger no more than `/status/events` does; an
+/// admin gets the 400.
+#[tokio::test]
+async fn status_events_checks_access_before_its_query() {
+    let gw = Gateway::start(&authed());
+    let url = format!("{}/status/events?since=abc", gw.base);
+    assert_eq!(get(&url, None).await.0, 401);
+    assert_eq!(get(&url, Some(USER)).await.0, 403);
+    assert_eq!(get(&url, Some(ADMIN)).await.0, 400);
+    assert_eq!(
+        get(&format!("{}/status/events?since=0", gw.base), Some(ADMIN)).await.0,
+        200
+    );
+}
+
+/// At most 64 `/status/stream` watchers at once: past it, 503 saying so; a closed one
+/// makes room.
+#[tokio::test]
+async fn status_stream_watchers_are_capped() {
+    let gw = Gateway::start(&two_servers());
+    let url = format!("{}/status/stream", gw.base);
+    let http = reqwest::Client::new();
+    let mut open = Vec::new();
+    for i in 0..64 {
+        let r = http.get(&url).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "watcher {i}");
+        open.push(r);
+    }
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r.text().await.unwrap().contains("64 /status/stream"));
+    drop(open.pop());
+    wait_for(Duration::from_secs(10), "room for a watcher", async || {
+        http.get(&url).send().await.unwrap().status().as_u16() == 200
+    })
+    .await;
+}
+
+/// A server that changes its tools hundreds of times sends as many list_changed: one event
+/// per burst, so they do not push out a failure either.
+#[tokio::test]
+async fn a_flood_of_list_changed_is_one_event_per_burst() {
+    let gw = Gateway::start(&two_servers());
+    let s = gw.session().await;
+    let r = s.call("docs__crash", json!({})).await;
+    assert!(r.get("error").is_some(), "{r}");
+    for i in 0..250 {
+        let r = s.call("calc__add_tool", json!({"name": format!("t{i}")})).await;
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    wait_for(Duration::from_secs(20), "the last tool listed", async || {
+        gw.get_json("/status/catalog").await["items"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["name"] == "calc__t249"))
+    })
+    .await;
+    let events = gw.get_json("/status/events").await;
+    let changed = event_texts(&events, "list_changed");
+    assert!(
+        !changed.is_empty() && changed.len() < 10,
+        "{} list_changed events",
+        changed.len()
+    );
+    assert!(
+        !event_texts(&events, "error").is_empty(),
+        "the failed call's event was pushed out"
+    );
+}

@@ -134,6 +134,17 @@ pub(super) fn host_problem<B>(req: &axum::http::Request<B>) -> Option<Response> 
 /// after taking each value apart (see [`Authority`]): `http://localhost:1@evil.com` is
 /// not a localhost origin, it is not an origin at all.
 pub(super) fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Error> {
+    check_hosts(gw, headers, false)
+}
+
+/// [`check_origin_host`] for `/metrics`, which also takes any IP address as `Host`: a
+/// scraper often names the gateway by its address, and a page that rebinds its name to
+/// the gateway's address still sends that name.
+pub(super) fn check_scrape_host(gw: &Gateway, headers: &HeaderMap) -> Result<(), Error> {
+    check_hosts(gw, headers, true)
+}
+
+fn check_hosts(gw: &Gateway, headers: &HeaderMap, any_ip: bool) -> Result<(), Error> {
     check_single(headers)?;
     let config = gw.config();
     let g = &config.gateway;
@@ -166,6 +177,7 @@ pub(super) fn check_origin_host(gw: &Gateway, headers: &HeaderMap) -> Result<(),
             ));
         };
         let ok = a.is_local()
+            || (any_ip && a.host.parse::<std::net::IpAddr>().is_ok())
             || g.allowed_hosts.iter().any(|h| {
                 Authority::parse(h)
                     .is_some_and(|allowed| allowed.host == a.host && allowed.port.is_none_or(|p| a.port == Some(p)))

@@ -172,11 +172,39 @@ pub(super) struct Since {
 }
 
 /// `GET /status/events?since=SEQ`: the last events (those after `since`), newest first.
-pub(super) async fn events(State(http): State<Http>, Query(q): Query<Since>, req: Request) -> Response {
+/// The query is read after the access check: a stranger learns nothing from a 400.
+pub(super) async fn events(State(http): State<Http>, req: Request) -> Response {
+    let q = Query::<Since>::try_from_uri(req.uri());
     if let Err(r) = guard(&http, req).await {
         return r;
     }
-    json_body(&json!({ "events": events_json(q.since.unwrap_or(0)) }))
+    match q {
+        Ok(Query(q)) => json_body(&json!({ "events": events_json(q.since.unwrap_or(0)) })),
+        Err(e) => refused(StatusCode::BAD_REQUEST, &format!("since: {}", e.body_text())),
+    }
+}
+
+/// `/status/stream` connections open at most: each costs a status a second.
+const WATCHERS: usize = 64;
+
+static WATCHING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One open `/status/stream`, counted while it lives.
+struct Watcher;
+
+impl Watcher {
+    fn new() -> Option<Watcher> {
+        WATCHING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < WATCHERS).then_some(n + 1))
+            .ok()
+            .map(|_| Watcher)
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        WATCHING.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// `GET /status/catalog`.
@@ -193,10 +221,18 @@ pub(super) async fn stream(State(http): State<Http>, req: Request) -> Response {
     if let Err(r) = guard(&http, req).await {
         return r;
     }
+    let Some(watcher) = Watcher::new() else {
+        return refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("{WATCHERS} /status/stream connections are open already, the most served at once: close one, or poll /status"),
+        );
+    };
     let closing = http.closing.clone();
     let first = true;
     let state = (http, 0u64, first);
     let body = futures::stream::unfold(state, move |(http, since, first)| {
+        // Counted while the body lives: a closed connection drops it.
+        let _watcher = &watcher;
         let closing = closing.clone();
         async move {
             if !first {
@@ -293,7 +329,8 @@ pub(super) fn status_json(http: &Http) -> Value {
                 "url": url,
                 "prefix": s.settings().prefix.clone(),
                 "pid": st.conn.as_ref().and_then(|c| c.pid()),
-                "protocolVersion": st.info.as_ref().map(|i| i.protocol_version.clone()),
+                // The server's word: any string it likes.
+                "protocolVersion": st.info.as_ref().map(|i| crate::console::clipped(&i.protocol_version, 64)),
                 "uptimeSeconds": st.since.filter(|_| st.status == Status::Ready).map(|t| t.elapsed().as_secs()),
                 "tools": tools,
                 "toolsTotal": st.lists.tools.len(),
@@ -423,6 +460,7 @@ fn catalog_json(http: &Http) -> Value {
             "server": server.and_then(server_name),
             "original": original,
             "title": field("title"),
+            "annotations": field("annotations"),
             "description": field("description"),
             "inputSchema": field("inputSchema"),
             "arguments": field("arguments"),

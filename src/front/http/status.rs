@@ -62,8 +62,12 @@ pub(super) fn profiles_json(http: &Http, topo: &crate::router::Topology) -> Vec<
         .collect()
 }
 
-/// Prometheus text exposition.
-pub(super) async fn metrics(State(http): State<Http>) -> Response {
+/// Prometheus text exposition. Its `Host` and `Origin` are checked as the console's are
+/// (any IP address is a fine `Host` too): it names the servers and tools.
+pub(super) async fn metrics(State(http): State<Http>, headers: HeaderMap) -> Response {
+    if let Err(e) = super::checks::check_scrape_host(&http.gw, &headers) {
+        return e.into_response();
+    }
     let topo = http.gw.topology();
     let servers: Vec<_> = topo
         .servers

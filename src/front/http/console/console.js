@@ -37,7 +37,15 @@ async function getJSON(path) {
   return r.json();
 }
 
-// el("td", {class: "num"}, "text", child...): text children become text nodes.
+// Control characters (but tab and newline) and format characters (Unicode Cf: bidi
+// overrides and isolates, zero-width ones, the BOM...) shown as \u{...}: a name that
+// reverses itself or hides a part must look like what it is.
+const HIDDEN = /[\p{Cc}\p{Cf}]/gu;
+function shown(text) {
+  return String(text).replace(HIDDEN, c => (c === "\t" || c === "\n" ? c : "\\u{" + c.codePointAt(0).toString(16) + "}"));
+}
+
+// el("td", {class: "num"}, "text", child...): text children become text nodes, shown.
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -48,7 +56,7 @@ function el(tag, attrs, ...children) {
   }
   for (const c of children.flat()) {
     if (c === undefined || c === null) continue;
-    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    e.append(c instanceof Node ? c : document.createTextNode(shown(c)));
   }
   return e;
 }
@@ -142,8 +150,8 @@ function renderStatus(st) {
   document.getElementById("version").textContent = st.gateway ? st.gateway.version : "";
   const servers = st.servers || [];
   const ready = servers.filter(s => s.state === "ready").length;
-  document.getElementById("summary").textContent =
-    `endpoint ${st.gateway ? st.gateway.path : ""} · ${ready} of ${servers.length} servers ready · ${st.sessions} session(s) · up ${fmt.up(st.gateway ? st.gateway.uptimeSeconds : null)}`;
+  document.getElementById("summary").textContent = shown(
+    `endpoint ${st.gateway ? st.gateway.path : ""} · ${ready} of ${servers.length} servers ready · ${st.sessions} session(s) · up ${fmt.up(st.gateway ? st.gateway.uptimeSeconds : null)}`);
   document.getElementById("servers").replaceChildren(...servers.map(renderServer));
   const rows = (st.clients || []).map(c => el("tr", { data: { client: c.name } },
     el("td", {}, c.name),
@@ -166,27 +174,37 @@ function seenBy(item) {
   return parts.join(" · ");
 }
 
+// A tool's annotations (readOnlyHint, destructiveHint...), each as it was given: the
+// server's word, not the gateway's.
+function hints(a) {
+  if (!a || typeof a !== "object" || Array.isArray(a)) return null;
+  const parts = Object.entries(a).map(([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`);
+  return parts.length ? el("div", { class: "hints" }, parts.join(" · ")) : null;
+}
+
 function renderCatalog() {
   const q = document.getElementById("q").value.trim().toLowerCase();
-  const hit = item => !q || [item.name, item.original, item.server, item.title, item.description]
-    .some(v => typeof v === "string" && v.toLowerCase().includes(q));
-  const shown = catalog.filter(hit);
-  document.getElementById("catalog-count").textContent = `${shown.length} of ${catalog.length} shown`;
+  const hit = item => !q || [item.name, item.original, item.server, item.title, item.description,
+    item.annotations && item.annotations.title]
+    .some(v => typeof v === "string" && (v.toLowerCase().includes(q) || shown(v).toLowerCase().includes(q)));
+  const matching = catalog.filter(hit);
+  document.getElementById("catalog-count").textContent = `${matching.length} of ${catalog.length} shown`;
   const rows = [];
-  for (const item of shown) {
+  for (const item of matching) {
     const detail = el("tr", { class: "detail", hidden: true },
       el("td", { colspan: 7 }, el("pre", { class: "schema" },
-        JSON.stringify({ description: item.description, inputSchema: item.inputSchema, arguments: item.arguments, mimeType: item.mimeType },
+        JSON.stringify({ title: item.title, annotations: item.annotations, description: item.description, inputSchema: item.inputSchema, arguments: item.arguments, mimeType: item.mimeType },
           (k, v) => (v === null ? undefined : v), 2))));
     const toggle = el("button", { class: "link", type: "button" }, "schema");
     toggle.addEventListener("click", () => { detail.hidden = !detail.hidden; });
     const desc = typeof item.description === "string" ? item.description : "";
     rows.push(el("tr", { class: "item", data: { kind: item.kind, name: item.name } },
       el("td", {}, item.kind),
-      el("td", {}, el("code", {}, item.name)),
+      el("td", {}, el("code", {}, item.name),
+        typeof item.title === "string" ? el("div", { class: "title" }, "title: ", item.title) : null),
       el("td", {}, item.server || "–"),
       el("td", {}, item.original || "–"),
-      el("td", { class: "desc" }, desc.length > 200 ? desc.slice(0, 200) + "…" : desc),
+      el("td", { class: "desc" }, hints(item.annotations), desc.length > 200 ? desc.slice(0, 200) + "…" : desc),
       el("td", {}, seenBy(item)),
       el("td", {}, toggle)), detail);
   }
