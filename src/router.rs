@@ -17,7 +17,7 @@ mod calls;
 mod consent;
 mod forward;
 mod forwarded;
-mod initialize;
+pub(crate) mod initialize;
 mod lists;
 mod logging;
 mod replicas;

@@ -508,7 +508,7 @@ impl Shared {
             Ok(Kind::Response { id: Some(rid), outcome }) if wire_id(&rid) == Some(id) => Some(outcome),
             Ok(Kind::Response { .. }) => None,
             Ok(Kind::Notification { method, params }) => {
-                self.notification(method, params, sink, progress).await;
+                self.notification(method, params, sink, progress.map(|p| (id, p))).await;
                 None
             }
             Ok(Kind::Request { id, method, params }) => {
@@ -567,11 +567,14 @@ impl Shared {
         method: String,
         params: Option<Box<RawValue>>,
         sink: Option<&Sink>,
-        progress: Option<&Id>,
+        progress: Option<(u64, &Id)>,
     ) {
         match method.as_str() {
+            // Progress for the token the gateway put in this call (its wire id) only: one
+            // the server made up is not the caller's.
             "notifications/progress" => {
-                if let (Some(sink), Some(token), Some(p)) = (sink, progress, params.as_deref()) {
+                let ours = progress.filter(|(id, _)| super::progress_token(params.as_deref()) == Some(*id));
+                if let (Some(sink), Some((_, token)), Some(p)) = (sink, ours, params.as_deref()) {
                     if let Some(bytes) = restore_progress(p, token) {
                         let _ = sink.try_send(bytes);
                     }

@@ -319,6 +319,19 @@ async fn initialized(conn: &Connection, out: Outcome) -> Result<InitInfo, Handsh
     };
     let mut r: Map<String, Value> = serde_json::from_str(result.get())
         .map_err(|e| Handshake::Refused(format!("initialize result is not an object: {e}")))?;
+    // A version the gateway did not offer and does not speak: it disconnects, as the
+    // spec asks of a client.
+    let supported = crate::router::initialize::SUPPORTED_VERSIONS;
+    if let Some(v) = r
+        .get("protocolVersion")
+        .filter(|v| !v.as_str().is_some_and(|v| supported.contains(&v)))
+    {
+        let said = crate::console::clipped(&v.to_string(), 64);
+        return Err(Handshake::Refused(format!(
+            "server answered protocol version {said}, which mcp-gateway does not speak (it speaks {})",
+            supported.join(", ")
+        )));
+    }
     let info = InitInfo {
         protocol_version: r
             .get("protocolVersion")

@@ -163,3 +163,27 @@ async fn twenty_megabyte_result_arrives_intact_over_http() {
     // And the connection to the server is still usable.
     assert_eq!(text(&s.call("b__echo", json!({"text": "after"})).await), "after");
 }
+
+/// A server that answers `initialize` with a protocol version the gateway never offered
+/// is not spoken to in it: it is down, with the version (escaped) and the ones the gateway
+/// speaks in its reason, and the gateway serves the others.
+#[tokio::test]
+async fn a_protocol_version_nobody_offered_is_refused() {
+    let (q, n) = (unique("alien"), unique("normal"));
+    let gw = Gateway::start(
+        &[
+            server("q", &q, &["--quirk", "alien-version"], ""),
+            server("n", &n, &[], ""),
+        ]
+        .concat(),
+    );
+    let st = gw.server_status("q").await;
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert_eq!(st["state"], "down", "{st}");
+    assert!(
+        reason.contains(r#"protocol version "1999-01-01\n", which mcp-gateway does not speak (it speaks 2025-11-25"#),
+        "{st}"
+    );
+    let s = gw.session().await;
+    assert!(s.tool_names().await.contains(&"n__echo".to_string()));
+}
