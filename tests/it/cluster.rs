@@ -1132,3 +1132,52 @@ async fn an_update_heard_by_another_replica_follows_the_narrowed_allowlist_where
     let m = stream.next(T).await.expect("list_changed");
     assert_eq!(m["method"], "notifications/tools/list_changed", "alice heard {m}");
 }
+
+/// `[gateway] session_idle`, before the servers of [`replicas`].
+fn idle(servers: &str, idle: &str) -> String {
+    format!("[gateway]\nsession_idle = \"{idle}\"\n\n{servers}")
+}
+
+/// The OOM rejections Redis counted (`INFO errorstats`).
+fn oom_rejections(redis: &Redis) -> u64 {
+    redis
+        .cli(&["INFO", "errorstats"])
+        .lines()
+        .find(|l| l.starts_with("errorstat_OOM:"))
+        .and_then(|l| l.split("count=").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A Redis out of memory (`maxmemory` with `noeviction`) answers reads and refuses
+/// writes: each replica counts it as one outage (one warning), rather than taking every
+/// read that succeeds for Redis back, reconciling, failing, and so on; and finds Redis
+/// back once it takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_is_one_outage_not_a_flapping_one() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &idle(&two_way(), "4s"), "");
+    for _ in 0..20 {
+        let s = gws[0].session().await;
+        let r = via(&s, &gws[1]).call("calc__add", json!({"a": 1, "b": 1})).await;
+        assert_eq!(text(&r), "2", "{r}");
+    }
+    let before = oom_rejections(&redis);
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    for gw in &gws {
+        assert!(gw.wait_log("Redis is unreachable", T).await, "{}", gw.logs());
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let rejected = oom_rejections(&redis) - before;
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    for gw in &gws {
+        let warnings = gw.logs().matches("Redis is unreachable").count();
+        assert_eq!(warnings, 1, "{}", gw.logs());
+    }
+    assert!(rejected < 60, "{rejected} writes refused in 4 s");
+    for gw in &gws {
+        assert!(gw.wait_log("Redis is reachable again", T).await, "{}", gw.logs());
+        redis_state(gw, "up").await;
+    }
+}
