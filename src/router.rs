@@ -586,6 +586,10 @@ impl Gateway {
         let unneeded = self.shared.forget_session(&client.id).await;
         self.forget_copy(client).await;
         self.unsubscribe_unneeded(&self.topology(), unneeded).await;
+        // Its level no longer counts: the downstreams run at the level of those left.
+        if let Some(rank) = self.shared.settle_log_level().await {
+            self.downstream_level_everywhere(rank).await;
+        }
     }
 }
 

@@ -66,6 +66,53 @@ use redis::AsyncCommands;
 /// The level downstreams run at, when a session chose one: its rank.
 const DOWNSTREAM_LEVEL: &str = "downstream-level";
 
+/// The set of the sessions (digests) that have subscriptions or a level in Redis: what
+/// [`Shared::sweep`] looks through for sessions whose record is gone.
+const WITH_STATE: &str = "with-state";
+
+/// The longest URI a session may subscribe to (bytes).
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// The most subscriptions one session may hold: as many URIs as one 2026-07-28
+/// `subscriptions/listen` stream may name (its URIs are its client's subscriptions).
+pub const MAX_SUBSCRIPTIONS: usize = crate::stateless::listen::MAX_URIS;
+
+/// A session holds [`MAX_SUBSCRIPTIONS`] already: no more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManySubscriptions;
+
+/// Subscribes a session, unless it holds `ARGV[4]` subscriptions already (-1).
+/// `KEYS`: the URI's subscribers, the server's URIs, the session's subscriptions, the
+/// sessions with state; `ARGV`: the session's digest, the URI, its member, the maximum.
+/// 1: the first subscriber to the URI; 0: not the first.
+static SUBSCRIBE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0 and redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[4]) then
+  return -1
+end
+local added = redis.call('SADD', KEYS[1], ARGV[1])
+local n = redis.call('SCARD', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[2], 1)
+redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('SADD', KEYS[4], ARGV[1])
+if added == 1 and n == 1 then return 1 end
+return 0
+",
+    )
+});
+
+/// What [`Shared::sweep`] removed of sessions whose record expired.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Sessions whose subscriptions and level were removed.
+    pub sessions: usize,
+    /// (server, uri) pairs nobody is subscribed to any more.
+    pub unneeded: Vec<(Arc<str>, String)>,
+    /// The level downstreams run at now, when it changed.
+    pub level: Option<usize>,
+}
+
 #[derive(Default)]
 struct Inner {
     /// (server, uri) → the sessions subscribed. The downstream is subscribed while at
@@ -100,28 +147,35 @@ impl Shared {
     }
 
     /// Subscribes `session` to `uri` of `server`; true when it is the first subscriber
-    /// (the downstream must be subscribed now; in cluster mode, every replica's).
-    pub async fn subscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> bool {
+    /// (the downstream must be subscribed now; in cluster mode, every replica's). Refused
+    /// when the session holds [`MAX_SUBSCRIPTIONS`] others already.
+    pub async fn subscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> Result<bool, TooManySubscriptions> {
         if let Some(c) = self.cluster.get() {
             let d = digest(session);
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .sadd(sub_key(c, server, uri), &d)
-                .scard(sub_key(c, server, uri))
-                .hset(c.name(&format!("uris:{server}")), uri, 1)
-                .ignore()
-                .sadd(c.name(&format!("subs-of:{d}")), member(server, uri))
-                .ignore();
-            let r: redis::RedisResult<(u64, u64)> = pipe.query_async(&mut c.conn()).await;
-            if let Ok((added, n)) = c.track(r) {
-                return added == 1 && n == 1;
+            let mut call = SUBSCRIBE.prepare_invoke();
+            call.key(sub_key(c, server, uri))
+                .key(c.name(&format!("uris:{server}")))
+                .key(c.name(&format!("subs-of:{d}")))
+                .key(c.name(WITH_STATE))
+                .arg(&d)
+                .arg(uri)
+                .arg(member(server, uri))
+                .arg(MAX_SUBSCRIPTIONS);
+            let r: redis::RedisResult<i64> = call.invoke_async(&mut c.conn()).await;
+            if let Ok(n) = c.track(r) {
+                return if n < 0 { Err(TooManySubscriptions) } else { Ok(n == 1) };
             }
         }
         let mut inner = self.inner();
-        let sessions = inner.subscriptions.entry((server.clone(), uri.to_owned())).or_default();
+        let key = (server.clone(), uri.to_owned());
+        let holds = inner.subscriptions.get(&key).is_some_and(|s| s.contains(session));
+        if !holds && inner.subscriptions.values().filter(|s| s.contains(session)).count() >= MAX_SUBSCRIPTIONS {
+            return Err(TooManySubscriptions);
+        }
+        let sessions = inner.subscriptions.entry(key).or_default();
         let first = sessions.is_empty();
         sessions.insert(session.to_owned());
-        first
+        Ok(first)
     }
 
     /// Unsubscribes `session`; true when it was subscribed and was the last (the
@@ -196,8 +250,11 @@ impl Shared {
         if let Some(c) = self.cluster.get() {
             let levels = c.name("levels");
             let mut conn = c.conn();
+            let d = digest(session);
             let r: redis::RedisResult<(Vec<usize>,)> = redis::pipe()
-                .hset(&levels, digest(session), rank)
+                .hset(&levels, &d, rank)
+                .ignore()
+                .sadd(c.name(WITH_STATE), &d)
                 .ignore()
                 .hvals(&levels)
                 .query_async(&mut conn)
@@ -372,7 +429,7 @@ impl Shared {
     /// uri) pairs no session is subscribed to any more (to unsubscribe downstream).
     pub async fn forget_session(&self, session: &str) -> Vec<(Arc<str>, String)> {
         if let Some(c) = self.cluster.get() {
-            if let Some(unneeded) = forget_in_redis(c, session).await {
+            if let Some(unneeded) = forget_in_redis(c, &digest(session)).await {
                 let mut inner = self.inner();
                 inner.tasks.retain(|_, r| r.owner != session);
                 return unneeded;
@@ -390,6 +447,90 @@ impl Shared {
         });
         unneeded
     }
+
+    /// The level downstreams must run at now that sessions left: the most verbose any
+    /// session still wants, when that changed (`None`: unchanged, or no session wants
+    /// one; then the shared level is dropped, and downstreams stay where they are).
+    pub async fn settle_log_level(&self) -> Option<usize> {
+        if let Some(c) = self.cluster.get() {
+            let mut conn = c.conn();
+            let r: redis::RedisResult<Vec<usize>> = conn.hvals(c.name("levels")).await;
+            let ranks = c.track(r).ok()?;
+            let Some(wanted) = ranks.into_iter().min() else {
+                let r: redis::RedisResult<()> = conn.del(c.name(DOWNSTREAM_LEVEL)).await;
+                let _ = c.track(r);
+                return None;
+            };
+            let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
+                .arg(c.name(DOWNSTREAM_LEVEL))
+                .arg(wanted)
+                .arg("GET")
+                .query_async(&mut conn)
+                .await;
+            return match c.track(before) {
+                Ok(b) if b == Some(wanted) => None,
+                Ok(_) => Some(wanted),
+                Err(_) => None,
+            };
+        }
+        let mut inner = self.inner();
+        let wanted = inner.log_levels.values().copied().min();
+        if wanted == inner.downstream_log {
+            return None;
+        }
+        inner.downstream_log = wanted;
+        wanted
+    }
+
+    /// Cluster mode: removes the subscriptions and levels of sessions whose record is gone
+    /// from Redis (it expired: nobody used the session for `session_idle`, whichever
+    /// replicas served it, or they died), so nothing a session wrote outlives it. Any
+    /// replica may sweep; one at a time does (a lock for `every`). `None`: nothing swept
+    /// (no cluster, another replica's turn, or Redis failed).
+    pub async fn sweep(&self, every: std::time::Duration) -> Option<Swept> {
+        let c = self.cluster.get()?;
+        let mut conn = c.conn();
+        let ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+        let turn: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(c.name("sweeping"))
+            .arg(&c.replica)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms)
+            .query_async(&mut conn)
+            .await;
+        c.track(turn).ok()??;
+        // Sessions with state, and levels written before `with-state` was kept.
+        let r: redis::RedisResult<(Vec<String>, Vec<String>)> = redis::pipe()
+            .smembers(c.name(WITH_STATE))
+            .hkeys(c.name("levels"))
+            .query_async(&mut conn)
+            .await;
+        let (mut digests, levels) = c.track(r).ok()?;
+        digests.extend(levels);
+        digests.sort();
+        digests.dedup();
+        let mut swept = Swept::default();
+        for batch in digests.chunks(256) {
+            let mut pipe = redis::pipe();
+            for d in batch {
+                pipe.exists(crate::cluster::sessions::Sessions::key_of_digest(c, d));
+            }
+            let r: redis::RedisResult<Vec<bool>> = pipe.query_async(&mut conn).await;
+            let there = c.track(r).ok()?;
+            for (d, there) in batch.iter().zip(there) {
+                if there {
+                    continue;
+                }
+                swept.unneeded.extend(forget_in_redis(c, d).await?);
+                swept.sessions += 1;
+            }
+        }
+        if swept.sessions > 0 {
+            swept.level = self.settle_log_level().await;
+        }
+        Some(swept)
+    }
 }
 
 /// The Redis set of the sessions subscribed to `uri` of `server`.
@@ -402,10 +543,9 @@ fn member(server: &str, uri: &str) -> String {
     format!("{server}\n{uri}")
 }
 
-/// Drops a session's subscriptions and level from Redis; the (server, uri) pairs nobody
-/// is subscribed to any more. `None`: Redis failed.
-async fn forget_in_redis(c: &Cluster, session: &str) -> Option<Vec<(Arc<str>, String)>> {
-    let d = digest(session);
+/// Drops a session's subscriptions and level from Redis, the session named by its digest
+/// `d`; the (server, uri) pairs nobody is subscribed to any more. `None`: Redis failed.
+async fn forget_in_redis(c: &Cluster, d: &str) -> Option<Vec<(Arc<str>, String)>> {
     let of = c.name(&format!("subs-of:{d}"));
     let mut conn = c.conn();
     let r: redis::RedisResult<Vec<String>> = conn.smembers(&of).await;
@@ -418,7 +558,7 @@ async fn forget_in_redis(c: &Cluster, session: &str) -> Option<Vec<(Arc<str>, St
         let key = sub_key(c, server, uri);
         let r: redis::RedisResult<(u64, u64)> = redis::pipe()
             .atomic()
-            .srem(&key, &d)
+            .srem(&key, d)
             .scard(&key)
             .query_async(&mut conn)
             .await;
@@ -431,7 +571,9 @@ async fn forget_in_redis(c: &Cluster, session: &str) -> Option<Vec<(Arc<str>, St
     let r: redis::RedisResult<()> = redis::pipe()
         .del(&of)
         .ignore()
-        .hdel(c.name("levels"), &d)
+        .hdel(c.name("levels"), d)
+        .ignore()
+        .srem(c.name(WITH_STATE), d)
         .ignore()
         .query_async(&mut conn)
         .await;
@@ -447,12 +589,12 @@ mod tests {
     async fn subscriptions_are_refcounted_and_forgotten_with_their_session() {
         let s = Shared::default();
         let calc: Arc<str> = "calc".into();
-        assert!(s.subscribe(&calc, "a://1", "s1").await);
-        assert!(!s.subscribe(&calc, "a://1", "s2").await);
+        assert_eq!(s.subscribe(&calc, "a://1", "s1").await, Ok(true));
+        assert_eq!(s.subscribe(&calc, "a://1", "s2").await, Ok(false));
         assert!(!s.unsubscribe(&calc, "a://1", "s3").await, "never subscribed");
         assert!(!s.unsubscribe(&calc, "a://1", "s1").await);
         assert_eq!(s.subscribers(&calc, "a://1").await, vec!["s2".to_owned()]);
-        assert!(s.subscribe(&calc, "a://2", "s2").await);
+        assert_eq!(s.subscribe(&calc, "a://2", "s2").await, Ok(true));
         let mut gone = s.forget_session("s2").await;
         gone.sort();
         assert_eq!(
@@ -463,12 +605,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_session_holds_at_most_max_subscriptions() {
+        let s = Shared::default();
+        let calc: Arc<str> = "calc".into();
+        for i in 0..MAX_SUBSCRIPTIONS {
+            assert!(s.subscribe(&calc, &format!("a://{i}"), "s1").await.is_ok());
+        }
+        assert_eq!(s.subscribe(&calc, "a://over", "s1").await, Err(TooManySubscriptions));
+        assert_eq!(s.subscribe(&calc, "a://0", "s1").await, Ok(false), "one it holds");
+        assert_eq!(
+            s.subscribe(&calc, "a://over", "s2").await,
+            Ok(true),
+            "another session's"
+        );
+    }
+
+    #[tokio::test]
     async fn the_downstream_level_is_the_most_verbose_and_moves_only_when_it_changes() {
         let s = Shared::default();
         assert_eq!(s.set_log_level("a", 4).await, Some(4));
         assert_eq!(s.set_log_level("b", 6).await, None);
         assert_eq!(s.set_log_level("b", 1).await, Some(1));
         assert_eq!(s.downstream_log_level().await, Some(1));
+        s.forget_session("b").await;
+        assert_eq!(s.settle_log_level().await, Some(4), "the level of those left");
+        assert_eq!(s.settle_log_level().await, None);
     }
 
     #[tokio::test]

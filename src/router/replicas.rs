@@ -243,6 +243,45 @@ impl Gateway {
         }
     }
 
+    /// Sets every downstream here, and (cluster mode) on the other replicas, to level `rank`.
+    pub(super) async fn downstream_level_everywhere(&self, rank: usize) {
+        super::logging::apply_log_level(&self.topology(), rank).await;
+        self.publish(To::All, Note::DownstreamLevel { rank });
+    }
+
+    /// Cluster mode: removes what sessions whose record expired left in Redis (their
+    /// subscriptions and levels: see [`crate::shared::Shared::sweep`]); downstreams here
+    /// and on the other replicas unsubscribe from what nobody needs any more, and run at
+    /// the level of the sessions left. Run by the janitor, every `every`.
+    pub async fn sweep(&self, every: Duration) {
+        let Some(swept) = self.shared.sweep(every).await else {
+            return;
+        };
+        if swept.sessions == 0 {
+            return;
+        }
+        debug!(
+            sessions = swept.sessions,
+            uris = swept.unneeded.len(),
+            "removed the subscriptions and levels of expired sessions"
+        );
+        for (server, uri) in &swept.unneeded {
+            self.publish(
+                To::All,
+                Note::Subscription {
+                    server: server.to_string(),
+                    uri: uri.clone(),
+                    on: false,
+                    ack: None,
+                },
+            );
+        }
+        self.unsubscribe_unneeded(&self.topology(), swept.unneeded).await;
+        if let Some(rank) = swept.level {
+            self.downstream_level_everywhere(rank).await;
+        }
+    }
+
     /// Subscribes this replica's downstreams to what sessions subscribed to, and sets
     /// them to the level sessions chose (a replica joining, or Redis back); and sets each
     /// session copy here to the level its session chose, which a missed note left behind.

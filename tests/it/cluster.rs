@@ -1138,6 +1138,135 @@ fn idle(servers: &str, idle: &str) -> String {
     format!("[gateway]\nsession_idle = \"{idle}\"\n\n{servers}")
 }
 
+/// What a session wrote to Redis (its subscriptions, its log level) goes once its record
+/// expires, though no replica ends it: the only one that served it died. A session in use
+/// beside it keeps its own, and the downstreams' shared level falls back to the one it
+/// chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_session_wrote_to_redis_goes_with_its_record_when_no_replica_ends_it() {
+    let redis = Redis::start();
+    let mut gws = replicas(2, &redis, &idle(&subscribable(), "2s"), "");
+    let gone = gws[0].session().await;
+    let kept = gws[1].session().await;
+    let item = "mock://calc/items/only-the-idle-one";
+    for (s, uri) in [(&gone, README), (&gone, item), (&kept, README)] {
+        let r = s.request(json!(1), "resources/subscribe", json!({"uri": uri})).await;
+        assert_eq!(r["result"], json!({}), "{r}");
+    }
+    for (s, level) in [(&gone, "debug"), (&kept, "warning")] {
+        let r = s.request(json!(2), "logging/setLevel", json!({"level": level})).await;
+        assert_eq!(r["result"], json!({}), "{r}");
+    }
+    let (dg, dk) = (sha256_hex(&gone.id), sha256_hex(&kept.id));
+    assert_eq!(redis.cli(&["SCARD", &format!("mcpgw:subs-of:{dg}")]).trim(), "2");
+    assert_eq!(redis.cli(&["GET", "mcpgw:downstream-level"]).trim(), "0");
+    // The only replica that served it dies.
+    unsafe { libc::kill(gws[0].child.id() as i32, libc::SIGKILL) };
+    let _ = gws[0].child.wait();
+    let state = |r: &Redis| {
+        (
+            r.cli(&["SCARD", &format!("mcpgw:subs-of:{dg}")]).trim().to_owned(),
+            r.cli(&["HKEYS", "mcpgw:levels"]).trim().to_owned(),
+            r.cli(&["HKEYS", "mcpgw:uris:calc"]).trim().to_owned(),
+            r.cli(&["GET", "mcpgw:downstream-level"]).trim().to_owned(),
+            r.cli(&["SMEMBERS", "mcpgw:with-state"]).trim().to_owned(),
+        )
+    };
+    let want = (
+        "0".to_owned(),
+        dk.clone(),
+        README.to_owned(),
+        "3".to_owned(),
+        dk.clone(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while state(&redis) != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left in Redis: {:?}\n{}",
+            state(&redis),
+            gws[1].logs()
+        );
+        // The other session goes on being used.
+        let r = kept.call("calc__add", json!({"a": 1, "b": 1})).await;
+        assert_eq!(text(&r), "2", "{r}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let subscribers = redis.cli(&["KEYS", "mcpgw:sub:*"]);
+    assert_eq!(subscribers.lines().count(), 1, "{subscribers}");
+    assert_eq!(redis.cli(&["SMEMBERS", subscribers.trim()]).trim(), dk);
+    assert!(via(&gone, &gws[1]).until_gone().await);
+    // The session in use is still subscribed.
+    let r = kept.call("calc__update_resource", json!({"uri": README})).await;
+    assert_eq!(text(&r), format!("updated {README}"), "{r}");
+}
+
+/// A URI longer than 8 KiB, or a subscription past a session's 1,024th, is refused with
+/// -32602 and kept nowhere, by a single gateway and by a replica alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_are_bounded_in_uri_length_and_number_per_session() {
+    let redis = Redis::start();
+    let single = Gateway::start(&subscribable());
+    let replica = replicas(1, &redis, &subscribable(), "").remove(0);
+    for gw in [&single, &replica] {
+        let s = gw.session().await;
+        let long = format!("mock://calc/items/{}", "x".repeat(8 * 1024));
+        let r = s.request(json!(1), "resources/subscribe", json!({"uri": long})).await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("over the limit of 8192"),
+            "{r}"
+        );
+        for i in 0..1024 {
+            let uri = format!("mock://calc/items/{i}");
+            let r = s.request(json!(i), "resources/subscribe", json!({"uri": uri})).await;
+            assert_eq!(r["result"], json!({}), "{r}");
+        }
+        let r = s
+            .request(
+                json!("over"),
+                "resources/subscribe",
+                json!({"uri": "mock://calc/items/over"}),
+            )
+            .await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("1024 subscriptions"),
+            "{r}"
+        );
+        // One it holds is no new one; after an unsubscribe there is room again.
+        let r = s
+            .request(json!(3), "resources/subscribe", json!({"uri": "mock://calc/items/0"}))
+            .await;
+        assert_eq!(r["result"], json!({}), "{r}");
+        let r = s
+            .request(json!(4), "resources/unsubscribe", json!({"uri": "mock://calc/items/0"}))
+            .await;
+        assert_eq!(r["result"], json!({}), "{r}");
+        let r = s
+            .request(
+                json!(5),
+                "resources/subscribe",
+                json!({"uri": "mock://calc/items/over"}),
+            )
+            .await;
+        assert_eq!(r["result"], json!({}), "{r}");
+    }
+    let kept = redis.cli(&["HLEN", "mcpgw:uris:calc"]);
+    assert_eq!(kept.trim(), "1024", "{kept}");
+    let memory = redis.cli(&["MEMORY", "USAGE", "mcpgw:uris:calc"]);
+    assert!(
+        memory.trim().parse::<u64>().unwrap_or(u64::MAX) < 256 * 1024,
+        "{memory}"
+    );
+}
+
 /// The OOM rejections Redis counted (`INFO errorstats`).
 fn oom_rejections(redis: &Redis) -> u64 {
     redis

@@ -115,6 +115,13 @@ impl Http {
             .collect();
         if let Some(cluster) = self.gw.cluster().cloned() {
             self.refresh_records(&cluster, now, idle);
+            // What sessions whose record expired left in Redis goes, whichever replica
+            // served them (they may all have dropped their copies, or died): one replica
+            // sweeps per half a janitor's round.
+            let gw = self.gw.clone();
+            let every = (self.gw.config().gateway.session_idle / 4)
+                .clamp(std::time::Duration::from_millis(50), std::time::Duration::from_secs(30));
+            crate::background::spawn(async move { gw.sweep(every).await });
             // Another replica may still serve it: this one forgets its copy, and ends the
             // session only when its record is gone too (nobody used it for session_idle).
             for id in expired {
