@@ -1310,3 +1310,42 @@ async fn a_redis_out_of_memory_is_one_outage_not_a_flapping_one() {
         redis_state(gw, "up").await;
     }
 }
+
+/// Narrows `[clients.alice]` on replica `gw` only (a reload applied there first) with
+/// `deny`, and waits for the reload.
+async fn narrow_alice(gw: &Gateway, deny: &str) {
+    let before = gw.logs().matches("reload done").count();
+    let config = std::fs::read_to_string(gw.config_path()).unwrap();
+    let narrowed = config.replace(
+        "token = \"alice-cluster-token-01\"\n",
+        &format!("token = \"alice-cluster-token-01\"\ndeny = {deny}\n"),
+    );
+    assert_ne!(narrowed, config);
+    std::fs::write(gw.config_path(), narrowed).unwrap();
+    let log = gw.stderr.clone();
+    let done = until(T, || log.lock().unwrap().matches("reload done").count() > before).await;
+    assert!(done, "no reload:\n{}", gw.logs());
+}
+
+/// During a reload applied to one replica only, a call another replica forwards to the
+/// session's process there follows the allowlist that replica's config now says: a tool
+/// it denies the caller is refused as unknown, wherever the call landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_call_follows_the_allowlist_of_the_replica_that_runs_it() {
+    let redis = Redis::start();
+    let alice = "[clients.alice]\ntoken = \"alice-cluster-token-01\"\n";
+    let gws = replicas(2, &redis, &format!("{}{alice}", per_session()), "");
+    let a = Session::open_as(&gws[0].url, "alice-cluster-token-01").await;
+    let b = via(&a, &gws[1]);
+    assert_eq!(counter(&a).await, 1, "its process runs on the first replica");
+    assert_eq!(counter(&b).await, 2, "a call through the other is forwarded there");
+    narrow_alice(&gws[0], "[\"iso__counter\"]").await;
+    let r = a.call("iso__counter", json!({})).await;
+    assert_eq!(error_of(&r)["code"], -32602, "{r}");
+    let r = b.call("iso__counter", json!({})).await;
+    assert_eq!(error_of(&r)["code"], -32602, "forwarded, and run anyway: {r}");
+    assert_eq!(error_of(&r)["message"], "unknown tool: iso__counter", "{r}");
+    // What it still allows goes on, on the same process.
+    let pid = text(&a.call("iso__pid", json!({})).await);
+    assert_eq!(text(&b.call("iso__pid", json!({})).await), pid);
+}
