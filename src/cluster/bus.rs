@@ -57,6 +57,9 @@ pub enum Note {
     RootsChanged { sid: String },
     /// Session `sid` ended (DELETE, expiry): replicas forget their copy.
     Ended { sid: String },
+    /// Session `sid` opened a GET stream at `at` (ms since the epoch): a replica holding
+    /// one opened before ends it (one GET stream per session, the newest).
+    StreamOpened { sid: String, at: u64 },
     /// Session `sid` chose log level `rank`, and every downstream runs at `downstream`
     /// now when that changed. With `ack`, the receiver says `Applied` once both hold there.
     Level {

@@ -163,6 +163,22 @@ impl Gateway {
         self.publish(To::All, Note::Ended { sid });
     }
 
+    /// GET streams opened on other replicas, which end this replica's (see
+    /// [`Gateway::stream_opened_elsewhere`]): (session id, when).
+    pub fn streams_taken(&self) -> tokio::sync::broadcast::Receiver<(String, u64)> {
+        self.streams_taken.subscribe()
+    }
+
+    /// Cluster mode: session `id` opened a GET stream here at `at` (ms since the epoch):
+    /// a stream of it another replica opened before ends.
+    pub fn stream_opened_elsewhere(&self, id: &str, at: u64) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let sid = self.shared.key(id);
+        self.publish(To::All, Note::StreamOpened { sid, at });
+    }
+
     /// The level session `id` chose, as the cluster knows it.
     pub async fn session_log_level(&self, id: &str) -> Option<usize> {
         self.shared.log_level_of(id).await
@@ -355,6 +371,11 @@ impl Gateway {
             Note::Ended { sid } => {
                 if let Some(c) = self.live(&sid) {
                     let _ = self.ended.send(c.id.clone());
+                }
+            }
+            Note::StreamOpened { sid, at } => {
+                if let Some(c) = self.live(&sid) {
+                    let _ = self.streams_taken.send((c.id.clone(), at));
                 }
             }
             Note::Level {

@@ -1349,3 +1349,30 @@ async fn a_forwarded_call_follows_the_allowlist_of_the_replica_that_runs_it() {
     let pid = text(&a.call("iso__pid", json!({})).await);
     assert_eq!(text(&b.call("iso__pid", json!({})).await), pid);
 }
+
+/// A session holds one GET stream over all replicas, as in one process: a GET stream
+/// opened on another replica ends the one before (the newest wins: it may be the client
+/// reconnecting through another replica before the first saw its connection die), so
+/// nothing is heard twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_holds_one_get_stream_over_all_replicas_the_newest() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    let mut first = a.get_stream().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut second = b.get_stream().await;
+    let started = std::time::Instant::now();
+    assert!(first.next(T).await.is_none(), "the first stream got {:?}", first.seen);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    let r = a.call("calc__add_tool", json!({"name": "once"})).await;
+    assert_eq!(text(&r), "added", "{r}");
+    let m = second.next(T).await.expect("list_changed");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+    assert!(
+        second.next(Duration::from_millis(500)).await.is_none(),
+        "{:?}",
+        second.seen
+    );
+}
