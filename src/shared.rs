@@ -7,7 +7,9 @@
 //! In one process everything is in memory. In cluster mode ([`Shared::join`]) the
 //! subscriptions and log levels live in Redis, where every replica sees them, with
 //! sessions named by the SHA-256 of their id ([`Shared::key`]); while Redis is down the
-//! in-memory maps stand in (per replica). Tasks stay in memory: a task lives in one
+//! in-memory maps stand in (per replica). Each replica also keeps what sessions did
+//! through it, to put back into a Redis that lost it ([`Shared::restore_held`]), and the
+//! janitor sweeps what sessions whose record expired left ([`Shared::sweep`]). Tasks stay in memory: a task lives in one
 //! replica's downstream. Delivering to a session is not its business: the router keeps
 //! the sessions that live in this process.
 
@@ -58,6 +60,21 @@ fn owned_key(public: &str, owner: &str) -> String {
 pub struct Shared {
     inner: Mutex<Inner>,
     cluster: std::sync::OnceLock<Arc<Cluster>>,
+    /// Cluster mode: the mark of the Redis dataset this replica last saw (`P:epoch`); another
+    /// one means Redis lost its data (see [`Shared::restore_held`]).
+    epoch: Mutex<Option<String>>,
+}
+
+/// Cluster mode: what sessions did through this replica (their subscriptions and level),
+/// kept beside Redis so it can be put back when Redis lost it.
+#[derive(Default)]
+struct Held {
+    subs: HashSet<(Arc<str>, String)>,
+    level: Option<usize>,
+    /// Unsubscribes that did not reach Redis (it was unreachable).
+    dropped: HashSet<(Arc<str>, String)>,
+    /// A change did not reach Redis (it was unreachable): written once it is back.
+    pending: bool,
 }
 
 use crate::cluster::{digest, Cluster};
@@ -124,6 +141,8 @@ struct Inner {
     downstream_log: Option<usize>,
     /// Public task id → its route.
     tasks: HashMap<String, TaskRoute>,
+    /// Cluster mode: by session id, what sessions did through this replica.
+    held: HashMap<String, Held>,
 }
 
 impl Shared {
@@ -162,8 +181,21 @@ impl Shared {
                 .arg(member(server, uri))
                 .arg(MAX_SUBSCRIPTIONS);
             let r: redis::RedisResult<i64> = call.invoke_async(&mut c.conn()).await;
-            if let Ok(n) = c.track(r) {
-                return if n < 0 { Err(TooManySubscriptions) } else { Ok(n == 1) };
+            let ok = c.track(r);
+            let mut inner = self.inner();
+            let held = inner.held.entry(session.to_owned()).or_default();
+            match ok {
+                Ok(n) if n < 0 => return Err(TooManySubscriptions),
+                Ok(n) => {
+                    held.subs.insert((server.clone(), uri.to_owned()));
+                    return Ok(n == 1);
+                }
+                Err(_) if held.subs.len() >= MAX_SUBSCRIPTIONS => return Err(TooManySubscriptions),
+                Err(_) => {
+                    held.dropped.remove(&(server.clone(), uri.to_owned()));
+                    held.subs.insert((server.clone(), uri.to_owned()));
+                    held.pending = true;
+                }
             }
         }
         let mut inner = self.inner();
@@ -190,7 +222,16 @@ impl Shared {
                 .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
                 .ignore();
             let r: redis::RedisResult<(u64, u64)> = pipe.query_async(&mut c.conn()).await;
-            if let Ok((removed, n)) = c.track(r) {
+            let r = c.track(r);
+            if let Some(held) = self.inner().held.get_mut(session) {
+                let pair = (server.clone(), uri.to_owned());
+                held.subs.remove(&pair);
+                if r.is_err() {
+                    held.dropped.insert(pair);
+                    held.pending = true;
+                }
+            }
+            if let Ok((removed, n)) = r {
                 if removed == 1 && n == 0 {
                     let r: redis::RedisResult<()> = c.conn().hdel(c.name(&format!("uris:{server}")), uri).await;
                     let _ = c.track(r);
@@ -259,7 +300,14 @@ impl Shared {
                 .hvals(&levels)
                 .query_async(&mut conn)
                 .await;
-            if let Ok((ranks,)) = c.track(r) {
+            let r = c.track(r);
+            {
+                let mut inner = self.inner();
+                let held = inner.held.entry(session.to_owned()).or_default();
+                held.level = Some(rank);
+                held.pending |= r.is_err();
+            }
+            if let Ok((ranks,)) = r {
                 let wanted = ranks.into_iter().min()?;
                 // SET … GET: the level before, so exactly one replica sees the change.
                 let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
@@ -342,27 +390,9 @@ impl Shared {
             owner: owner.to_owned(),
             replica: None,
         };
-        self.inner().tasks.insert(key.clone(), route);
+        self.inner().tasks.insert(key.clone(), route.clone());
         if let Some(c) = self.cluster.get() {
-            // Other replicas reach it through this one (its downstream holds it).
-            let stored = StoredTask {
-                server: server.to_string(),
-                task_id: task_id.to_owned(),
-                owner: digest(owner),
-                replica: c.replica.clone(),
-            };
-            // Sealed: a task's route decides whose its results are.
-            let json = serde_json::to_string(&stored).unwrap_or_default();
-            let tag = ring::hmac::sign(&c.derive(TASK_PURPOSE), format!("{public}\n{json}").as_bytes());
-            let json = format!("{}.{json}", crate::cluster::hex(tag.as_ref()));
-            let r: redis::RedisResult<()> = redis::cmd("SET")
-                .arg(c.name(&format!("task:{}", digest(&key))))
-                .arg(json)
-                .arg("PX")
-                .arg(TASK_TTL_MS)
-                .query_async(&mut c.conn())
-                .await;
-            let _ = c.track(r);
+            store_task(c, &key, &public, &route).await;
         }
         public
     }
@@ -428,6 +458,9 @@ impl Shared {
     /// A session ended: forgets its subscriptions, level and tasks. Returns the (server,
     /// uri) pairs no session is subscribed to any more (to unsubscribe downstream).
     pub async fn forget_session(&self, session: &str) -> Vec<(Arc<str>, String)> {
+        // Redis forgets it here, or (Redis unreachable) by the janitor's sweep once its
+        // record is deleted: nothing to put back.
+        self.inner().held.remove(session);
         if let Some(c) = self.cluster.get() {
             if let Some(unneeded) = forget_in_redis(c, &digest(session)).await {
                 let mut inner = self.inner();
@@ -446,6 +479,127 @@ impl Shared {
             !sessions.is_empty()
         });
         unneeded
+    }
+
+    /// Cluster mode: this replica no longer holds a copy of `session` (it goes on
+    /// elsewhere): what it did through this one is no longer this replica's to put back.
+    pub fn forget_local(&self, session: &str) {
+        self.inner().held.remove(session);
+    }
+
+    /// Cluster mode, each time Redis is back or the bus is listened to again: puts back
+    /// what sessions did through this replica that Redis does not have. When Redis lost
+    /// its data (a restart without persistence: `P:epoch` changed), every held session's
+    /// subscriptions and level, and the routes of tasks created here; otherwise those of
+    /// sessions whose changes failed while Redis was unreachable, Redis made to match what
+    /// this replica holds. `None`: nothing to do, or Redis failed (tried again next time).
+    pub async fn restore_held(&self) -> Option<Swept> {
+        let c = self.cluster.get()?;
+        let mut conn = c.conn();
+        let fresh = crate::cluster::random_id();
+        let r: redis::RedisResult<(Option<String>,)> = redis::pipe()
+            .cmd("SET")
+            .arg(c.name("epoch"))
+            .arg(&fresh)
+            .arg("NX")
+            .ignore()
+            .get(c.name("epoch"))
+            .query_async(&mut conn)
+            .await;
+        let (now,) = c.track(r).ok()?;
+        let lost = {
+            let mut seen = crate::sync::lock(&self.epoch);
+            let lost = seen.is_some() && *seen != now;
+            seen.clone_from(&now);
+            lost
+        };
+        // A session held here: its id, subscriptions, unsubscribes not written, level.
+        type HeldCopy = (String, Vec<(Arc<str>, String)>, Vec<(Arc<str>, String)>, Option<usize>);
+        let (sessions, tasks): (Vec<HeldCopy>, Vec<(String, TaskRoute)>) = {
+            let inner = self.inner();
+            let sessions = inner
+                .held
+                .iter()
+                .filter(|(_, h)| lost || h.pending)
+                .map(|(id, h)| {
+                    let dropped = h.dropped.iter().cloned().collect();
+                    (id.clone(), h.subs.iter().cloned().collect(), dropped, h.level)
+                })
+                .collect();
+            let tasks = match lost {
+                true => inner
+                    .tasks
+                    .iter()
+                    .filter(|(_, r)| r.replica.is_none())
+                    .map(|(k, r)| (k.clone(), r.clone()))
+                    .collect(),
+                false => Vec::new(),
+            };
+            (sessions, tasks)
+        };
+        for (key, route) in &tasks {
+            let public = key.split('\0').next().unwrap_or(key);
+            store_task(c, key, public, route).await;
+        }
+        if sessions.is_empty() {
+            return None;
+        }
+        let mut out = Swept::default();
+        for (id, subs, dropped, level) in sessions {
+            let d = digest(&id);
+            // Unsubscribes made while Redis was unreachable; then what this replica holds.
+            for (server, uri) in &dropped {
+                let key = sub_key(c, server, uri);
+                let r: redis::RedisResult<(u64, u64)> = redis::pipe()
+                    .atomic()
+                    .srem(&key, &d)
+                    .scard(&key)
+                    .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
+                    .ignore()
+                    .query_async(&mut conn)
+                    .await;
+                if let (1, 0) = c.track(r).ok()? {
+                    let r: redis::RedisResult<()> = conn.hdel(c.name(&format!("uris:{server}")), uri).await;
+                    let _ = c.track(r);
+                    out.unneeded.push((server.clone(), uri.clone()));
+                }
+            }
+            for (server, uri) in &subs {
+                let mut call = SUBSCRIBE.prepare_invoke();
+                call.key(sub_key(c, server, uri))
+                    .key(c.name(&format!("uris:{server}")))
+                    .key(c.name(&format!("subs-of:{d}")))
+                    .key(c.name(WITH_STATE))
+                    .arg(&d)
+                    .arg(uri)
+                    .arg(member(server, uri))
+                    .arg(MAX_SUBSCRIPTIONS);
+                let r: redis::RedisResult<i64> = call.invoke_async(&mut conn).await;
+                c.track(r).ok()?;
+            }
+            if let Some(rank) = level {
+                let r: redis::RedisResult<()> = redis::pipe()
+                    .hset(c.name("levels"), &d, rank)
+                    .ignore()
+                    .sadd(c.name(WITH_STATE), &d)
+                    .ignore()
+                    .query_async(&mut conn)
+                    .await;
+                c.track(r).ok()?;
+            }
+            if let Some(h) = self.inner().held.get_mut(&id) {
+                h.pending = false;
+                h.dropped.retain(|p| !dropped.contains(p));
+            }
+            out.sessions += 1;
+        }
+        out.level = self.settle_log_level().await;
+        tracing::debug!(
+            sessions = out.sessions,
+            lost,
+            "subscriptions and levels held here put back into Redis"
+        );
+        Some(out)
     }
 
     /// The level downstreams must run at now that sessions left: the most verbose any
@@ -518,11 +672,36 @@ impl Shared {
             }
             let r: redis::RedisResult<Vec<bool>> = pipe.query_async(&mut conn).await;
             let there = c.track(r).ok()?;
+            let mut gone: Vec<&String> = Vec::new();
+            let mut back: Vec<&String> = Vec::new();
             for (d, there) in batch.iter().zip(there) {
                 if there {
+                    back.push(d);
+                } else {
+                    gone.push(d);
+                }
+            }
+            // A record missing at one sweep only may be on its way back (Redis restarted
+            // empty, and the replica holding the session writes it again): a session's
+            // state goes once its record was missing at two sweeps `every` apart.
+            let missing = c.name("missing");
+            let now = crate::cluster::now_ms();
+            let mut pipe = redis::pipe();
+            for d in &gone {
+                pipe.hset_nx(&missing, *d, now).ignore().hget(&missing, *d);
+            }
+            if !back.is_empty() {
+                pipe.hdel(&missing, &back).ignore();
+            }
+            let r: redis::RedisResult<Vec<Option<u64>>> = pipe.query_async(&mut conn).await;
+            let since = c.track(r).ok()?;
+            for (d, since) in gone.iter().zip(since) {
+                if now.saturating_sub(since.unwrap_or(now)) < ms {
                     continue;
                 }
                 swept.unneeded.extend(forget_in_redis(c, d).await?);
+                let r: redis::RedisResult<()> = conn.hdel(&missing, *d).await;
+                let _ = c.track(r);
                 swept.sessions += 1;
             }
         }
@@ -531,6 +710,31 @@ impl Shared {
         }
         Some(swept)
     }
+}
+
+/// Stores the route of a task created here under its key (`key`: its public id, with its
+/// owner for a process per caller), sealed: other replicas reach it through this one (its
+/// downstream holds it). Best effort (a Redis that lost it gets it again, see
+/// [`Shared::restore_held`]).
+async fn store_task(c: &Cluster, key: &str, public: &str, route: &TaskRoute) {
+    let stored = StoredTask {
+        server: route.server.to_string(),
+        task_id: route.task_id.clone(),
+        owner: digest(&route.owner),
+        replica: c.replica.clone(),
+    };
+    // Sealed: a task's route decides whose its results are.
+    let json = serde_json::to_string(&stored).unwrap_or_default();
+    let tag = ring::hmac::sign(&c.derive(TASK_PURPOSE), format!("{public}\n{json}").as_bytes());
+    let json = format!("{}.{json}", crate::cluster::hex(tag.as_ref()));
+    let r: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(c.name(&format!("task:{}", digest(key))))
+        .arg(json)
+        .arg("PX")
+        .arg(TASK_TTL_MS)
+        .query_async(&mut c.conn())
+        .await;
+    let _ = c.track(r);
 }
 
 /// The Redis set of the sessions subscribed to `uri` of `server`.

@@ -249,6 +249,7 @@ impl Gateway {
     /// no delivery to it, and its per-session processes here end.
     pub async fn forget_copy(&self, client: &super::Client) {
         crate::sync::lock(&self.live).remove(&self.shared.key(&client.id));
+        self.shared.forget_local(&client.id);
         let topo = self.topology();
         for s in topo
             .servers
@@ -302,6 +303,14 @@ impl Gateway {
     /// them to the level sessions chose (a replica joining, or Redis back); and sets each
     /// session copy here to the level its session chose, which a missed note left behind.
     pub async fn catch_up(&self) {
+        // First what sessions did here that Redis lost (or never got): then it is among
+        // what the downstreams below are subscribed to.
+        if let Some(put_back) = self.shared.restore_held().await {
+            self.unsubscribe_unneeded(&self.topology(), put_back.unneeded).await;
+            if let Some(rank) = put_back.level {
+                self.downstream_level_everywhere(rank).await;
+            }
+        }
         let names: Vec<Arc<str>> = self.topology().servers.iter().map(|s| s.name.clone()).collect();
         for name in names {
             self.restore(name).await;

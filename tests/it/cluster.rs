@@ -1376,3 +1376,52 @@ async fn a_session_holds_one_get_stream_over_all_replicas_the_newest() {
         second.seen
     );
 }
+
+/// After Redis restarted empty, what sessions did through each replica is put back: a
+/// subscription made before goes on delivering updates, a session's level holds, and a
+/// subscription made while Redis was down reaches it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_and_levels_come_back_after_redis_restarts_empty() {
+    let mut redis = Redis::start();
+    let gws = replicas(2, &redis, &subscribable(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    let r = b.request(json!(1), "resources/subscribe", json!({"uri": README})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let r = a.request(json!(2), "logging/setLevel", json!({"level": "error"})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    redis.kill();
+    for gw in &gws {
+        redis_state(gw, "down").await;
+    }
+    let during = "mock://calc/items/during-the-outage";
+    let r = a.request(json!(3), "resources/subscribe", json!({"uri": during})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    redis.restart();
+    for gw in &gws {
+        redis_state(gw, "up").await;
+    }
+    let d = sha256_hex(&a.id);
+    let back = until(T, || {
+        redis.cli(&["SCARD", &format!("mcpgw:subs-of:{d}")]).trim() == "2"
+            && redis.cli(&["HGET", "mcpgw:levels", &d]).trim() == "4"
+            && redis.cli(&["HLEN", "mcpgw:uris:calc"]).trim() == "2"
+    })
+    .await;
+    assert!(
+        back,
+        "{}\n{}\n{}",
+        redis.cli(&["KEYS", "*"]),
+        gws[0].logs(),
+        gws[1].logs()
+    );
+    // An update heard by either replica's child reaches the session's stream.
+    let mut stream = a.get_stream().await;
+    for (s, uri) in [(&b, README), (&a, during)] {
+        let r = s.call("calc__update_resource", json!({"uri": uri})).await;
+        assert_eq!(text(&r), format!("updated {uri}"), "{r}");
+        let m = stream.next(T).await.expect("resources/updated");
+        assert_eq!(m["method"], "notifications/resources/updated", "{m}");
+        assert_eq!(m["params"]["uri"], uri, "{m}");
+    }
+}
