@@ -1425,3 +1425,36 @@ async fn subscriptions_and_levels_come_back_after_redis_restarts_empty() {
         assert_eq!(m["params"]["uri"], uri, "{m}");
     }
 }
+
+/// A task's route comes back after Redis restarted empty: the replica whose downstream
+/// holds the task writes it again, and another replica reaches the task as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_route_comes_back_after_redis_restarts_empty() {
+    let mut redis = Redis::start();
+    let jobs = format!(
+        "[servers.jobs]\ncommand = \"python3\"\nargs = [\"tests/fixtures/task_server.py\"]\ncwd = {:?}\n",
+        repo().display().to_string()
+    );
+    let gws = replicas(2, &redis, &jobs, "");
+    let a = gws[0].session().await;
+    let created = a
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"seconds": 0.1, "text": "hi"}, "task": {"ttl": 60000}}),
+        )
+        .await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    redis.restart();
+    for gw in &gws {
+        redis_state(gw, "up").await;
+    }
+    let back = until(T, || !redis.cli(&["KEYS", "mcpgw:task:*"]).trim().is_empty()).await;
+    assert!(back, "{}\n{}", redis.cli(&["KEYS", "*"]), gws[0].logs());
+    let b = via(&a, &gws[1]);
+    let got = b.request(json!(2), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["taskId"], id.as_str(), "{got}");
+}
