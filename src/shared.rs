@@ -190,7 +190,12 @@ impl Shared {
                     held.subs.insert((server.clone(), uri.to_owned()));
                     return Ok(n == 1);
                 }
-                Err(_) if held.subs.len() >= MAX_SUBSCRIPTIONS => return Err(TooManySubscriptions),
+                Err(_)
+                    if held.subs.len() >= MAX_SUBSCRIPTIONS
+                        && !held.subs.contains(&(server.clone(), uri.to_owned())) =>
+                {
+                    return Err(TooManySubscriptions)
+                }
                 Err(_) => {
                     held.dropped.remove(&(server.clone(), uri.to_owned()));
                     held.subs.insert((server.clone(), uri.to_owned()));
