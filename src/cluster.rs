@@ -43,6 +43,10 @@ pub struct Cluster {
     up: AtomicBool,
     /// A warning was logged for the current outage.
     warned: AtomicBool,
+    /// Redis answers but refuses writes (out of memory: `maxmemory` with `noeviction`).
+    /// Reads that succeed meanwhile do not make it reachable again: only a write does
+    /// (the heartbeat's), so a full Redis is one outage, not one per read.
+    full: AtomicBool,
     replicas_seen: AtomicU64,
     /// The bus between replicas (see [`bus`]).
     pub bus: bus::Bus,
@@ -91,6 +95,7 @@ impl Cluster {
             root,
             up: AtomicBool::new(true),
             warned: AtomicBool::new(false),
+            full: AtomicBool::new(false),
             replicas_seen: AtomicU64::new(0),
             recovered: tokio::sync::broadcast::channel(4).0,
             nonce: {
@@ -154,8 +159,12 @@ impl Cluster {
         self.replicas_seen.load(Ordering::Relaxed)
     }
 
-    /// A Redis command succeeded.
+    /// A Redis command succeeded. While Redis refuses writes (see [`Cluster::failed`]),
+    /// only a write that succeeds says it is back ([`Cluster::heartbeat`]).
     pub fn ok(&self) {
+        if self.full.load(Ordering::Relaxed) {
+            return;
+        }
         if !self.up.swap(true, Ordering::Relaxed) {
             info!(replica = %self.replica, "Redis is reachable again; shared state and limits are back");
             self.warned.store(false, Ordering::Relaxed);
@@ -178,7 +187,13 @@ impl Cluster {
 
     /// A Redis command failed: Redis counts as down until one succeeds. Warns once per
     /// outage, saying what `on_redis_down` does meanwhile. The error never carries the URL.
+    /// A Redis out of memory (it refuses writes, answers reads) counts as down until a
+    /// write succeeds: reads that succeed meanwhile would otherwise start a reconcile
+    /// whose writes fail, again and again.
     pub fn failed(&self, e: &redis::RedisError) {
+        if out_of_memory(e) {
+            self.full.store(true, Ordering::Relaxed);
+        }
         self.up.store(false, Ordering::Relaxed);
         if !self.warned.swap(true, Ordering::Relaxed) {
             let what = match self.on_redis_down {
@@ -187,7 +202,11 @@ impl Cluster {
                 }
                 OnRedisDown::Refuse => "refusing requests that need it with 503 (cluster.on_redis_down = \"refuse\")",
             };
-            warn!(replica = %self.replica, error = %e, "Redis is unreachable; {what}");
+            if out_of_memory(e) {
+                warn!(replica = %self.replica, error = %e, "Redis is unreachable: it refuses writes (out of memory: maxmemory with the noeviction policy); {what}");
+            } else {
+                warn!(replica = %self.replica, error = %e, "Redis is unreachable; {what}");
+            }
         }
     }
 
@@ -218,6 +237,10 @@ impl Cluster {
             .zcard(&key)
             .query_async(&mut conn)
             .await;
+        if r.is_ok() {
+            // A write went through: Redis takes writes again (if it was full).
+            self.full.store(false, Ordering::Relaxed);
+        }
         if let Ok((seen, nonce, n)) = self.track(r) {
             self.replicas_seen.store(n, Ordering::Relaxed);
             // Another live process wrote a heartbeat under this id since ours.
@@ -244,6 +267,12 @@ impl Cluster {
             "replicasSeen": self.replicas_seen(),
         })
     }
+}
+
+/// Whether `e` is Redis refusing a write because it is out of memory (`OOM command not
+/// allowed when used memory > 'maxmemory'`), alone or inside a transaction or pipeline.
+fn out_of_memory(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM") || e.to_string().contains("OOM")
 }
 
 /// A key for one purpose, derived from the cluster key: HMAC(cluster key, purpose). Each

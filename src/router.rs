@@ -81,6 +81,9 @@ pub struct Gateway {
     cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// Cluster mode: sessions another replica ended, for the fronts to forget.
     ended: broadcast::Sender<String>,
+    /// Cluster mode: GET streams opened on another replica (session id, when, in ms since
+    /// the epoch), for the fronts to end theirs: one GET stream per session.
+    streams_taken: broadcast::Sender<(String, u64)>,
     /// Cluster mode: list_changed lines sent here lately (see `replicas::SAME_CHANGE`).
     announced: Mutex<HashMap<Bytes, Instant>>,
     /// Cluster mode: where notes about parked calls go (see `replicas::on_rounds`).
@@ -211,6 +214,7 @@ impl Gateway {
             live: Mutex::new(HashMap::new()),
             cluster: std::sync::OnceLock::new(),
             ended: broadcast::channel(BROADCAST_QUEUE).0,
+            streams_taken: broadcast::channel(BROADCAST_QUEUE).0,
             announced: Mutex::new(HashMap::new()),
             rounds: std::sync::OnceLock::new(),
             forwarding: Mutex::new(HashMap::new()),
@@ -600,6 +604,10 @@ impl Gateway {
         let unneeded = self.shared.forget_session(&client.id).await;
         self.forget_copy(client).await;
         self.unsubscribe_unneeded(&self.topology(), unneeded).await;
+        // Its level no longer counts: the downstreams run at the level of those left.
+        if let Some(rank) = self.shared.settle_log_level().await {
+            self.downstream_level_everywhere(rank).await;
+        }
     }
 }
 

@@ -7,7 +7,9 @@
 //! In one process everything is in memory. In cluster mode ([`Shared::join`]) the
 //! subscriptions and log levels live in Redis, where every replica sees them, with
 //! sessions named by the SHA-256 of their id ([`Shared::key`]); while Redis is down the
-//! in-memory maps stand in (per replica). Tasks stay in memory: a task lives in one
+//! in-memory maps stand in (per replica). Each replica also keeps what sessions did
+//! through it, to put back into a Redis that lost it ([`Shared::restore_held`]), and the
+//! janitor sweeps what sessions whose record expired left ([`Shared::sweep`]). Tasks stay in memory: a task lives in one
 //! replica's downstream. Delivering to a session is not its business: the router keeps
 //! the sessions that live in this process.
 
@@ -58,6 +60,21 @@ fn owned_key(public: &str, owner: &str) -> String {
 pub struct Shared {
     inner: Mutex<Inner>,
     cluster: std::sync::OnceLock<Arc<Cluster>>,
+    /// Cluster mode: the mark of the Redis dataset this replica last saw (`P:epoch`); another
+    /// one means Redis lost its data (see [`Shared::restore_held`]).
+    epoch: Mutex<Option<String>>,
+}
+
+/// Cluster mode: what sessions did through this replica (their subscriptions and level),
+/// kept beside Redis so it can be put back when Redis lost it.
+#[derive(Default)]
+struct Held {
+    subs: HashSet<(Arc<str>, String)>,
+    level: Option<usize>,
+    /// Unsubscribes that did not reach Redis (it was unreachable).
+    dropped: HashSet<(Arc<str>, String)>,
+    /// A change did not reach Redis (it was unreachable): written once it is back.
+    pending: bool,
 }
 
 use crate::cluster::{digest, Cluster};
@@ -65,6 +82,53 @@ use redis::AsyncCommands;
 
 /// The level downstreams run at, when a session chose one: its rank.
 const DOWNSTREAM_LEVEL: &str = "downstream-level";
+
+/// The set of the sessions (digests) that have subscriptions or a level in Redis: what
+/// [`Shared::sweep`] looks through for sessions whose record is gone.
+const WITH_STATE: &str = "with-state";
+
+/// The longest URI a session may subscribe to (bytes).
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// The most subscriptions one session may hold: as many URIs as one 2026-07-28
+/// `subscriptions/listen` stream may name (its URIs are its client's subscriptions).
+pub const MAX_SUBSCRIPTIONS: usize = crate::stateless::listen::MAX_URIS;
+
+/// A session holds [`MAX_SUBSCRIPTIONS`] already: no more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManySubscriptions;
+
+/// Subscribes a session, unless it holds `ARGV[4]` subscriptions already (-1).
+/// `KEYS`: the URI's subscribers, the server's URIs, the session's subscriptions, the
+/// sessions with state; `ARGV`: the session's digest, the URI, its member, the maximum.
+/// 1: the first subscriber to the URI; 0: not the first.
+static SUBSCRIBE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0 and redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[4]) then
+  return -1
+end
+local added = redis.call('SADD', KEYS[1], ARGV[1])
+local n = redis.call('SCARD', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[2], 1)
+redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('SADD', KEYS[4], ARGV[1])
+if added == 1 and n == 1 then return 1 end
+return 0
+",
+    )
+});
+
+/// What [`Shared::sweep`] removed of sessions whose record expired.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Sessions whose subscriptions and level were removed.
+    pub sessions: usize,
+    /// (server, uri) pairs nobody is subscribed to any more.
+    pub unneeded: Vec<(Arc<str>, String)>,
+    /// The level downstreams run at now, when it changed.
+    pub level: Option<usize>,
+}
 
 #[derive(Default)]
 struct Inner {
@@ -77,6 +141,8 @@ struct Inner {
     downstream_log: Option<usize>,
     /// Public task id → its route.
     tasks: HashMap<String, TaskRoute>,
+    /// Cluster mode: by session id, what sessions did through this replica.
+    held: HashMap<String, Held>,
 }
 
 impl Shared {
@@ -100,28 +166,53 @@ impl Shared {
     }
 
     /// Subscribes `session` to `uri` of `server`; true when it is the first subscriber
-    /// (the downstream must be subscribed now; in cluster mode, every replica's).
-    pub async fn subscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> bool {
+    /// (the downstream must be subscribed now; in cluster mode, every replica's). Refused
+    /// when the session holds [`MAX_SUBSCRIPTIONS`] others already.
+    pub async fn subscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> Result<bool, TooManySubscriptions> {
         if let Some(c) = self.cluster.get() {
             let d = digest(session);
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .sadd(sub_key(c, server, uri), &d)
-                .scard(sub_key(c, server, uri))
-                .hset(c.name(&format!("uris:{server}")), uri, 1)
-                .ignore()
-                .sadd(c.name(&format!("subs-of:{d}")), member(server, uri))
-                .ignore();
-            let r: redis::RedisResult<(u64, u64)> = pipe.query_async(&mut c.conn()).await;
-            if let Ok((added, n)) = c.track(r) {
-                return added == 1 && n == 1;
+            let mut call = SUBSCRIBE.prepare_invoke();
+            call.key(sub_key(c, server, uri))
+                .key(c.name(&format!("uris:{server}")))
+                .key(c.name(&format!("subs-of:{d}")))
+                .key(c.name(WITH_STATE))
+                .arg(&d)
+                .arg(uri)
+                .arg(member(server, uri))
+                .arg(MAX_SUBSCRIPTIONS);
+            let r: redis::RedisResult<i64> = call.invoke_async(&mut c.conn()).await;
+            let ok = c.track(r);
+            let mut inner = self.inner();
+            let held = inner.held.entry(session.to_owned()).or_default();
+            match ok {
+                Ok(n) if n < 0 => return Err(TooManySubscriptions),
+                Ok(n) => {
+                    held.subs.insert((server.clone(), uri.to_owned()));
+                    return Ok(n == 1);
+                }
+                Err(_)
+                    if held.subs.len() >= MAX_SUBSCRIPTIONS
+                        && !held.subs.contains(&(server.clone(), uri.to_owned())) =>
+                {
+                    return Err(TooManySubscriptions)
+                }
+                Err(_) => {
+                    held.dropped.remove(&(server.clone(), uri.to_owned()));
+                    held.subs.insert((server.clone(), uri.to_owned()));
+                    held.pending = true;
+                }
             }
         }
         let mut inner = self.inner();
-        let sessions = inner.subscriptions.entry((server.clone(), uri.to_owned())).or_default();
+        let key = (server.clone(), uri.to_owned());
+        let holds = inner.subscriptions.get(&key).is_some_and(|s| s.contains(session));
+        if !holds && inner.subscriptions.values().filter(|s| s.contains(session)).count() >= MAX_SUBSCRIPTIONS {
+            return Err(TooManySubscriptions);
+        }
+        let sessions = inner.subscriptions.entry(key).or_default();
         let first = sessions.is_empty();
         sessions.insert(session.to_owned());
-        first
+        Ok(first)
     }
 
     /// Unsubscribes `session`; true when it was subscribed and was the last (the
@@ -136,7 +227,16 @@ impl Shared {
                 .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
                 .ignore();
             let r: redis::RedisResult<(u64, u64)> = pipe.query_async(&mut c.conn()).await;
-            if let Ok((removed, n)) = c.track(r) {
+            let r = c.track(r);
+            if let Some(held) = self.inner().held.get_mut(session) {
+                let pair = (server.clone(), uri.to_owned());
+                held.subs.remove(&pair);
+                if r.is_err() {
+                    held.dropped.insert(pair);
+                    held.pending = true;
+                }
+            }
+            if let Ok((removed, n)) = r {
                 if removed == 1 && n == 0 {
                     let r: redis::RedisResult<()> = c.conn().hdel(c.name(&format!("uris:{server}")), uri).await;
                     let _ = c.track(r);
@@ -196,13 +296,23 @@ impl Shared {
         if let Some(c) = self.cluster.get() {
             let levels = c.name("levels");
             let mut conn = c.conn();
+            let d = digest(session);
             let r: redis::RedisResult<(Vec<usize>,)> = redis::pipe()
-                .hset(&levels, digest(session), rank)
+                .hset(&levels, &d, rank)
+                .ignore()
+                .sadd(c.name(WITH_STATE), &d)
                 .ignore()
                 .hvals(&levels)
                 .query_async(&mut conn)
                 .await;
-            if let Ok((ranks,)) = c.track(r) {
+            let r = c.track(r);
+            {
+                let mut inner = self.inner();
+                let held = inner.held.entry(session.to_owned()).or_default();
+                held.level = Some(rank);
+                held.pending |= r.is_err();
+            }
+            if let Ok((ranks,)) = r {
                 let wanted = ranks.into_iter().min()?;
                 // SET … GET: the level before, so exactly one replica sees the change.
                 let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
@@ -285,27 +395,9 @@ impl Shared {
             owner: owner.to_owned(),
             replica: None,
         };
-        self.inner().tasks.insert(key.clone(), route);
+        self.inner().tasks.insert(key.clone(), route.clone());
         if let Some(c) = self.cluster.get() {
-            // Other replicas reach it through this one (its downstream holds it).
-            let stored = StoredTask {
-                server: server.to_string(),
-                task_id: task_id.to_owned(),
-                owner: digest(owner),
-                replica: c.replica.clone(),
-            };
-            // Sealed: a task's route decides whose its results are.
-            let json = serde_json::to_string(&stored).unwrap_or_default();
-            let tag = ring::hmac::sign(&c.derive(TASK_PURPOSE), format!("{public}\n{json}").as_bytes());
-            let json = format!("{}.{json}", crate::cluster::hex(tag.as_ref()));
-            let r: redis::RedisResult<()> = redis::cmd("SET")
-                .arg(c.name(&format!("task:{}", digest(&key))))
-                .arg(json)
-                .arg("PX")
-                .arg(TASK_TTL_MS)
-                .query_async(&mut c.conn())
-                .await;
-            let _ = c.track(r);
+            store_task(c, &key, &public, &route).await;
         }
         public
     }
@@ -371,8 +463,11 @@ impl Shared {
     /// A session ended: forgets its subscriptions, level and tasks. Returns the (server,
     /// uri) pairs no session is subscribed to any more (to unsubscribe downstream).
     pub async fn forget_session(&self, session: &str) -> Vec<(Arc<str>, String)> {
+        // Redis forgets it here, or (Redis unreachable) by the janitor's sweep once its
+        // record is deleted: nothing to put back.
+        self.inner().held.remove(session);
         if let Some(c) = self.cluster.get() {
-            if let Some(unneeded) = forget_in_redis(c, session).await {
+            if let Some(unneeded) = forget_in_redis(c, &digest(session)).await {
                 let mut inner = self.inner();
                 inner.tasks.retain(|_, r| r.owner != session);
                 return unneeded;
@@ -390,6 +485,261 @@ impl Shared {
         });
         unneeded
     }
+
+    /// Cluster mode: this replica no longer holds a copy of `session` (it goes on
+    /// elsewhere): what it did through this one is no longer this replica's to put back.
+    pub fn forget_local(&self, session: &str) {
+        self.inner().held.remove(session);
+    }
+
+    /// Cluster mode, each time Redis is back or the bus is listened to again: puts back
+    /// what sessions did through this replica that Redis does not have. When Redis lost
+    /// its data (a restart without persistence: `P:epoch` changed), every held session's
+    /// subscriptions and level, and the routes of tasks created here; otherwise those of
+    /// sessions whose changes failed while Redis was unreachable, Redis made to match what
+    /// this replica holds. `None`: nothing to do, or Redis failed (tried again next time).
+    pub async fn restore_held(&self) -> Option<Swept> {
+        let c = self.cluster.get()?;
+        let mut conn = c.conn();
+        let fresh = crate::cluster::random_id();
+        let r: redis::RedisResult<(Option<String>,)> = redis::pipe()
+            .cmd("SET")
+            .arg(c.name("epoch"))
+            .arg(&fresh)
+            .arg("NX")
+            .ignore()
+            .get(c.name("epoch"))
+            .query_async(&mut conn)
+            .await;
+        let (now,) = c.track(r).ok()?;
+        let lost = {
+            let mut seen = crate::sync::lock(&self.epoch);
+            let lost = seen.is_some() && *seen != now;
+            seen.clone_from(&now);
+            lost
+        };
+        // A session held here: its id, subscriptions, unsubscribes not written, level.
+        type HeldCopy = (String, Vec<(Arc<str>, String)>, Vec<(Arc<str>, String)>, Option<usize>);
+        let (sessions, tasks): (Vec<HeldCopy>, Vec<(String, TaskRoute)>) = {
+            let inner = self.inner();
+            let sessions = inner
+                .held
+                .iter()
+                .filter(|(_, h)| lost || h.pending)
+                .map(|(id, h)| {
+                    let dropped = h.dropped.iter().cloned().collect();
+                    (id.clone(), h.subs.iter().cloned().collect(), dropped, h.level)
+                })
+                .collect();
+            let tasks = match lost {
+                true => inner
+                    .tasks
+                    .iter()
+                    .filter(|(_, r)| r.replica.is_none())
+                    .map(|(k, r)| (k.clone(), r.clone()))
+                    .collect(),
+                false => Vec::new(),
+            };
+            (sessions, tasks)
+        };
+        for (key, route) in &tasks {
+            let public = key.split('\0').next().unwrap_or(key);
+            store_task(c, key, public, route).await;
+        }
+        if sessions.is_empty() {
+            return None;
+        }
+        let mut out = Swept::default();
+        for (id, subs, dropped, level) in sessions {
+            let d = digest(&id);
+            // Unsubscribes made while Redis was unreachable; then what this replica holds.
+            for (server, uri) in &dropped {
+                let key = sub_key(c, server, uri);
+                let r: redis::RedisResult<(u64, u64)> = redis::pipe()
+                    .atomic()
+                    .srem(&key, &d)
+                    .scard(&key)
+                    .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
+                    .ignore()
+                    .query_async(&mut conn)
+                    .await;
+                if let (1, 0) = c.track(r).ok()? {
+                    let r: redis::RedisResult<()> = conn.hdel(c.name(&format!("uris:{server}")), uri).await;
+                    let _ = c.track(r);
+                    out.unneeded.push((server.clone(), uri.clone()));
+                }
+            }
+            for (server, uri) in &subs {
+                let mut call = SUBSCRIBE.prepare_invoke();
+                call.key(sub_key(c, server, uri))
+                    .key(c.name(&format!("uris:{server}")))
+                    .key(c.name(&format!("subs-of:{d}")))
+                    .key(c.name(WITH_STATE))
+                    .arg(&d)
+                    .arg(uri)
+                    .arg(member(server, uri))
+                    .arg(MAX_SUBSCRIPTIONS);
+                let r: redis::RedisResult<i64> = call.invoke_async(&mut conn).await;
+                c.track(r).ok()?;
+            }
+            if let Some(rank) = level {
+                let r: redis::RedisResult<()> = redis::pipe()
+                    .hset(c.name("levels"), &d, rank)
+                    .ignore()
+                    .sadd(c.name(WITH_STATE), &d)
+                    .ignore()
+                    .query_async(&mut conn)
+                    .await;
+                c.track(r).ok()?;
+            }
+            if let Some(h) = self.inner().held.get_mut(&id) {
+                h.pending = false;
+                h.dropped.retain(|p| !dropped.contains(p));
+            }
+            out.sessions += 1;
+        }
+        out.level = self.settle_log_level().await;
+        tracing::debug!(
+            sessions = out.sessions,
+            lost,
+            "subscriptions and levels held here put back into Redis"
+        );
+        Some(out)
+    }
+
+    /// The level downstreams must run at now that sessions left: the most verbose any
+    /// session still wants, when that changed (`None`: unchanged, or no session wants
+    /// one; then the shared level is dropped, and downstreams stay where they are).
+    pub async fn settle_log_level(&self) -> Option<usize> {
+        if let Some(c) = self.cluster.get() {
+            let mut conn = c.conn();
+            let r: redis::RedisResult<Vec<usize>> = conn.hvals(c.name("levels")).await;
+            let ranks = c.track(r).ok()?;
+            let Some(wanted) = ranks.into_iter().min() else {
+                let r: redis::RedisResult<()> = conn.del(c.name(DOWNSTREAM_LEVEL)).await;
+                let _ = c.track(r);
+                return None;
+            };
+            let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
+                .arg(c.name(DOWNSTREAM_LEVEL))
+                .arg(wanted)
+                .arg("GET")
+                .query_async(&mut conn)
+                .await;
+            return match c.track(before) {
+                Ok(b) if b == Some(wanted) => None,
+                Ok(_) => Some(wanted),
+                Err(_) => None,
+            };
+        }
+        let mut inner = self.inner();
+        let wanted = inner.log_levels.values().copied().min();
+        if wanted == inner.downstream_log {
+            return None;
+        }
+        inner.downstream_log = wanted;
+        wanted
+    }
+
+    /// Cluster mode: removes the subscriptions and levels of sessions whose record is gone
+    /// from Redis (it expired: nobody used the session for `session_idle`, whichever
+    /// replicas served it, or they died), so nothing a session wrote outlives it. Any
+    /// replica may sweep; one at a time does (a lock for `every`). `None`: nothing swept
+    /// (no cluster, another replica's turn, or Redis failed).
+    pub async fn sweep(&self, every: std::time::Duration) -> Option<Swept> {
+        let c = self.cluster.get()?;
+        let mut conn = c.conn();
+        let ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+        let turn: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(c.name("sweeping"))
+            .arg(&c.replica)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms)
+            .query_async(&mut conn)
+            .await;
+        c.track(turn).ok()??;
+        // Sessions with state, and levels written before `with-state` was kept.
+        let r: redis::RedisResult<(Vec<String>, Vec<String>)> = redis::pipe()
+            .smembers(c.name(WITH_STATE))
+            .hkeys(c.name("levels"))
+            .query_async(&mut conn)
+            .await;
+        let (mut digests, levels) = c.track(r).ok()?;
+        digests.extend(levels);
+        digests.sort();
+        digests.dedup();
+        let mut swept = Swept::default();
+        for batch in digests.chunks(256) {
+            let mut pipe = redis::pipe();
+            for d in batch {
+                pipe.exists(crate::cluster::sessions::Sessions::key_of_digest(c, d));
+            }
+            let r: redis::RedisResult<Vec<bool>> = pipe.query_async(&mut conn).await;
+            let there = c.track(r).ok()?;
+            let mut gone: Vec<&String> = Vec::new();
+            let mut back: Vec<&String> = Vec::new();
+            for (d, there) in batch.iter().zip(there) {
+                if there {
+                    back.push(d);
+                } else {
+                    gone.push(d);
+                }
+            }
+            // A record missing at one sweep only may be on its way back (Redis restarted
+            // empty, and the replica holding the session writes it again): a session's
+            // state goes once its record was missing at two sweeps `every` apart.
+            let missing = c.name("missing");
+            let now = crate::cluster::now_ms();
+            let mut pipe = redis::pipe();
+            for d in &gone {
+                pipe.hset_nx(&missing, *d, now).ignore().hget(&missing, *d);
+            }
+            if !back.is_empty() {
+                pipe.hdel(&missing, &back).ignore();
+            }
+            let r: redis::RedisResult<Vec<Option<u64>>> = pipe.query_async(&mut conn).await;
+            let since = c.track(r).ok()?;
+            for (d, since) in gone.iter().zip(since) {
+                if now.saturating_sub(since.unwrap_or(now)) < ms {
+                    continue;
+                }
+                swept.unneeded.extend(forget_in_redis(c, d).await?);
+                let r: redis::RedisResult<()> = conn.hdel(&missing, *d).await;
+                let _ = c.track(r);
+                swept.sessions += 1;
+            }
+        }
+        if swept.sessions > 0 {
+            swept.level = self.settle_log_level().await;
+        }
+        Some(swept)
+    }
+}
+
+/// Stores the route of a task created here under its key (`key`: its public id, with its
+/// owner for a process per caller), sealed: other replicas reach it through this one (its
+/// downstream holds it). Best effort (a Redis that lost it gets it again, see
+/// [`Shared::restore_held`]).
+async fn store_task(c: &Cluster, key: &str, public: &str, route: &TaskRoute) {
+    let stored = StoredTask {
+        server: route.server.to_string(),
+        task_id: route.task_id.clone(),
+        owner: digest(&route.owner),
+        replica: c.replica.clone(),
+    };
+    // Sealed: a task's route decides whose its results are.
+    let json = serde_json::to_string(&stored).unwrap_or_default();
+    let tag = ring::hmac::sign(&c.derive(TASK_PURPOSE), format!("{public}\n{json}").as_bytes());
+    let json = format!("{}.{json}", crate::cluster::hex(tag.as_ref()));
+    let r: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(c.name(&format!("task:{}", digest(key))))
+        .arg(json)
+        .arg("PX")
+        .arg(TASK_TTL_MS)
+        .query_async(&mut c.conn())
+        .await;
+    let _ = c.track(r);
 }
 
 /// The Redis set of the sessions subscribed to `uri` of `server`.
@@ -402,10 +752,9 @@ fn member(server: &str, uri: &str) -> String {
     format!("{server}\n{uri}")
 }
 
-/// Drops a session's subscriptions and level from Redis; the (server, uri) pairs nobody
-/// is subscribed to any more. `None`: Redis failed.
-async fn forget_in_redis(c: &Cluster, session: &str) -> Option<Vec<(Arc<str>, String)>> {
-    let d = digest(session);
+/// Drops a session's subscriptions and level from Redis, the session named by its digest
+/// `d`; the (server, uri) pairs nobody is subscribed to any more. `None`: Redis failed.
+async fn forget_in_redis(c: &Cluster, d: &str) -> Option<Vec<(Arc<str>, String)>> {
     let of = c.name(&format!("subs-of:{d}"));
     let mut conn = c.conn();
     let r: redis::RedisResult<Vec<String>> = conn.smembers(&of).await;
@@ -418,7 +767,7 @@ async fn forget_in_redis(c: &Cluster, session: &str) -> Option<Vec<(Arc<str>, St
         let key = sub_key(c, server, uri);
         let r: redis::RedisResult<(u64, u64)> = redis::pipe()
             .atomic()
-            .srem(&key, &d)
+            .srem(&key, d)
             .scard(&key)
             .query_async(&mut conn)
             .await;
@@ -431,7 +780,9 @@ async fn forget_in_redis(c: &Cluster, session: &str) -> Option<Vec<(Arc<str>, St
     let r: redis::RedisResult<()> = redis::pipe()
         .del(&of)
         .ignore()
-        .hdel(c.name("levels"), &d)
+        .hdel(c.name("levels"), d)
+        .ignore()
+        .srem(c.name(WITH_STATE), d)
         .ignore()
         .query_async(&mut conn)
         .await;
@@ -447,12 +798,12 @@ mod tests {
     async fn subscriptions_are_refcounted_and_forgotten_with_their_session() {
         let s = Shared::default();
         let calc: Arc<str> = "calc".into();
-        assert!(s.subscribe(&calc, "a://1", "s1").await);
-        assert!(!s.subscribe(&calc, "a://1", "s2").await);
+        assert_eq!(s.subscribe(&calc, "a://1", "s1").await, Ok(true));
+        assert_eq!(s.subscribe(&calc, "a://1", "s2").await, Ok(false));
         assert!(!s.unsubscribe(&calc, "a://1", "s3").await, "never subscribed");
         assert!(!s.unsubscribe(&calc, "a://1", "s1").await);
         assert_eq!(s.subscribers(&calc, "a://1").await, vec!["s2".to_owned()]);
-        assert!(s.subscribe(&calc, "a://2", "s2").await);
+        assert_eq!(s.subscribe(&calc, "a://2", "s2").await, Ok(true));
         let mut gone = s.forget_session("s2").await;
         gone.sort();
         assert_eq!(
@@ -463,12 +814,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_session_holds_at_most_max_subscriptions() {
+        let s = Shared::default();
+        let calc: Arc<str> = "calc".into();
+        for i in 0..MAX_SUBSCRIPTIONS {
+            assert!(s.subscribe(&calc, &format!("a://{i}"), "s1").await.is_ok());
+        }
+        assert_eq!(s.subscribe(&calc, "a://over", "s1").await, Err(TooManySubscriptions));
+        assert_eq!(s.subscribe(&calc, "a://0", "s1").await, Ok(false), "one it holds");
+        assert_eq!(
+            s.subscribe(&calc, "a://over", "s2").await,
+            Ok(true),
+            "another session's"
+        );
+    }
+
+    #[tokio::test]
     async fn the_downstream_level_is_the_most_verbose_and_moves_only_when_it_changes() {
         let s = Shared::default();
         assert_eq!(s.set_log_level("a", 4).await, Some(4));
         assert_eq!(s.set_log_level("b", 6).await, None);
         assert_eq!(s.set_log_level("b", 1).await, Some(1));
         assert_eq!(s.downstream_log_level().await, Some(1));
+        s.forget_session("b").await;
+        assert_eq!(s.settle_log_level().await, Some(4), "the level of those left");
+        assert_eq!(s.settle_log_level().await, None);
     }
 
     #[tokio::test]

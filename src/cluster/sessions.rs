@@ -74,7 +74,12 @@ impl Sessions {
 
     fn name(cluster: &Cluster, id: &str) -> String {
         // Session ids are bearer-like: the key names a hash of the id, not the id.
-        cluster.name(&format!("session:{}", super::digest(id)))
+        Self::key_of_digest(cluster, &super::digest(id))
+    }
+
+    /// The key of the record of the session whose id's SHA-256 is `digest`.
+    pub fn key_of_digest(cluster: &Cluster, digest: &str) -> String {
+        cluster.name(&format!("session:{digest}"))
     }
 
     /// The mark that session `id` ended (see [`Sessions::delete`]).

@@ -143,6 +143,25 @@ impl Http {
                 }
             });
         }
+        // Cluster mode: a session's GET stream opened on another replica ends the one here.
+        if http.gw.cluster().is_some() {
+            let mut taken = http.gw.streams_taken();
+            let weak = Arc::downgrade(&http.0);
+            crate::background::spawn(async move {
+                loop {
+                    let (sid, at) = match taken.recv().await {
+                        Ok(t) => t,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(_) => return,
+                    };
+                    let Some(shared) = weak.upgrade() else { return };
+                    let session = shared.sessions.get(&sid).map(|s| s.clone());
+                    if session.is_some_and(|s| s.stream_taken(at)) {
+                        tracing::debug!(session = %crate::client::session_tag(&sid), "its GET stream opened on another replica: ended here");
+                    }
+                }
+            });
+        }
         // Cluster mode: sessions another replica ended are forgotten here too.
         let weak = Arc::downgrade(&http.0);
         crate::background::spawn(async move {

@@ -281,6 +281,11 @@ impl Gateway {
                     budget: None,
                     route_spent: true,
                 };
+                // The caller's allowlist as this replica's config has it now: a reload
+                // that narrowed it here holds for calls landing elsewhere too.
+                if let Some(refused) = hidden_here(&cx, index, method, &params) {
+                    return refused;
+                }
                 gw.forward(&mut cx, index, method, params).await
             };
             tokio::pin!(run);
@@ -353,4 +358,45 @@ impl Drop for Pending<'_> {
             });
         }
     }
+}
+
+/// A forwarded call whose name (a tool's or prompt's public name, a resource's URI) the
+/// caller may not see under this replica's config: the answer it gets, as a call landing
+/// here would (`unknown tool: NAME`, `-32002` for a URI). `params` are the server's (a
+/// tool's or prompt's own name): the public names leading there are looked up.
+fn hidden_here(cx: &Call<'_>, server: usize, method: Method, params: &Map<String, Value>) -> Option<Outcome> {
+    let (table, what) = match method {
+        Method::ToolsCall => (&cx.topo.catalog.tools, "tool"),
+        Method::PromptsGet => (&cx.topo.catalog.prompts, "prompt"),
+        Method::ResourcesRead => {
+            let uri = params.get("uri").and_then(Value::as_str)?;
+            if cx.sees(uri, server, false) {
+                return None;
+            }
+            return Some(
+                Error::client(
+                    crate::error::code::RESOURCE_NOT_FOUND,
+                    format!("unknown resource: {uri}"),
+                )
+                .with_data(serde_json::json!({ "uri": uri }))
+                .into(),
+            );
+        }
+        _ => return None,
+    };
+    let own = params.get("name").and_then(Value::as_str)?;
+    let tool = method == Method::ToolsCall;
+    let mut public = table
+        .iter()
+        .filter(|(_, r)| r.server == server && r.name == own)
+        .map(|(p, _)| p.as_str());
+    let first = public.next()?;
+    if cx.sees(first, server, tool) || public.any(|p| cx.sees(p, server, tool)) {
+        return None;
+    }
+    Some(
+        Error::invalid_params(format!("unknown {what}: {first}"))
+            .with_data(serde_json::json!({ what: first }))
+            .into(),
+    )
 }

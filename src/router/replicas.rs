@@ -163,6 +163,22 @@ impl Gateway {
         self.publish(To::All, Note::Ended { sid });
     }
 
+    /// GET streams opened on other replicas, which end this replica's (see
+    /// [`Gateway::stream_opened_elsewhere`]): (session id, when).
+    pub fn streams_taken(&self) -> tokio::sync::broadcast::Receiver<(String, u64)> {
+        self.streams_taken.subscribe()
+    }
+
+    /// Cluster mode: session `id` opened a GET stream here at `at` (ms since the epoch):
+    /// a stream of it another replica opened before ends.
+    pub fn stream_opened_elsewhere(&self, id: &str, at: u64) {
+        if self.cluster.get().is_none() {
+            return;
+        }
+        let sid = self.shared.key(id);
+        self.publish(To::All, Note::StreamOpened { sid, at });
+    }
+
     /// The level session `id` chose, as the cluster knows it.
     pub async fn session_log_level(&self, id: &str) -> Option<usize> {
         self.shared.log_level_of(id).await
@@ -233,6 +249,7 @@ impl Gateway {
     /// no delivery to it, and its per-session processes here end.
     pub async fn forget_copy(&self, client: &super::Client) {
         crate::sync::lock(&self.live).remove(&self.shared.key(&client.id));
+        self.shared.forget_local(&client.id);
         let topo = self.topology();
         for s in topo
             .servers
@@ -243,10 +260,57 @@ impl Gateway {
         }
     }
 
+    /// Sets every downstream here, and (cluster mode) on the other replicas, to level `rank`.
+    pub(super) async fn downstream_level_everywhere(&self, rank: usize) {
+        super::logging::apply_log_level(&self.topology(), rank).await;
+        self.publish(To::All, Note::DownstreamLevel { rank });
+    }
+
+    /// Cluster mode: removes what sessions whose record expired left in Redis (their
+    /// subscriptions and levels: see [`crate::shared::Shared::sweep`]); downstreams here
+    /// and on the other replicas unsubscribe from what nobody needs any more, and run at
+    /// the level of the sessions left. Run by the janitor, every `every`.
+    pub async fn sweep(&self, every: Duration) {
+        let Some(swept) = self.shared.sweep(every).await else {
+            return;
+        };
+        if swept.sessions == 0 {
+            return;
+        }
+        debug!(
+            sessions = swept.sessions,
+            uris = swept.unneeded.len(),
+            "removed the subscriptions and levels of expired sessions"
+        );
+        for (server, uri) in &swept.unneeded {
+            self.publish(
+                To::All,
+                Note::Subscription {
+                    server: server.to_string(),
+                    uri: uri.clone(),
+                    on: false,
+                    ack: None,
+                },
+            );
+        }
+        self.unsubscribe_unneeded(&self.topology(), swept.unneeded).await;
+        if let Some(rank) = swept.level {
+            self.downstream_level_everywhere(rank).await;
+        }
+    }
+
     /// Subscribes this replica's downstreams to what sessions subscribed to, and sets
     /// them to the level sessions chose (a replica joining, or Redis back); and sets each
     /// session copy here to the level its session chose, which a missed note left behind.
     pub async fn catch_up(&self) {
+        // First what sessions did here that Redis lost (or never got): then it is among
+        // what the downstreams below are subscribed to.
+        if let Some(put_back) = self.shared.restore_held().await {
+            self.unsubscribe_unneeded(&self.topology(), put_back.unneeded).await;
+            if let Some(rank) = put_back.level {
+                self.downstream_level_everywhere(rank).await;
+            }
+        }
         let names: Vec<Arc<str>> = self.topology().servers.iter().map(|s| s.name.clone()).collect();
         for name in names {
             self.restore(name).await;
@@ -316,6 +380,11 @@ impl Gateway {
             Note::Ended { sid } => {
                 if let Some(c) = self.live(&sid) {
                     let _ = self.ended.send(c.id.clone());
+                }
+            }
+            Note::StreamOpened { sid, at } => {
+                if let Some(c) = self.live(&sid) {
+                    let _ = self.streams_taken.send((c.id.clone(), at));
                 }
             }
             Note::Level {

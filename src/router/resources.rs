@@ -7,6 +7,7 @@ use crate::downstream::{stateless, Params, LOG_LEVELS};
 use crate::error::{code, Error};
 use crate::message::{self, Outcome};
 use crate::method::Method;
+use crate::shared::{TooManySubscriptions, MAX_SUBSCRIPTIONS, MAX_URI_BYTES};
 use crate::supervisor::Status;
 use bytes::Bytes;
 use serde_json::value::RawValue;
@@ -52,11 +53,20 @@ impl Gateway {
         let Some(uri) = p.get("uri").and_then(Value::as_str).map(str::to_owned) else {
             return Error::invalid_params(format!("{method} needs params.uri")).into();
         };
+        let subscribe = method == Method::ResourcesSubscribe;
+        if subscribe && uri.len() > MAX_URI_BYTES {
+            // Kept (twice in cluster mode), told to every replica and to every server.
+            return Error::invalid_params(format!(
+                "{method}: params.uri is {} bytes, over the limit of {MAX_URI_BYTES}",
+                uri.len()
+            ))
+            .with_data(json!({ "maxUriBytes": MAX_URI_BYTES }))
+            .into();
+        }
         let Some(server) = resource_owner(cx, &uri).filter(|&s| cx.sees(&uri, s, false)) else {
             return unknown(&uri);
         };
         let s = &cx.topo.servers[server];
-        let subscribe = method == Method::ResourcesSubscribe;
         if subscribe && s.per_caller() {
             // A subscription is shared by URI, and made on one connection: here it would
             // be made under one caller's credential (or the catalog's) and heard by
@@ -71,7 +81,16 @@ impl Gateway {
         let session = &cx.client.id;
         let first_or_last = if subscribe {
             self.remember(cx.client);
-            self.shared.subscribe(&s.name, &uri, session).await
+            match self.shared.subscribe(&s.name, &uri, session).await {
+                Ok(first) => first,
+                Err(TooManySubscriptions) => {
+                    return Error::invalid_params(format!(
+                        "{method}: this session holds {MAX_SUBSCRIPTIONS} subscriptions, the most one may; unsubscribe from one first"
+                    ))
+                    .with_data(json!({ "uri": uri, "maxSubscriptions": MAX_SUBSCRIPTIONS }))
+                    .into();
+                }
+            }
         } else {
             self.shared.unsubscribe(&s.name, &uri, session).await
         };

@@ -1132,3 +1132,329 @@ async fn an_update_heard_by_another_replica_follows_the_narrowed_allowlist_where
     let m = stream.next(T).await.expect("list_changed");
     assert_eq!(m["method"], "notifications/tools/list_changed", "alice heard {m}");
 }
+
+/// `[gateway] session_idle`, before the servers of [`replicas`].
+fn idle(servers: &str, idle: &str) -> String {
+    format!("[gateway]\nsession_idle = \"{idle}\"\n\n{servers}")
+}
+
+/// What a session wrote to Redis (its subscriptions, its log level) goes once its record
+/// expires, though no replica ends it: the only one that served it died. A session in use
+/// beside it keeps its own, and the downstreams' shared level falls back to the one it
+/// chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_session_wrote_to_redis_goes_with_its_record_when_no_replica_ends_it() {
+    let redis = Redis::start();
+    let mut gws = replicas(2, &redis, &idle(&subscribable(), "2s"), "");
+    let gone = gws[0].session().await;
+    let kept = gws[1].session().await;
+    let item = "mock://calc/items/only-the-idle-one";
+    for (s, uri) in [(&gone, README), (&gone, item), (&kept, README)] {
+        let r = s.request(json!(1), "resources/subscribe", json!({"uri": uri})).await;
+        assert_eq!(r["result"], json!({}), "{r}");
+    }
+    for (s, level) in [(&gone, "debug"), (&kept, "warning")] {
+        let r = s.request(json!(2), "logging/setLevel", json!({"level": level})).await;
+        assert_eq!(r["result"], json!({}), "{r}");
+    }
+    let (dg, dk) = (sha256_hex(&gone.id), sha256_hex(&kept.id));
+    assert_eq!(redis.cli(&["SCARD", &format!("mcpgw:subs-of:{dg}")]).trim(), "2");
+    assert_eq!(redis.cli(&["GET", "mcpgw:downstream-level"]).trim(), "0");
+    // The only replica that served it dies.
+    unsafe { libc::kill(gws[0].child.id() as i32, libc::SIGKILL) };
+    let _ = gws[0].child.wait();
+    let state = |r: &Redis| {
+        (
+            r.cli(&["SCARD", &format!("mcpgw:subs-of:{dg}")]).trim().to_owned(),
+            r.cli(&["HKEYS", "mcpgw:levels"]).trim().to_owned(),
+            r.cli(&["HKEYS", "mcpgw:uris:calc"]).trim().to_owned(),
+            r.cli(&["GET", "mcpgw:downstream-level"]).trim().to_owned(),
+            r.cli(&["SMEMBERS", "mcpgw:with-state"]).trim().to_owned(),
+        )
+    };
+    let want = (
+        "0".to_owned(),
+        dk.clone(),
+        README.to_owned(),
+        "3".to_owned(),
+        dk.clone(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while state(&redis) != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left in Redis: {:?}\n{}",
+            state(&redis),
+            gws[1].logs()
+        );
+        // The other session goes on being used.
+        let r = kept.call("calc__add", json!({"a": 1, "b": 1})).await;
+        assert_eq!(text(&r), "2", "{r}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let subscribers = redis.cli(&["KEYS", "mcpgw:sub:*"]);
+    assert_eq!(subscribers.lines().count(), 1, "{subscribers}");
+    assert_eq!(redis.cli(&["SMEMBERS", subscribers.trim()]).trim(), dk);
+    assert!(via(&gone, &gws[1]).until_gone().await);
+    // The session in use is still subscribed.
+    let r = kept.call("calc__update_resource", json!({"uri": README})).await;
+    assert_eq!(text(&r), format!("updated {README}"), "{r}");
+}
+
+/// A URI longer than 8 KiB, or a subscription past a session's 1,024th, is refused with
+/// -32602 and kept nowhere, by a single gateway and by a replica alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_are_bounded_in_uri_length_and_number_per_session() {
+    let redis = Redis::start();
+    let single = Gateway::start(&subscribable());
+    let replica = replicas(1, &redis, &subscribable(), "").remove(0);
+    for gw in [&single, &replica] {
+        let s = gw.session().await;
+        let long = format!("mock://calc/items/{}", "x".repeat(8 * 1024));
+        let r = s.request(json!(1), "resources/subscribe", json!({"uri": long})).await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("over the limit of 8192"),
+            "{r}"
+        );
+        for i in 0..1024 {
+            let uri = format!("mock://calc/items/{i}");
+            let r = s.request(json!(i), "resources/subscribe", json!({"uri": uri})).await;
+            assert_eq!(r["result"], json!({}), "{r}");
+        }
+        let r = s
+            .request(
+                json!("over"),
+                "resources/subscribe",
+                json!({"uri": "mock://calc/items/over"}),
+            )
+            .await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("1024 subscriptions"),
+            "{r}"
+        );
+        // One it holds is no new one; after an unsubscribe there is room again.
+        let r = s
+            .request(json!(3), "resources/subscribe", json!({"uri": "mock://calc/items/0"}))
+            .await;
+        assert_eq!(r["result"], json!({}), "{r}");
+        let r = s
+            .request(json!(4), "resources/unsubscribe", json!({"uri": "mock://calc/items/0"}))
+            .await;
+        assert_eq!(r["result"], json!({}), "{r}");
+        let r = s
+            .request(
+                json!(5),
+                "resources/subscribe",
+                json!({"uri": "mock://calc/items/over"}),
+            )
+            .await;
+        assert_eq!(r["result"], json!({}), "{r}");
+    }
+    let kept = redis.cli(&["HLEN", "mcpgw:uris:calc"]);
+    assert_eq!(kept.trim(), "1024", "{kept}");
+    let memory = redis.cli(&["MEMORY", "USAGE", "mcpgw:uris:calc"]);
+    assert!(
+        memory.trim().parse::<u64>().unwrap_or(u64::MAX) < 256 * 1024,
+        "{memory}"
+    );
+}
+
+/// The OOM rejections Redis counted (`INFO errorstats`).
+fn oom_rejections(redis: &Redis) -> u64 {
+    redis
+        .cli(&["INFO", "errorstats"])
+        .lines()
+        .find(|l| l.starts_with("errorstat_OOM:"))
+        .and_then(|l| l.split("count=").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A Redis out of memory (`maxmemory` with `noeviction`) answers reads and refuses
+/// writes: each replica counts it as one outage (one warning), rather than taking every
+/// read that succeeds for Redis back, reconciling, failing, and so on; and finds Redis
+/// back once it takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_is_one_outage_not_a_flapping_one() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &idle(&two_way(), "4s"), "");
+    for _ in 0..20 {
+        let s = gws[0].session().await;
+        let r = via(&s, &gws[1]).call("calc__add", json!({"a": 1, "b": 1})).await;
+        assert_eq!(text(&r), "2", "{r}");
+    }
+    let before = oom_rejections(&redis);
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    for gw in &gws {
+        assert!(gw.wait_log("Redis is unreachable", T).await, "{}", gw.logs());
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let rejected = oom_rejections(&redis) - before;
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    for gw in &gws {
+        let warnings = gw.logs().matches("Redis is unreachable").count();
+        assert_eq!(warnings, 1, "{}", gw.logs());
+    }
+    assert!(rejected < 60, "{rejected} writes refused in 4 s");
+    for gw in &gws {
+        assert!(gw.wait_log("Redis is reachable again", T).await, "{}", gw.logs());
+        redis_state(gw, "up").await;
+    }
+}
+
+/// Narrows `[clients.alice]` on replica `gw` only (a reload applied there first) with
+/// `deny`, and waits for the reload.
+async fn narrow_alice(gw: &Gateway, deny: &str) {
+    let before = gw.logs().matches("reload done").count();
+    let config = std::fs::read_to_string(gw.config_path()).unwrap();
+    let narrowed = config.replace(
+        "token = \"alice-cluster-token-01\"\n",
+        &format!("token = \"alice-cluster-token-01\"\ndeny = {deny}\n"),
+    );
+    assert_ne!(narrowed, config);
+    std::fs::write(gw.config_path(), narrowed).unwrap();
+    let log = gw.stderr.clone();
+    let done = until(T, || log.lock().unwrap().matches("reload done").count() > before).await;
+    assert!(done, "no reload:\n{}", gw.logs());
+}
+
+/// During a reload applied to one replica only, a call another replica forwards to the
+/// session's process there follows the allowlist that replica's config now says: a tool
+/// it denies the caller is refused as unknown, wherever the call landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_call_follows_the_allowlist_of_the_replica_that_runs_it() {
+    let redis = Redis::start();
+    let alice = "[clients.alice]\ntoken = \"alice-cluster-token-01\"\n";
+    let gws = replicas(2, &redis, &format!("{}{alice}", per_session()), "");
+    let a = Session::open_as(&gws[0].url, "alice-cluster-token-01").await;
+    let b = via(&a, &gws[1]);
+    assert_eq!(counter(&a).await, 1, "its process runs on the first replica");
+    assert_eq!(counter(&b).await, 2, "a call through the other is forwarded there");
+    narrow_alice(&gws[0], "[\"iso__counter\"]").await;
+    let r = a.call("iso__counter", json!({})).await;
+    assert_eq!(error_of(&r)["code"], -32602, "{r}");
+    let r = b.call("iso__counter", json!({})).await;
+    assert_eq!(error_of(&r)["code"], -32602, "forwarded, and run anyway: {r}");
+    assert_eq!(error_of(&r)["message"], "unknown tool: iso__counter", "{r}");
+    // What it still allows goes on, on the same process.
+    let pid = text(&a.call("iso__pid", json!({})).await);
+    assert_eq!(text(&b.call("iso__pid", json!({})).await), pid);
+}
+
+/// A session holds one GET stream over all replicas, as in one process: a GET stream
+/// opened on another replica ends the one before (the newest wins: it may be the client
+/// reconnecting through another replica before the first saw its connection die), so
+/// nothing is heard twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_holds_one_get_stream_over_all_replicas_the_newest() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &two_way(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    let mut first = a.get_stream().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut second = b.get_stream().await;
+    let started = std::time::Instant::now();
+    assert!(first.next(T).await.is_none(), "the first stream got {:?}", first.seen);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    let r = a.call("calc__add_tool", json!({"name": "once"})).await;
+    assert_eq!(text(&r), "added", "{r}");
+    let m = second.next(T).await.expect("list_changed");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+    assert!(
+        second.next(Duration::from_millis(500)).await.is_none(),
+        "{:?}",
+        second.seen
+    );
+}
+
+/// After Redis restarted empty, what sessions did through each replica is put back: a
+/// subscription made before goes on delivering updates, a session's level holds, and a
+/// subscription made while Redis was down reaches it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_and_levels_come_back_after_redis_restarts_empty() {
+    let mut redis = Redis::start();
+    let gws = replicas(2, &redis, &subscribable(), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    let r = b.request(json!(1), "resources/subscribe", json!({"uri": README})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let r = a.request(json!(2), "logging/setLevel", json!({"level": "error"})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    redis.kill();
+    for gw in &gws {
+        redis_state(gw, "down").await;
+    }
+    let during = "mock://calc/items/during-the-outage";
+    let r = a.request(json!(3), "resources/subscribe", json!({"uri": during})).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    redis.restart();
+    for gw in &gws {
+        redis_state(gw, "up").await;
+    }
+    let d = sha256_hex(&a.id);
+    let back = until(T, || {
+        redis.cli(&["SCARD", &format!("mcpgw:subs-of:{d}")]).trim() == "2"
+            && redis.cli(&["HGET", "mcpgw:levels", &d]).trim() == "4"
+            && redis.cli(&["HLEN", "mcpgw:uris:calc"]).trim() == "2"
+    })
+    .await;
+    assert!(
+        back,
+        "{}\n{}\n{}",
+        redis.cli(&["KEYS", "*"]),
+        gws[0].logs(),
+        gws[1].logs()
+    );
+    // An update heard by either replica's child reaches the session's stream.
+    let mut stream = a.get_stream().await;
+    for (s, uri) in [(&b, README), (&a, during)] {
+        let r = s.call("calc__update_resource", json!({"uri": uri})).await;
+        assert_eq!(text(&r), format!("updated {uri}"), "{r}");
+        let m = stream.next(T).await.expect("resources/updated");
+        assert_eq!(m["method"], "notifications/resources/updated", "{m}");
+        assert_eq!(m["params"]["uri"], uri, "{m}");
+    }
+}
+
+/// A task's route comes back after Redis restarted empty: the replica whose downstream
+/// holds the task writes it again, and another replica reaches the task as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_route_comes_back_after_redis_restarts_empty() {
+    let mut redis = Redis::start();
+    let jobs = format!(
+        "[servers.jobs]\ncommand = \"python3\"\nargs = [\"tests/fixtures/task_server.py\"]\ncwd = {:?}\n",
+        repo().display().to_string()
+    );
+    let gws = replicas(2, &redis, &jobs, "");
+    let a = gws[0].session().await;
+    let created = a
+        .request(
+            json!(1),
+            "tools/call",
+            json!({"name": "jobs__work", "arguments": {"seconds": 0.1, "text": "hi"}, "task": {"ttl": 60000}}),
+        )
+        .await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    redis.restart();
+    for gw in &gws {
+        redis_state(gw, "up").await;
+    }
+    let back = until(T, || !redis.cli(&["KEYS", "mcpgw:task:*"]).trim().is_empty()).await;
+    assert!(back, "{}\n{}", redis.cli(&["KEYS", "*"]), gws[0].logs());
+    let b = via(&a, &gws[1]);
+    let got = b.request(json!(2), "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["taskId"], id.as_str(), "{got}");
+}

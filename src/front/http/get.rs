@@ -98,7 +98,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
         match current.take() {
             // A client resuming its GET stream: the connection it lost, if this replica
             // has not noticed yet, ends.
-            Some((_, old)) if resumed.is_some() || reopened => old.cancel(),
+            Some((_, old, _)) if resumed.is_some() || reopened => old.cancel(),
             Some(old) => {
                 *current = Some(old);
                 return reject(
@@ -110,8 +110,11 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
             }
             None => {}
         }
-        *current = Some((conn, ended.clone()));
+        let at = crate::cluster::now_ms();
+        *current = Some((conn, ended.clone(), at));
         session.get_open.store(true, Ordering::Release);
+        // Cluster mode: one GET stream per session over every replica, the newest.
+        http.gw.stream_opened_elsewhere(&sid, at);
     }
     let replay = session.replay(&http);
     let (stream, frames, after) = match resumed {
@@ -127,7 +130,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
     impl Drop for Open {
         fn drop(&mut self) {
             let mut current = crate::sync::lock(&self.0.get_conn);
-            if current.as_ref().is_some_and(|(c, _)| *c == self.3) {
+            if current.as_ref().is_some_and(|(c, _, _)| *c == self.3) {
                 *current = None;
                 self.0.get_open.store(false, Ordering::Release);
                 self.1.finish(self.2);

@@ -30,9 +30,10 @@ pub(super) struct Session {
     pub(super) last_seen: AtomicU64,
     /// A GET stream is open; server-initiated messages go to exactly one stream.
     pub(super) get_open: AtomicBool,
-    /// The open GET stream's connection: its number, and how to end it (a GET resuming
-    /// the stream takes it over from a connection the gateway has not seen die yet).
-    pub(super) get_conn: std::sync::Mutex<Option<(u64, CancellationToken)>>,
+    /// The open GET stream's connection: its number, how to end it (a GET resuming the
+    /// stream takes it over from a connection the gateway has not seen die yet), and when
+    /// it opened (ms since the epoch: in cluster mode a newer one on another replica ends it).
+    pub(super) get_conn: std::sync::Mutex<Option<(u64, CancellationToken, u64)>>,
     /// Its SSE streams' events, for `Last-Event-ID`; made by its first SSE stream.
     pub(super) replay: std::sync::OnceLock<Arc<Replay>>,
     /// Its protocol version (2025-11-25 or later) has priming events and `retry`.
@@ -45,8 +46,22 @@ pub(super) struct Session {
 impl Session {
     /// Ends its open GET stream, if any: a session that ended sends nothing more.
     pub(super) fn close_get_stream(&self) {
-        if let Some((_, ended)) = crate::sync::lock(&self.get_conn).take() {
+        if let Some((_, ended, _)) = crate::sync::lock(&self.get_conn).take() {
             ended.cancel();
+        }
+    }
+
+    /// Cluster mode: a GET stream of this session opened on another replica at `at`;
+    /// this one's ends if it opened before (the client reconnected elsewhere, or holds a
+    /// second stream it would hear every notification on twice).
+    pub(super) fn stream_taken(&self, at: u64) -> bool {
+        // Ended, not taken: the stream's own end clears it (and finishes its events).
+        match &*crate::sync::lock(&self.get_conn) {
+            Some((_, ended, since)) if *since < at => {
+                ended.cancel();
+                true
+            }
+            _ => false,
         }
     }
 
@@ -115,6 +130,13 @@ impl Http {
             .collect();
         if let Some(cluster) = self.gw.cluster().cloned() {
             self.refresh_records(&cluster, now, idle);
+            // What sessions whose record expired left in Redis goes, whichever replica
+            // served them (they may all have dropped their copies, or died): one replica
+            // sweeps per half a janitor's round.
+            let gw = self.gw.clone();
+            let every = (self.gw.config().gateway.session_idle / 4)
+                .clamp(std::time::Duration::from_millis(50), std::time::Duration::from_secs(30));
+            crate::background::spawn(async move { gw.sweep(every).await });
             // Another replica may still serve it: this one forgets its copy, and ends the
             // session only when its record is gone too (nobody used it for session_idle).
             for id in expired {
