@@ -229,6 +229,27 @@ fn unavailable(server: &Server, identity: &str, e: &crate::downstream::DsError) 
     )
 }
 
+/// A value a peer chose (an issuer, a resource, an error text), fit for a message, a log
+/// line or `/status`: quoted, control characters escaped, at most 80 characters.
+pub(crate) fn untrusted(s: &str) -> String {
+    let mut out: String = s.chars().take(80).flat_map(char::escape_debug).collect();
+    if s.chars().nth(80).is_some() {
+        out.push('…');
+    }
+    format!("\"{out}\"")
+}
+
+/// An http(s) URL without userinfo or fragment, or `None`.
+fn web_url(s: &str) -> Option<reqwest::Url> {
+    let u = reqwest::Url::parse(s).ok()?;
+    let ok = matches!(u.scheme(), "https" | "http")
+        && u.has_host()
+        && u.username().is_empty()
+        && u.password().is_none()
+        && u.fragment().is_none();
+    ok.then_some(u)
+}
+
 fn eq(a: &str, b: &str) -> bool {
     use subtle::ConstantTimeEq;
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
@@ -850,16 +871,41 @@ impl Consent {
             return Err("it has no auth.oauth".into());
         };
         let url = reqwest::Url::parse(h.url.expose()).map_err(|_| "its url is not a URL".to_owned())?;
+        let pinned = oauth.authorization_server.is_some();
+        if !pinned && oauth.client_secret.is_some() {
+            // `check` refuses this too: the secret goes only to an AS named in gateway.toml.
+            return Err("auth.oauth.client_secret needs auth.oauth.authorization_server".into());
+        }
         let (issuer, resource) = match &oauth.authorization_server {
             Some(i) => (i.clone(), canonical(&url)),
             None => self.resource_metadata(&url).await?,
         };
-        let meta = self.as_metadata(&issuer).await?;
-        let text = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned);
-        let authorization_endpoint = text("authorization_endpoint")
+        let meta = self.as_metadata(&issuer, &url, pinned).await?;
+        let issuer_url = web_url(&issuer).ok_or("the authorization server is not an http(s) URL")?;
+        // The endpoints the gateway itself sends requests to (and the browser is sent to):
+        // an http(s) URL each; for an authorization server the server's metadata named
+        // (not gateway.toml), on that authorization server's own origin.
+        let endpoint = |k: &str| -> Result<Option<String>, String> {
+            let Some(v) = meta.get(k) else { return Ok(None) };
+            let u = v
+                .as_str()
+                .and_then(web_url)
+                .ok_or_else(|| format!("the authorization server's metadata has a {k} that is not an http(s) URL"))?;
+            if !pinned && u.origin() != issuer_url.origin() {
+                return Err(format!(
+                    "the authorization server's metadata puts its {k} on another origin ({}) than its issuer's: \
+                     refused for an authorization server the server named (set auth.oauth.authorization_server to trust it)",
+                    untrusted(&u.origin().ascii_serialization())
+                ));
+            }
+            Ok(Some(u.to_string()))
+        };
+        let authorization_endpoint = endpoint("authorization_endpoint")?
             .ok_or("the authorization server's metadata has no authorization_endpoint")?;
         let token_endpoint =
-            text("token_endpoint").ok_or("the authorization server's metadata has no token_endpoint")?;
+            endpoint("token_endpoint")?.ok_or("the authorization server's metadata has no token_endpoint")?;
+        let registration_endpoint = endpoint("registration_endpoint")?;
+        let revocation_endpoint = endpoint("revocation_endpoint")?;
         let s256 = meta
             .get("code_challenge_methods_supported")
             .and_then(Value::as_array)
@@ -874,13 +920,13 @@ impl Consent {
             None => format!("{}/oauth/callback", self.public()?),
         };
         let (client_id, client_secret) = self
-            .client(server, oauth, &issuer, &redirect_uri, text("registration_endpoint"))
+            .client(server, oauth, &issuer, &redirect_uri, registration_endpoint)
             .await?;
         Ok(Provider {
             issuer,
             authorization_endpoint,
             token_endpoint,
-            revocation_endpoint: text("revocation_endpoint"),
+            revocation_endpoint,
             resource,
             client_id,
             client_secret,
@@ -889,9 +935,14 @@ impl Consent {
         })
     }
 
-    /// RFC 9728: (authorization server, resource) of the server at `url`.
+    /// RFC 9728: (authorization server, resource) of the server at `url`. The document
+    /// must be about that server: its `resource` is the server's URL (§3.3; for the
+    /// origin's own document, `/.well-known/oauth-protected-resource`, the origin), else
+    /// it is refused: a token asked for another resource would go to this server.
     async fn resource_metadata(&self, url: &reqwest::Url) -> Result<(String, String), String> {
         let (origin, path) = split_origin(url);
+        let want = canonical(url);
+        // (document, whether it is the origin's own)
         let mut candidates = Vec::new();
         // The challenge of an unauthenticated request names the document.
         if let Ok(r) = self
@@ -911,13 +962,18 @@ impl Consent {
             {
                 // Only a document on the server's own origin is believed.
                 if reqwest::Url::parse(&m).is_ok_and(|u| u.origin() == url.origin()) {
-                    candidates.push(m);
+                    candidates.push((m, false));
                 }
             }
         }
-        candidates.push(format!("{origin}/.well-known/oauth-protected-resource{path}"));
-        candidates.push(format!("{origin}/.well-known/oauth-protected-resource"));
-        for c in candidates {
+        candidates.push((
+            format!("{origin}/.well-known/oauth-protected-resource{path}"),
+            path.is_empty(),
+        ));
+        if !path.is_empty() {
+            candidates.push((format!("{origin}/.well-known/oauth-protected-resource"), true));
+        }
+        for (c, root) in candidates {
             let Some(doc) = self.get_json(&c).await else { continue };
             let Some(issuer) = doc
                 .get("authorization_servers")
@@ -927,10 +983,25 @@ impl Consent {
             else {
                 continue;
             };
-            let resource = doc
-                .get("resource")
-                .and_then(Value::as_str)
-                .map_or_else(|| canonical(url), str::to_owned);
+            let named = doc.get("resource").and_then(Value::as_str).unwrap_or_default();
+            let own_origin = |r: &str| root && r == format!("{origin}/");
+            let resource = match web_url(named).map(|u| u.to_string()) {
+                Some(r) if r == want || own_origin(&r) => r,
+                _ => {
+                    return Err(format!(
+                        "its OAuth protected-resource metadata (RFC 9728) is about another resource ({}) than its url ({}{}): refused (RFC 9728 §3.3)",
+                        untrusted(named),
+                        origin,
+                        url.path()
+                    ))
+                }
+            };
+            if web_url(issuer).is_none() {
+                return Err(format!(
+                    "its OAuth protected-resource metadata (RFC 9728) names an authorization server that is not an http(s) URL ({})",
+                    untrusted(issuer)
+                ));
+            }
             return Ok((issuer.to_owned(), resource));
         }
         Err(
@@ -939,9 +1010,18 @@ impl Consent {
         )
     }
 
-    /// RFC 8414 (then OpenID Connect discovery) metadata of `issuer`, whose `issuer` must match.
-    async fn as_metadata(&self, issuer: &str) -> Result<Value, String> {
-        let url = reqwest::Url::parse(issuer).map_err(|_| "the authorization server is not a URL".to_owned())?;
+    /// RFC 8414 (then OpenID Connect discovery) metadata of `issuer`, whose `issuer` must
+    /// match. An authorization server the server's metadata named (not `pinned` in
+    /// gateway.toml) must be https when the server is.
+    async fn as_metadata(&self, issuer: &str, server: &reqwest::Url, pinned: bool) -> Result<Value, String> {
+        let url = web_url(issuer)
+            .ok_or_else(|| format!("the authorization server ({}) is not an http(s) URL", untrusted(issuer)))?;
+        if !pinned && server.scheme() == "https" && url.scheme() != "https" {
+            return Err(format!(
+                "its metadata names an authorization server without https ({}): refused",
+                untrusted(issuer)
+            ));
+        }
         let (origin, path) = split_origin(&url);
         for c in [
             format!("{origin}/.well-known/oauth-authorization-server{path}"),
@@ -952,13 +1032,16 @@ impl Consent {
             let named = doc.get("issuer").and_then(Value::as_str).unwrap_or_default();
             if named.trim_end_matches('/') != issuer.trim_end_matches('/') {
                 return Err(format!(
-                    "the authorization server's metadata names another issuer ({named:?}) than {issuer:?}"
+                    "the authorization server's metadata names another issuer ({}) than {}",
+                    untrusted(named),
+                    untrusted(issuer)
                 ));
             }
             return Ok(doc);
         }
         Err(format!(
-            "the metadata of the authorization server {issuer} (RFC 8414) cannot be fetched"
+            "the metadata of the authorization server {} (RFC 8414) cannot be fetched",
+            untrusted(issuer)
         ))
     }
 

@@ -38,6 +38,11 @@ struct Fixtures {
 }
 
 async fn fixtures(as_args: &[&str]) -> Fixtures {
+    fixtures_with(as_args, &[]).await
+}
+
+/// As [`fixtures`], with more arguments for the protected server.
+async fn fixtures_with(as_args: &[&str], mcp_args: &[&str]) -> Fixtures {
     require_deps();
     let py = path_str(&venv_python());
     let mut args = vec!["tests/fixtures/oauth_as.py", "--port", "0"];
@@ -48,20 +53,17 @@ async fn fixtures(as_args: &[&str]) -> Fixtures {
     let mcp_base = format!("http://127.0.0.1:{}", port.port);
     let audience = format!("{mcp_base}/mcp");
     let p = port.port.to_string();
-    let mcp = Proc::start(
-        &py,
-        &[
-            "tests/fixtures/protected_mcp.py",
-            "--port",
-            &p,
-            "--audience",
-            &audience,
-            "--issuer",
-            &as_base,
-        ],
-        &[],
-    )
-    .await;
+    let mut args = vec![
+        "tests/fixtures/protected_mcp.py",
+        "--port",
+        &p,
+        "--audience",
+        &audience,
+        "--issuer",
+        &as_base,
+    ];
+    args.extend_from_slice(mcp_args);
+    let mcp = Proc::start(&py, &args, &[]).await;
     let tables = format!(
         "[clients.alice]\ntoken = {ALICE:?}\n\n[clients.bob]\ntoken = {BOB:?}\n\n\
          [servers.docs]\nurl = \"{audience}\"\nauth = {{ oauth = {{}} }}\n"
@@ -77,7 +79,11 @@ async fn fixtures(as_args: &[&str]) -> Fixtures {
 }
 
 async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
-    let f = fixtures(as_args).await;
+    setup_with(as_args, &[], env).await
+}
+
+async fn setup_with(as_args: &[&str], mcp_args: &[&str], env: &[(&str, &str)]) -> Setup {
+    let f = fixtures_with(as_args, mcp_args).await;
     let state = tempfile::tempdir().unwrap();
     let config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
     let gw = Gateway::start_with_env(&config, env);
@@ -136,6 +142,14 @@ impl Setup {
         let b = browse(&url, None, Some(token)).await;
         assert_eq!(b.status, 200, "{b:?}\n{}", self.gw.logs());
         b
+    }
+}
+
+/// What a refused call says: its error's message, or its tool error's text.
+fn said(r: &Value) -> String {
+    match r["error"]["message"].as_str() {
+        Some(m) => m.to_owned(),
+        None => text(r),
     }
 }
 
@@ -727,4 +741,91 @@ async fn a_gateway_without_oauth_servers_keeps_no_state() {
     let s = gw.session().await;
     assert!(!s.tool_names().await.is_empty());
     assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0, "no token.key made");
+}
+
+/// RFC 9728 §3.3: a server whose protected-resource metadata names another resource (here
+/// another host's API) is refused: no token is asked for that resource, none goes to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_about_another_resource_is_refused() {
+    let s = setup_with(&[], &["--prm-resource", "https://payroll.internal.example/api"], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    let r = alice.call("docs__authorize", json!({})).await;
+    assert!(!r.to_string().contains("/oauth/start"), "no consent link: {r}");
+    let e = said(&r);
+    assert!(e.contains("'docs'"), "{e}");
+    assert!(
+        e.contains("another resource") && e.contains("payroll.internal.example") && e.contains("RFC 9728"),
+        "{e}"
+    );
+    let stats = s.stats().await;
+    assert_eq!(stats["register"], 0, "{stats}");
+    assert_eq!(stats["authorize"], 0, "{stats}");
+}
+
+/// An authorization server the server named (not gateway.toml) keeps its endpoints on its
+/// own origin, and what it says goes into errors escaped and cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_discovered_authorization_server_cannot_send_the_gateway_elsewhere() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    for key in ["token_endpoint", "registration_endpoint", "revocation_endpoint"] {
+        s.control(json!({"metadata": {key: "http://127.0.0.1:9/elsewhere"}}))
+            .await;
+        let r = alice.call("docs__authorize", json!({})).await;
+        assert!(!r.to_string().contains("/oauth/start"), "no consent link: {r}");
+        let e = said(&r);
+        assert!(
+            e.contains("'docs'") && e.contains(key) && e.contains("another origin"),
+            "{e}"
+        );
+    }
+    assert_eq!(s.stats().await["register"], 0, "nothing registered");
+    let hostile = format!("http://evil.example/\u{1b}[2J\nforged line {}", "A".repeat(5000));
+    s.control(json!({"metadata": {"issuer": hostile}})).await;
+    let r = alice.call("docs__authorize", json!({})).await;
+    let e = said(&r);
+    assert!(e.contains("'docs'") && e.contains("another issuer"), "{e}");
+    assert!(!e.contains('\u{1b}') && !e.contains('\n') && e.len() < 600, "{e}");
+    assert!(!s.gw.logs().contains('\u{1b}'), "no raw escape in the log");
+    // Its own origin is fine.
+    s.control(json!({"metadata": {}})).await;
+    elicitation_url(&alice.call("docs__authorize", json!({})).await);
+}
+
+/// A client secret goes only to an authorization server named in gateway.toml: `check`
+/// (and a start) refuse it without `authorization_server`.
+#[test]
+fn a_client_secret_needs_a_pinned_authorization_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("gateway.toml");
+    let run = |pin: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "[servers.wiki]\nurl = \"https://wiki.example/mcp\"\n\
+                 auth = {{ oauth = {{ client_id = \"gw\", client_secret = \"s3cret-value-xyz\"{pin} }} }}\n"
+            ),
+        )
+        .unwrap();
+        let out = Command::new(BIN)
+            .args(["check", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!all.contains("s3cret-value-xyz"), "{all}");
+        (out.status.success(), all)
+    };
+    let (ok, all) = run("");
+    assert!(!ok, "{all}");
+    assert!(
+        all.contains("servers.wiki.auth.oauth.client_secret needs servers.wiki.auth.oauth.authorization_server"),
+        "{all}"
+    );
+    let (ok, all) = run(", authorization_server = \"https://login.example\"");
+    assert!(ok, "{all}");
 }
