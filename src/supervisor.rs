@@ -127,6 +127,9 @@ pub struct Server {
     skip_probe: AtomicBool,
     /// Ends the wait before the next start (a user consented to a server with `auth.oauth`).
     wake: tokio::sync::Notify,
+    /// Set by [`Server::reconnect`]: its connection closed on purpose, to be opened again
+    /// at once.
+    reconnect: AtomicBool,
 }
 
 /// Who a call is for, which picks the process of a server that is not shared and fills
@@ -191,12 +194,25 @@ impl Server {
             subscriptions: Default::default(),
             skip_probe: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
+            reconnect: AtomicBool::new(false),
         }
     }
 
     /// Starts it again now if it is waiting to (its catalog can be listed now).
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Closes its connection so that it is opened again at once (`auth.oauth`: the one
+    /// listing the catalog was opened with a user's token that is now revoked, and is
+    /// opened again with another user's).
+    pub async fn reconnect(&self) {
+        self.reconnect.store(true, Ordering::Release);
+        let conn = self.state().conn.clone();
+        match conn {
+            Some(c) => c.shutdown().await,
+            None => self.wake(),
+        }
     }
 
     /// Whether it offers only the placeholder tool, waiting for a first user's consent.
@@ -583,6 +599,10 @@ impl Server {
             };
             if self.stop.is_cancelled() {
                 return;
+            }
+            if self.reconnect.swap(false, Ordering::AcqRel) {
+                // Closed on purpose (Server::reconnect): again at once, no backoff.
+                continue;
             }
             let again = match self.cfg.restart {
                 config::Restart::Never => false,

@@ -95,6 +95,8 @@ pub struct Consent {
     notify: OnceLock<Weak<dyn Notify>>,
     /// Set by `serve`: this process serves `/oauth/*`.
     serving: std::sync::atomic::AtomicBool,
+    /// server → the user whose token its catalog connection was opened with.
+    listing: Mutex<HashMap<String, String>>,
 }
 
 /// A consent link handed to a session, not opened yet.
@@ -217,8 +219,23 @@ pub fn challenge(verifier: &str) -> String {
 
 /// Whether a connection failed because the server refused the token at `initialize`.
 fn refused(e: &crate::downstream::DsError) -> bool {
-    let text = e.to_string();
+    refused_text(&e.to_string())
+}
+
+/// [`refused`], of an error's text.
+pub fn refused_text(text: &str) -> bool {
     text.contains("answered HTTP 401") || text.contains("answered HTTP 403")
+}
+
+/// `token` as the value of an `Authorization` header (sensitive), or `None` when it cannot
+/// be one (empty, a control character, a CR/LF).
+fn bearer_value(token: &str) -> Option<reqwest::header::HeaderValue> {
+    if token.is_empty() || token.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return None;
+    }
+    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
 }
 
 fn unavailable(server: &Server, identity: &str, e: &crate::downstream::DsError) -> Error {
@@ -294,6 +311,7 @@ impl Consent {
             refreshing: Mutex::default(),
             notify: OnceLock::new(),
             serving: std::sync::atomic::AtomicBool::new(false),
+            listing: Mutex::default(),
         }
     }
 
@@ -408,10 +426,7 @@ impl Consent {
             .entry((server.to_owned(), identity.to_owned()))
             .or_default()
             .clone();
-        if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")) {
-            v.set_sensitive(true);
-            *crate::sync::write(&b) = Some(v);
-        }
+        *crate::sync::write(&b) = bearer_value(token);
         b
     }
 
@@ -434,9 +449,36 @@ impl Consent {
             Ok(Some(_)) => true,
             _ => {
                 let _ = store.remove(&server.name, identity).await;
+                self.forgotten(server, identity).await;
                 false
             }
         }
+    }
+
+    /// `identity`'s tokens for `server` are gone (revoked, refused): its connection's
+    /// header goes, and a catalog connection opened with its token is opened again with
+    /// another user's (or none): a forgotten token is never sent again.
+    async fn forgotten(&self, server: &Server, identity: &str) {
+        if let Some(b) = crate::sync::lock(&self.bearers).remove(&(server.name.to_string(), identity.to_owned())) {
+            *crate::sync::write(&b) = None;
+        }
+        let listing = {
+            let mut l = crate::sync::lock(&self.listing);
+            let mine = l.get(server.name.as_ref()).is_some_and(|i| i == identity);
+            if mine {
+                l.remove(server.name.as_ref());
+            }
+            mine
+        };
+        if listing {
+            info!(server = %server.name, %identity, "the catalog connection used this user's token: opening it again");
+            server.reconnect().await;
+        }
+    }
+
+    /// The catalog connection of `server` was opened with `identity`'s token.
+    pub fn listing_as(&self, server: &str, identity: &str) {
+        crate::sync::lock(&self.listing).insert(server.to_owned(), identity.to_owned());
     }
 
     fn lock(&self, key: &(String, String)) -> Arc<tokio::sync::Mutex<()>> {
@@ -472,6 +514,7 @@ impl Consent {
             Ok(None) | Err(_) if !tokens.expiring(0) => Ok(Some(tokens)),
             _ => {
                 store.remove(&server.name, identity).await?;
+                self.forgotten(server, identity).await;
                 Ok(None)
             }
         }
@@ -507,16 +550,23 @@ impl Consent {
         }
     }
 
-    /// A valid token of any user who consented to `server`: what its catalog is listed with.
-    pub async fn catalog_token(&self, server: &Server) -> Option<String> {
-        let store = self.store().ok()?;
-        let ids = super::store::identities(store, &server.name).await.ok()?;
-        for id in ids.iter().filter(|i| i.as_str() != REGISTRATION) {
-            if let Ok(Some(t)) = self.tokens(server, id).await {
-                return Some(t.access_token);
-            }
+    /// The users who consented to `server`, in order: whose token its catalog is listed
+    /// with (the first whose token the server takes).
+    pub async fn catalog_users(&self, server: &Server) -> Vec<String> {
+        // Opened again: with whoever comes first now.
+        crate::sync::lock(&self.listing).remove(server.name.as_ref());
+        let Ok(store) = self.store() else { return Vec::new() };
+        let mut ids = super::store::identities(store, &server.name).await.unwrap_or_default();
+        ids.retain(|i| i.as_str() != REGISTRATION);
+        ids
+    }
+
+    /// `identity`'s valid token for `server`, for its catalog connection.
+    pub async fn catalog_token(&self, server: &Server, identity: &str) -> Option<String> {
+        match self.tokens(server, identity).await {
+            Ok(Some(t)) => Some(t.access_token),
+            _ => None,
         }
-        None
     }
 
     /// A consent link for `identity` and `server`.
@@ -782,6 +832,7 @@ impl Consent {
         let had = store.remove(name, identity).await?;
         if let Some(s) = server {
             s.end_user(identity).await;
+            self.forgotten(s, identity).await;
         }
         crate::sync::lock(&self.bearers).remove(&(name.to_owned(), identity.to_owned()));
         if let (Some(server), Some(old)) = (server, old) {
@@ -842,10 +893,33 @@ impl Consent {
                 "server '{server}': the authorization server's answer has no access_token"
             ));
         };
+        if bearer_value(access).is_none() {
+            // It would go in every request's header: one that cannot is refused here, not
+            // stored to fail each call (and the catalog) later.
+            return Err(format!(
+                "server '{server}': the authorization server's access_token cannot be sent as a header (empty, or control characters): refused"
+            ));
+        }
+        if let Some(t) = body.get("token_type").and_then(Value::as_str) {
+            // Sent as `Authorization: Bearer`: a token of another type (DPoP, MAC...) is not one.
+            if !t.eq_ignore_ascii_case("bearer") {
+                return Err(format!(
+                    "server '{server}': the authorization server issued a token of type {}, not Bearer: refused",
+                    untrusted(t)
+                ));
+            }
+        }
+        let refresh_token = body.get("refresh_token").and_then(Value::as_str).map(str::to_owned);
+        // Capped (a peer's 2^64-1 would overflow): ten years is as good as forever.
+        let max = crate::config::values::MAX_DURATION.as_secs();
+        let expires_at = body
+            .get("expires_in")
+            .and_then(Value::as_u64)
+            .map(|s| now_secs().saturating_add(s.min(max)));
         Ok(Tokens {
             access_token: access.to_owned(),
-            refresh_token: body.get("refresh_token").and_then(Value::as_str).map(str::to_owned),
-            expires_at: body.get("expires_in").and_then(Value::as_u64).map(|s| now_secs() + s),
+            refresh_token,
+            expires_at,
         })
     }
 

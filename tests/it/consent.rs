@@ -829,3 +829,107 @@ fn a_client_secret_needs_a_pinned_authorization_server() {
     let (ok, all) = run(", authorization_server = \"https://login.example\"");
     assert!(ok, "{all}");
 }
+
+/// The catalog connection was opened with alice's token. After alice's DELETE, what goes to
+/// the server on it (bob's roots notification) never carries her revoked token: it is
+/// opened again with bob's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_users_token_leaves_the_catalog_connection() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let alices = s.seen().await;
+    assert!(!alices.is_empty());
+    let bob = Session::open_on(
+        bearer_client(BOB),
+        &s.gw.url,
+        json!({"elicitation": {"url": {}}, "roots": {"listChanged": true}}),
+    )
+    .await;
+    s.consent(&bob, BOB, "docs__whoami").await;
+    let r = bob.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let bobs: Vec<String> = s.seen().await.into_iter().filter(|v| !alices.contains(v)).collect();
+
+    let del = bearer_client(ALICE)
+        .delete(format!("{}/oauth/tokens/docs", s.gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    reqwest::get(format!("{}/seen?reset=1", s.mcp_base)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    bob.notify("notifications/roots/list_changed", json!({})).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = s.seen().await;
+    assert!(!after.is_empty(), "nothing reached the server after the DELETE");
+    for v in &after {
+        assert!(!alices.contains(v), "alice's revoked token was sent after her DELETE");
+        assert!(bobs.contains(v), "only bob's token now: {v}");
+    }
+    // bob's calls go on.
+    let r = bob.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+}
+
+/// The first stored user's token is refused by the server (and cannot be refreshed): a
+/// gateway starting then lists the catalog with the next user's, at once, and the refused
+/// user is asked again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_token_does_not_keep_the_catalog_down() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let alices = s.seen().await;
+    let bob = s.url_session(BOB).await;
+    s.consent(&bob, BOB, "docs__whoami").await;
+    post_ok(&format!("{}/refuse", s.mcp_base), &json!(alices)).await;
+    s.control(json!({"fail_token": "invalid_grant"})).await;
+
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let gw2 = Gateway::start_with_env(&config, &[]);
+    let bob2 = Session::open_on(bearer_client(BOB), &gw2.url, json!({"elicitation": {"url": {}}})).await;
+    let mut listed = false;
+    for _ in 0..50 {
+        if bob2.tool_names().await.iter().any(|t| t == "docs__whoami") {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed, "the catalog stayed down; log:\n{}", gw2.logs());
+    let r = bob2.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let alice2 = Session::open_on(bearer_client(ALICE), &gw2.url, json!({"elicitation": {"url": {}}})).await;
+    elicitation_url(&alice2.call("docs__whoami", json!({})).await);
+}
+
+/// A token answer the gateway could not use is refused at the callback, with a clear error,
+/// and nothing is stored: a token with CR/LF (it would break every request's header), one
+/// of another type than Bearer. A lifetime of 2^64-1 s is capped, not an overflow.
+#[tokio::test(flavor = "multi_thread")]
+async fn unusable_token_answers_are_refused_at_the_callback() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    for (answer, why) in [
+        (
+            json!({"access_token": "abc\r\nX-Injected: 1"}),
+            "cannot be sent as a header",
+        ),
+        (json!({"token_type": "DPoP"}), "not Bearer"),
+    ] {
+        s.control(json!({"answer": answer})).await;
+        let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
+        let b = browse(&url, None, Some(ALICE)).await;
+        assert_eq!(b.status, 502, "{answer}: {b:?}");
+        assert!(b.body.contains("docs") && b.body.contains(why), "{}", b.body);
+    }
+    s.control(json!({"answer": {"expires_in": u64::MAX}})).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let r = alice.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+    assert!(!s.gw.logs().contains("panicked"), "{}", s.gw.logs());
+}
