@@ -580,6 +580,10 @@ impl Server {
                             })
                             .await;
                         let _ = events.send(Event::ListsChanged { announced: None }).await;
+                    } else if self.awaiting_consent() {
+                        // Its catalog connection's user was forgotten and nobody else has
+                        // consented: the placeholder replaces the tools listed before.
+                        let _ = events.send(Event::ListsChanged { announced: None }).await;
                     }
                 }
             }
