@@ -43,6 +43,12 @@ pub const LINK_LIFETIME: Duration = Duration::from_secs(600);
 const REFRESH_MARGIN: u64 = 60;
 /// Links and flows pending at most (older ones are dropped first).
 const MAX_PENDING: usize = 10_000;
+/// Links and flows pending at most for one user and server: one client cannot fill
+/// [`MAX_PENDING`] for everybody.
+pub const MAX_PENDING_PER_USER: usize = 32;
+/// How long a failed refresh is remembered: calls meanwhile use the token as it is
+/// (while it lasts) rather than ask the authorization server again.
+const REFRESH_BACKOFF: Duration = Duration::from_secs(30);
 /// The name of the one tool a server offers while no user has consented.
 pub const PLACEHOLDER: &str = "authorize";
 /// The cookie binding the browser that opened a link to the callback.
@@ -83,8 +89,11 @@ pub struct Consent {
     /// Made on first use: loading the system's root certificates takes milliseconds, which
     /// a gateway without `auth.oauth` servers should not spend at start.
     http: OnceLock<reqwest::Client>,
-    /// Single mode: pending links and flows, `kind:id` → (until, JSON).
-    pending: Mutex<HashMap<String, (u64, String)>>,
+    /// Single mode: pending links and flows, `kind:id` → (until, owner, JSON); the owner
+    /// is the user and server it is for.
+    pending: Mutex<HashMap<String, (u64, String, String)>>,
+    /// (server, identity) → when refreshing its token last failed.
+    refresh_failed: Mutex<HashMap<Key, std::time::Instant>>,
     /// Each server's authorization server and client, found once.
     providers: tokio::sync::Mutex<HashMap<String, Arc<Provider>>>,
     /// (server, identity) → the `Authorization` its connection sends (the connections
@@ -306,6 +315,7 @@ impl Consent {
             public: Mutex::new(config.gateway.public_url.clone()),
             http: OnceLock::new(),
             pending: Mutex::default(),
+            refresh_failed: Mutex::default(),
             providers: tokio::sync::Mutex::default(),
             bearers: Mutex::default(),
             refreshing: Mutex::default(),
@@ -509,7 +519,29 @@ impl Consent {
         if !tokens.expiring(REFRESH_MARGIN) {
             return Ok(Some(tokens));
         }
-        match self.refresh(server, identity, &tokens).await {
+        let failed = crate::sync::lock(&self.refresh_failed)
+            .get(&key)
+            .is_some_and(|t| t.elapsed() < REFRESH_BACKOFF);
+        if failed && !tokens.expiring(0) {
+            // It failed a moment ago: the token as it is while it lasts, not one more try.
+            return Ok(Some(tokens));
+        }
+        let refreshed = self.refresh(server, identity, &tokens).await;
+        {
+            let mut f = crate::sync::lock(&self.refresh_failed);
+            match &refreshed {
+                Ok(Some(_)) => {
+                    f.remove(&key);
+                }
+                _ => {
+                    if f.len() >= MAX_PENDING {
+                        f.retain(|_, t| t.elapsed() < REFRESH_BACKOFF);
+                    }
+                    f.insert(key.clone(), std::time::Instant::now());
+                }
+            }
+        }
+        match refreshed {
             Ok(Some(t)) => Ok(Some(t)),
             Ok(None) | Err(_) if !tokens.expiring(0) => Ok(Some(tokens)),
             _ => {
@@ -593,7 +625,9 @@ impl Consent {
             session: session.map(str::to_owned),
             expires: now_secs() + LINK_LIFETIME.as_secs(),
         };
-        self.keep("link", &link, &record).await.map_err(Error::gateway)?;
+        self.keep("link", &link, &record, (&name, identity))
+            .await
+            .map_err(|e| Error::server(&server.name, crate::error::code::INTERNAL_ERROR, e))?;
         debug!(server = %name, %identity, "asking the user's consent");
         Ok(Need {
             url: format!("{public}/oauth/start?link={link}"),
@@ -609,22 +643,42 @@ impl Consent {
     // ------------------------------------------------------------------ pending links and flows
 
     /// Keeps a link or flow for [`LINK_LIFETIME`]: in Redis in cluster mode (any replica
-    /// may serve the browser), else here.
-    async fn keep<T: serde::Serialize>(&self, kind: &str, id: &str, v: &T) -> Result<(), String> {
+    /// may serve the browser), else here. At most [`MAX_PENDING_PER_USER`] for one
+    /// `owner` (server, identity) at a time.
+    async fn keep<T: serde::Serialize>(&self, kind: &str, id: &str, v: &T, owner: (&str, &str)) -> Result<(), String> {
+        let (server, identity) = owner;
+        let too_many = || {
+            format!(
+                "server '{server}': too many consents of {} are pending ({MAX_PENDING_PER_USER}); use a link given already, or try again in {} minutes",
+                untrusted(identity),
+                LINK_LIFETIME.as_secs() / 60
+            )
+        };
         let store = self.store()?;
         if store.shared() {
+            if store
+                .count_pending(&format!("{kind}:{server}\0{identity}"), LINK_LIFETIME)
+                .await?
+                > MAX_PENDING_PER_USER as u64
+            {
+                return Err(too_many());
+            }
             return store.put_pending(kind, id, v, LINK_LIFETIME).await;
         }
         let text = serde_json::to_string(v).map_err(|e| e.to_string())?;
+        let owner = format!("{kind}:{server}\0{identity}");
         let mut m = crate::sync::lock(&self.pending);
         let now = now_secs();
-        m.retain(|_, (until, _)| *until > now);
+        m.retain(|_, (until, _, _)| *until > now);
+        if m.values().filter(|(_, o, _)| *o == owner).count() >= MAX_PENDING_PER_USER {
+            return Err(too_many());
+        }
         if m.len() >= MAX_PENDING {
             return Err(format!(
                 "too many consents are pending ({MAX_PENDING}); try again later"
             ));
         }
-        m.insert(format!("{kind}:{id}"), (now + LINK_LIFETIME.as_secs(), text));
+        m.insert(format!("{kind}:{id}"), (now + LINK_LIFETIME.as_secs(), owner, text));
         Ok(())
     }
 
@@ -635,7 +689,7 @@ impl Consent {
         }
         let m = crate::sync::lock(&self.pending);
         Ok(m.get(&format!("{kind}:{id}"))
-            .and_then(|(_, t)| serde_json::from_str(t).ok()))
+            .and_then(|(_, _, t)| serde_json::from_str(t).ok()))
     }
 
     /// Takes a link or flow out (once: a second take finds nothing).
@@ -646,7 +700,7 @@ impl Consent {
         }
         let mut m = crate::sync::lock(&self.pending);
         Ok(m.remove(&format!("{kind}:{id}"))
-            .and_then(|(_, t)| serde_json::from_str(&t).ok()))
+            .and_then(|(_, _, t)| serde_json::from_str(&t).ok()))
     }
 
     // ------------------------------------------------------------------ the browser's side
@@ -737,7 +791,8 @@ impl Consent {
             browser: browser.clone(),
             redirect_uri: p.redirect_uri.clone(),
         };
-        if let Err(e) = self.keep("flow", &state, &flow).await {
+        let owner = (flow.link.server.clone(), flow.link.identity.clone());
+        if let Err(e) = self.keep("flow", &state, &flow, (&owner.0, &owner.1)).await {
             return refused(503, &e);
         }
         Started::Redirect {
@@ -756,23 +811,31 @@ impl Consent {
         let Some(state) = query.get("state") else {
             return Err((400, "the callback has no state".into()));
         };
-        // Single use: taken out whatever happens next.
-        let flow: Option<Flow> = self.take("flow", state).await.map_err(|e| (503, e))?;
-        let Some(flow) = flow else {
-            return Err((
+        let unknown = || {
+            (
                 400,
-                "this consent is unknown, was completed already, or has expired".into(),
-            ));
+                "this consent is unknown, was completed already, or has expired".to_owned(),
+            )
+        };
+        // The browser is checked before the flow is used up: a request without its cookie
+        // (someone who learnt the state) leaves the flow to the browser that began it.
+        let flow: Option<Flow> = self.peek("flow", state).await.map_err(|e| (503, e))?;
+        let Some(flow) = flow else { return Err(unknown()) };
+        if !cookie.is_some_and(|c| eq(c, &flow.browser)) {
+            warn!(server = %flow.link.server, "a consent callback came from another browser than the one that began it");
+            return Err((403, "this consent was begun in another browser".into()));
+        }
+        // Single use: taken out whatever happens next.
+        let browser = flow.browser;
+        let flow: Option<Flow> = self.take("flow", state).await.map_err(|e| (503, e))?;
+        let Some(flow) = flow.filter(|f| eq(&f.browser, &browser)) else {
+            return Err(unknown());
         };
         if flow.link.expires <= now_secs() {
             return Err((
                 400,
                 "this consent has expired: call the tool again for a new link".into(),
             ));
-        }
-        if !cookie.is_some_and(|c| eq(c, &flow.browser)) {
-            warn!(server = %flow.link.server, "a consent callback came from another browser than the one that began it");
-            return Err((403, "this consent was begun in another browser".into()));
         }
         if let Some(e) = query.get("error") {
             let e: String = e
@@ -1177,7 +1240,9 @@ impl Consent {
         let status = resp.status();
         let doc = resp.json_value().await;
         if !status.is_success() {
+            // The AS's own text: printable, cut (as the token endpoint's).
             let code = doc.get("error").and_then(Value::as_str).unwrap_or("no error code");
+            let code: String = code.chars().filter(|c| c.is_ascii_graphic()).take(64).collect();
             return Err(format!(
                 "dynamic client registration was refused (HTTP {}): {code}",
                 status.as_u16()

@@ -516,6 +516,23 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
     let other_browser = http2.get(&callback).send().await.unwrap();
     assert_eq!(other_browser.status(), 403);
     assert!(other_browser.headers().get("location").is_none());
+    // The state alone, without the code or the cookie: refused, and the flow is left to
+    // the browser that began it.
+    let state = query_of(&callback)["state"].clone();
+    let bare = http2
+        .get(format!("{}/oauth/callback?state={state}", s.gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 403);
+    assert_eq!(s.stats().await["token_requests"], 0, "no code was exchanged");
+    let own = http2
+        .get(&callback)
+        .header("cookie", cookie.split(';').next().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 200, "the browser that began it completes it");
     let again = http2
         .get(&callback)
         .header("cookie", cookie.split(';').next().unwrap())
@@ -525,9 +542,18 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
     assert_eq!(again.status(), 400, "a spent flow");
     // The link was used once: a second start is refused.
     assert_eq!(http2.get(&url).send().await.unwrap().status(), 404);
-    assert_eq!(s.stats().await["token_requests"], 0, "no code was exchanged");
+    assert_eq!(s.stats().await["token"]["authorization_code"], 1);
 
-    // A fresh link, completed properly, then its callback replayed.
+    // A fresh link (alice's tokens forgotten first), completed properly, then its callback
+    // replayed.
+    let del = bearer_client(ALICE)
+        .delete(format!("{}/oauth/tokens/docs", s.gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    // (Nobody else consented: the server offers `authorize` again.)
+    s.wait_tool(&alice, "docs__authorize").await;
     let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
     assert_ne!(query_of(&url)["link"], link);
     let b = browse(&url, Some(ALICE), None).await;
@@ -540,7 +566,7 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
         .join("; ");
     let replay = http2.get(&b.visited[2]).header("cookie", cookie).send().await.unwrap();
     assert_eq!(replay.status(), 400, "a replayed callback");
-    assert_eq!(s.stats().await["token"]["authorization_code"], 1);
+    assert_eq!(s.stats().await["token"]["authorization_code"], 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -932,4 +958,128 @@ async fn unusable_token_answers_are_refused_at_the_callback() {
     let r = alice.call("docs__whoami", json!({})).await;
     assert_eq!(who(&r)["sub"], "alice", "{r}");
     assert!(!s.gw.logs().contains("panicked"), "{}", s.gw.logs());
+}
+
+/// One client asking for link after link is bounded on its own (per user and server): it
+/// cannot fill the gateway's pending consents for everybody.
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_consents_are_bounded_per_user() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    let mut refused = None;
+    for i in 0..40 {
+        let r = alice.call("docs__authorize", json!({})).await;
+        if r["error"]["code"] != -32042 {
+            refused = Some((i, r));
+            break;
+        }
+    }
+    let (i, r) = refused.expect("alice was never refused a link");
+    assert_eq!(i, 32, "{r}");
+    let e = said(&r);
+    assert!(
+        e.contains("'docs'") && e.contains("too many consents") && e.contains("alice"),
+        "{e}"
+    );
+    // bob is not held up by alice's links.
+    let bob = s.url_session(BOB).await;
+    let url = elicitation_url(&bob.call("docs__authorize", json!({})).await);
+    let b = browse(&url, None, Some(BOB)).await;
+    assert_eq!(b.status, 200, "{b:?}");
+}
+
+/// A dynamic registration's refusal reaches the client printable and cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registration_refusal_is_filtered() {
+    let s = setup(&[], &[]).await;
+    let hostile = format!("bad\n\u{1b}[31mforged {}", "X".repeat(200_000));
+    s.control(json!({"register_error": hostile})).await;
+    let alice = s.url_session(ALICE).await;
+    let r = alice.call("docs__authorize", json!({})).await;
+    let e = said(&r);
+    assert!(e.contains("'docs'") && e.contains("registration was refused"), "{e}");
+    assert!(!e.contains('\u{1b}') && !e.contains('\n') && e.len() < 400, "{e}");
+    let status = bearer_client(ALICE)
+        .get(format!("{}/status", s.gw.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!status.contains(&"X".repeat(100)), "the refusal's text on /status");
+}
+
+/// A refresh that fails is not tried again on every call: for 30 s the token is used as
+/// it is (while it lasts).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_refresh_is_not_retried_on_every_call() {
+    // Tokens live 90 s: within the 60 s refresh margin after 30 s... so a short-lived one
+    // (70 s) is refreshed on the next call, and still valid when that fails.
+    let s = setup(&["--expires-in", "70"], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    s.control(json!({"reset_stats": true, "fail_token": "temporarily_unavailable"}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    for _ in 0..4 {
+        let r = alice.call("docs__whoami", json!({})).await;
+        assert_eq!(who(&r)["sub"], "alice", "{r}");
+    }
+    let stats = s.stats().await;
+    assert_eq!(stats["token"]["refresh_token"], 1, "one try, then the backoff: {stats}");
+}
+
+/// A corrupt token store: the error a client gets does not show the gateway's file
+/// system; the log names the file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_store_error_keeps_its_path_in_the_log() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let file = s.state.path().join("tokens.json");
+    std::fs::write(&file, "{ not json").unwrap();
+    let r = alice.call("docs__whoami", json!({})).await;
+    let all = r.to_string();
+    let dir = path_str(s.state.path());
+    assert!(all.contains("token store is not valid"), "{r}");
+    assert!(!all.contains(&dir) && !all.contains("tokens.json"), "{r}");
+    assert!(s.gw.logs().contains(&path_str(&file)), "the log names the file");
+}
+
+/// The store's temporary file cannot be planted: a symlink at the name the gateway once
+/// used (`.tokens.json.PID`) is not written through, and a state_dir others may write to
+/// is warned about.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_never_writes_through_a_planted_symlink() {
+    let f = fixtures(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let victim = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(victim.path(), "precious").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
+    let gw = Gateway::start_with_env(&config, &[]);
+    let pid = gw.child.id();
+    std::os::unix::fs::symlink(victim.path(), state.path().join(format!(".tokens.json.{pid}"))).unwrap();
+    let alice = Session::open_on(bearer_client(ALICE), &gw.url, json!({"elicitation": {"url": {}}})).await;
+    let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
+    let b = browse(&url, None, Some(ALICE)).await;
+    assert_eq!(b.status, 200, "{b:?}");
+    assert_eq!(std::fs::read_to_string(victim.path()).unwrap(), "precious");
+    let stored = std::fs::read_to_string(state.path().join("tokens.json")).unwrap();
+    assert!(stored.contains("alice"), "{stored}");
+    let mode = std::fs::metadata(state.path().join("tokens.json"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(
+        gw.logs().contains("state_dir may be written by others"),
+        "{}",
+        gw.logs()
+    );
+    drop((f.authz, f.mcp, f.port));
 }
