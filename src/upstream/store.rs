@@ -1,7 +1,7 @@
 //! The users' own OAuth tokens for servers, sealed at rest, by (server, identity).
 //!
 //! Single mode: one JSON file, `{state_dir}/tokens.json` (0600, written whole to a temporary
-//! file and renamed), `{"version": 1, "tokens": {SERVER: {IDENTITY: SEALED}}}`. It is read
+//! file and renamed, under an exclusive lock on `{state_dir}/tokens.lock`), `{"version": 1, "tokens": {SERVER: {IDENTITY: SEALED}}}`. It is read
 //! again whenever it changed on disk, so `mcp-gateway tokens revoke` takes effect in a
 //! running gateway. The key: `gateway.token_key`, else `{state_dir}/token.key` (32 random
 //! bytes made on first use, 0600).
@@ -174,6 +174,10 @@ impl Store {
         match &self.kind {
             Kind::File { path, cache } => {
                 let mut c = cache.lock().await;
+                // Read, changed and written under the file lock: another process sharing
+                // state_dir (a second gateway, `tokens revoke`) loses nothing.
+                let _locked = lock_file(path).await?;
+                c.0 = None;
                 refresh_cache(path, &mut c)?;
                 c.1.version = 1;
                 c.1.tokens
@@ -201,6 +205,8 @@ impl Store {
         match &self.kind {
             Kind::File { path, cache } => {
                 let mut c = cache.lock().await;
+                let _locked = lock_file(path).await?;
+                c.0 = None;
                 refresh_cache(path, &mut c)?;
                 let had = c.1.tokens.get_mut(server).is_some_and(|m| m.remove(identity).is_some());
                 if had {
@@ -371,6 +377,35 @@ fn write_file(path: &Path, c: &mut (Option<(SystemTime, u64)>, FileData)) -> Res
     }
     c.0 = stamp(path);
     Ok(())
+}
+
+/// The exclusive lock (flock) on `{state_dir}/tokens.lock`, held while the store's file is
+/// read, changed and written; released when dropped. Waited for (without blocking the
+/// runtime) up to 10 s.
+async fn lock_file(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    make_dir(dir)?;
+    let lock = dir.join("tokens.lock");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&lock)
+        .map_err(|e| failed("cannot open the token store's lock", &lock, &e))?;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(f),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            Err(e) => return Err(failed("cannot lock the token store", &lock, &e)),
+        }
+    }
 }
 
 /// An error of the store's file: the path and the cause go to the log only (an error

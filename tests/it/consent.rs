@@ -1083,3 +1083,49 @@ async fn the_store_never_writes_through_a_planted_symlink() {
     );
     drop((f.authz, f.mcp, f.port));
 }
+
+/// Two gateways sharing one state_dir store their users' tokens at the same time: the
+/// store's file is read, changed and written under a file lock, so no user's tokens are
+/// lost to the other process's write.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_sharing_state_dir_lose_no_tokens() {
+    const USERS: usize = 24;
+    let f = fixtures(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let mut config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
+    for i in 0..USERS {
+        config.push_str(&format!("\n[clients.u{i}]\ntoken = \"user-{i}-token-5d1e9a\"\n"));
+    }
+    let gws = [
+        Gateway::start_with_env(&config, &[]),
+        Gateway::start_with_env(&config, &[]),
+    ];
+    // Every link first (the first consent replaces `authorize` with the real tools), then
+    // every consent at once.
+    let mut links = Vec::new();
+    for i in 0..USERS {
+        let token = format!("user-{i}-token-5d1e9a");
+        let s = Session::open_on(
+            bearer_client(&token),
+            &gws[i % 2].url,
+            json!({"elicitation": {"url": {}}}),
+        )
+        .await;
+        links.push((token, elicitation_url(&s.call("docs__authorize", json!({})).await)));
+    }
+    let consents = links.iter().map(|(token, url)| async move {
+        let b = browse(url, None, Some(token)).await;
+        assert_eq!(b.status, 200, "{token}: {b:?}");
+    });
+    futures::future::join_all(consents).await;
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(state.path().join("tokens.json")).unwrap()).unwrap();
+    let users: Vec<&String> = file["tokens"]["docs"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with('u'))
+        .collect();
+    assert_eq!(users.len(), USERS, "tokens lost: {users:?}");
+    drop((f.authz, f.mcp, f.port));
+}
