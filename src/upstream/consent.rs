@@ -60,6 +60,8 @@ static CONSENT: OnceLock<Arc<Consent>> = OnceLock::new();
 
 /// (server, identity).
 type Key = (String, String);
+/// A digest of a server's url and `auth.oauth` ([`settings_of`]).
+type Settings = [u8; 32];
 
 /// Sets up the process's consent (once; later calls keep the first).
 pub fn install(config: &Config, cluster: Option<redis::aio::ConnectionManager>) -> Arc<Consent> {
@@ -94,8 +96,10 @@ pub struct Consent {
     pending: Mutex<HashMap<String, (u64, String, String)>>,
     /// (server, identity) → when refreshing its token last failed.
     refresh_failed: Mutex<HashMap<Key, std::time::Instant>>,
-    /// Each server's authorization server and client, found once.
-    providers: tokio::sync::Mutex<HashMap<String, Arc<Provider>>>,
+    /// Each server's authorization server and client, found once per configuration of it
+    /// (url and auth.oauth, as [`settings_of`] digests them: a reload that changes them
+    /// finds them again).
+    providers: tokio::sync::Mutex<HashMap<String, (Settings, Arc<Provider>)>>,
     /// (server, identity) → the `Authorization` its connection sends (the connections
     /// themselves are the server's, kept like per-session processes).
     bearers: Mutex<HashMap<Key, Bearer>>,
@@ -294,6 +298,41 @@ fn canonical(url: &reqwest::Url) -> String {
     u.set_query(None);
     u.set_fragment(None);
     u.to_string()
+}
+
+/// A digest of what a server's provider is found from: its url and its `auth.oauth`
+/// (the secret included).
+fn settings_of(server: &Server) -> Settings {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    if let crate::config::Transport::Http(h) = &server.cfg.transport {
+        ctx.update(h.url.expose().as_bytes());
+    }
+    ctx.update(b"\0");
+    if let Some(o) = server.oauth() {
+        let parts = [
+            o.client_id.as_deref().unwrap_or("-"),
+            o.client_secret.as_ref().map_or("-", Secret::expose),
+            &o.scopes.join(" "),
+            o.authorization_server.as_deref().unwrap_or("-"),
+            o.redirect.as_deref().unwrap_or("-"),
+        ];
+        for p in parts {
+            ctx.update(p.as_bytes());
+            ctx.update(b"\0");
+        }
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// The server's URL as its tokens are bound to: origin and path.
+fn bound_url(server: &Server) -> Option<String> {
+    let crate::config::Transport::Http(h) = &server.cfg.transport else {
+        return None;
+    };
+    let u = reqwest::Url::parse(h.url.expose()).ok()?;
+    Some(format!("{}{}", u.origin().ascii_serialization(), u.path()))
 }
 
 /// `resource_metadata="…"` of a `WWW-Authenticate: Bearer …` challenge.
@@ -506,6 +545,12 @@ impl Consent {
         let Some(tokens) = store.get(&server.name, identity).await? else {
             return Ok(None);
         };
+        if tokens.resource.is_some() && tokens.resource != bound_url(server) {
+            // Got for the server's former url (changed by a reload): never sent to the new
+            // one; the user is asked again.
+            info!(server = %server.name, %identity, "the user's tokens were got for the server's former url: asking again");
+            return Ok(None);
+        }
         if !tokens.expiring(REFRESH_MARGIN) {
             return Ok(Some(tokens));
         }
@@ -513,7 +558,11 @@ impl Consent {
         let lock = self.lock(&key);
         let _held = lock.lock().await;
         // Another call may have refreshed it while this one waited.
-        let Some(tokens) = store.get(&server.name, identity).await? else {
+        let Some(tokens) = store
+            .get(&server.name, identity)
+            .await?
+            .filter(|t| t.resource.is_none() || t.resource == bound_url(server))
+        else {
             return Ok(None);
         };
         if !tokens.expiring(REFRESH_MARGIN) {
@@ -571,6 +620,7 @@ impl Consent {
                 if t.refresh_token.is_none() {
                     t.refresh_token = Some(refresh.clone());
                 }
+                t.resource = bound_url(server);
                 self.store()?.put(&server.name, identity, &t).await?;
                 info!(server = %server.name, %identity, "refreshed the user's token");
                 Ok(Some(t))
@@ -868,7 +918,8 @@ impl Consent {
             ("code_verifier", flow.verifier.clone()),
             ("resource", p.resource.clone()),
         ];
-        let tokens = self.token_request(&server.name, &p, form).await.map_err(|e| (502, e))?;
+        let mut tokens = self.token_request(&server.name, &p, form).await.map_err(|e| (502, e))?;
+        tokens.resource = bound_url(&server);
         let l = &flow.link;
         let store = self.store().map_err(|e| (500, e))?;
         store.put(&l.server, &l.identity, &tokens).await.map_err(|e| (500, e))?;
@@ -983,6 +1034,7 @@ impl Consent {
             access_token: access.to_owned(),
             refresh_token,
             expires_at,
+            resource: None,
         })
     }
 
@@ -990,16 +1042,19 @@ impl Consent {
     /// a client_id, registered) on first use.
     async fn provider(&self, server: &Server) -> Result<Arc<Provider>, String> {
         let name = server.name.to_string();
+        let settings = settings_of(server);
         let mut providers = self.providers.lock().await;
-        if let Some(p) = providers.get(&name) {
-            return Ok(p.clone());
+        if let Some((s, p)) = providers.get(&name) {
+            if *s == settings {
+                return Ok(p.clone());
+            }
         }
         let p = Arc::new(
             self.discover(server)
                 .await
                 .map_err(|e| format!("server '{name}': {e}"))?,
         );
-        providers.insert(name, p.clone());
+        providers.insert(name, (settings, p.clone()));
         Ok(p)
     }
 

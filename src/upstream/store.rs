@@ -32,6 +32,10 @@ pub struct Tokens {
     /// Unix seconds; `None`: the server said nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+    /// The server's URL (origin and path) the tokens were got for: after a reload that
+    /// changes it they are not sent to the new one. `None`: stored before this was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
 }
 
 impl std::fmt::Debug for Tokens {

@@ -1129,3 +1129,65 @@ async fn two_gateways_sharing_state_dir_lose_no_tokens() {
     assert_eq!(users.len(), USERS, "tokens lost: {users:?}");
     drop((f.authz, f.mcp, f.port));
 }
+
+/// A reload moves `docs` to another URL and changes its scopes: its OAuth client is found
+/// again (the new resource, the new scope), and the tokens got for the old URL never go to
+/// the new one: the user is asked again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_that_moves_the_server_asks_again_and_keeps_old_tokens_away() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    assert_eq!(who(&alice.call("docs__whoami", json!({})).await)["sub"], "alice");
+    let old = s.seen().await;
+
+    let py = path_str(&venv_python());
+    let port = ReservedPort::new();
+    let url2 = format!("http://127.0.0.1:{}/mcp", port.port);
+    let p = port.port.to_string();
+    let args = [
+        "tests/fixtures/protected_mcp.py",
+        "--port",
+        &p,
+        "--audience",
+        &url2,
+        "--issuer",
+        &s.as_base,
+    ];
+    let _mcp2 = Proc::start(&py, &args, &[]).await;
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let moved = config
+        .replace(&format!("{}/mcp", s.mcp_base), &url2)
+        .replace("oauth = {}", "oauth = { scopes = [\"fresh\"] }");
+    assert_ne!(moved, config);
+    let before = s.gw.logs().matches("reload done").count();
+    std::fs::write(s.gw.config_path(), moved).unwrap();
+    for _ in 0..100 {
+        if s.gw.logs().matches("reload done").count() > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(s.gw.logs().matches("reload done").count() > before, "{}", s.gw.logs());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let url = elicitation_url(&alice.call("docs__whoami", json!({})).await);
+    let b = browse(&url, None, Some(ALICE)).await;
+    assert_eq!(b.status, 200, "{b:?}");
+    let authorize = query_of(&b.visited[2]);
+    assert_eq!(authorize["resource"], url2, "{:?}", b.visited);
+    assert_eq!(authorize["scope"], "fresh", "{:?}", b.visited);
+    s.wait_tool(&alice, "docs__whoami").await;
+    assert_eq!(who(&alice.call("docs__whoami", json!({})).await)["aud"], url2);
+    let seen2: Vec<String> = reqwest::get(url2.replace("/mcp", "/seen"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(!seen2.is_empty());
+    for v in &seen2 {
+        assert!(!old.contains(v), "a token got for the old url went to the new one");
+    }
+}
