@@ -527,6 +527,12 @@ impl Server {
         };
         info!(server = %self.name, version = %info.protocol_version, transport = self.cfg.transport.kind(), "initialized");
         let lists = self.list_all(&conn, &info).await;
+        if self.reconnect.load(Ordering::Acquire) {
+            // Asked to reconnect while this connected (its user's token was revoked
+            // meanwhile): not kept; `run` opens it again at once.
+            conn.shutdown().await;
+            return None;
+        }
         info!(
             server = %self.name,
             tools = lists.tools.len(),
@@ -560,6 +566,8 @@ impl Server {
         let mut failures: VecDeque<Instant> = VecDeque::new();
         loop {
             let began = Instant::now();
+            // A reconnect asked before this start is this start; one asked during it is not.
+            self.reconnect.store(false, Ordering::Release);
             let incoming = tokio::select! {
                 i = self.start() => i,
                 _ = self.stop.cancelled() => return,

@@ -100,8 +100,14 @@ impl Server {
                     };
                     match self.connect_http(&with_bearer(spec, &token)).await {
                         Ok(c) => {
+                            // Revoked while this connected: not kept (a revoke after this
+                            // check finds it listed, and reconnects it).
                             consent.listing_as(&self.name, &identity);
-                            return Ok(c);
+                            if consent.has_tokens(self, &identity).await {
+                                return Ok(c);
+                            }
+                            c.0.shutdown().await;
+                            break;
                         }
                         Err(e) if crate::upstream::consent::refused_text(&e) => {
                             info!(server = %self.name, %identity, "the server refused this user's token for its catalog");
@@ -169,6 +175,14 @@ impl Server {
                 ..
             })) => {
                 conn.shutdown().await;
+                if self.oauth().is_some() {
+                    // `upstream::consent` reads "answered HTTP 401" as a refused token: it
+                    // refreshes it, or asks the user again.
+                    return Err(format!(
+                        "server '{}' answered HTTP {status} to this user's token",
+                        self.name
+                    ));
+                }
                 Err(format!(
                     "the server refused this caller's exchanged token (HTTP {status}): check auth.token_exchange's audience, resource and scope"
                 ))

@@ -525,6 +525,14 @@ impl Consent {
         }
     }
 
+    /// Whether `identity` still has tokens for `server` in the store.
+    pub async fn has_tokens(&self, server: &Server, identity: &str) -> bool {
+        match self.store() {
+            Ok(store) => store.get(&server.name, identity).await.ok().flatten().is_some(),
+            Err(_) => false,
+        }
+    }
+
     /// The catalog connection of `server` was opened with `identity`'s token.
     pub fn listing_as(&self, server: &str, identity: &str) {
         crate::sync::lock(&self.listing).insert(server.to_owned(), identity.to_owned());

@@ -1191,3 +1191,40 @@ async fn a_reload_that_moves_the_server_asks_again_and_keeps_old_tokens_away() {
         assert!(!old.contains(v), "a token got for the old url went to the new one");
     }
 }
+
+/// A user's own connection whose token the server refuses at `initialize` (revoked at the
+/// server): the token is refreshed, or (here: the second gateway registered a client of its
+/// own, so the refresh token is not its) the user is asked again, rather than the call
+/// failing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_refused_at_initialize_is_refreshed_or_asked_again() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let alices = s.seen().await;
+    let bob = s.url_session(BOB).await;
+    s.consent(&bob, BOB, "docs__whoami").await;
+    assert!(bob.call("docs__whoami", json!({})).await.get("result").is_some());
+    let bobs: Vec<String> = s.seen().await.into_iter().filter(|v| !alices.contains(v)).collect();
+    post_ok(&format!("{}/refuse", s.mcp_base), &json!(bobs)).await;
+
+    // A second gateway on the same store: bob's own connection is new there.
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let gw2 = Gateway::start_with_env(&config, &[]);
+    let bob2 = Session::open_on(bearer_client(BOB), &gw2.url, json!({"elicitation": {"url": {}}})).await;
+    for _ in 0..50 {
+        if bob2.tool_names().await.iter().any(|t| t == "docs__whoami") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.control(json!({"reset_stats": true})).await;
+    let r = bob2.call("docs__whoami", json!({})).await;
+    elicitation_url(&r);
+    assert_eq!(
+        s.stats().await["token"]["refresh_token"],
+        1,
+        "a refresh was tried first"
+    );
+}
