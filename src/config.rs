@@ -20,7 +20,7 @@ mod servers;
 mod tables;
 mod telemetry;
 mod upstream_auth;
-mod values;
+pub(crate) mod values;
 
 pub use clients::{Auth, ClientSpec, OAuth, TokenDigest, DEFAULT_CLIENT_CLAIM};
 pub use cluster::{Cluster, OnRedisDown, DEFAULT_CLUSTER_PREFIX, DEFAULT_ON_REDIS_DOWN, MIN_CLUSTER_KEY};

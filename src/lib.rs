@@ -157,6 +157,19 @@ where
     // catalogs may be listed with a stored token.
     let consent = upstream::consent::install(&config, cluster.as_ref().map(|c| c.conn()));
     consent.set_listening(local);
+    if config.cluster.is_none()
+        && config.servers.iter().any(|s| {
+            matches!(
+                &s.transport,
+                config::Transport::Http(config::HttpSpec {
+                    auth: Some(config::UpstreamAuth::OAuth(_)),
+                    ..
+                })
+            )
+        })
+    {
+        upstream::store::warn_if_shared(&config.gateway.state_dir);
+    }
     let gw = Gateway::new(config);
     consent.set_notify(Arc::downgrade(&(gw.clone() as Arc<dyn upstream::consent::Notify>)));
     if let Some(c) = cluster {

@@ -129,6 +129,9 @@ pub struct Server {
     skip_probe: AtomicBool,
     /// Ends the wait before the next start (a user consented to a server with `auth.oauth`).
     wake: tokio::sync::Notify,
+    /// Set by [`Server::reconnect`]: its connection closed on purpose, to be opened again
+    /// at once.
+    reconnect: AtomicBool,
 }
 
 /// Who a call is for, which picks the process of a server that is not shared and fills
@@ -193,12 +196,25 @@ impl Server {
             subscriptions: Default::default(),
             skip_probe: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
+            reconnect: AtomicBool::new(false),
         }
     }
 
     /// Starts it again now if it is waiting to (its catalog can be listed now).
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Closes its connection so that it is opened again at once (`auth.oauth`: the one
+    /// listing the catalog was opened with a user's token that is now revoked, and is
+    /// opened again with another user's).
+    pub async fn reconnect(&self) {
+        self.reconnect.store(true, Ordering::Release);
+        let conn = self.state().conn.clone();
+        match conn {
+            Some(c) => c.shutdown().await,
+            None => self.wake(),
+        }
     }
 
     /// Whether it offers only the placeholder tool, waiting for a first user's consent.
@@ -513,6 +529,12 @@ impl Server {
         };
         info!(server = %self.name, version = %info.protocol_version, transport = self.cfg.transport.kind(), "initialized");
         let lists = self.list_all(&conn, &info).await;
+        if self.reconnect.load(Ordering::Acquire) {
+            // Asked to reconnect while this connected (its user's token was revoked
+            // meanwhile): not kept; `run` opens it again at once.
+            conn.shutdown().await;
+            return None;
+        }
         info!(
             server = %self.name,
             tools = lists.tools.len(),
@@ -546,6 +568,8 @@ impl Server {
         let mut failures: VecDeque<Instant> = VecDeque::new();
         loop {
             let began = Instant::now();
+            // A reconnect asked before this start is this start; one asked during it is not.
+            self.reconnect.store(false, Ordering::Release);
             let incoming = tokio::select! {
                 i = self.start() => i,
                 _ = self.stop.cancelled() => return,
@@ -566,6 +590,10 @@ impl Server {
                             })
                             .await;
                         let _ = events.send(Event::ListsChanged { announced: None }).await;
+                    } else if self.awaiting_consent() {
+                        // Its catalog connection's user was forgotten and nobody else has
+                        // consented: the placeholder replaces the tools listed before.
+                        let _ = events.send(Event::ListsChanged { announced: None }).await;
                     }
                 }
             }
@@ -585,6 +613,10 @@ impl Server {
             };
             if self.stop.is_cancelled() {
                 return;
+            }
+            if self.reconnect.swap(false, Ordering::AcqRel) {
+                // Closed on purpose (Server::reconnect): again at once, no backoff.
+                continue;
             }
             let again = match self.cfg.restart {
                 config::Restart::Never => false,

@@ -308,6 +308,19 @@ fn oauth(
     };
     let authorization_server = url_value("authorization_server", raw.authorization_server);
     let redirect = url_value("redirect", raw.redirect);
+    if client_secret.is_some() && client_id.is_some() && authorization_server.is_none() && cx.errors.len() == errors {
+        // The secret goes to the token endpoint of the authorization server: one named
+        // here, never one the server's own metadata names (the server would choose where
+        // the gateway sends it).
+        cx.at(
+            secret_at,
+            format!(
+                "{} needs {}: the secret is sent only to an authorization server named in gateway.toml, never to one the server's metadata names",
+                key("client_secret"),
+                key("authorization_server")
+            ),
+        );
+    }
     if let Some(r) = &redirect {
         if r.contains('#') {
             cx.at(at, format!("{} must not have a #fragment", key("redirect")));
@@ -377,13 +390,13 @@ mod tests {
     #[test]
     fn oauth_parses() {
         let src = "[servers.docs]\nurl = \"https://docs/mcp\"\n\
-                   auth = { oauth = { client_id = \"gw\", client_secret = \"${GW_SECRET}\", scopes = [\"a\", \"b:c\", \"a\"] } }\n";
+                   auth = { oauth = { client_id = \"gw\", client_secret = \"${GW_SECRET}\", authorization_server = \"https://idp\", scopes = [\"a\", \"b:c\", \"a\"] } }\n";
         let Some(UpstreamAuth::OAuth(o)) = auth_of(&parse(src).unwrap()) else {
             panic!("no oauth")
         };
         assert_eq!(o.client_id.as_deref(), Some("gw"));
         assert_eq!(o.scopes, ["a", "b:c"]);
-        assert_eq!(o.authorization_server, None);
+        assert_eq!(o.authorization_server.as_deref(), Some("https://idp"));
         let dynamic = "[servers.docs]\nurl = \"https://docs/mcp\"\nauth = { oauth = { } }\n";
         let Some(UpstreamAuth::OAuth(o)) = auth_of(&parse(dynamic).unwrap()) else {
             panic!("no oauth")
@@ -437,6 +450,10 @@ mod tests {
             (
                 "[servers.s]\nurl = \"https://s\"\nauth = { oauth = { client_secret = \"${GW_SECRET}\" } }\n",
                 "servers.s.auth.oauth.client_secret needs servers.s.auth.oauth.client_id",
+            ),
+            (
+                "[servers.s]\nurl = \"https://s\"\nauth = { oauth = { client_id = \"c\", client_secret = \"${GW_SECRET}\" } }\n",
+                "servers.s.auth.oauth.client_secret needs servers.s.auth.oauth.authorization_server",
             ),
             (
                 "[servers.s]\nurl = \"https://s\"\nauth = { oauth = { scopes = [\"a b\"] } }\n",

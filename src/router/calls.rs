@@ -65,6 +65,22 @@ impl Gateway {
             // A name under the prefix of a server that is down is that server's problem,
             // not an unknown name: say so (unless the name is hidden).
             if let Some(e) = down_server_for(topo, name).filter(|(s, _)| cx.sees(name, *s, tool)) {
+                let s = &topo.servers[e.0];
+                let sep = topo.config.gateway.separator.as_str();
+                let own = name.get(s.settings().prefix.len() + sep.len()..).map(str::to_owned);
+                if let (true, true, Some(own)) = (tool, s.awaiting_consent(), own) {
+                    // A tool of a server waiting for a consent again (its one user's tokens
+                    // were revoked): the call asks the caller for it, or, with the caller's
+                    // own token, goes on the caller's own connection.
+                    cx.info.tool = Some(name.to_owned());
+                    cx.info.server = Some(s.name.clone());
+                    cx.info.index = Some(e.0);
+                    if let Err(out) = self.spend_route(cx, method, e.0, Some(own.as_str())).await {
+                        return out;
+                    }
+                    p.insert_str("name", &own);
+                    return self.forward(cx, e.0, method, p).await;
+                }
                 return Outcome::Error(e.1.to_error_object());
             }
             let e = Error::invalid_params(format!("unknown {what}: {name}")).with_data(json!({ what: name }));

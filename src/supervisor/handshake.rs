@@ -90,12 +90,36 @@ impl Server {
         if self.oauth().is_some() {
             // The catalog of a server that acts for each user is listed with the token of
             // one who consented (see `upstream::consent`); until one has, there is none.
+            // A user whose token the server refuses (and cannot be refreshed) is forgotten
+            // and the next one is tried: one user's refused token keeps nobody waiting.
             let consent = crate::upstream::consent::get().ok_or_else(|| NEEDS_CONSENT.to_owned())?;
-            let token = consent
-                .catalog_token(self)
-                .await
-                .ok_or_else(|| NEEDS_CONSENT.to_owned())?;
-            return self.connect_http(&with_bearer(spec, &token)).await;
+            for identity in consent.catalog_users(self).await {
+                for attempt in 0..2 {
+                    let Some(token) = consent.catalog_token(self, &identity).await else {
+                        break;
+                    };
+                    match self.connect_http(&with_bearer(spec, &token)).await {
+                        Ok(c) => {
+                            // Revoked while this connected: not kept (a revoke after this
+                            // check finds it listed, and reconnects it).
+                            consent.listing_as(&self.name, &identity);
+                            if consent.has_tokens(self, &identity).await {
+                                return Ok(c);
+                            }
+                            c.0.shutdown().await;
+                            break;
+                        }
+                        Err(e) if crate::upstream::consent::refused_text(&e) => {
+                            info!(server = %self.name, %identity, "the server refused this user's token for its catalog");
+                            if attempt > 0 || !consent.refused(self, &identity).await {
+                                break;
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            return Err(NEEDS_CONSENT.to_owned());
         }
         self.connect_http(spec).await
     }
@@ -151,6 +175,14 @@ impl Server {
                 ..
             })) => {
                 conn.shutdown().await;
+                if self.oauth().is_some() {
+                    // `upstream::consent` reads "answered HTTP 401" as a refused token: it
+                    // refreshes it, or asks the user again.
+                    return Err(format!(
+                        "server '{}' answered HTTP {status} to this user's token",
+                        self.name
+                    ));
+                }
                 Err(format!(
                     "the server refused this caller's exchanged token (HTTP {status}): check auth.token_exchange's audience, resource and scope"
                 ))

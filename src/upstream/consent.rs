@@ -43,6 +43,12 @@ pub const LINK_LIFETIME: Duration = Duration::from_secs(600);
 const REFRESH_MARGIN: u64 = 60;
 /// Links and flows pending at most (older ones are dropped first).
 const MAX_PENDING: usize = 10_000;
+/// Links and flows pending at most for one user and server: one client cannot fill
+/// [`MAX_PENDING`] for everybody.
+pub const MAX_PENDING_PER_USER: usize = 32;
+/// How long a failed refresh is remembered: calls meanwhile use the token as it is
+/// (while it lasts) rather than ask the authorization server again.
+const REFRESH_BACKOFF: Duration = Duration::from_secs(30);
 /// The name of the one tool a server offers while no user has consented.
 pub const PLACEHOLDER: &str = "authorize";
 /// The cookie binding the browser that opened a link to the callback.
@@ -54,6 +60,8 @@ static CONSENT: OnceLock<Arc<Consent>> = OnceLock::new();
 
 /// (server, identity).
 type Key = (String, String);
+/// A digest of a server's url and `auth.oauth` ([`settings_of`]).
+type Settings = [u8; 32];
 
 /// Sets up the process's consent (once; later calls keep the first).
 pub fn install(config: &Config, cluster: Option<redis::aio::ConnectionManager>) -> Arc<Consent> {
@@ -83,10 +91,15 @@ pub struct Consent {
     /// Made on first use: loading the system's root certificates takes milliseconds, which
     /// a gateway without `auth.oauth` servers should not spend at start.
     http: OnceLock<reqwest::Client>,
-    /// Single mode: pending links and flows, `kind:id` → (until, JSON).
-    pending: Mutex<HashMap<String, (u64, String)>>,
-    /// Each server's authorization server and client, found once.
-    providers: tokio::sync::Mutex<HashMap<String, Arc<Provider>>>,
+    /// Single mode: pending links and flows, `kind:id` → (until, owner, JSON); the owner
+    /// is the user and server it is for.
+    pending: Mutex<HashMap<String, (u64, String, String)>>,
+    /// (server, identity) → when refreshing its token last failed.
+    refresh_failed: Mutex<HashMap<Key, std::time::Instant>>,
+    /// Each server's authorization server and client, found once per configuration of it
+    /// (url and auth.oauth, as [`settings_of`] digests them: a reload that changes them
+    /// finds them again).
+    providers: tokio::sync::Mutex<HashMap<String, (Settings, Arc<Provider>)>>,
     /// (server, identity) → the `Authorization` its connection sends (the connections
     /// themselves are the server's, kept like per-session processes).
     bearers: Mutex<HashMap<Key, Bearer>>,
@@ -95,6 +108,8 @@ pub struct Consent {
     notify: OnceLock<Weak<dyn Notify>>,
     /// Set by `serve`: this process serves `/oauth/*`.
     serving: std::sync::atomic::AtomicBool,
+    /// server → the user whose token its catalog connection was opened with.
+    listing: Mutex<HashMap<String, String>>,
 }
 
 /// A consent link handed to a session, not opened yet.
@@ -217,8 +232,23 @@ pub fn challenge(verifier: &str) -> String {
 
 /// Whether a connection failed because the server refused the token at `initialize`.
 fn refused(e: &crate::downstream::DsError) -> bool {
-    let text = e.to_string();
+    refused_text(&e.to_string())
+}
+
+/// [`refused`], of an error's text.
+pub fn refused_text(text: &str) -> bool {
     text.contains("answered HTTP 401") || text.contains("answered HTTP 403")
+}
+
+/// `token` as the value of an `Authorization` header (sensitive), or `None` when it cannot
+/// be one (empty, a control character, a CR/LF).
+fn bearer_value(token: &str) -> Option<reqwest::header::HeaderValue> {
+    if token.is_empty() || token.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return None;
+    }
+    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
 }
 
 fn unavailable(server: &Server, identity: &str, e: &crate::downstream::DsError) -> Error {
@@ -227,6 +257,27 @@ fn unavailable(server: &Server, identity: &str, e: &crate::downstream::DsError) 
         crate::error::code::INTERNAL_ERROR,
         format!("{e} (the connection of {identity})"),
     )
+}
+
+/// A value a peer chose (an issuer, a resource, an error text), fit for a message, a log
+/// line or `/status`: quoted, control characters escaped, at most 80 characters.
+pub(crate) fn untrusted(s: &str) -> String {
+    let mut out: String = s.chars().take(80).flat_map(char::escape_debug).collect();
+    if s.chars().nth(80).is_some() {
+        out.push('…');
+    }
+    format!("\"{out}\"")
+}
+
+/// An http(s) URL without userinfo or fragment, or `None`.
+fn web_url(s: &str) -> Option<reqwest::Url> {
+    let u = reqwest::Url::parse(s).ok()?;
+    let ok = matches!(u.scheme(), "https" | "http")
+        && u.has_host()
+        && u.username().is_empty()
+        && u.password().is_none()
+        && u.fragment().is_none();
+    ok.then_some(u)
 }
 
 fn eq(a: &str, b: &str) -> bool {
@@ -249,6 +300,41 @@ fn canonical(url: &reqwest::Url) -> String {
     u.to_string()
 }
 
+/// A digest of what a server's provider is found from: its url and its `auth.oauth`
+/// (the secret included).
+fn settings_of(server: &Server) -> Settings {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    if let crate::config::Transport::Http(h) = &server.cfg.transport {
+        ctx.update(h.url.expose().as_bytes());
+    }
+    ctx.update(b"\0");
+    if let Some(o) = server.oauth() {
+        let parts = [
+            o.client_id.as_deref().unwrap_or("-"),
+            o.client_secret.as_ref().map_or("-", Secret::expose),
+            &o.scopes.join(" "),
+            o.authorization_server.as_deref().unwrap_or("-"),
+            o.redirect.as_deref().unwrap_or("-"),
+        ];
+        for p in parts {
+            ctx.update(p.as_bytes());
+            ctx.update(b"\0");
+        }
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// The server's URL as its tokens are bound to: origin and path.
+fn bound_url(server: &Server) -> Option<String> {
+    let crate::config::Transport::Http(h) = &server.cfg.transport else {
+        return None;
+    };
+    let u = reqwest::Url::parse(h.url.expose()).ok()?;
+    Some(format!("{}{}", u.origin().ascii_serialization(), u.path()))
+}
+
 /// `resource_metadata="…"` of a `WWW-Authenticate: Bearer …` challenge.
 fn resource_metadata(challenge: &str) -> Option<String> {
     let i = challenge.find("resource_metadata=")?;
@@ -268,11 +354,13 @@ impl Consent {
             public: Mutex::new(config.gateway.public_url.clone()),
             http: OnceLock::new(),
             pending: Mutex::default(),
+            refresh_failed: Mutex::default(),
             providers: tokio::sync::Mutex::default(),
             bearers: Mutex::default(),
             refreshing: Mutex::default(),
             notify: OnceLock::new(),
             serving: std::sync::atomic::AtomicBool::new(false),
+            listing: Mutex::default(),
         }
     }
 
@@ -387,10 +475,7 @@ impl Consent {
             .entry((server.to_owned(), identity.to_owned()))
             .or_default()
             .clone();
-        if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")) {
-            v.set_sensitive(true);
-            *crate::sync::write(&b) = Some(v);
-        }
+        *crate::sync::write(&b) = bearer_value(token);
         b
     }
 
@@ -413,9 +498,44 @@ impl Consent {
             Ok(Some(_)) => true,
             _ => {
                 let _ = store.remove(&server.name, identity).await;
+                self.forgotten(server, identity).await;
                 false
             }
         }
+    }
+
+    /// `identity`'s tokens for `server` are gone (revoked, refused): its connection's
+    /// header goes, and a catalog connection opened with its token is opened again with
+    /// another user's (or none): a forgotten token is never sent again.
+    async fn forgotten(&self, server: &Server, identity: &str) {
+        if let Some(b) = crate::sync::lock(&self.bearers).remove(&(server.name.to_string(), identity.to_owned())) {
+            *crate::sync::write(&b) = None;
+        }
+        let listing = {
+            let mut l = crate::sync::lock(&self.listing);
+            let mine = l.get(server.name.as_ref()).is_some_and(|i| i == identity);
+            if mine {
+                l.remove(server.name.as_ref());
+            }
+            mine
+        };
+        if listing {
+            info!(server = %server.name, %identity, "the catalog connection used this user's token: opening it again");
+            server.reconnect().await;
+        }
+    }
+
+    /// Whether `identity` still has tokens for `server` in the store.
+    pub async fn has_tokens(&self, server: &Server, identity: &str) -> bool {
+        match self.store() {
+            Ok(store) => store.get(&server.name, identity).await.ok().flatten().is_some(),
+            Err(_) => false,
+        }
+    }
+
+    /// The catalog connection of `server` was opened with `identity`'s token.
+    pub fn listing_as(&self, server: &str, identity: &str) {
+        crate::sync::lock(&self.listing).insert(server.to_owned(), identity.to_owned());
     }
 
     fn lock(&self, key: &(String, String)) -> Arc<tokio::sync::Mutex<()>> {
@@ -433,6 +553,12 @@ impl Consent {
         let Some(tokens) = store.get(&server.name, identity).await? else {
             return Ok(None);
         };
+        if tokens.resource.is_some() && tokens.resource != bound_url(server) {
+            // Got for the server's former url (changed by a reload): never sent to the new
+            // one; the user is asked again.
+            info!(server = %server.name, %identity, "the user's tokens were got for the server's former url: asking again");
+            return Ok(None);
+        }
         if !tokens.expiring(REFRESH_MARGIN) {
             return Ok(Some(tokens));
         }
@@ -440,17 +566,44 @@ impl Consent {
         let lock = self.lock(&key);
         let _held = lock.lock().await;
         // Another call may have refreshed it while this one waited.
-        let Some(tokens) = store.get(&server.name, identity).await? else {
+        let Some(tokens) = store
+            .get(&server.name, identity)
+            .await?
+            .filter(|t| t.resource.is_none() || t.resource == bound_url(server))
+        else {
             return Ok(None);
         };
         if !tokens.expiring(REFRESH_MARGIN) {
             return Ok(Some(tokens));
         }
-        match self.refresh(server, identity, &tokens).await {
+        let failed = crate::sync::lock(&self.refresh_failed)
+            .get(&key)
+            .is_some_and(|t| t.elapsed() < REFRESH_BACKOFF);
+        if failed && !tokens.expiring(0) {
+            // It failed a moment ago: the token as it is while it lasts, not one more try.
+            return Ok(Some(tokens));
+        }
+        let refreshed = self.refresh(server, identity, &tokens).await;
+        {
+            let mut f = crate::sync::lock(&self.refresh_failed);
+            match &refreshed {
+                Ok(Some(_)) => {
+                    f.remove(&key);
+                }
+                _ => {
+                    if f.len() >= MAX_PENDING {
+                        f.retain(|_, t| t.elapsed() < REFRESH_BACKOFF);
+                    }
+                    f.insert(key.clone(), std::time::Instant::now());
+                }
+            }
+        }
+        match refreshed {
             Ok(Some(t)) => Ok(Some(t)),
             Ok(None) | Err(_) if !tokens.expiring(0) => Ok(Some(tokens)),
             _ => {
                 store.remove(&server.name, identity).await?;
+                self.forgotten(server, identity).await;
                 Ok(None)
             }
         }
@@ -475,6 +628,7 @@ impl Consent {
                 if t.refresh_token.is_none() {
                     t.refresh_token = Some(refresh.clone());
                 }
+                t.resource = bound_url(server);
                 self.store()?.put(&server.name, identity, &t).await?;
                 info!(server = %server.name, %identity, "refreshed the user's token");
                 Ok(Some(t))
@@ -486,16 +640,23 @@ impl Consent {
         }
     }
 
-    /// A valid token of any user who consented to `server`: what its catalog is listed with.
-    pub async fn catalog_token(&self, server: &Server) -> Option<String> {
-        let store = self.store().ok()?;
-        let ids = super::store::identities(store, &server.name).await.ok()?;
-        for id in ids.iter().filter(|i| i.as_str() != REGISTRATION) {
-            if let Ok(Some(t)) = self.tokens(server, id).await {
-                return Some(t.access_token);
-            }
+    /// The users who consented to `server`, in order: whose token its catalog is listed
+    /// with (the first whose token the server takes).
+    pub async fn catalog_users(&self, server: &Server) -> Vec<String> {
+        // Opened again: with whoever comes first now.
+        crate::sync::lock(&self.listing).remove(server.name.as_ref());
+        let Ok(store) = self.store() else { return Vec::new() };
+        let mut ids = super::store::identities(store, &server.name).await.unwrap_or_default();
+        ids.retain(|i| i.as_str() != REGISTRATION);
+        ids
+    }
+
+    /// `identity`'s valid token for `server`, for its catalog connection.
+    pub async fn catalog_token(&self, server: &Server, identity: &str) -> Option<String> {
+        match self.tokens(server, identity).await {
+            Ok(Some(t)) => Some(t.access_token),
+            _ => None,
         }
-        None
     }
 
     /// A consent link for `identity` and `server`.
@@ -522,7 +683,9 @@ impl Consent {
             session: session.map(str::to_owned),
             expires: now_secs() + LINK_LIFETIME.as_secs(),
         };
-        self.keep("link", &link, &record).await.map_err(Error::gateway)?;
+        self.keep("link", &link, &record, (&name, identity))
+            .await
+            .map_err(|e| Error::server(&server.name, crate::error::code::INTERNAL_ERROR, e))?;
         debug!(server = %name, %identity, "asking the user's consent");
         Ok(Need {
             url: format!("{public}/oauth/start?link={link}"),
@@ -538,22 +701,42 @@ impl Consent {
     // ------------------------------------------------------------------ pending links and flows
 
     /// Keeps a link or flow for [`LINK_LIFETIME`]: in Redis in cluster mode (any replica
-    /// may serve the browser), else here.
-    async fn keep<T: serde::Serialize>(&self, kind: &str, id: &str, v: &T) -> Result<(), String> {
+    /// may serve the browser), else here. At most [`MAX_PENDING_PER_USER`] for one
+    /// `owner` (server, identity) at a time.
+    async fn keep<T: serde::Serialize>(&self, kind: &str, id: &str, v: &T, owner: (&str, &str)) -> Result<(), String> {
+        let (server, identity) = owner;
+        let too_many = || {
+            format!(
+                "server '{server}': too many consents of {} are pending ({MAX_PENDING_PER_USER}); use a link given already, or try again in {} minutes",
+                untrusted(identity),
+                LINK_LIFETIME.as_secs() / 60
+            )
+        };
         let store = self.store()?;
         if store.shared() {
+            if store
+                .count_pending(&format!("{kind}:{server}\0{identity}"), LINK_LIFETIME)
+                .await?
+                > MAX_PENDING_PER_USER as u64
+            {
+                return Err(too_many());
+            }
             return store.put_pending(kind, id, v, LINK_LIFETIME).await;
         }
         let text = serde_json::to_string(v).map_err(|e| e.to_string())?;
+        let owner = format!("{kind}:{server}\0{identity}");
         let mut m = crate::sync::lock(&self.pending);
         let now = now_secs();
-        m.retain(|_, (until, _)| *until > now);
+        m.retain(|_, (until, _, _)| *until > now);
+        if m.values().filter(|(_, o, _)| *o == owner).count() >= MAX_PENDING_PER_USER {
+            return Err(too_many());
+        }
         if m.len() >= MAX_PENDING {
             return Err(format!(
                 "too many consents are pending ({MAX_PENDING}); try again later"
             ));
         }
-        m.insert(format!("{kind}:{id}"), (now + LINK_LIFETIME.as_secs(), text));
+        m.insert(format!("{kind}:{id}"), (now + LINK_LIFETIME.as_secs(), owner, text));
         Ok(())
     }
 
@@ -564,7 +747,7 @@ impl Consent {
         }
         let m = crate::sync::lock(&self.pending);
         Ok(m.get(&format!("{kind}:{id}"))
-            .and_then(|(_, t)| serde_json::from_str(t).ok()))
+            .and_then(|(_, _, t)| serde_json::from_str(t).ok()))
     }
 
     /// Takes a link or flow out (once: a second take finds nothing).
@@ -575,7 +758,7 @@ impl Consent {
         }
         let mut m = crate::sync::lock(&self.pending);
         Ok(m.remove(&format!("{kind}:{id}"))
-            .and_then(|(_, t)| serde_json::from_str(&t).ok()))
+            .and_then(|(_, _, t)| serde_json::from_str(&t).ok()))
     }
 
     // ------------------------------------------------------------------ the browser's side
@@ -666,7 +849,8 @@ impl Consent {
             browser: browser.clone(),
             redirect_uri: p.redirect_uri.clone(),
         };
-        if let Err(e) = self.keep("flow", &state, &flow).await {
+        let owner = (flow.link.server.clone(), flow.link.identity.clone());
+        if let Err(e) = self.keep("flow", &state, &flow, (&owner.0, &owner.1)).await {
             return refused(503, &e);
         }
         Started::Redirect {
@@ -685,23 +869,31 @@ impl Consent {
         let Some(state) = query.get("state") else {
             return Err((400, "the callback has no state".into()));
         };
-        // Single use: taken out whatever happens next.
-        let flow: Option<Flow> = self.take("flow", state).await.map_err(|e| (503, e))?;
-        let Some(flow) = flow else {
-            return Err((
+        let unknown = || {
+            (
                 400,
-                "this consent is unknown, was completed already, or has expired".into(),
-            ));
+                "this consent is unknown, was completed already, or has expired".to_owned(),
+            )
+        };
+        // The browser is checked before the flow is used up: a request without its cookie
+        // (someone who learnt the state) leaves the flow to the browser that began it.
+        let flow: Option<Flow> = self.peek("flow", state).await.map_err(|e| (503, e))?;
+        let Some(flow) = flow else { return Err(unknown()) };
+        if !cookie.is_some_and(|c| eq(c, &flow.browser)) {
+            warn!(server = %flow.link.server, "a consent callback came from another browser than the one that began it");
+            return Err((403, "this consent was begun in another browser".into()));
+        }
+        // Single use: taken out whatever happens next.
+        let browser = flow.browser;
+        let flow: Option<Flow> = self.take("flow", state).await.map_err(|e| (503, e))?;
+        let Some(flow) = flow.filter(|f| eq(&f.browser, &browser)) else {
+            return Err(unknown());
         };
         if flow.link.expires <= now_secs() {
             return Err((
                 400,
                 "this consent has expired: call the tool again for a new link".into(),
             ));
-        }
-        if !cookie.is_some_and(|c| eq(c, &flow.browser)) {
-            warn!(server = %flow.link.server, "a consent callback came from another browser than the one that began it");
-            return Err((403, "this consent was begun in another browser".into()));
         }
         if let Some(e) = query.get("error") {
             let e: String = e
@@ -734,7 +926,8 @@ impl Consent {
             ("code_verifier", flow.verifier.clone()),
             ("resource", p.resource.clone()),
         ];
-        let tokens = self.token_request(&server.name, &p, form).await.map_err(|e| (502, e))?;
+        let mut tokens = self.token_request(&server.name, &p, form).await.map_err(|e| (502, e))?;
+        tokens.resource = bound_url(&server);
         let l = &flow.link;
         let store = self.store().map_err(|e| (500, e))?;
         store.put(&l.server, &l.identity, &tokens).await.map_err(|e| (500, e))?;
@@ -761,6 +954,7 @@ impl Consent {
         let had = store.remove(name, identity).await?;
         if let Some(s) = server {
             s.end_user(identity).await;
+            self.forgotten(s, identity).await;
         }
         crate::sync::lock(&self.bearers).remove(&(name.to_owned(), identity.to_owned()));
         if let (Some(server), Some(old)) = (server, old) {
@@ -821,10 +1015,34 @@ impl Consent {
                 "server '{server}': the authorization server's answer has no access_token"
             ));
         };
+        if bearer_value(access).is_none() {
+            // It would go in every request's header: one that cannot is refused here, not
+            // stored to fail each call (and the catalog) later.
+            return Err(format!(
+                "server '{server}': the authorization server's access_token cannot be sent as a header (empty, or control characters): refused"
+            ));
+        }
+        if let Some(t) = body.get("token_type").and_then(Value::as_str) {
+            // Sent as `Authorization: Bearer`: a token of another type (DPoP, MAC...) is not one.
+            if !t.eq_ignore_ascii_case("bearer") {
+                return Err(format!(
+                    "server '{server}': the authorization server issued a token of type {}, not Bearer: refused",
+                    untrusted(t)
+                ));
+            }
+        }
+        let refresh_token = body.get("refresh_token").and_then(Value::as_str).map(str::to_owned);
+        // Capped (a peer's 2^64-1 would overflow): ten years is as good as forever.
+        let max = crate::config::values::MAX_DURATION.as_secs();
+        let expires_at = body
+            .get("expires_in")
+            .and_then(Value::as_u64)
+            .map(|s| now_secs().saturating_add(s.min(max)));
         Ok(Tokens {
             access_token: access.to_owned(),
-            refresh_token: body.get("refresh_token").and_then(Value::as_str).map(str::to_owned),
-            expires_at: body.get("expires_in").and_then(Value::as_u64).map(|s| now_secs() + s),
+            refresh_token,
+            expires_at,
+            resource: None,
         })
     }
 
@@ -832,16 +1050,19 @@ impl Consent {
     /// a client_id, registered) on first use.
     async fn provider(&self, server: &Server) -> Result<Arc<Provider>, String> {
         let name = server.name.to_string();
+        let settings = settings_of(server);
         let mut providers = self.providers.lock().await;
-        if let Some(p) = providers.get(&name) {
-            return Ok(p.clone());
+        if let Some((s, p)) = providers.get(&name) {
+            if *s == settings {
+                return Ok(p.clone());
+            }
         }
         let p = Arc::new(
             self.discover(server)
                 .await
                 .map_err(|e| format!("server '{name}': {e}"))?,
         );
-        providers.insert(name, p.clone());
+        providers.insert(name, (settings, p.clone()));
         Ok(p)
     }
 
@@ -850,16 +1071,41 @@ impl Consent {
             return Err("it has no auth.oauth".into());
         };
         let url = reqwest::Url::parse(h.url.expose()).map_err(|_| "its url is not a URL".to_owned())?;
+        let pinned = oauth.authorization_server.is_some();
+        if !pinned && oauth.client_secret.is_some() {
+            // `check` refuses this too: the secret goes only to an AS named in gateway.toml.
+            return Err("auth.oauth.client_secret needs auth.oauth.authorization_server".into());
+        }
         let (issuer, resource) = match &oauth.authorization_server {
             Some(i) => (i.clone(), canonical(&url)),
             None => self.resource_metadata(&url).await?,
         };
-        let meta = self.as_metadata(&issuer).await?;
-        let text = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned);
-        let authorization_endpoint = text("authorization_endpoint")
+        let meta = self.as_metadata(&issuer, &url, pinned).await?;
+        let issuer_url = web_url(&issuer).ok_or("the authorization server is not an http(s) URL")?;
+        // The endpoints the gateway itself sends requests to (and the browser is sent to):
+        // an http(s) URL each; for an authorization server the server's metadata named
+        // (not gateway.toml), on that authorization server's own origin.
+        let endpoint = |k: &str| -> Result<Option<String>, String> {
+            let Some(v) = meta.get(k) else { return Ok(None) };
+            let u = v
+                .as_str()
+                .and_then(web_url)
+                .ok_or_else(|| format!("the authorization server's metadata has a {k} that is not an http(s) URL"))?;
+            if !pinned && u.origin() != issuer_url.origin() {
+                return Err(format!(
+                    "the authorization server's metadata puts its {k} on another origin ({}) than its issuer's: \
+                     refused for an authorization server the server named (set auth.oauth.authorization_server to trust it)",
+                    untrusted(&u.origin().ascii_serialization())
+                ));
+            }
+            Ok(Some(u.to_string()))
+        };
+        let authorization_endpoint = endpoint("authorization_endpoint")?
             .ok_or("the authorization server's metadata has no authorization_endpoint")?;
         let token_endpoint =
-            text("token_endpoint").ok_or("the authorization server's metadata has no token_endpoint")?;
+            endpoint("token_endpoint")?.ok_or("the authorization server's metadata has no token_endpoint")?;
+        let registration_endpoint = endpoint("registration_endpoint")?;
+        let revocation_endpoint = endpoint("revocation_endpoint")?;
         let s256 = meta
             .get("code_challenge_methods_supported")
             .and_then(Value::as_array)
@@ -874,13 +1120,13 @@ impl Consent {
             None => format!("{}/oauth/callback", self.public()?),
         };
         let (client_id, client_secret) = self
-            .client(server, oauth, &issuer, &redirect_uri, text("registration_endpoint"))
+            .client(server, oauth, &issuer, &redirect_uri, registration_endpoint)
             .await?;
         Ok(Provider {
             issuer,
             authorization_endpoint,
             token_endpoint,
-            revocation_endpoint: text("revocation_endpoint"),
+            revocation_endpoint,
             resource,
             client_id,
             client_secret,
@@ -889,9 +1135,14 @@ impl Consent {
         })
     }
 
-    /// RFC 9728: (authorization server, resource) of the server at `url`.
+    /// RFC 9728: (authorization server, resource) of the server at `url`. The document
+    /// must be about that server: its `resource` is the server's URL (§3.3; for the
+    /// origin's own document, `/.well-known/oauth-protected-resource`, the origin), else
+    /// it is refused: a token asked for another resource would go to this server.
     async fn resource_metadata(&self, url: &reqwest::Url) -> Result<(String, String), String> {
         let (origin, path) = split_origin(url);
+        let want = canonical(url);
+        // (document, whether it is the origin's own)
         let mut candidates = Vec::new();
         // The challenge of an unauthenticated request names the document.
         if let Ok(r) = self
@@ -911,13 +1162,18 @@ impl Consent {
             {
                 // Only a document on the server's own origin is believed.
                 if reqwest::Url::parse(&m).is_ok_and(|u| u.origin() == url.origin()) {
-                    candidates.push(m);
+                    candidates.push((m, false));
                 }
             }
         }
-        candidates.push(format!("{origin}/.well-known/oauth-protected-resource{path}"));
-        candidates.push(format!("{origin}/.well-known/oauth-protected-resource"));
-        for c in candidates {
+        candidates.push((
+            format!("{origin}/.well-known/oauth-protected-resource{path}"),
+            path.is_empty(),
+        ));
+        if !path.is_empty() {
+            candidates.push((format!("{origin}/.well-known/oauth-protected-resource"), true));
+        }
+        for (c, root) in candidates {
             let Some(doc) = self.get_json(&c).await else { continue };
             let Some(issuer) = doc
                 .get("authorization_servers")
@@ -927,10 +1183,25 @@ impl Consent {
             else {
                 continue;
             };
-            let resource = doc
-                .get("resource")
-                .and_then(Value::as_str)
-                .map_or_else(|| canonical(url), str::to_owned);
+            let named = doc.get("resource").and_then(Value::as_str).unwrap_or_default();
+            let own_origin = |r: &str| root && r == format!("{origin}/");
+            let resource = match web_url(named).map(|u| u.to_string()) {
+                Some(r) if r == want || own_origin(&r) => r,
+                _ => {
+                    return Err(format!(
+                        "its OAuth protected-resource metadata (RFC 9728) is about another resource ({}) than its url ({}{}): refused (RFC 9728 §3.3)",
+                        untrusted(named),
+                        origin,
+                        url.path()
+                    ))
+                }
+            };
+            if web_url(issuer).is_none() {
+                return Err(format!(
+                    "its OAuth protected-resource metadata (RFC 9728) names an authorization server that is not an http(s) URL ({})",
+                    untrusted(issuer)
+                ));
+            }
             return Ok((issuer.to_owned(), resource));
         }
         Err(
@@ -939,9 +1210,18 @@ impl Consent {
         )
     }
 
-    /// RFC 8414 (then OpenID Connect discovery) metadata of `issuer`, whose `issuer` must match.
-    async fn as_metadata(&self, issuer: &str) -> Result<Value, String> {
-        let url = reqwest::Url::parse(issuer).map_err(|_| "the authorization server is not a URL".to_owned())?;
+    /// RFC 8414 (then OpenID Connect discovery) metadata of `issuer`, whose `issuer` must
+    /// match. An authorization server the server's metadata named (not `pinned` in
+    /// gateway.toml) must be https when the server is.
+    async fn as_metadata(&self, issuer: &str, server: &reqwest::Url, pinned: bool) -> Result<Value, String> {
+        let url = web_url(issuer)
+            .ok_or_else(|| format!("the authorization server ({}) is not an http(s) URL", untrusted(issuer)))?;
+        if !pinned && server.scheme() == "https" && url.scheme() != "https" {
+            return Err(format!(
+                "its metadata names an authorization server without https ({}): refused",
+                untrusted(issuer)
+            ));
+        }
         let (origin, path) = split_origin(&url);
         for c in [
             format!("{origin}/.well-known/oauth-authorization-server{path}"),
@@ -952,13 +1232,16 @@ impl Consent {
             let named = doc.get("issuer").and_then(Value::as_str).unwrap_or_default();
             if named.trim_end_matches('/') != issuer.trim_end_matches('/') {
                 return Err(format!(
-                    "the authorization server's metadata names another issuer ({named:?}) than {issuer:?}"
+                    "the authorization server's metadata names another issuer ({}) than {}",
+                    untrusted(named),
+                    untrusted(issuer)
                 ));
             }
             return Ok(doc);
         }
         Err(format!(
-            "the metadata of the authorization server {issuer} (RFC 8414) cannot be fetched"
+            "the metadata of the authorization server {} (RFC 8414) cannot be fetched",
+            untrusted(issuer)
         ))
     }
 
@@ -1020,7 +1303,9 @@ impl Consent {
         let status = resp.status();
         let doc = resp.json_value().await;
         if !status.is_success() {
+            // The AS's own text: printable, cut (as the token endpoint's).
             let code = doc.get("error").and_then(Value::as_str).unwrap_or("no error code");
+            let code: String = code.chars().filter(|c| c.is_ascii_graphic()).take(64).collect();
             return Err(format!(
                 "dynamic client registration was refused (HTTP {}): {code}",
                 status.as_u16()

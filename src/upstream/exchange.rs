@@ -209,9 +209,10 @@ impl Exchanger {
             unlock(c, name).await;
         }
         set_bearer(&slot.bearer, &token);
+        let now = Instant::now();
         *cached = Some(Cached {
             token,
-            fresh_until: Instant::now() + fresh,
+            fresh_until: now.checked_add(fresh).unwrap_or(now),
         });
         Ok(slot.bearer.clone())
     }
@@ -316,10 +317,13 @@ impl Exchanger {
                 )));
             }
         }
+        // Capped: a peer's 2^64-1 would overflow an Instant (ten years is as good as forever).
         let lifetime = answer
             .get("expires_in")
             .and_then(|v| v.as_u64())
-            .map_or(DEFAULT_LIFETIME, Duration::from_secs);
+            .map_or(DEFAULT_LIFETIME, |s| {
+                Duration::from_secs(s).min(crate::config::values::MAX_DURATION)
+            });
         Ok((Secret::new(token), lifetime))
     }
 
@@ -386,9 +390,11 @@ impl Exchanger {
         let plain = self.sealer(c).open(&[identity, server], &got?).ok()?;
         let shared: Shared = serde_json::from_slice(&plain).ok()?;
         let left = shared.fresh_until_ms.checked_sub(crate::cluster::now_ms())?;
-        (left > 0).then(|| Cached {
+        let now = Instant::now();
+        let left = Duration::from_millis(left).min(crate::config::values::MAX_DURATION);
+        (!left.is_zero()).then(|| Cached {
             token: Secret::new(shared.token),
-            fresh_until: Instant::now() + Duration::from_millis(left),
+            fresh_until: now.checked_add(left).unwrap_or(now),
         })
     }
 
@@ -404,7 +410,8 @@ impl Exchanger {
         let Some(c) = cluster else { return };
         let record = Shared {
             token: token.expose().to_owned(),
-            fresh_until_ms: crate::cluster::now_ms() + u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX),
+            fresh_until_ms: crate::cluster::now_ms()
+                .saturating_add(u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX)),
         };
         let Ok(json) = serde_json::to_vec(&record) else { return };
         let Ok(sealed) = self.sealer(c).seal(&[identity, server], &json) else {

@@ -1,7 +1,7 @@
 //! The users' own OAuth tokens for servers, sealed at rest, by (server, identity).
 //!
 //! Single mode: one JSON file, `{state_dir}/tokens.json` (0600, written whole to a temporary
-//! file and renamed), `{"version": 1, "tokens": {SERVER: {IDENTITY: SEALED}}}`. It is read
+//! file and renamed, under an exclusive lock on `{state_dir}/tokens.lock`), `{"version": 1, "tokens": {SERVER: {IDENTITY: SEALED}}}`. It is read
 //! again whenever it changed on disk, so `mcp-gateway tokens revoke` takes effect in a
 //! running gateway. The key: `gateway.token_key`, else `{state_dir}/token.key` (32 random
 //! bytes made on first use, 0600).
@@ -32,6 +32,10 @@ pub struct Tokens {
     /// Unix seconds; `None`: the server said nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+    /// The server's URL (origin and path) the tokens were got for: after a reload that
+    /// changes it they are not sent to the new one. `None`: stored before this was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -107,6 +111,7 @@ impl Store {
             });
         }
         let dir = &config.gateway.state_dir;
+        warn_if_shared(dir);
         let key = match &config.gateway.token_key {
             Some(k) => k.expose().as_bytes().to_vec(),
             None => key_file(dir)?,
@@ -173,6 +178,10 @@ impl Store {
         match &self.kind {
             Kind::File { path, cache } => {
                 let mut c = cache.lock().await;
+                // Read, changed and written under the file lock: another process sharing
+                // state_dir (a second gateway, `tokens revoke`) loses nothing.
+                let _locked = lock_file(path).await?;
+                c.0 = None;
                 refresh_cache(path, &mut c)?;
                 c.1.version = 1;
                 c.1.tokens
@@ -200,6 +209,8 @@ impl Store {
         match &self.kind {
             Kind::File { path, cache } => {
                 let mut c = cache.lock().await;
+                let _locked = lock_file(path).await?;
+                c.0 = None;
                 refresh_cache(path, &mut c)?;
                 let had = c.1.tokens.get_mut(server).is_some_and(|m| m.remove(identity).is_some());
                 if had {
@@ -256,6 +267,31 @@ impl Store {
             .query_async::<()>(&mut conn)
             .await
             .map_err(|e| format!("the token store (Redis) failed: {}", e.kind_str()))
+    }
+
+    /// Redis only: counts one more pending record of `owner` (expiring `ttl` after the
+    /// first); how many there are now.
+    pub async fn count_pending(&self, owner: &str, ttl: std::time::Duration) -> Result<u64, String> {
+        let Kind::Redis { conn, prefix } = &self.kind else {
+            return Err("not a shared store".into());
+        };
+        let key = Self::pending_key(prefix, "count", owner);
+        let mut conn = conn.clone();
+        let failed = |e: redis::RedisError| format!("the token store (Redis) failed: {}", e.kind_str());
+        let n: u64 = redis::cmd("INCR")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(failed)?;
+        if n == 1 {
+            redis::cmd("EXPIRE")
+                .arg(&key)
+                .arg(ttl.as_secs().max(1))
+                .query_async::<i64>(&mut conn)
+                .await
+                .map_err(failed)?;
+        }
+        Ok(n)
     }
 
     pub async fn get_pending<T: serde::de::DeserializeOwned>(&self, kind: &str, id: &str) -> Result<Option<T>, String> {
@@ -320,10 +356,9 @@ fn refresh_cache(path: &Path, c: &mut (Option<(SystemTime, u64)>, FileData)) -> 
         return Ok(());
     }
     c.1 = match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("the token store {} is not valid: {e}", path.display()))?,
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| failed("the token store is not valid", path, &e))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => FileData::default(),
-        Err(e) => return Err(format!("cannot read the token store {}: {e}", path.display())),
+        Err(e) => return Err(failed("cannot read the token store", path, &e)),
     };
     c.0 = now;
     Ok(())
@@ -333,11 +368,55 @@ fn write_file(path: &Path, c: &mut (Option<(SystemTime, u64)>, FileData)) -> Res
     let dir = path.parent().unwrap_or(Path::new("."));
     make_dir(dir)?;
     let bytes = serde_json::to_vec_pretty(&c.1).map_err(|e| e.to_string())?;
-    let tmp = dir.join(format!(".tokens.json.{}", std::process::id()));
-    write_private(&tmp, &bytes, false)?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("cannot write the token store {}: {e}", path.display()))?;
+    // A name nobody can guess, made new (O_EXCL, O_NOFOLLOW): a file or symlink planted in
+    // state_dir is never written through.
+    let mut r = [0u8; 12];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r)
+        .map_err(|_| "no randomness for the token store's temporary file".to_owned())?;
+    let tmp = dir.join(format!(".tokens.json.{}", crate::cluster::hex(&r)));
+    write_private(&tmp, &bytes, true)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(failed("cannot write the token store", path, &e));
+    }
     c.0 = stamp(path);
     Ok(())
+}
+
+/// The exclusive lock (flock) on `{state_dir}/tokens.lock`, held while the store's file is
+/// read, changed and written; released when dropped. Waited for (without blocking the
+/// runtime) up to 10 s.
+async fn lock_file(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    make_dir(dir)?;
+    let lock = dir.join("tokens.lock");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&lock)
+        .map_err(|e| failed("cannot open the token store's lock", &lock, &e))?;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(f),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            Err(e) => return Err(failed("cannot lock the token store", &lock, &e)),
+        }
+    }
+}
+
+/// An error of the store's file: the path and the cause go to the log only (an error
+/// reaches MCP clients, who need not learn the gateway's file system).
+fn failed(what: &str, path: &Path, e: &dyn std::fmt::Display) -> String {
+    tracing::warn!(path = %path.display(), error = %e, "{what}");
+    format!("{what} (the gateway's log says why)")
 }
 
 fn make_dir(dir: &Path) -> Result<(), String> {
@@ -346,7 +425,7 @@ fn make_dir(dir: &Path) -> Result<(), String> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("cannot create the state directory {}: {e}", dir.display()))
+        .map_err(|e| failed("cannot create the state directory", dir, &e))
 }
 
 /// Writes `bytes` to a file only its owner may read (0600); `new`: only if it does not exist.
@@ -354,18 +433,16 @@ fn write_private(path: &Path, bytes: &[u8], new: bool) -> Result<(), String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut o = std::fs::OpenOptions::new();
-    o.write(true).mode(0o600);
+    o.write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
     if new {
         o.create_new(true);
     } else {
         o.create(true).truncate(true);
     }
-    let mut f = o
-        .open(path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let mut f = o.open(path).map_err(|e| failed("cannot write", path, &e))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|e| failed("cannot write", path, &e))
 }
 
 /// The key in `{dir}/token.key`, made (32 random bytes, hex, 0600) when there is none.
@@ -376,10 +453,10 @@ fn key_file(dir: &Path) -> Result<Vec<u8>, String> {
             check_private(&path)?;
             return crate::cluster::unhex(s.trim())
                 .filter(|k| k.len() >= 32)
-                .ok_or_else(|| format!("{} is not a token key (64 hex digits)", path.display()));
+                .ok_or_else(|| failed("the token key file is not a token key (64 hex digits)", &path, &"-"));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return Err(failed("cannot read the token key file", &path, &e)),
     }
     make_dir(dir)?;
     let mut key = [0u8; 32];
@@ -393,18 +470,34 @@ fn key_file(dir: &Path) -> Result<Vec<u8>, String> {
     }
 }
 
+/// A state_dir others may write to is warned about: they could replace what is in it.
+pub fn warn_if_shared(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(dir) {
+        let mode = m.permissions().mode();
+        if mode & 0o022 != 0 {
+            tracing::warn!(
+                state_dir = %dir.display(),
+                mode = format!("{:o}", mode & 0o777),
+                "state_dir may be written by others (group or world): chmod 700 it"
+            );
+        }
+    }
+}
+
 /// A key file others may read is refused: whoever can read it can open every token.
 fn check_private(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .map_err(|e| failed("cannot read the token key file", path, &e))?
         .permissions()
         .mode();
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{} may be read by others (mode {:o}): chmod 600 it",
-            path.display(),
-            mode & 0o777
+        let why = format!("mode {:o}", mode & 0o777);
+        return Err(failed(
+            "the token key file may be read by others: chmod 600 it",
+            path,
+            &why,
         ));
     }
     Ok(())

@@ -38,6 +38,11 @@ struct Fixtures {
 }
 
 async fn fixtures(as_args: &[&str]) -> Fixtures {
+    fixtures_with(as_args, &[]).await
+}
+
+/// As [`fixtures`], with more arguments for the protected server.
+async fn fixtures_with(as_args: &[&str], mcp_args: &[&str]) -> Fixtures {
     require_deps();
     let py = path_str(&venv_python());
     let mut args = vec!["tests/fixtures/oauth_as.py", "--port", "0"];
@@ -48,20 +53,17 @@ async fn fixtures(as_args: &[&str]) -> Fixtures {
     let mcp_base = format!("http://127.0.0.1:{}", port.port);
     let audience = format!("{mcp_base}/mcp");
     let p = port.port.to_string();
-    let mcp = Proc::start(
-        &py,
-        &[
-            "tests/fixtures/protected_mcp.py",
-            "--port",
-            &p,
-            "--audience",
-            &audience,
-            "--issuer",
-            &as_base,
-        ],
-        &[],
-    )
-    .await;
+    let mut args = vec![
+        "tests/fixtures/protected_mcp.py",
+        "--port",
+        &p,
+        "--audience",
+        &audience,
+        "--issuer",
+        &as_base,
+    ];
+    args.extend_from_slice(mcp_args);
+    let mcp = Proc::start(&py, &args, &[]).await;
     let tables = format!(
         "[clients.alice]\ntoken = {ALICE:?}\n\n[clients.bob]\ntoken = {BOB:?}\n\n\
          [servers.docs]\nurl = \"{audience}\"\nauth = {{ oauth = {{}} }}\n"
@@ -77,7 +79,11 @@ async fn fixtures(as_args: &[&str]) -> Fixtures {
 }
 
 async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
-    let f = fixtures(as_args).await;
+    setup_with(as_args, &[], env).await
+}
+
+async fn setup_with(as_args: &[&str], mcp_args: &[&str], env: &[(&str, &str)]) -> Setup {
+    let f = fixtures_with(as_args, mcp_args).await;
     let state = tempfile::tempdir().unwrap();
     let config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
     let gw = Gateway::start_with_env(&config, env);
@@ -136,6 +142,14 @@ impl Setup {
         let b = browse(&url, None, Some(token)).await;
         assert_eq!(b.status, 200, "{b:?}\n{}", self.gw.logs());
         b
+    }
+}
+
+/// What a refused call says: its error's message, or its tool error's text.
+fn said(r: &Value) -> String {
+    match r["error"]["message"].as_str() {
+        Some(m) => m.to_owned(),
+        None => text(r),
     }
 }
 
@@ -502,6 +516,23 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
     let other_browser = http2.get(&callback).send().await.unwrap();
     assert_eq!(other_browser.status(), 403);
     assert!(other_browser.headers().get("location").is_none());
+    // The state alone, without the code or the cookie: refused, and the flow is left to
+    // the browser that began it.
+    let state = query_of(&callback)["state"].clone();
+    let bare = http2
+        .get(format!("{}/oauth/callback?state={state}", s.gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 403);
+    assert_eq!(s.stats().await["token_requests"], 0, "no code was exchanged");
+    let own = http2
+        .get(&callback)
+        .header("cookie", cookie.split(';').next().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 200, "the browser that began it completes it");
     let again = http2
         .get(&callback)
         .header("cookie", cookie.split(';').next().unwrap())
@@ -511,9 +542,18 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
     assert_eq!(again.status(), 400, "a spent flow");
     // The link was used once: a second start is refused.
     assert_eq!(http2.get(&url).send().await.unwrap().status(), 404);
-    assert_eq!(s.stats().await["token_requests"], 0, "no code was exchanged");
+    assert_eq!(s.stats().await["token"]["authorization_code"], 1);
 
-    // A fresh link, completed properly, then its callback replayed.
+    // A fresh link (alice's tokens forgotten first), completed properly, then its callback
+    // replayed.
+    let del = bearer_client(ALICE)
+        .delete(format!("{}/oauth/tokens/docs", s.gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    // (Nobody else consented: the server offers `authorize` again.)
+    s.wait_tool(&alice, "docs__authorize").await;
     let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
     assert_ne!(query_of(&url)["link"], link);
     let b = browse(&url, Some(ALICE), None).await;
@@ -526,7 +566,7 @@ async fn stolen_replayed_and_redirected_consents_are_refused() {
         .join("; ");
     let replay = http2.get(&b.visited[2]).header("cookie", cookie).send().await.unwrap();
     assert_eq!(replay.status(), 400, "a replayed callback");
-    assert_eq!(s.stats().await["token"]["authorization_code"], 1);
+    assert_eq!(s.stats().await["token"]["authorization_code"], 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -727,4 +767,464 @@ async fn a_gateway_without_oauth_servers_keeps_no_state() {
     let s = gw.session().await;
     assert!(!s.tool_names().await.is_empty());
     assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0, "no token.key made");
+}
+
+/// RFC 9728 §3.3: a server whose protected-resource metadata names another resource (here
+/// another host's API) is refused: no token is asked for that resource, none goes to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_about_another_resource_is_refused() {
+    let s = setup_with(&[], &["--prm-resource", "https://payroll.internal.example/api"], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    let r = alice.call("docs__authorize", json!({})).await;
+    assert!(!r.to_string().contains("/oauth/start"), "no consent link: {r}");
+    let e = said(&r);
+    assert!(e.contains("'docs'"), "{e}");
+    assert!(
+        e.contains("another resource") && e.contains("payroll.internal.example") && e.contains("RFC 9728"),
+        "{e}"
+    );
+    let stats = s.stats().await;
+    assert_eq!(stats["register"], 0, "{stats}");
+    assert_eq!(stats["authorize"], 0, "{stats}");
+}
+
+/// An authorization server the server named (not gateway.toml) keeps its endpoints on its
+/// own origin, and what it says goes into errors escaped and cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_discovered_authorization_server_cannot_send_the_gateway_elsewhere() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    for key in ["token_endpoint", "registration_endpoint", "revocation_endpoint"] {
+        s.control(json!({"metadata": {key: "http://127.0.0.1:9/elsewhere"}}))
+            .await;
+        let r = alice.call("docs__authorize", json!({})).await;
+        assert!(!r.to_string().contains("/oauth/start"), "no consent link: {r}");
+        let e = said(&r);
+        assert!(
+            e.contains("'docs'") && e.contains(key) && e.contains("another origin"),
+            "{e}"
+        );
+    }
+    assert_eq!(s.stats().await["register"], 0, "nothing registered");
+    let hostile = format!("http://evil.example/\u{1b}[2J\nforged line {}", "A".repeat(5000));
+    s.control(json!({"metadata": {"issuer": hostile}})).await;
+    let r = alice.call("docs__authorize", json!({})).await;
+    let e = said(&r);
+    assert!(e.contains("'docs'") && e.contains("another issuer"), "{e}");
+    assert!(!e.contains('\u{1b}') && !e.contains('\n') && e.len() < 600, "{e}");
+    assert!(!s.gw.logs().contains('\u{1b}'), "no raw escape in the log");
+    // Its own origin is fine.
+    s.control(json!({"metadata": {}})).await;
+    elicitation_url(&alice.call("docs__authorize", json!({})).await);
+}
+
+/// A client secret goes only to an authorization server named in gateway.toml: `check`
+/// (and a start) refuse it without `authorization_server`.
+#[test]
+fn a_client_secret_needs_a_pinned_authorization_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("gateway.toml");
+    let run = |pin: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "[servers.wiki]\nurl = \"https://wiki.example/mcp\"\n\
+                 auth = {{ oauth = {{ client_id = \"gw\", client_secret = \"s3cret-value-xyz\"{pin} }} }}\n"
+            ),
+        )
+        .unwrap();
+        let out = Command::new(BIN)
+            .args(["check", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!all.contains("s3cret-value-xyz"), "{all}");
+        (out.status.success(), all)
+    };
+    let (ok, all) = run("");
+    assert!(!ok, "{all}");
+    assert!(
+        all.contains("servers.wiki.auth.oauth.client_secret needs servers.wiki.auth.oauth.authorization_server"),
+        "{all}"
+    );
+    let (ok, all) = run(", authorization_server = \"https://login.example\"");
+    assert!(ok, "{all}");
+}
+
+/// The catalog connection was opened with alice's token. After alice's DELETE, what goes to
+/// the server on it (bob's roots notification) never carries her revoked token: it is
+/// opened again with bob's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_users_token_leaves_the_catalog_connection() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let alices = s.seen().await;
+    assert!(!alices.is_empty());
+    let bob = Session::open_on(
+        bearer_client(BOB),
+        &s.gw.url,
+        json!({"elicitation": {"url": {}}, "roots": {"listChanged": true}}),
+    )
+    .await;
+    s.consent(&bob, BOB, "docs__whoami").await;
+    let r = bob.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let bobs: Vec<String> = s.seen().await.into_iter().filter(|v| !alices.contains(v)).collect();
+
+    let del = bearer_client(ALICE)
+        .delete(format!("{}/oauth/tokens/docs", s.gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    reqwest::get(format!("{}/seen?reset=1", s.mcp_base)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    bob.notify("notifications/roots/list_changed", json!({})).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = s.seen().await;
+    assert!(!after.is_empty(), "nothing reached the server after the DELETE");
+    for v in &after {
+        assert!(!alices.contains(v), "alice's revoked token was sent after her DELETE");
+        assert!(bobs.contains(v), "only bob's token now: {v}");
+    }
+    // bob's calls go on.
+    let r = bob.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+}
+
+/// The first stored user's token is refused by the server (and cannot be refreshed): a
+/// gateway starting then lists the catalog with the next user's, at once, and the refused
+/// user is asked again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_token_does_not_keep_the_catalog_down() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let alices = s.seen().await;
+    let bob = s.url_session(BOB).await;
+    s.consent(&bob, BOB, "docs__whoami").await;
+    post_ok(&format!("{}/refuse", s.mcp_base), &json!(alices)).await;
+    s.control(json!({"fail_token": "invalid_grant"})).await;
+
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let gw2 = Gateway::start_with_env(&config, &[]);
+    let bob2 = Session::open_on(bearer_client(BOB), &gw2.url, json!({"elicitation": {"url": {}}})).await;
+    let mut listed = false;
+    for _ in 0..50 {
+        if bob2.tool_names().await.iter().any(|t| t == "docs__whoami") {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed, "the catalog stayed down; log:\n{}", gw2.logs());
+    let r = bob2.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let alice2 = Session::open_on(bearer_client(ALICE), &gw2.url, json!({"elicitation": {"url": {}}})).await;
+    elicitation_url(&alice2.call("docs__whoami", json!({})).await);
+}
+
+/// A token answer the gateway could not use is refused at the callback, with a clear error,
+/// and nothing is stored: a token with CR/LF (it would break every request's header), one
+/// of another type than Bearer. A lifetime of 2^64-1 s is capped, not an overflow.
+#[tokio::test(flavor = "multi_thread")]
+async fn unusable_token_answers_are_refused_at_the_callback() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    for (answer, why) in [
+        (
+            json!({"access_token": "abc\r\nX-Injected: 1"}),
+            "cannot be sent as a header",
+        ),
+        (json!({"token_type": "DPoP"}), "not Bearer"),
+    ] {
+        s.control(json!({"answer": answer})).await;
+        let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
+        let b = browse(&url, None, Some(ALICE)).await;
+        assert_eq!(b.status, 502, "{answer}: {b:?}");
+        assert!(b.body.contains("docs") && b.body.contains(why), "{}", b.body);
+    }
+    s.control(json!({"answer": {"expires_in": u64::MAX}})).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let r = alice.call("docs__whoami", json!({})).await;
+    assert_eq!(who(&r)["sub"], "alice", "{r}");
+    assert!(!s.gw.logs().contains("panicked"), "{}", s.gw.logs());
+}
+
+/// One client asking for link after link is bounded on its own (per user and server): it
+/// cannot fill the gateway's pending consents for everybody.
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_consents_are_bounded_per_user() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    let mut refused = None;
+    for i in 0..40 {
+        let r = alice.call("docs__authorize", json!({})).await;
+        if r["error"]["code"] != -32042 {
+            refused = Some((i, r));
+            break;
+        }
+    }
+    let (i, r) = refused.expect("alice was never refused a link");
+    assert_eq!(i, 32, "{r}");
+    let e = said(&r);
+    assert!(
+        e.contains("'docs'") && e.contains("too many consents") && e.contains("alice"),
+        "{e}"
+    );
+    // bob is not held up by alice's links.
+    let bob = s.url_session(BOB).await;
+    let url = elicitation_url(&bob.call("docs__authorize", json!({})).await);
+    let b = browse(&url, None, Some(BOB)).await;
+    assert_eq!(b.status, 200, "{b:?}");
+}
+
+/// A dynamic registration's refusal reaches the client printable and cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registration_refusal_is_filtered() {
+    let s = setup(&[], &[]).await;
+    let hostile = format!("bad\n\u{1b}[31mforged {}", "X".repeat(200_000));
+    s.control(json!({"register_error": hostile})).await;
+    let alice = s.url_session(ALICE).await;
+    let r = alice.call("docs__authorize", json!({})).await;
+    let e = said(&r);
+    assert!(e.contains("'docs'") && e.contains("registration was refused"), "{e}");
+    assert!(!e.contains('\u{1b}') && !e.contains('\n') && e.len() < 400, "{e}");
+    let status = bearer_client(ALICE)
+        .get(format!("{}/status", s.gw.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!status.contains(&"X".repeat(100)), "the refusal's text on /status");
+}
+
+/// A refresh that fails is not tried again on every call: for 30 s the token is used as
+/// it is (while it lasts).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_refresh_is_not_retried_on_every_call() {
+    // Tokens live 90 s: within the 60 s refresh margin after 30 s... so a short-lived one
+    // (70 s) is refreshed on the next call, and still valid when that fails.
+    let s = setup(&["--expires-in", "70"], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    s.control(json!({"reset_stats": true, "fail_token": "temporarily_unavailable"}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    for _ in 0..4 {
+        let r = alice.call("docs__whoami", json!({})).await;
+        assert_eq!(who(&r)["sub"], "alice", "{r}");
+    }
+    let stats = s.stats().await;
+    assert_eq!(stats["token"]["refresh_token"], 1, "one try, then the backoff: {stats}");
+}
+
+/// A corrupt token store: the error a client gets does not show the gateway's file
+/// system; the log names the file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_store_error_keeps_its_path_in_the_log() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let file = s.state.path().join("tokens.json");
+    std::fs::write(&file, "{ not json").unwrap();
+    let r = alice.call("docs__whoami", json!({})).await;
+    let all = r.to_string();
+    let dir = path_str(s.state.path());
+    assert!(all.contains("token store is not valid"), "{r}");
+    assert!(!all.contains(&dir) && !all.contains("tokens.json"), "{r}");
+    assert!(s.gw.logs().contains(&path_str(&file)), "the log names the file");
+}
+
+/// The store's temporary file cannot be planted: a symlink at the name the gateway once
+/// used (`.tokens.json.PID`) is not written through, and a state_dir others may write to
+/// is warned about.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_never_writes_through_a_planted_symlink() {
+    let f = fixtures(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let victim = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(victim.path(), "precious").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
+    let gw = Gateway::start_with_env(&config, &[]);
+    let pid = gw.child.id();
+    std::os::unix::fs::symlink(victim.path(), state.path().join(format!(".tokens.json.{pid}"))).unwrap();
+    let alice = Session::open_on(bearer_client(ALICE), &gw.url, json!({"elicitation": {"url": {}}})).await;
+    let url = elicitation_url(&alice.call("docs__authorize", json!({})).await);
+    let b = browse(&url, None, Some(ALICE)).await;
+    assert_eq!(b.status, 200, "{b:?}");
+    assert_eq!(std::fs::read_to_string(victim.path()).unwrap(), "precious");
+    let stored = std::fs::read_to_string(state.path().join("tokens.json")).unwrap();
+    assert!(stored.contains("alice"), "{stored}");
+    let mode = std::fs::metadata(state.path().join("tokens.json"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(
+        gw.logs().contains("state_dir may be written by others"),
+        "{}",
+        gw.logs()
+    );
+    drop((f.authz, f.mcp, f.port));
+}
+
+/// Two gateways sharing one state_dir store their users' tokens at the same time: the
+/// store's file is read, changed and written under a file lock, so no user's tokens are
+/// lost to the other process's write.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_sharing_state_dir_lose_no_tokens() {
+    const USERS: usize = 24;
+    let f = fixtures(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let mut config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
+    for i in 0..USERS {
+        config.push_str(&format!("\n[clients.u{i}]\ntoken = \"user-{i}-token-5d1e9a\"\n"));
+    }
+    let gws = [
+        Gateway::start_with_env(&config, &[]),
+        Gateway::start_with_env(&config, &[]),
+    ];
+    // Every link first (the first consent replaces `authorize` with the real tools), then
+    // every consent at once.
+    let mut links = Vec::new();
+    for i in 0..USERS {
+        let token = format!("user-{i}-token-5d1e9a");
+        let s = Session::open_on(
+            bearer_client(&token),
+            &gws[i % 2].url,
+            json!({"elicitation": {"url": {}}}),
+        )
+        .await;
+        links.push((token, elicitation_url(&s.call("docs__authorize", json!({})).await)));
+    }
+    let consents = links.iter().map(|(token, url)| async move {
+        let b = browse(url, None, Some(token)).await;
+        assert_eq!(b.status, 200, "{token}: {b:?}");
+    });
+    futures::future::join_all(consents).await;
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(state.path().join("tokens.json")).unwrap()).unwrap();
+    let users: Vec<&String> = file["tokens"]["docs"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with('u'))
+        .collect();
+    assert_eq!(users.len(), USERS, "tokens lost: {users:?}");
+    drop((f.authz, f.mcp, f.port));
+}
+
+/// A reload moves `docs` to another URL and changes its scopes: its OAuth client is found
+/// again (the new resource, the new scope), and the tokens got for the old URL never go to
+/// the new one: the user is asked again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_that_moves_the_server_asks_again_and_keeps_old_tokens_away() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    assert_eq!(who(&alice.call("docs__whoami", json!({})).await)["sub"], "alice");
+    let old = s.seen().await;
+
+    let py = path_str(&venv_python());
+    let port = ReservedPort::new();
+    let url2 = format!("http://127.0.0.1:{}/mcp", port.port);
+    let p = port.port.to_string();
+    let args = [
+        "tests/fixtures/protected_mcp.py",
+        "--port",
+        &p,
+        "--audience",
+        &url2,
+        "--issuer",
+        &s.as_base,
+    ];
+    let _mcp2 = Proc::start(&py, &args, &[]).await;
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let moved = config
+        .replace(&format!("{}/mcp", s.mcp_base), &url2)
+        .replace("oauth = {}", "oauth = { scopes = [\"fresh\"] }");
+    assert_ne!(moved, config);
+    let before = s.gw.logs().matches("reload done").count();
+    std::fs::write(s.gw.config_path(), moved).unwrap();
+    for _ in 0..100 {
+        if s.gw.logs().matches("reload done").count() > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(s.gw.logs().matches("reload done").count() > before, "{}", s.gw.logs());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let url = elicitation_url(&alice.call("docs__whoami", json!({})).await);
+    let b = browse(&url, None, Some(ALICE)).await;
+    assert_eq!(b.status, 200, "{b:?}");
+    let authorize = query_of(&b.visited[2]);
+    assert_eq!(authorize["resource"], url2, "{:?}", b.visited);
+    assert_eq!(authorize["scope"], "fresh", "{:?}", b.visited);
+    s.wait_tool(&alice, "docs__whoami").await;
+    assert_eq!(who(&alice.call("docs__whoami", json!({})).await)["aud"], url2);
+    let seen2: Vec<String> = reqwest::get(url2.replace("/mcp", "/seen"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(!seen2.is_empty());
+    for v in &seen2 {
+        assert!(!old.contains(v), "a token got for the old url went to the new one");
+    }
+}
+
+/// A user's own connection whose token the server refuses at `initialize` (revoked at the
+/// server): the token is refreshed, or (here: the second gateway registered a client of its
+/// own, so the refresh token is not its) the user is asked again, rather than the call
+/// failing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_refused_at_initialize_is_refreshed_or_asked_again() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let alices = s.seen().await;
+    let bob = s.url_session(BOB).await;
+    s.consent(&bob, BOB, "docs__whoami").await;
+    assert!(bob.call("docs__whoami", json!({})).await.get("result").is_some());
+    let bobs: Vec<String> = s.seen().await.into_iter().filter(|v| !alices.contains(v)).collect();
+    post_ok(&format!("{}/refuse", s.mcp_base), &json!(bobs)).await;
+
+    // A second gateway on the same store: bob's own connection is new there.
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
+    let gw2 = Gateway::start_with_env(&config, &[]);
+    let bob2 = Session::open_on(bearer_client(BOB), &gw2.url, json!({"elicitation": {"url": {}}})).await;
+    for _ in 0..50 {
+        if bob2.tool_names().await.iter().any(|t| t == "docs__whoami") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.control(json!({"reset_stats": true})).await;
+    let r = bob2.call("docs__whoami", json!({})).await;
+    elicitation_url(&r);
+    assert_eq!(
+        s.stats().await["token"]["refresh_token"],
+        1,
+        "a refresh was tried first"
+    );
 }

@@ -331,3 +331,19 @@ async fn replicas_share_one_exchange_through_redis_sealed() {
     let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
     assert!(ttl > 0 && ttl <= 300_000, "{ttl}");
 }
+
+/// An `expires_in` of 2^64-1 s is capped (ten years), not an overflow: the token is used
+/// and kept.
+#[tokio::test]
+async fn a_huge_expires_in_is_capped_not_an_overflow() {
+    let (idp, docs) = fixtures(&[]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let gw = start(&config(&idp, &docs, &service));
+    idp.control(json!({"answer": {"expires_in": u64::MAX}})).await;
+    let alice = ready(&gw, &jwt(&idp.url, "alice", AUDIENCE)).await;
+    for _ in 0..3 {
+        assert_eq!(whoami(&alice).await["sub"], "alice", "{}", gw.logs());
+    }
+    assert_eq!(exchanges(&idp).await["alice"], 1, "exchanged once, then cached");
+    assert!(!gw.logs().contains("panicked"), "{}", gw.logs());
+}
