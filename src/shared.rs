@@ -171,16 +171,7 @@ impl Shared {
     pub async fn subscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> Result<bool, TooManySubscriptions> {
         if let Some(c) = self.cluster.get() {
             let d = digest(session);
-            let mut call = SUBSCRIBE.prepare_invoke();
-            call.key(sub_key(c, server, uri))
-                .key(c.name(&format!("uris:{server}")))
-                .key(c.name(&format!("subs-of:{d}")))
-                .key(c.name(WITH_STATE))
-                .arg(&d)
-                .arg(uri)
-                .arg(member(server, uri))
-                .arg(MAX_SUBSCRIPTIONS);
-            let r: redis::RedisResult<i64> = call.invoke_async(&mut c.conn()).await;
+            let r: redis::RedisResult<i64> = subscribe_call(c, server, uri, &d).invoke_async(&mut c.conn()).await;
             let ok = c.track(r);
             let mut inner = self.inner();
             let held = inner.held.entry(session.to_owned()).or_default();
@@ -570,16 +561,7 @@ impl Shared {
                 }
             }
             for (server, uri) in &subs {
-                let mut call = SUBSCRIBE.prepare_invoke();
-                call.key(sub_key(c, server, uri))
-                    .key(c.name(&format!("uris:{server}")))
-                    .key(c.name(&format!("subs-of:{d}")))
-                    .key(c.name(WITH_STATE))
-                    .arg(&d)
-                    .arg(uri)
-                    .arg(member(server, uri))
-                    .arg(MAX_SUBSCRIPTIONS);
-                let r: redis::RedisResult<i64> = call.invoke_async(&mut conn).await;
+                let r: redis::RedisResult<i64> = subscribe_call(c, server, uri, &d).invoke_async(&mut conn).await;
                 c.track(r).ok()?;
             }
             if let Some(rank) = level {
@@ -740,6 +722,20 @@ async fn store_task(c: &Cluster, key: &str, public: &str, route: &TaskRoute) {
         .query_async(&mut c.conn())
         .await;
     let _ = c.track(r);
+}
+
+/// The [`SUBSCRIBE`] script for session digest `d`'s subscription to `uri` of `server`.
+fn subscribe_call(c: &Cluster, server: &str, uri: &str, d: &str) -> redis::ScriptInvocation<'static> {
+    let mut call = SUBSCRIBE.prepare_invoke();
+    call.key(sub_key(c, server, uri))
+        .key(c.name(&format!("uris:{server}")))
+        .key(c.name(&format!("subs-of:{d}")))
+        .key(c.name(WITH_STATE))
+        .arg(d)
+        .arg(uri)
+        .arg(member(server, uri))
+        .arg(MAX_SUBSCRIPTIONS);
+    call
 }
 
 /// The Redis set of the sessions subscribed to `uri` of `server`.
