@@ -816,6 +816,28 @@ async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Command>) {
     shared.stop.cancel();
 }
 
+/// The longest wait a `Retry-After` is shown with; a longer one is shown as this.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// When a 429 or 503 asks to be tried again (`Retry-After`: seconds, or an HTTP date), in
+/// words: "in 30s", "now"; none when the header is absent or unreadable. The gateway does
+/// not retry the call itself (its caller may be a person waiting): it says so.
+fn retry_after(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let wait = match v.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => httpdate::parse_http_date(v)
+            .ok()?
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    };
+    Some(match wait.min(RETRY_AFTER_MAX) {
+        Duration::ZERO => "now".to_owned(),
+        w if w == RETRY_AFTER_MAX && wait > w => format!("in more than {}", super::fmt_duration(w)),
+        w => format!("in {}", super::fmt_duration(Duration::from_secs(w.as_secs()))),
+    })
+}
+
 /// One request: POST, read the answer, re-initialize once on a forgotten session.
 #[allow(clippy::too_many_arguments)]
 async fn call(
@@ -848,6 +870,9 @@ async fn call(
             return Err(shared.unavailable(format!("answered {method} with 202 and no response")));
         }
         if !status.is_success() {
+            let retry = matches!(status.as_u16(), 429 | 503)
+                .then(|| retry_after(resp.headers()))
+                .flatten();
             // Enough of it to show (200 characters are), never the whole of a huge body.
             let text = match resp.bytes_up_to(ERROR_BODY_MAX).await {
                 Ok(Some(b)) => shared.masked(String::from_utf8_lossy(&b).into_owned()),
@@ -869,7 +894,13 @@ async fn call(
                 status: status.as_u16(),
                 detail: match status.as_u16() {
                     401 | 403 => "the server refused the credentials (check `headers` in gateway.toml)".to_owned(),
-                    _ => super::controls_escaped(text.chars().take(200)),
+                    _ => {
+                        let shown = super::controls_escaped(text.chars().take(200));
+                        match retry {
+                            Some(r) => format!("{shown} (it asks to be tried again {r})"),
+                            None => shown,
+                        }
+                    }
                 },
             });
         }

@@ -814,3 +814,42 @@ async fn the_probes_answer_while_a_hanging_server_holds_the_start() {
     let _ = child.wait();
     drop(port);
 }
+
+/// A server too busy (429 or 503 with `Retry-After`, seconds or an HTTP date): the caller's
+/// error names the server and the status, and says when the server asks to be tried
+/// again; the gateway does not retry on its own (one POST per call).
+#[tokio::test]
+async fn a_busy_servers_retry_after_reaches_the_caller_in_words() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&remote_table("web", &remote.url(), ""));
+    let s = gw.session().await;
+    let cases = [
+        (429, "30", Some("(it asks to be tried again in 30s)")),
+        (
+            503,
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            Some("(it asks to be tried again now)"),
+        ),
+        (
+            429,
+            "99999999999",
+            Some("(it asks to be tried again in more than 86400s)"),
+        ),
+        (429, "soon, maybe", None),
+    ];
+    let before = remote.posts_of("tools/call").len();
+    for (i, (status, after, said)) in cases.iter().enumerate() {
+        let args = json!({"text": "x", "retry_after": after, "status": status});
+        let r = call(&s, json!(i), "web__echo", args).await;
+        let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_string();
+        assert!(
+            msg.contains("server 'web' answered HTTP") && msg.contains(&status.to_string()),
+            "{r}"
+        );
+        match said {
+            Some(w) => assert!(msg.contains(w), "{r}"),
+            None => assert!(!msg.contains("tried again"), "{r}"),
+        }
+    }
+    assert_eq!(remote.posts_of("tools/call").len() - before, cases.len());
+}
