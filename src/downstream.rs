@@ -94,6 +94,13 @@ impl Sink {
         (self, token)
     }
 
+    /// Whether the call this sink belongs to is over (false, if not known).
+    pub fn is_over(&self) -> bool {
+        self.call_over
+            .as_ref()
+            .is_some_and(tokio_util::sync::CancellationToken::is_cancelled)
+    }
+
     /// Completes when the call this sink belongs to is over (never, if not known).
     pub async fn call_over(&self) {
         match &self.call_over {

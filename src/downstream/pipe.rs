@@ -30,6 +30,33 @@ pub const OUTBOX_MESSAGES: usize = 4096;
 /// How many of a server's own requests (sampling, elicitation, roots, ping) may wait for
 /// their answers at once; past it, the server gets an error at once.
 pub const MAX_QUESTIONS: usize = 64;
+/// URL-mode elicitations remembered per process, for their completion.
+const MAX_ELICITATIONS: usize = 256;
+
+/// The `elicitationId` of a URL-mode `elicitation/create`.
+fn url_elicitation(method: &str, params: Option<&serde_json::value::RawValue>) -> Option<String> {
+    if method != "elicitation/create" {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct P {
+        mode: Option<String>,
+    }
+    let p: P = serde_json::from_str(params?.get()).ok()?;
+    (p.mode.as_deref() == Some("url"))
+        .then(|| elicitation_id(params))
+        .flatten()
+}
+
+/// The `elicitationId` member of `params`.
+fn elicitation_id(params: Option<&serde_json::value::RawValue>) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct P {
+        #[serde(rename = "elicitationId")]
+        id: String,
+    }
+    serde_json::from_str::<P>(params?.get()).ok().map(|p| p.id)
+}
 
 /// When a server that owes answers and says nothing counts as stuck: first degraded
 /// (shown in `/status`, and pinged), then stalled (ended, as if it had exited).
@@ -95,6 +122,7 @@ pub fn run_pipe(
         degraded: conn.degraded.clone(),
         questions: Arc::new(tokio::sync::Semaphore::new(MAX_QUESTIONS)),
         asking: Arc::default(),
+        elicitations: HashMap::new(),
         next_id: Arc::downgrade(&conn.next_id),
         secrets: pipe.secrets,
     };
@@ -130,6 +158,10 @@ struct Actor {
     /// The server's questions a client is being asked, by the server's id: cancelled when
     /// the server withdraws one.
     asking: Arc<std::sync::Mutex<HashMap<String, tokio_util::sync::CancellationToken>>>,
+    /// The client asked each URL-mode elicitation, by its `elicitationId`: the server's
+    /// `notifications/elicitation/complete` goes there, whatever else is in flight by then
+    /// ([`MAX_ELICITATIONS`] at most; those whose call is over are dropped first).
+    elicitations: HashMap<String, super::Sink>,
     /// The handles' id counter, for the owner's own pings. Weak: the number of strong
     /// references is the number of handles ([`Connection::handles`]), which tells an idle
     /// session's process from a busy one.
@@ -490,6 +522,12 @@ impl Actor {
                     self.queue(None, out);
                     return;
                 };
+                if let (Some(sink), Some(e)) = (&caller, url_elicitation(&method, params.as_deref())) {
+                    self.elicitations.retain(|_, s| !s.is_over());
+                    if self.elicitations.len() < MAX_ELICITATIONS {
+                        self.elicitations.insert(e, sink.clone());
+                    }
+                }
                 let unwritten = self.unwritten.clone();
                 // The server may withdraw its question (notifications/cancelled): the client
                 // is told, and the server gets no answer.
@@ -538,7 +576,13 @@ impl Actor {
                 }
             }
             "notifications/elicitation/complete" => {
-                // The end of a URL-mode elicitation: for the client of the only call in flight.
+                // The end of a URL-mode elicitation: for the client it was asked of; else
+                // (one the gateway did not see asked) for the client of the only call in flight.
+                let asked = elicitation_id(params.as_deref()).and_then(|e| self.elicitations.remove(&e));
+                if let Some(sink) = asked {
+                    sink.try_send(bytes::Bytes::from(message::notification(&method, params.as_deref())));
+                    return;
+                }
                 let mut callers = self.pending.values().filter_map(|p| p.sink.as_ref());
                 match (callers.next(), callers.next()) {
                     (Some(sink), None) => {

@@ -319,6 +319,39 @@ async fn a_question_the_server_withdraws_is_withdrawn_from_the_client() {
     );
 }
 
+/// Over a shared pipe, the end of a URL-mode elicitation (`notifications/elicitation/complete`)
+/// goes to the client it was asked of, though another client's call is in flight on that
+/// server by then (before, it went only to "the only call in flight", so it was dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_elicitations_completion_reaches_the_client_it_was_asked_of() {
+    let gw = Gateway::start(&config());
+    let a = open(&gw, all_caps()).await;
+    let b = open(&gw, all_caps()).await;
+    let args = json!({"url": true, "message": "connect your account"});
+    let mut call = start_call(&a, json!(1), "calc__ask_elicit", args).await;
+    let q = question(&mut call, "elicitation/create").await;
+    assert_eq!(q["params"]["mode"], "url", "{q}");
+    reply(&a, &q["id"], json!({"result": {"action": "accept"}})).await;
+    // B's call reaches the server (the mock completes the elicitation only then).
+    let b_args = json!({"name": "calc__slow", "arguments": {"seconds": 60, "steps": 600},
+        "_meta": {"progressToken": "b-tok"}});
+    let mut b_call = b.start(json!("b-slow"), "tools/call", b_args).await;
+    let first = b_call.next(T).await.expect("B's progress");
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    let done = call.next(T).await.expect("the completion, on A's call");
+    assert_eq!(done["method"], "notifications/elicitation/complete", "{done}");
+    assert_eq!(done["params"]["elicitationId"], q["params"]["elicitationId"], "{done}");
+    let (_, resp) = call.response(T).await;
+    assert_eq!(text(&resp), r#"{"action":"accept"}"#, "{resp}");
+    let (notes, _) = cancel(&b, &json!("b-slow"), &mut b_call).await;
+    assert!(
+        notes
+            .iter()
+            .all(|n| n["method"] != "notifications/elicitation/complete"),
+        "{notes:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_over_a_shared_pipe_reaches_its_caller_only_or_is_refused() {
     let gw = Gateway::start(&config());
