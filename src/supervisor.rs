@@ -694,10 +694,10 @@ impl Server {
     /// notifications that arrive meanwhile are coalesced into one more re-list per kind.
     async fn watch(&self, mut incoming: mpsc::Receiver<Incoming>, events: mpsc::Sender<Event>) -> bool {
         let mut dirty: Vec<ListKind> = Vec::new();
-        type Relist<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (ListKind, bool)> + Send + 'a>>;
+        type Relist<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ListKind> + Send + 'a>>;
         let mut relisting: Option<Relist<'_>> = None;
         // A server that says list_changed without pause is re-listed at most every
-        // RELIST_EVERY, and its clients hear of a list only when it did change.
+        // RELIST_EVERY (what it says meanwhile is coalesced into the next re-list).
         let mut last: Option<tokio::time::Instant> = None;
         loop {
             if relisting.is_none() && !dirty.is_empty() {
@@ -706,19 +706,21 @@ impl Server {
                 last = Some(at.max(tokio::time::Instant::now()));
                 relisting = Some(Box::pin(async move {
                     tokio::time::sleep_until(at).await;
-                    (kind, self.relist(kind).await)
+                    self.relist(kind).await;
+                    kind
                 }));
             }
             let msg = tokio::select! {
-                (kind, changed) = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
+                kind = async { relisting.as_mut().expect("a re-list is running").await }, if relisting.is_some() => {
                     relisting = None;
-                    if changed {
-                        let _ = events
-                            .send(Event::ListsChanged {
-                                announced: Some((self.name.clone(), kind)),
-                            })
-                            .await;
-                    }
+                    // Announced even when the list came back the same: the server may
+                    // have changed it and changed it back, and says so (the conformance
+                    // suite's SEP-2575 checks do exactly that).
+                    let _ = events
+                        .send(Event::ListsChanged {
+                            announced: Some((self.name.clone(), kind)),
+                        })
+                        .await;
                     continue;
                 }
                 msg = incoming.recv() => match msg {

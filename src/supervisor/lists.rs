@@ -67,13 +67,13 @@ impl Server {
         out
     }
 
-    /// Lists `kind` again, after the server said it changed; whether it did.
-    pub(super) async fn relist(&self, kind: ListKind) -> bool {
+    /// Lists `kind` again, after the server said it changed (logged with whether it did).
+    pub(super) async fn relist(&self, kind: ListKind) {
         let (conn, info) = {
             let s = self.state();
             match (&s.conn, &s.info) {
                 (Some(c), Some(i)) => (c.clone(), i.clone()),
-                _ => return false,
+                _ => return,
             }
         };
         let timeout = self.settings().timeout;
@@ -89,7 +89,6 @@ impl Server {
             }
         });
         info!(server = %self.name, ?kind, changed, "re-listed after list_changed");
-        changed
     }
 
     /// Lists one kind through all its pages. A server that declared no capabilities at
