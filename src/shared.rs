@@ -210,15 +210,7 @@ impl Shared {
     /// downstream may be unsubscribed now).
     pub async fn unsubscribe(&self, server: &Arc<str>, uri: &str, session: &str) -> bool {
         if let Some(c) = self.cluster.get() {
-            let d = digest(session);
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .srem(sub_key(c, server, uri), &d)
-                .scard(sub_key(c, server, uri))
-                .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
-                .ignore();
-            let r: redis::RedisResult<(u64, u64)> = pipe.query_async(&mut c.conn()).await;
-            let r = c.track(r);
+            let r = unsubscribe_in_redis(c, &mut c.conn(), server, uri, &digest(session)).await;
             if let Some(held) = self.inner().held.get_mut(session) {
                 let pair = (server.clone(), uri.to_owned());
                 held.subs.remove(&pair);
@@ -227,12 +219,8 @@ impl Shared {
                     held.pending = true;
                 }
             }
-            if let Ok((removed, n)) = r {
-                if removed == 1 && n == 0 {
-                    let r: redis::RedisResult<()> = c.conn().hdel(c.name(&format!("uris:{server}")), uri).await;
-                    let _ = c.track(r);
-                }
-                return removed == 1 && n == 0;
+            if let Ok(last) = r {
+                return last;
             }
         }
         let mut inner = self.inner();
@@ -305,15 +293,8 @@ impl Shared {
             }
             if let Ok((ranks,)) = r {
                 let wanted = ranks.into_iter().min()?;
-                // SET … GET: the level before, so exactly one replica sees the change.
-                let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
-                    .arg(c.name(DOWNSTREAM_LEVEL))
-                    .arg(wanted)
-                    .arg("GET")
-                    .query_async(&mut conn)
-                    .await;
-                return match c.track(before) {
-                    Ok(b) if b == Some(wanted) => None,
+                return match swap_level(c, &mut conn, wanted).await {
+                    Ok(false) => None,
                     _ => Some(wanted),
                 };
             }
@@ -545,18 +526,7 @@ impl Shared {
             let d = digest(&id);
             // Unsubscribes made while Redis was unreachable; then what this replica holds.
             for (server, uri) in &dropped {
-                let key = sub_key(c, server, uri);
-                let r: redis::RedisResult<(u64, u64)> = redis::pipe()
-                    .atomic()
-                    .srem(&key, &d)
-                    .scard(&key)
-                    .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
-                    .ignore()
-                    .query_async(&mut conn)
-                    .await;
-                if let (1, 0) = c.track(r).ok()? {
-                    let r: redis::RedisResult<()> = conn.hdel(c.name(&format!("uris:{server}")), uri).await;
-                    let _ = c.track(r);
+                if unsubscribe_in_redis(c, &mut conn, server, uri, &d).await.ok()? {
                     out.unneeded.push((server.clone(), uri.clone()));
                 }
             }
@@ -602,17 +572,11 @@ impl Shared {
                 let _ = c.track(r);
                 return None;
             };
-            let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
-                .arg(c.name(DOWNSTREAM_LEVEL))
-                .arg(wanted)
-                .arg("GET")
-                .query_async(&mut conn)
-                .await;
-            return match c.track(before) {
-                Ok(b) if b == Some(wanted) => None,
-                Ok(_) => Some(wanted),
-                Err(_) => None,
-            };
+            return swap_level(c, &mut conn, wanted)
+                .await
+                .ok()
+                .filter(|c| *c)
+                .map(|_| wanted);
         }
         let mut inner = self.inner();
         let wanted = inner.log_levels.values().copied().min();
@@ -722,6 +686,44 @@ async fn store_task(c: &Cluster, key: &str, public: &str, route: &TaskRoute) {
         .query_async(&mut c.conn())
         .await;
     let _ = c.track(r);
+}
+
+/// Sets the level downstreams run at to `wanted` with SET … GET, so exactly one replica
+/// sees the change: whether it was another before.
+async fn swap_level(c: &Cluster, conn: &mut redis::aio::ConnectionManager, wanted: usize) -> redis::RedisResult<bool> {
+    let before: redis::RedisResult<Option<usize>> = redis::cmd("SET")
+        .arg(c.name(DOWNSTREAM_LEVEL))
+        .arg(wanted)
+        .arg("GET")
+        .query_async(conn)
+        .await;
+    c.track(before).map(|b| b != Some(wanted))
+}
+
+/// Unsubscribes session digest `d` from `uri` of `server` in Redis: whether it was
+/// subscribed and the last subscriber (the server's URI is then forgotten too).
+async fn unsubscribe_in_redis(
+    c: &Cluster,
+    conn: &mut redis::aio::ConnectionManager,
+    server: &str,
+    uri: &str,
+    d: &str,
+) -> redis::RedisResult<bool> {
+    let key = sub_key(c, server, uri);
+    let r: redis::RedisResult<(u64, u64)> = redis::pipe()
+        .atomic()
+        .srem(&key, d)
+        .scard(&key)
+        .srem(c.name(&format!("subs-of:{d}")), member(server, uri))
+        .ignore()
+        .query_async(conn)
+        .await;
+    let last = matches!(c.track(r)?, (1, 0));
+    if last {
+        let r: redis::RedisResult<()> = conn.hdel(c.name(&format!("uris:{server}")), uri).await;
+        let _ = c.track(r);
+    }
+    Ok(last)
 }
 
 /// The [`SUBSCRIBE`] script for session digest `d`'s subscription to `uri` of `server`.

@@ -41,11 +41,11 @@ fn url_elicitation(method: &str, params: Option<&serde_json::value::RawValue>) -
     #[derive(serde::Deserialize)]
     struct P {
         mode: Option<String>,
+        #[serde(rename = "elicitationId")]
+        id: Option<String>,
     }
     let p: P = serde_json::from_str(params?.get()).ok()?;
-    (p.mode.as_deref() == Some("url"))
-        .then(|| elicitation_id(params))
-        .flatten()
+    p.id.filter(|_| p.mode.as_deref() == Some("url"))
 }
 
 /// The `elicitationId` member of `params`.
