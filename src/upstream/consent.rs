@@ -240,17 +240,6 @@ pub fn refused_text(text: &str) -> bool {
     text.contains("answered HTTP 401") || text.contains("answered HTTP 403")
 }
 
-/// `token` as the value of an `Authorization` header (sensitive), or `None` when it cannot
-/// be one (empty, a control character, a CR/LF).
-fn bearer_value(token: &str) -> Option<reqwest::header::HeaderValue> {
-    if token.is_empty() || token.bytes().any(|b| b.is_ascii_control() || b == b' ') {
-        return None;
-    }
-    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
-    v.set_sensitive(true);
-    Some(v)
-}
-
 fn unavailable(server: &Server, identity: &str, e: &crate::downstream::DsError) -> Error {
     Error::server(
         &server.name,
@@ -475,7 +464,7 @@ impl Consent {
             .entry((server.to_owned(), identity.to_owned()))
             .or_default()
             .clone();
-        *crate::sync::write(&b) = bearer_value(token);
+        *crate::sync::write(&b) = super::exchange::bearer_value(token);
         b
     }
 
@@ -1015,7 +1004,7 @@ impl Consent {
                 "server '{server}': the authorization server's answer has no access_token"
             ));
         };
-        if bearer_value(access).is_none() {
+        if super::exchange::bearer_value(access).is_none() {
             // It would go in every request's header: one that cannot is refused here, not
             // stored to fail each call (and the catalog) later.
             return Err(format!(

@@ -306,7 +306,7 @@ impl Exchanger {
         let token = answer
             .get("access_token")
             .and_then(|v| v.as_str())
-            .filter(|t| !t.is_empty() && HeaderValue::from_str(&format!("Bearer {t}")).is_ok())
+            .filter(|t| bearer_value(t).is_some())
             .ok_or_else(|| failed("the token endpoint's answer has no usable access_token".into()))?;
         if let Some(t) = answer.get("token_type").and_then(|v| v.as_str()) {
             // RFC 8693 §2.2.1: N_A for a token that is not an access token.
@@ -459,10 +459,20 @@ async fn unlock(c: &Cluster, name: &str) {
 }
 
 fn set_bearer(bearer: &Bearer, token: &Secret) {
-    if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", token.expose())) {
-        v.set_sensitive(true);
+    if let Some(v) = bearer_value(token.expose()) {
         *crate::sync::write(bearer) = Some(v);
     }
+}
+
+/// `token` as the value of an `Authorization` header (sensitive), or `None` when it cannot
+/// be one (empty, a space or a control character, a CR/LF among them).
+pub(crate) fn bearer_value(token: &str) -> Option<HeaderValue> {
+    if token.is_empty() || token.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return None;
+    }
+    let mut v = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
 }
 
 /// An authorization server's text, fit for an error message: printable ASCII, short.
