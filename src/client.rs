@@ -113,6 +113,18 @@ fn well_formed(outcome: Outcome) -> Outcome {
 const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl crate::downstream::Peer for Client {
+    fn tell(&self, line: Bytes) -> bool {
+        if self.stateless {
+            return false;
+        }
+        self.send_own(line.clone());
+        // In a cluster the session's stream may be held by another replica.
+        if let Some(n) = crate::upstream::consent::get().and_then(|c| c.notifier()) {
+            n.to_session_elsewhere(&self.id, line);
+        }
+        true
+    }
+
     fn wants_log(&self, level: &str) -> bool {
         if self.silent {
             return false;

@@ -11,6 +11,7 @@
 //! the handle by the server's supervisor, so every transport shares them.
 
 pub mod client;
+pub mod elicit;
 pub mod fair;
 pub mod http;
 pub mod pipe;
@@ -157,6 +158,12 @@ pub trait Peer: Send + Sync {
     /// Whether the client wants a log message of this level (its `logging/setLevel`).
     fn wants_log(&self, _level: &str) -> bool {
         true
+    }
+
+    /// Sends a notification that outlived its call (a URL elicitation's completion) to the
+    /// client's own stream: false when it has none (a stateless client).
+    fn tell(&self, _line: Bytes) -> bool {
+        false
     }
 }
 

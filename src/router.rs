@@ -330,6 +330,10 @@ impl crate::upstream::consent::Notify for Gateway {
         self.deliver(&self.shared.key(session), line);
     }
 
+    fn to_session_elsewhere(&self, session: &str, line: Bytes) {
+        self.deliver_elsewhere(&self.shared.key(session), line);
+    }
+
     fn server(&self, name: &str) -> Option<Arc<crate::supervisor::Server>> {
         self.topology().servers.iter().find(|s| &*s.name == name).cloned()
     }

@@ -168,6 +168,7 @@ pub fn spawn_as(
         max_message: spec.max_message,
         questions: Arc::new(tokio::sync::Semaphore::new(super::pipe::MAX_QUESTIONS)),
         asking: Mutex::default(),
+        elicitations: Mutex::default(),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
     let span = tracing::info_span!("downstream", server = %server, url = %spec.url_display);
@@ -215,6 +216,8 @@ struct Shared {
     /// The server's questions a client is being asked, by the server's id: cancelled when
     /// the server withdraws one (`notifications/cancelled`), which then gets no answer.
     asking: Mutex<HashMap<String, CancellationToken>>,
+    /// The URL-mode elicitations it asked, for their completion ([`super::elicit`]).
+    elicitations: Mutex<super::elicit::Elicitations>,
 }
 
 impl Shared {
@@ -540,6 +543,9 @@ impl Shared {
         let why = "it arrived on the server's GET stream, outside any call";
         // The client knows a task by the gateway's name for it.
         let (_, params) = super::question_task(params, &self.server);
+        if let Some(sink) = sink {
+            sync::lock(&self.elicitations).request(&method, params.as_deref(), sink);
+        }
         let key = message::id_key(&id);
         let (caller, withdrawable) = match sink.cloned().map(Sink::for_question) {
             Some((sink, token)) => {
@@ -593,9 +599,19 @@ impl Shared {
                     None => debug!("the server cancelled a request that is not a question it asked; ignoring"),
                 }
             }
-            "notifications/elicitation/complete" if sink.is_some() => {
-                if let Some(sink) = sink {
-                    sink.try_send(bytes::Bytes::from(message::notification(&method, params.as_deref())));
+            // The end of a URL-mode elicitation, for the client it was asked of (on this
+            // call's stream or the GET stream, during the call or after it); one the gateway
+            // did not see asked belongs to the call whose stream it came on, if any.
+            "notifications/elicitation/complete" => {
+                let asked = sync::lock(&self.elicitations).complete(params.as_deref());
+                let line = bytes::Bytes::from(message::notification(&method, params.as_deref()));
+                let delivered = match (asked, sink) {
+                    (Some(asked), _) => super::elicit::deliver(&asked, line),
+                    (None, Some(sink)) => sink.try_send(line),
+                    (None, None) => false,
+                };
+                if !delivered {
+                    debug!("dropping notifications/elicitation/complete: its client cannot be known or has gone");
                 }
             }
             _ => {
@@ -886,7 +902,11 @@ async fn call(
             }) = Kind::parse(text.as_bytes())
             {
                 if !matches!(status.as_u16(), 401 | 403) {
-                    return Ok(super::masked_error(&shared.server, o, |t| shared.masked(t.to_owned())));
+                    let outcome = super::masked_error(&shared.server, o, |t| shared.masked(t.to_owned()));
+                    if let Some(sink) = sink {
+                        sync::lock(&shared.elicitations).answer(&outcome, sink);
+                    }
+                    return Ok(outcome);
                 }
             }
             return Err(DsError::Status {
@@ -909,6 +929,9 @@ async fn call(
             shared.read_answer(resp, id, sink, progress).await?,
             |t| shared.masked(t.to_owned()),
         );
+        if let Some(sink) = sink {
+            sync::lock(&shared.elicitations).answer(&outcome, sink);
+        }
         if method == "server/discover" {
             if let Outcome::Result(r) = &outcome {
                 if super::stateless::discovered(r.get()).is_some() {

@@ -30,33 +30,6 @@ pub const OUTBOX_MESSAGES: usize = 4096;
 /// How many of a server's own requests (sampling, elicitation, roots, ping) may wait for
 /// their answers at once; past it, the server gets an error at once.
 pub const MAX_QUESTIONS: usize = 64;
-/// URL-mode elicitations remembered per process, for their completion.
-const MAX_ELICITATIONS: usize = 256;
-
-/// The `elicitationId` of a URL-mode `elicitation/create`.
-fn url_elicitation(method: &str, params: Option<&serde_json::value::RawValue>) -> Option<String> {
-    if method != "elicitation/create" {
-        return None;
-    }
-    #[derive(serde::Deserialize)]
-    struct P {
-        mode: Option<String>,
-        #[serde(rename = "elicitationId")]
-        id: Option<String>,
-    }
-    let p: P = serde_json::from_str(params?.get()).ok()?;
-    p.id.filter(|_| p.mode.as_deref() == Some("url"))
-}
-
-/// The `elicitationId` member of `params`.
-fn elicitation_id(params: Option<&serde_json::value::RawValue>) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct P {
-        #[serde(rename = "elicitationId")]
-        id: String,
-    }
-    serde_json::from_str::<P>(params?.get()).ok().map(|p| p.id)
-}
 
 /// When a server that owes answers and says nothing counts as stuck: first degraded
 /// (shown in `/status`, and pinged), then stalled (ended, as if it had exited).
@@ -122,7 +95,7 @@ pub fn run_pipe(
         degraded: conn.degraded.clone(),
         questions: Arc::new(tokio::sync::Semaphore::new(MAX_QUESTIONS)),
         asking: Arc::default(),
-        elicitations: HashMap::new(),
+        elicitations: Default::default(),
         next_id: Arc::downgrade(&conn.next_id),
         secrets: pipe.secrets,
     };
@@ -158,10 +131,9 @@ struct Actor {
     /// The server's questions a client is being asked, by the server's id: cancelled when
     /// the server withdraws one.
     asking: Arc<std::sync::Mutex<HashMap<String, tokio_util::sync::CancellationToken>>>,
-    /// The client asked each URL-mode elicitation, by its `elicitationId`: the server's
-    /// `notifications/elicitation/complete` goes there, whatever else is in flight by then
-    /// ([`MAX_ELICITATIONS`] at most; those whose call is over are dropped first).
-    elicitations: HashMap<String, super::Sink>,
+    /// The client asked each URL-mode elicitation ([`super::elicit`]): the server's
+    /// `notifications/elicitation/complete` goes there, whatever else is in flight by then.
+    elicitations: super::elicit::Elicitations,
     /// The handles' id counter, for the owner's own pings. Weak: the number of strong
     /// references is the number of handles ([`Connection::handles`]), which tells an idle
     /// session's process from a busy one.
@@ -475,6 +447,9 @@ impl Actor {
                     Some(p) => {
                         let outcome =
                             super::masked_error(&self.server, outcome, |t| super::masked(t.into(), &self.secrets));
+                        if let Some(sink) = &p.sink {
+                            self.elicitations.answer(&outcome, sink);
+                        }
                         let _ = p.reply.send(Ok(outcome));
                     }
                     None => debug!(id = n, "skipping a response to no pending request"),
@@ -522,11 +497,8 @@ impl Actor {
                     self.queue(None, out);
                     return;
                 };
-                if let (Some(sink), Some(e)) = (&caller, url_elicitation(&method, params.as_deref())) {
-                    self.elicitations.retain(|_, s| !s.is_over());
-                    if self.elicitations.len() < MAX_ELICITATIONS {
-                        self.elicitations.insert(e, sink.clone());
-                    }
+                if let Some(sink) = &caller {
+                    self.elicitations.request(&method, params.as_deref(), sink);
                 }
                 let unwritten = self.unwritten.clone();
                 // The server may withdraw its question (notifications/cancelled): the client
@@ -578,9 +550,11 @@ impl Actor {
             "notifications/elicitation/complete" => {
                 // The end of a URL-mode elicitation: for the client it was asked of; else
                 // (one the gateway did not see asked) for the client of the only call in flight.
-                let asked = elicitation_id(params.as_deref()).and_then(|e| self.elicitations.remove(&e));
-                if let Some(sink) = asked {
-                    sink.try_send(bytes::Bytes::from(message::notification(&method, params.as_deref())));
+                if let Some(sink) = self.elicitations.complete(params.as_deref()) {
+                    let line = bytes::Bytes::from(message::notification(&method, params.as_deref()));
+                    if !super::elicit::deliver(&sink, line) {
+                        debug!("dropping notifications/elicitation/complete: its client has gone");
+                    }
                     return;
                 }
                 let mut callers = self.pending.values().filter_map(|p| p.sink.as_ref());

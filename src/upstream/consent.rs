@@ -77,6 +77,8 @@ pub fn get() -> Option<&'static Arc<Consent>> {
 pub trait Notify: Send + Sync {
     /// Sends `line` to the session `session` (here or on another replica).
     fn to_session(&self, session: &str, line: bytes::Bytes);
+    /// Sends `line` to the session `session` where another replica holds its stream.
+    fn to_session_elsewhere(&self, session: &str, line: bytes::Bytes);
     /// The server named `name` in the current topology.
     fn server(&self, name: &str) -> Option<Arc<Server>>;
 }
@@ -366,6 +368,11 @@ impl Consent {
     }
 
     /// Who to tell when a consent completes.
+    /// Who tells sessions (the router), once `serve` set it.
+    pub fn notifier(&self) -> Option<Arc<dyn Notify>> {
+        self.notify.get().and_then(Weak::upgrade)
+    }
+
     pub fn set_notify(&self, n: Weak<dyn Notify>) {
         let _ = self.notify.set(n);
     }

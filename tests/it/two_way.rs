@@ -822,3 +822,57 @@ async fn a_restarted_server_is_subscribed_again() {
         }
     }
 }
+
+/// A session whose client declared URL-mode elicitation (2025-11-25).
+fn url_caps() -> Value {
+    json!({"elicitation": {"form": {}, "url": {}}})
+}
+
+/// The 2025-11-25 flow over a shared pipe: a call fails with -32042 (URL elicitation
+/// required); later, while another client's call is the only one in flight, the server
+/// says the elicitation is complete. The completion reaches the session that was asked,
+/// on its own stream, and not the client whose call happened to be in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_elicitation_an_error_required_is_completed_to_the_session_asked() {
+    let gw = Gateway::start(&config());
+    let a = open(&gw, url_caps()).await;
+    let b = open(&gw, all_caps()).await;
+    let mut a_get = a.get_stream().await;
+    let mut b_get = b.get_stream().await;
+    let r = a.call_id(json!(1), "calc__need_url", json!({"id": "el-a"})).await;
+    assert_eq!(r["error"]["code"], -32042, "{r}");
+    assert_eq!(r["error"]["data"]["elicitations"][0]["elicitationId"], "el-a", "{r}");
+    let mut b_call = start_call(&b, json!(2), "calc__complete_url", json!({"id": "el-a"})).await;
+    let (notes, resp) = b_call.response(T).await;
+    assert_eq!(text(&resp), "completed", "{resp}");
+    assert!(notes.is_empty(), "B's call got {notes:?}");
+    let done = a_get.next(T).await.expect("the completion, on A's own stream");
+    assert_eq!(done["method"], "notifications/elicitation/complete", "{done}");
+    assert_eq!(done["params"]["elicitationId"], "el-a", "{done}");
+    sentinel(&b).await;
+    let others = besides_sentinel(&mut b_get).await;
+    assert!(others.is_empty(), "B's stream got {others:?}");
+}
+
+/// The same flow with a remote server, whose completion comes on its GET stream, where
+/// the gateway used to drop it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_servers_url_elicitation_completes_on_the_session_asked() {
+    let remote = Remote::start(&["--url-elicitation"]);
+    let gw = Gateway::start(&remote_table("web", &remote.url(), ""));
+    let a = open(&gw, url_caps()).await;
+    let b = open(&gw, url_caps()).await;
+    let mut a_get = a.get_stream().await;
+    let mut b_get = b.get_stream().await;
+    let r = a.call_id(json!(1), "web__need_url", json!({"id": "el-web"})).await;
+    assert_eq!(r["error"]["code"], -32042, "{r}");
+    let r = b.call_id(json!(2), "web__complete_url", json!({"id": "el-web"})).await;
+    assert!(text(&r).starts_with("completed (1 listening)"), "{r}");
+    let done = a_get.next(T).await.expect("the completion, on A's own stream");
+    assert_eq!(done["method"], "notifications/elicitation/complete", "{done}");
+    assert_eq!(done["params"]["elicitationId"], "el-web", "{done}");
+    // Asked nothing: B hears nothing of it (the sentinel: the server's list_changed).
+    sentinel_remote(&b, &remote).await;
+    let others = besides_sentinel(&mut b_get).await;
+    assert!(others.is_empty(), "B's stream got {others:?}");
+}
