@@ -12,7 +12,8 @@
 //! or distance takes time without using this machine's CPU).
 //!
 //! With `--tls-cert`/`--tls-key` (DER) it speaks TLS and offers `h2` and `http/1.1` by
-//! ALPN, serving HTTP/2 when the client picks it. `GET /stats` answers
+//! ALPN, serving HTTP/2 when the client picks it (`--max-streams` streams at once on a
+//! connection). `GET /stats` answers
 //! `{"connections", "open", "peak", "http1", "http2"}`: connections accepted, open now, most open at once, and POSTs to the MCP path
 //! by HTTP version. It says `remote fixture listening on http(s)://ADDR/mcp` on stderr and
 //! runs until stdin closes (`--threads` workers; 1, the default, is a current-thread
@@ -69,6 +70,10 @@ pub struct RemoteArgs {
     /// ending on the same timer tick.
     #[arg(long, default_value_t = 0)]
     jitter_ms: u64,
+    /// HTTP/2: the SETTINGS_MAX_CONCURRENT_STREAMS advertised (default: hyper's, 200),
+    /// a server that takes only this many calls at once on its one connection.
+    #[arg(long)]
+    max_streams: Option<u32>,
     /// Runtime threads (1: current-thread; 0: one per CPU).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -169,6 +174,7 @@ pub fn spawn(args: RemoteArgs) -> Result<Running> {
 struct Bound {
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    max_streams: Option<u32>,
     state: Arc<State>,
     url: String,
 }
@@ -192,6 +198,7 @@ async fn bind(args: &RemoteArgs) -> Result<Bound> {
     Ok(Bound {
         listener,
         tls,
+        max_streams: args.max_streams,
         state,
         url,
     })
@@ -199,7 +206,11 @@ async fn bind(args: &RemoteArgs) -> Result<Bound> {
 
 async fn serve(bound: Bound) -> Result<()> {
     let Bound {
-        listener, tls, state, ..
+        listener,
+        tls,
+        max_streams,
+        state,
+        ..
     } = bound;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -226,9 +237,11 @@ async fn serve(bound: Bound) -> Result<()> {
                     };
                     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
                     if h2 {
-                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
+                        let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                        if let Some(n) = max_streams {
+                            h2.max_concurrent_streams(n);
+                        }
+                        let _ = h2.serve_connection(TokioIo::new(stream), svc).await;
                     } else {
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), svc)

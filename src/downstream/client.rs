@@ -11,6 +11,13 @@
 //! does that this path does not: a server reached through a proxy named by
 //! `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` (and not excluded by `NO_PROXY`), and a URL with
 //! credentials in it (`https://user:pass@host/…`, sent as Basic authorization).
+//!
+//! Over HTTP/2 every call shares one connection, and the server caps the streams open at
+//! once on it: each response says how many ([`Response::h2_streams`], read off the
+//! connection's first frame by [`settings`]), so that the calls handed out fair slots
+//! never outnumber them (`downstream/http.rs`).
+
+mod settings;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
@@ -20,7 +27,7 @@ use http::{Method, StatusCode, Uri};
 use http_body_util::{BodyDataStream, Full};
 use hyper_util::client::legacy;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::time::Duration;
 
 /// Idle keep-alive connections kept per server (HTTP/1.1: one per request in flight, so
@@ -32,8 +39,17 @@ pub const POOL_MAX_IDLE: usize = 64;
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Connecting (TCP and TLS) gives up after this long.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The streams an HTTP/2 connection is taken to allow at once when its server's own
+/// limit is not known (a server reached through reqwest, or a first frame that could not
+/// be read): the limit hyper's HTTP/2 client itself keeps to until the server's SETTINGS
+/// arrive, low enough for most servers (RFC 9113 §6.5.2 recommends they allow at least
+/// 100).
+pub const H2_STREAMS_UNKNOWN: usize = 100;
 
-type Direct = legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+type Stream = hyper_rustls::MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
+type Connector =
+    tower::util::MapResponse<hyper_rustls::HttpsConnector<HttpConnector>, fn(Stream) -> settings::Sniffed<Stream>>;
+type Direct = legacy::Client<Connector, Full<Bytes>>;
 
 /// One server's client.
 #[derive(Clone)]
@@ -209,12 +225,13 @@ impl HttpClient {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        let sniffed: Connector = tower::ServiceExt::map_response(https, settings::Sniffed::new as fn(Stream) -> _);
         let client = legacy::Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(POOL_MAX_IDLE)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
-            .build(https);
+            .build(sniffed);
         Ok(HttpClient {
             inner: Inner::Direct {
                 client: Box::new(client),
@@ -233,9 +250,17 @@ impl HttpClient {
                 *req.headers_mut() = headers;
                 let resp = client.request(req).await.map_err(|e| from_legacy(&e))?;
                 let (parts, body) = resp.into_parts();
+                let h2_streams = (parts.version == http::Version::HTTP_2).then(|| {
+                    parts
+                        .extensions
+                        .get::<settings::StreamLimit>()
+                        .and_then(settings::StreamLimit::get)
+                        .unwrap_or(H2_STREAMS_UNKNOWN)
+                });
                 Ok(Response {
                     status: parts.status,
                     headers: parts.headers,
+                    h2_streams,
                     body: Body::Hyper(body),
                 })
             }
@@ -250,6 +275,7 @@ impl HttpClient {
                 Ok(Response {
                     status: resp.status(),
                     headers: resp.headers().clone(),
+                    h2_streams: (resp.version() == http::Version::HTTP_2).then_some(H2_STREAMS_UNKNOWN),
                     body: Body::Reqwest(resp),
                 })
             }
@@ -261,6 +287,8 @@ impl HttpClient {
 pub struct Response {
     status: StatusCode,
     headers: HeaderMap,
+    /// Over HTTP/2, the streams its connection allows at once ([`Response::h2_streams`]).
+    h2_streams: Option<usize>,
     body: Body,
 }
 
@@ -276,6 +304,13 @@ impl Response {
 
     pub fn headers(&self) -> &HeaderMap {
         &self.headers
+    }
+
+    /// `None` over HTTP/1.1; over HTTP/2, how many streams the server allows open at once
+    /// on the response's connection: its `SETTINGS_MAX_CONCURRENT_STREAMS` (`usize::MAX` if
+    /// it named none, as HTTP/2 has it), or [`H2_STREAMS_UNKNOWN`] if that is not known.
+    pub fn h2_streams(&self) -> Option<usize> {
+        self.h2_streams
     }
 
     /// The whole body, unless it is longer than `max` bytes: then `None`, and no more of

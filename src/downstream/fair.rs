@@ -13,6 +13,12 @@
 //! Why not a cap per caller: with few callers it leaves slots idle, and a cap of
 //! `max_connections / callers` changes as callers come and go; turns give the same bound on
 //! waiting without either.
+//!
+//! The number of slots can change while they are held ([`FairSlots::limit`]): over HTTP/2
+//! the server's own stream limit may be lower than `max_connections`, and a call past it
+//! would wait in hyper's first-come queue on the connection instead of here
+//! (`downstream/client.rs`). Lowered, the slots held beyond the new number are kept until
+//! they end, and no slot is handed out until fewer than that are held.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -22,14 +28,17 @@ use tokio::sync::oneshot;
 /// Only fairness rests on it, so two callers that collide merely share a turn.
 pub type Caller = u64;
 
-/// `n` slots, handed out in turns among callers.
+/// `n` slots (at least one), handed out in turns among callers.
 #[derive(Clone)]
 pub struct FairSlots {
     state: Arc<Mutex<State>>,
 }
 
 struct State {
-    free: usize,
+    /// Slots there are, and slots held (which may be more, just after [`FairSlots::limit`]
+    /// lowered `slots`).
+    slots: usize,
+    held: usize,
     /// Callers with a waiter, each once, in the order their turns come.
     turns: VecDeque<Caller>,
     /// Each waiting caller's waiters, oldest first.
@@ -47,7 +56,8 @@ impl FairSlots {
     pub fn new(n: usize) -> FairSlots {
         FairSlots {
             state: Arc::new(Mutex::new(State {
-                free: n.max(1),
+                slots: n.max(1),
+                held: 0,
                 turns: VecDeque::new(),
                 waiting: HashMap::default(),
             })),
@@ -59,8 +69,8 @@ impl FairSlots {
     pub async fn acquire(&self, caller: Caller) -> Slot {
         let rx = {
             let mut st = crate::sync::lock(&self.state);
-            if st.free > 0 && st.turns.is_empty() {
-                st.free -= 1;
+            if st.held < st.slots && st.turns.is_empty() {
+                st.held += 1;
                 return Slot {
                     state: self.state.clone(),
                     live: true,
@@ -97,10 +107,27 @@ impl FairSlots {
         }
     }
 
+    /// Makes the slots `n` (at least one) from now on: a raised number goes to waiters at
+    /// once; a lowered one takes effect as held slots end.
+    pub fn limit(&self, n: usize) {
+        let n = n.max(1);
+        let mut lost = Vec::new();
+        {
+            let mut st = crate::sync::lock(&self.state);
+            if st.slots == n {
+                return;
+            }
+            st.slots = n;
+            st.hand_out(&self.state, &mut lost);
+        }
+        drop(lost);
+    }
+
     /// Slots free now.
     #[cfg(test)]
     pub fn available(&self) -> usize {
-        crate::sync::lock(&self.state).free
+        let st = crate::sync::lock(&self.state);
+        st.slots.saturating_sub(st.held)
     }
 }
 
@@ -109,7 +136,7 @@ impl State {
     /// receivers were gone go to `lost`, to be dropped once the lock is released (they are
     /// already counted free again).
     fn hand_out(&mut self, shared: &Arc<Mutex<State>>, lost: &mut Vec<Slot>) {
-        while self.free > 0 {
+        while self.held < self.slots {
             let Some(caller) = self.turns.pop_front() else { break };
             let Some(queue) = self.waiting.get_mut(&caller) else {
                 continue;
@@ -118,7 +145,7 @@ impl State {
                 if tx.is_closed() {
                     continue;
                 }
-                self.free -= 1;
+                self.held += 1;
                 match tx.send(Slot {
                     state: shared.clone(),
                     live: true,
@@ -126,7 +153,7 @@ impl State {
                     Ok(()) => break,
                     Err(mut slot) => {
                         // Gone between the check and the send: the slot stays free.
-                        self.free += 1;
+                        self.held -= 1;
                         slot.live = false;
                         lost.push(slot);
                     }
@@ -149,7 +176,7 @@ impl Drop for Slot {
         let mut lost = Vec::new();
         {
             let mut st = crate::sync::lock(&self.state);
-            st.free += 1;
+            st.held -= 1;
             st.hand_out(&self.state, &mut lost);
         }
         drop(lost);
@@ -254,6 +281,40 @@ mod tests {
         let _c = slots.acquire(5).await;
         let _d = slots.acquire(5).await;
         assert_eq!(slots.available(), 0);
+    }
+
+    /// A lowered number of slots holds back waiters until fewer than it are held; a raised
+    /// one hands the new slots to waiters at once, in turn.
+    #[tokio::test]
+    async fn the_number_of_slots_can_change_while_they_are_held() {
+        let slots = FairSlots::new(4);
+        let held: Vec<Slot> = futures::future::join_all((0..4).map(|_| slots.acquire(1))).await;
+        slots.limit(2);
+        assert_eq!(slots.available(), 0);
+        let mut next = Box::pin(slots.acquire(2));
+        let mut held = held.into_iter();
+        drop(held.next());
+        drop(held.next());
+        assert!(futures::poll!(next.as_mut()).is_pending(), "three held of two slots");
+        drop(held.next());
+        let next = next.await;
+        assert_eq!(slots.available(), 0);
+        let mut waiting: Vec<_> = (0..3).map(|c| Box::pin(slots.acquire(10 + c))).collect();
+        for w in &mut waiting {
+            assert!(futures::poll!(w.as_mut()).is_pending());
+        }
+        slots.limit(4);
+        let mut got = Vec::new();
+        for w in &mut waiting {
+            if let std::task::Poll::Ready(slot) = futures::poll!(w.as_mut()) {
+                got.push(slot);
+            }
+        }
+        assert_eq!(got.len(), 2, "the two new slots went to two of the three waiters");
+        drop((next, held, got, waiting));
+        assert_eq!(slots.available(), 4);
+        slots.limit(0);
+        assert_eq!(slots.available(), 1, "at least one slot");
     }
 
     #[test]

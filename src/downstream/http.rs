@@ -165,6 +165,7 @@ pub fn spawn_as(
         stateless: std::sync::atomic::AtomicBool::new(false),
         drains: Arc::new(tokio::sync::Semaphore::new(MAX_DRAINS)),
         calls: super::fair::FairSlots::new(spec.max_connections),
+        max_connections: spec.max_connections,
         max_message: spec.max_message,
         questions: Arc::new(tokio::sync::Semaphore::new(super::pipe::MAX_QUESTIONS)),
         asking: Mutex::default(),
@@ -210,7 +211,19 @@ struct Shared {
     /// notification, or the answer to a question the server asked during a call, goes at
     /// once, since the call that holds a permit may be waiting for it. Waiting callers
     /// get freed slots in turn ([`super::fair`]).
+    ///
+    /// Over HTTP/2 the calls share one connection, and those past the server's stream
+    /// limit would wait in hyper's queue, first come, first served, whoever sent them. So
+    /// each POST's response sets the number of slots again: over HTTP/2 no more than the
+    /// streams the server allows ([`Response::h2_streams`]), and the calls past them wait
+    /// here, in turn; over HTTP/1.1 `max_connections`. Why not open more connections
+    /// instead: hyper's pool keeps one HTTP/2 connection per server. Why the GET stream,
+    /// the answers to the server's questions and the bodies being drained (streams
+    /// without slots) are not subtracted: they come and go, and a call that waits in hyper
+    /// for one of them to end waits only behind calls handed their slots in turn before it.
     calls: super::fair::FairSlots,
+    /// The most slots [`Shared::calls`] has (`max_connections`).
+    max_connections: usize,
     /// Permits for the server's own requests being answered ([`super::pipe::MAX_QUESTIONS`]).
     questions: Arc<tokio::sync::Semaphore>,
     /// The server's questions a client is being asked, by the server's id: cancelled when
@@ -366,10 +379,14 @@ impl Shared {
         }
         h.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        self.http
+        let resp = self
+            .http
             .send(Method::POST, h, body)
             .await
-            .map_err(|e| self.unavailable(e.to_string()))
+            .map_err(|e| self.unavailable(e.to_string()))?;
+        let streams = resp.h2_streams().unwrap_or(usize::MAX);
+        self.calls.limit(streams.min(self.max_connections));
+        Ok(resp)
     }
 
     /// Sends a message that expects no answer (a notification or a response).

@@ -225,6 +225,60 @@ async fn tls_server_offering_h2_gets_http2() {
     assert!(st["connections"].as_u64().unwrap() <= 3, "{st}");
 }
 
+/// Over HTTP/2 the server, not `max_connections` (256 here), caps the calls in flight: it
+/// advertises SETTINGS_MAX_CONCURRENT_STREAMS 2, and hyper queues the streams past it on
+/// the one connection first come, first served. The gateway hands out no more slots than
+/// that, so the calls past it wait in its fair line instead: one session floods ten calls
+/// of 1 s each, and another session's call, made while two of them hold the streams,
+/// waits for those two and at most one more of the flood's (the turn before its own), not
+/// for the whole flood (ten, on a gateway that lets hyper queue them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_servers_stream_limit_does_not_queue_another_sessions_call_behind_a_flood() {
+    let tls = repo().join("tests/fixtures/tls");
+    let fx = Fixture::start(&[
+        "--tls-cert",
+        &path_str(&tls.join("server.der")),
+        "--tls-key",
+        &path_str(&tls.join("server.key.der")),
+        "--max-streams",
+        "2",
+        "--delay-ms",
+        "1000",
+    ]);
+    let url = format!("https://localhost:{}/mcp", fx.port());
+    let ca = path_str(&tls.join("ca.pem"));
+    let gw = gateway_for(&url, &format!("ca_file = {ca:?}")).await;
+    let flood = std::sync::Arc::new(gw.session().await);
+    let other = gw.session().await;
+    let queued: Vec<_> = (0..10)
+        .map(|i| {
+            let s = flood.clone();
+            tokio::spawn(async move {
+                s.call_id(json!(i), "fx__echo", json!({ "text": format!("a{i}") }))
+                    .await
+            })
+        })
+        .collect();
+    assert!(gw.in_flight_is(10).await, "in flight: {}", gw.in_flight().await);
+    let before = queued.iter().filter(|t| t.is_finished()).count();
+    let r = other
+        .call_id(json!("b"), "fx__echo", json!({ "text": "my turn" }))
+        .await;
+    assert_eq!(text(&r), "my turn", "{r}\n{}", gw.logs());
+    let done = queued.iter().filter(|t| t.is_finished()).count() - before;
+    eprintln!("{done} of the flood's calls were answered while the other session's waited");
+    // The two that held the streams when it was made, and the flood's call whose turn came
+    // first.
+    assert!(
+        done <= 3,
+        "{done} of the flood's 10 calls were answered while the other session's waited"
+    );
+    for (i, t) in queued.into_iter().enumerate() {
+        let r = t.await.expect("a flood call's task");
+        assert_eq!(text(&r), format!("a{i}"), "{r}");
+    }
+}
+
 /// A server behind the forward proxy `HTTP_PROXY` names (a real nginx, proxying what it
 /// is asked for) is reached through it: the gateway's direct client steps aside for the
 /// proxy-aware one, and every MCP request shows in the proxy's log.
