@@ -172,6 +172,7 @@ where
     }
     let gw = Gateway::new(config);
     consent.set_notify(Arc::downgrade(&(gw.clone() as Arc<dyn upstream::consent::Notify>)));
+    crate::background::spawn(consent.clone().follow_revocations());
     if let Some(c) = cluster {
         gw.join(c);
     }

@@ -37,6 +37,9 @@ use tracing::{debug, info, warn};
 
 /// JSON-RPC code of "URL elicitation required" (2025-11-25).
 pub const URL_ELICITATION_REQUIRED: i64 = -32042;
+/// How often the catalog connections' users are looked up in the store
+/// ([`Consent::follow_revocations`]): a file's metadata, or one Redis HGET each.
+const REVOKED_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a consent link, and the flow it starts, may be used.
 pub const LINK_LIFETIME: Duration = Duration::from_secs(600);
 /// A token is refreshed when it expires within this many seconds.
@@ -518,6 +521,35 @@ impl Consent {
         if listing {
             info!(server = %server.name, %identity, "the catalog connection used this user's token: opening it again");
             server.reconnect().await;
+        }
+    }
+
+    /// Follows the store for the catalog connections' users: one whose tokens left it from
+    /// outside (`mcp-gateway tokens revoke` in another process, or another replica's
+    /// DELETE) is forgotten here too, so its connection is opened again with another
+    /// user's token at once, not when its token would next be refreshed. A store that
+    /// cannot be read is tried again on the next round (no connection is dropped for it).
+    pub async fn follow_revocations(self: Arc<Self>) {
+        let mut every = tokio::time::interval(REVOKED_CHECK);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let listing: Vec<(String, String)> = crate::sync::lock(&self.listing)
+                .iter()
+                .map(|(s, i)| (s.clone(), i.clone()))
+                .collect();
+            if listing.is_empty() {
+                continue;
+            }
+            let (Some(n), Ok(store)) = (self.notifier(), self.store()) else {
+                continue;
+            };
+            for (name, identity) in listing {
+                if let (Some(server), Ok(None)) = (n.server(&name), store.get(&name, &identity).await) {
+                    info!(server = %name, %identity, "the user's tokens were revoked outside this process");
+                    self.forgotten(&server, &identity).await;
+                }
+            }
         }
     }
 

@@ -899,6 +899,64 @@ async fn a_revoked_users_token_leaves_the_catalog_connection() {
     assert!(r.get("result").is_some(), "{r}");
 }
 
+/// The same, revoked by `mcp-gateway tokens revoke` (another process, which changes the
+/// store's file): the running gateway sees it and opens the catalog connection again with
+/// bob's token at once, not when alice's would next be refreshed (an hour on).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_revoked_on_the_command_line_leaves_the_catalog_connection() {
+    let s = setup(&[], &[]).await;
+    let alice = s.url_session(ALICE).await;
+    s.consent(&alice, ALICE, "docs__authorize").await;
+    s.wait_tool(&alice, "docs__whoami").await;
+    let alices = s.seen().await;
+    let bob = Session::open_on(
+        bearer_client(BOB),
+        &s.gw.url,
+        json!({"elicitation": {"url": {}}, "roots": {"listChanged": true}}),
+    )
+    .await;
+    s.consent(&bob, BOB, "docs__whoami").await;
+    let r = bob.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+
+    let out = Command::new(BIN)
+        .args(["tokens", "revoke", "--client", "alice", "--server", "docs", "--config"])
+        .arg(s.gw.config_path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        s.gw.wait_log(
+            "the catalog connection used this user's token: opening it again",
+            Duration::from_secs(20)
+        )
+        .await,
+        "{}",
+        s.gw.logs()
+    );
+    assert!(s
+        .gw
+        .logs()
+        .contains("the user's tokens were revoked outside this process"));
+    s.wait_tool(&bob, "docs__whoami").await;
+    reqwest::get(format!("{}/seen?reset=1", s.mcp_base)).await.unwrap();
+    // What goes to the server on the catalog connection now (bob's roots notification,
+    // then a list) carries bob's token.
+    bob.notify("notifications/roots/list_changed", json!({})).await;
+    let mut after = Vec::new();
+    for _ in 0..200 {
+        after = s.seen().await;
+        if !after.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!after.is_empty(), "nothing reached the server after the revoke");
+    for v in &after {
+        assert!(!alices.contains(v), "alice's revoked token was sent after the revoke");
+    }
+}
+
 /// The first stored user's token is refused by the server (and cannot be refreshed): a
 /// gateway starting then lists the catalog with the next user's, at once, and the refused
 /// user is asked again.
