@@ -439,7 +439,7 @@ impl Shared {
         // record is deleted: nothing to put back.
         self.inner().held.remove(session);
         if let Some(c) = self.cluster.get() {
-            if let Some(unneeded) = forget_in_redis(c, &digest(session)).await {
+            if let Some(unneeded) = forget_in_redis(c, &[digest(session)]).await {
                 let mut inner = self.inner();
                 inner.tasks.retain(|_, r| r.owner != session);
                 return unneeded;
@@ -590,7 +590,8 @@ impl Shared {
     /// Cluster mode: removes the subscriptions and levels of sessions whose record is gone
     /// from Redis (it expired: nobody used the session for `session_idle`, whichever
     /// replicas served it, or they died), so nothing a session wrote outlives it. Any
-    /// replica may sweep; one at a time does (a lock for `every`). `None`: nothing swept
+    /// replica may sweep; one at a time does (a lock for `every`; a sweep stops after half
+    /// of it, and the next goes on). `None`: nothing swept
     /// (no cluster, another replica's turn, or Redis failed).
     pub async fn sweep(&self, every: std::time::Duration) -> Option<Swept> {
         let c = self.cluster.get()?;
@@ -605,55 +606,40 @@ impl Shared {
             .query_async(&mut conn)
             .await;
         c.track(turn).ok()??;
-        // Sessions with state, and levels written before `with-state` was kept.
-        let r: redis::RedisResult<(Vec<String>, Vec<String>)> = redis::pipe()
-            .smembers(c.name(WITH_STATE))
-            .hkeys(c.name("levels"))
-            .query_async(&mut conn)
-            .await;
-        let (mut digests, levels) = c.track(r).ok()?;
-        digests.extend(levels);
-        digests.sort();
-        digests.dedup();
+        // Sessions with state, and levels written before `with-state` was kept, a page at a
+        // time (SSCAN, HSCAN): a cluster with many sessions neither blocks Redis on one
+        // reply of them all nor holds them all here. A digest met twice is looked at twice,
+        // which changes nothing.
+        // A sweep ends within half its turn, so that the next one (here or on another
+        // replica) does not go over the same sessions at once; what is left waits for it.
         let mut swept = Swept::default();
-        for batch in digests.chunks(256) {
-            let mut pipe = redis::pipe();
-            for d in batch {
-                pipe.exists(crate::cluster::sessions::Sessions::key_of_digest(c, d));
-            }
-            let r: redis::RedisResult<Vec<bool>> = pipe.query_async(&mut conn).await;
-            let there = c.track(r).ok()?;
-            let mut gone: Vec<&String> = Vec::new();
-            let mut back: Vec<&String> = Vec::new();
-            for (d, there) in batch.iter().zip(there) {
-                if there {
-                    back.push(d);
-                } else {
-                    gone.push(d);
+        let now = crate::cluster::now_ms();
+        let until = std::time::Instant::now() + every / 2;
+        for (scan, key) in [("SSCAN", c.name(WITH_STATE)), ("HSCAN", c.name("levels"))] {
+            let mut cursor = 0u64;
+            loop {
+                if std::time::Instant::now() >= until {
+                    break;
                 }
-            }
-            // A record missing at one sweep only may be on its way back (Redis restarted
-            // empty, and the replica holding the session writes it again): a session's
-            // state goes once its record was missing at two sweeps `every` apart.
-            let missing = c.name("missing");
-            let now = crate::cluster::now_ms();
-            let mut pipe = redis::pipe();
-            for d in &gone {
-                pipe.hset_nx(&missing, *d, now).ignore().hget(&missing, *d);
-            }
-            if !back.is_empty() {
-                pipe.hdel(&missing, &back).ignore();
-            }
-            let r: redis::RedisResult<Vec<Option<u64>>> = pipe.query_async(&mut conn).await;
-            let since = c.track(r).ok()?;
-            for (d, since) in gone.iter().zip(since) {
-                if now.saturating_sub(since.unwrap_or(now)) < ms {
-                    continue;
+                let r: redis::RedisResult<(u64, Vec<String>)> = redis::cmd(scan)
+                    .arg(&key)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(SWEEP_PAGE)
+                    .query_async(&mut conn)
+                    .await;
+                let (next, mut page) = c.track(r).ok()?;
+                if scan == "HSCAN" {
+                    // Field, value, field, value: the fields are the digests.
+                    page = page.into_iter().step_by(2).collect();
                 }
-                swept.unneeded.extend(forget_in_redis(c, d).await?);
-                let r: redis::RedisResult<()> = conn.hdel(&missing, *d).await;
-                let _ = c.track(r);
-                swept.sessions += 1;
+                page.sort();
+                page.dedup();
+                sweep_page(c, &mut conn, &page, (now, ms), &mut swept).await?;
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
         }
         if swept.sessions > 0 {
@@ -661,6 +647,59 @@ impl Shared {
         }
         Some(swept)
     }
+}
+
+/// Sessions swept from Redis per SSCAN page (a hint to Redis, which may return more).
+const SWEEP_PAGE: usize = 256;
+
+/// One page of [`Shared::sweep`]: the digests whose session record is gone, at two sweeps
+/// `every` (ms) apart, lose their subscriptions and level. `None`: Redis failed.
+async fn sweep_page(
+    c: &Cluster,
+    conn: &mut redis::aio::ConnectionManager,
+    digests: &[String],
+    (now, ms): (u64, u64),
+    swept: &mut Swept,
+) -> Option<()> {
+    if digests.is_empty() {
+        return Some(());
+    }
+    let mut pipe = redis::pipe();
+    for d in digests {
+        pipe.exists(crate::cluster::sessions::Sessions::key_of_digest(c, d));
+    }
+    let r: redis::RedisResult<Vec<bool>> = pipe.query_async(conn).await;
+    let there = c.track(r).ok()?;
+    let (back, gone): (Vec<(&String, bool)>, Vec<(&String, bool)>) =
+        digests.iter().zip(there).partition(|(_, there)| *there);
+    // A record missing at one sweep only may be on its way back (Redis restarted empty,
+    // and the replica holding the session writes it again): a session's state goes once
+    // its record was missing at two sweeps `every` apart.
+    let missing = c.name("missing");
+    let mut pipe = redis::pipe();
+    for (d, _) in &gone {
+        pipe.hset_nx(&missing, *d, now).ignore().hget(&missing, *d);
+    }
+    if !back.is_empty() {
+        let back: Vec<&String> = back.iter().map(|(d, _)| *d).collect();
+        pipe.hdel(&missing, back).ignore();
+    }
+    let r: redis::RedisResult<Vec<Option<u64>>> = pipe.query_async(conn).await;
+    let since = c.track(r).ok()?;
+    let due: Vec<&String> = gone
+        .iter()
+        .zip(since)
+        .filter(|(_, since)| now.saturating_sub(since.unwrap_or(now)) >= ms)
+        .map(|((d, _), _)| *d)
+        .collect();
+    if due.is_empty() {
+        return Some(());
+    }
+    swept.unneeded.extend(forget_in_redis(c, &due).await?);
+    let r: redis::RedisResult<()> = conn.hdel(&missing, &due).await;
+    let _ = c.track(r);
+    swept.sessions += due.len();
+    Some(())
 }
 
 /// Stores the route of a task created here under its key (`key`: its public id, with its
@@ -750,40 +789,61 @@ fn member(server: &str, uri: &str) -> String {
     format!("{server}\n{uri}")
 }
 
-/// Drops a session's subscriptions and level from Redis, the session named by its digest
-/// `d`; the (server, uri) pairs nobody is subscribed to any more. `None`: Redis failed.
-async fn forget_in_redis(c: &Cluster, d: &str) -> Option<Vec<(Arc<str>, String)>> {
-    let of = c.name(&format!("subs-of:{d}"));
+/// Drops sessions' subscriptions and levels from Redis, the sessions named by their
+/// digests `ds`, in three round trips however many they are; the (server, uri) pairs
+/// nobody is subscribed to any more. `None`: Redis failed.
+async fn forget_in_redis<D: AsRef<str>>(c: &Cluster, ds: &[D]) -> Option<Vec<(Arc<str>, String)>> {
+    if ds.is_empty() {
+        return Some(Vec::new());
+    }
     let mut conn = c.conn();
-    let r: redis::RedisResult<Vec<String>> = conn.smembers(&of).await;
+    let of = |d: &str| c.name(&format!("subs-of:{d}"));
+    let mut pipe = redis::pipe();
+    for d in ds {
+        pipe.smembers(of(d.as_ref()));
+    }
+    let r: redis::RedisResult<Vec<Vec<String>>> = pipe.query_async(&mut conn).await;
     let members = c.track(r).ok()?;
+    let pairs: Vec<(&str, &str, &str)> = ds
+        .iter()
+        .zip(&members)
+        .flat_map(|(d, ms)| {
+            ms.iter()
+                .filter_map(move |m| m.split_once('\n').map(|(server, uri)| (d.as_ref(), server, uri)))
+        })
+        .collect();
     let mut unneeded = Vec::new();
-    for m in members {
-        let Some((server, uri)) = m.split_once('\n') else {
-            continue;
-        };
-        let key = sub_key(c, server, uri);
-        let r: redis::RedisResult<(u64, u64)> = redis::pipe()
-            .atomic()
-            .srem(&key, d)
-            .scard(&key)
-            .query_async(&mut conn)
-            .await;
-        if let Ok((1, 0)) = c.track(r) {
-            let r: redis::RedisResult<()> = conn.hdel(c.name(&format!("uris:{server}")), uri).await;
-            let _ = c.track(r);
-            unneeded.push((Arc::from(server), uri.to_owned()));
+    if !pairs.is_empty() {
+        // Each SREM and the SCARD after it in one transaction: the last subscriber is
+        // known for certain.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (d, server, uri) in &pairs {
+            let key = sub_key(c, server, uri);
+            pipe.srem(&key, *d).scard(&key);
+        }
+        let r: redis::RedisResult<Vec<u64>> = pipe.query_async(&mut conn).await;
+        let counts = c.track(r).ok()?;
+        for ((_, server, uri), n) in pairs.iter().zip(counts.chunks_exact(2)) {
+            if n == [1, 0] {
+                unneeded.push((Arc::from(*server), (*uri).to_owned()));
+            }
         }
     }
-    let r: redis::RedisResult<()> = redis::pipe()
-        .del(&of)
-        .ignore()
-        .hdel(c.name("levels"), d)
-        .ignore()
-        .srem(c.name(WITH_STATE), d)
-        .ignore()
-        .query_async(&mut conn)
-        .await;
+    let mut pipe = redis::pipe();
+    for (server, uri) in &unneeded {
+        pipe.hdel(c.name(&format!("uris:{server}")), uri).ignore();
+    }
+    for d in ds {
+        let d = d.as_ref();
+        pipe.del(of(d))
+            .ignore()
+            .hdel(c.name("levels"), d)
+            .ignore()
+            .srem(c.name(WITH_STATE), d)
+            .ignore();
+    }
+    let r: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
     c.track(r).ok()?;
     Some(unneeded)
 }

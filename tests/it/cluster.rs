@@ -1201,6 +1201,61 @@ async fn what_a_session_wrote_to_redis_goes_with_its_record_when_no_replica_ends
     assert_eq!(text(&r), format!("updated {README}"), "{r}");
 }
 
+/// Sessions left with state in Redis are swept a page at a time (SSCAN, HSCAN): every
+/// page, not only the first, and a session in use keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_goes_through_every_page_of_sessions_left_with_state() {
+    let redis = Redis::start();
+    let gws = replicas(1, &redis, &idle(&subscribable(), "2s"), "");
+    let kept = gws[0].session().await;
+    let r = kept
+        .request(json!(1), "logging/setLevel", json!({"level": "info"}))
+        .await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let dk = sha256_hex(&kept.id);
+    // Left by sessions whose records are gone: 700 with state, 600 more with a level only.
+    let mut sadd = vec!["SADD".to_owned(), "mcpgw:with-state".to_owned()];
+    sadd.extend((0..700).map(|i| format!("{:064x}", i + 1)));
+    let mut hset = vec!["HSET".to_owned(), "mcpgw:levels".to_owned()];
+    for i in 0..600 {
+        hset.extend([format!("{:064x}", 10_000 + i), "1".to_owned()]);
+    }
+    for args in [&sadd, &hset] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        redis.cli(&args);
+    }
+    assert_eq!(redis.cli(&["SCARD", "mcpgw:with-state"]).trim(), "701");
+    let left = |r: &Redis| {
+        (
+            r.cli(&["SMEMBERS", "mcpgw:with-state"]).trim().to_owned(),
+            r.cli(&["HKEYS", "mcpgw:levels"]).trim().to_owned(),
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while left(&redis) != (dk.clone(), dk.clone()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left in Redis: {} with state, {} levels\n{}",
+            redis.cli(&["SCARD", "mcpgw:with-state"]).trim(),
+            redis.cli(&["HLEN", "mcpgw:levels"]).trim(),
+            gws[0].logs()
+        );
+        let r = kept.call("calc__add", json!({"a": 1, "b": 1})).await;
+        assert_eq!(text(&r), "2", "{r}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Each session counted once, in one sweep (two if one came between the SADD and the
+    // HSET): every page of it, not one page a sweep.
+    let logs = gws[0].logs();
+    let sweeps: Vec<u64> = logs
+        .lines()
+        .filter(|l| l.contains("removed the subscriptions and levels of expired sessions"))
+        .filter_map(|l| l.split("sessions=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(sweeps.iter().sum::<u64>(), 1300, "{sweeps:?}\n{logs}");
+    assert!(sweeps.len() <= 2, "{sweeps:?}");
+}
+
 /// A URI longer than 8 KiB, or a subscription past a session's 1,024th, is refused with
 /// -32602 and kept nowhere, by a single gateway and by a replica alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
