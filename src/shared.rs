@@ -670,18 +670,23 @@ async fn sweep_page(
     }
     let r: redis::RedisResult<Vec<bool>> = pipe.query_async(conn).await;
     let there = c.track(r).ok()?;
-    let (back, gone): (Vec<(&String, bool)>, Vec<(&String, bool)>) =
-        digests.iter().zip(there).partition(|(_, there)| *there);
+    let (mut back, mut gone): (Vec<&String>, Vec<&String>) = (Vec::new(), Vec::new());
+    for (d, there) in digests.iter().zip(there) {
+        if there {
+            back.push(d);
+        } else {
+            gone.push(d);
+        }
+    }
     // A record missing at one sweep only may be on its way back (Redis restarted empty,
     // and the replica holding the session writes it again): a session's state goes once
     // its record was missing at two sweeps `every` apart.
     let missing = c.name("missing");
     let mut pipe = redis::pipe();
-    for (d, _) in &gone {
+    for d in &gone {
         pipe.hset_nx(&missing, *d, now).ignore().hget(&missing, *d);
     }
     if !back.is_empty() {
-        let back: Vec<&String> = back.iter().map(|(d, _)| *d).collect();
         pipe.hdel(&missing, back).ignore();
     }
     let r: redis::RedisResult<Vec<Option<u64>>> = pipe.query_async(conn).await;
@@ -690,7 +695,7 @@ async fn sweep_page(
         .iter()
         .zip(since)
         .filter(|(_, since)| now.saturating_sub(since.unwrap_or(now)) >= ms)
-        .map(|((d, _), _)| *d)
+        .map(|(d, _)| *d)
         .collect();
     if due.is_empty() {
         return Some(());
