@@ -23,6 +23,24 @@ const SAME_CHANGE: Duration = Duration::from_millis(500);
 /// `resources/subscribe`) waits for the other replicas to apply it.
 const SETTLES: Duration = Duration::from_secs(1);
 
+/// Records that a session's GET stream opened at `ARGV[1]` (ms since the epoch) unless a
+/// newer one did, and keeps the record `ARGV[2]` ms more; returns the newest.
+/// `KEYS[1]`: the session's `stream:{digest}`.
+static NEWEST_STREAM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local at = tonumber(ARGV[1])
+if at > cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return at
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return cur
+",
+    )
+});
+
 /// A note's wait for `Applied`: forgotten however the wait ends.
 struct Waiting<'a> {
     gw: &'a Gateway,
@@ -176,7 +194,48 @@ impl Gateway {
             return;
         }
         let sid = self.shared.key(id);
-        self.publish(To::All, Note::StreamOpened { sid, at });
+        self.publish(To::All, Note::StreamOpened { sid: sid.clone(), at });
+        // Also in Redis, for a replica that misses the note (`newest_streams`).
+        if let Some(c) = self.cluster.get().cloned() {
+            let ttl = self.stream_record_ttl();
+            crate::background::spawn(async move {
+                let r: redis::RedisResult<u64> = NEWEST_STREAM
+                    .key(c.name(&format!("stream:{sid}")))
+                    .arg(at)
+                    .arg(ttl)
+                    .invoke_async(&mut c.conn())
+                    .await;
+                let _ = c.track(r);
+            });
+        }
+    }
+
+    /// Cluster mode: for GET streams open here (session id, when opened), the newest
+    /// stream of each session over every replica, as Redis has it (after recording these
+    /// where they are the newest, and keeping the records). A stream of a session whose
+    /// newest is newer ends: the note that said so was missed here (pub/sub is at most
+    /// once). `None`: not a cluster, or Redis failed.
+    pub async fn newest_streams(&self, streams: &[(String, u64)]) -> Option<Vec<u64>> {
+        let c = self.cluster.get()?;
+        if streams.is_empty() {
+            return Some(Vec::new());
+        }
+        let ttl = self.stream_record_ttl();
+        let mut pipe = redis::pipe();
+        for (id, at) in streams {
+            let key = c.name(&format!("stream:{}", self.shared.key(id)));
+            pipe.invoke_script(NEWEST_STREAM.key(key).arg(*at).arg(ttl));
+        }
+        let r: redis::RedisResult<Vec<u64>> = pipe.query_async(&mut c.conn()).await;
+        c.track(r).ok()
+    }
+
+    /// How long a GET stream's record lives past its last refresh: two janitor rounds.
+    fn stream_record_ttl(&self) -> u64 {
+        u64::try_from(self.config().gateway.session_idle.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(2)
+            .max(1_000)
     }
 
     /// The level session `id` chose, as the cluster knows it.

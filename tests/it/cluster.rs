@@ -1432,6 +1432,26 @@ async fn a_session_holds_one_get_stream_over_all_replicas_the_newest() {
     );
 }
 
+/// The same when the replica holding the first stream missed the note of the second
+/// (frozen, its bus connection cut): it finds the newer stream in Redis at its janitor's
+/// next round and ends its own, so nothing is heard twice for long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_stream_whose_successors_note_was_missed_ends_all_the_same() {
+    let redis = Redis::start();
+    let gws = replicas(2, &redis, &idle(&two_way(), "2s"), "");
+    let a = gws[0].session().await;
+    let b = via(&a, &gws[1]);
+    let mut first = a.get_stream().await;
+    let mut second = deaf_while(&gws[0], &redis, b.get_stream()).await;
+    // Ended within a janitor's round or two (every session_idle / 2), not by the note.
+    assert!(first.next(T).await.is_none(), "the first stream got {:?}", first.seen);
+    assert!(first.ended(), "the first stream is still open\n{}", gws[0].logs());
+    let r = b.call("calc__add_tool", json!({"name": "once"})).await;
+    assert_eq!(text(&r), "added", "{r}");
+    let m = second.next(T).await.expect("list_changed");
+    assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+}
+
 /// After Redis restarted empty, what sessions did through each replica is put back: a
 /// subscription made before goes on delivering updates, a session's level holds, and a
 /// subscription made while Redis was down reaches it too.

@@ -173,6 +173,15 @@ impl Http {
             .filter(|s| s.get_open.load(Ordering::Relaxed) || s.last_seen.load(Ordering::Relaxed) >= since)
             .map(|s| (s.key().clone(), s.share.clone()))
             .unzip();
+        // The GET streams open here, and when each opened.
+        let streams: Vec<(String, u64)> = self
+            .sessions
+            .iter()
+            .filter_map(|s| {
+                let at = crate::sync::lock(&s.get_conn).as_ref().map(|(_, _, at)| *at)?;
+                Some((s.key().clone(), at))
+            })
+            .collect();
         let unended = !crate::sync::lock(&self.unended).is_empty();
         if ids.is_empty() && !unended {
             return;
@@ -194,6 +203,15 @@ impl Http {
                 .collect();
             cluster.touch_sessions(&counted, ttl).await;
             gw.touch_processes(&ids).await;
+            // A stream another replica opened since, whose note was missed here, ends this one.
+            if let Some(newest) = gw.newest_streams(&streams).await {
+                for ((id, at), newest) in streams.iter().zip(newest) {
+                    let session = http.sessions.get(id).map(|s| s.clone());
+                    if newest > *at && session.is_some_and(|s| s.stream_taken(newest)) {
+                        tracing::debug!(session = %crate::client::session_tag(id), "its GET stream opened on another replica (a note missed here): ended here");
+                    }
+                }
+            }
         });
     }
 

@@ -163,6 +163,11 @@ impl Messages {
         self.content_type.starts_with("text/event-stream")
     }
 
+    /// Whether the body ended (not merely that nothing came for a while).
+    pub fn ended(&self) -> bool {
+        self.resp.is_none() && self.ready.is_empty()
+    }
+
     /// The next message, or `None` when the body ended or `timeout` passed.
     pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
         let deadline = tokio::time::Instant::now() + timeout;
