@@ -15,6 +15,7 @@ pub mod elicit;
 pub mod fair;
 pub mod http;
 pub mod pipe;
+pub mod questions;
 pub mod sse;
 pub mod stateless;
 pub mod stdio;

@@ -167,8 +167,7 @@ pub fn spawn_as(
         calls: super::fair::FairSlots::new(spec.max_connections),
         max_connections: spec.max_connections,
         max_message: spec.max_message,
-        questions: Arc::new(tokio::sync::Semaphore::new(super::pipe::MAX_QUESTIONS)),
-        asking: Mutex::default(),
+        questions: Default::default(),
         elicitations: Mutex::default(),
     });
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
@@ -224,11 +223,8 @@ struct Shared {
     calls: super::fair::FairSlots,
     /// The most slots [`Shared::calls`] has (`max_connections`).
     max_connections: usize,
-    /// Permits for the server's own requests being answered ([`super::pipe::MAX_QUESTIONS`]).
-    questions: Arc<tokio::sync::Semaphore>,
-    /// The server's questions a client is being asked, by the server's id: cancelled when
-    /// the server withdraws one (`notifications/cancelled`), which then gets no answer.
-    asking: Mutex<HashMap<String, CancellationToken>>,
+    /// The server's own requests being answered ([`super::questions`]).
+    questions: super::questions::Questions,
     /// The URL-mode elicitations it asked, for their completion ([`super::elicit`]).
     elicitations: Mutex<super::elicit::Elicitations>,
 }
@@ -545,43 +541,23 @@ impl Shared {
     /// A server's request (a question for a client): on a call's own stream it belongs to
     /// that call's client. It is answered in the background, so the stream goes on being
     /// read: the server may withdraw it (`notifications/cancelled`), send progress, or
-    /// ask more. [`super::pipe::MAX_QUESTIONS`] are answered at once; past them, an error.
+    /// ask more ([`super::questions`]).
     fn question(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>, sink: Option<&Sink>) {
-        let Ok(permit) = self.questions.clone().try_acquire_owned() else {
-            let error = crate::error::Error::gateway(format!(
-                "mcp-gateway is already answering {} requests of this server; ask again once they are answered",
-                super::pipe::MAX_QUESTIONS
-            ));
-            let shared = self.clone();
-            let out = message::response(&id, &Outcome::Error(error.object()));
-            crate::background::spawn(async move { shared.send(out).await }.in_current_span());
-            return;
-        };
         let why = "it arrived on the server's GET stream, outside any call";
         // The client knows a task by the gateway's name for it.
         let (_, params) = super::question_task(params, &self.server);
         if let Some(sink) = sink {
             sync::lock(&self.elicitations).request(&method, params.as_deref(), sink);
         }
-        let key = message::id_key(&id);
-        let (caller, withdrawable) = match sink.cloned().map(Sink::for_question) {
-            Some((sink, token)) => {
-                sync::lock(&self.asking).insert(key.clone(), token);
-                (Some(sink), true)
-            }
-            None => (None, false),
-        };
         let shared = self.clone();
-        crate::background::spawn(
-            async move {
-                let _permit = permit;
-                let outcome = super::answer_server_request(caller, method, params, why).await;
-                if withdrawable && sync::lock(&shared.asking).remove(&key).is_none() {
-                    return;
-                }
-                shared.send(message::response(&id, &outcome)).await;
-            }
-            .in_current_span(),
+        self.questions.answer(
+            id,
+            (method, params),
+            sink.cloned(),
+            why.to_owned(),
+            move |out| async move {
+                shared.send(out).await;
+            },
         );
     }
 
@@ -608,14 +584,8 @@ impl Shared {
                 Some(sink) => sink.log(params.as_deref()),
                 None => super::log_message(&self.server, params.as_deref(), &self.secrets),
             },
-            "notifications/cancelled" => {
-                // Of a question the server asked a client: withdrawn there too.
-                let asked = message::cancelled_request_id(params.as_deref()).map(|id| message::id_key(&id));
-                match asked.and_then(|k| sync::lock(&self.asking).remove(&k)) {
-                    Some(token) => token.cancel(),
-                    None => debug!("the server cancelled a request that is not a question it asked; ignoring"),
-                }
-            }
+            // Of a question the server asked a client: withdrawn there too.
+            "notifications/cancelled" => self.questions.withdraw(params.as_deref()),
             // The end of a URL-mode elicitation, for the client it was asked of (on this
             // call's stream or the GET stream, during the call or after it); one the gateway
             // did not see asked belongs to the call whose stream it came on, if any.

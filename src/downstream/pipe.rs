@@ -6,7 +6,6 @@
 use super::{
     encode_request, progress_token, restore_progress, wire_id, Command, Connection, DsError, Incoming, Pending,
 };
-use crate::error::Error;
 use crate::message::{self, Kind};
 
 use std::collections::{HashMap, VecDeque};
@@ -26,10 +25,6 @@ const GRACE: Duration = Duration::from_secs(2);
 pub const OUTBOX_BYTES: usize = 16 << 20;
 /// How many messages may wait in the outbox, whatever their size.
 pub const OUTBOX_MESSAGES: usize = 4096;
-
-/// How many of a server's own requests (sampling, elicitation, roots, ping) may wait for
-/// their answers at once; past it, the server gets an error at once.
-pub const MAX_QUESTIONS: usize = 64;
 
 /// When a server that owes answers and says nothing counts as stuck: first degraded
 /// (shown in `/status`, and pinged), then stalled (ended, as if it had exited).
@@ -93,8 +88,7 @@ pub fn run_pipe(
         watch,
         owed_since: None,
         degraded: conn.degraded.clone(),
-        questions: Arc::new(tokio::sync::Semaphore::new(MAX_QUESTIONS)),
-        asking: Arc::default(),
+        questions: Default::default(),
         elicitations: Default::default(),
         next_id: Arc::downgrade(&conn.next_id),
         secrets: pipe.secrets,
@@ -126,11 +120,8 @@ struct Actor {
     owed_since: Option<Instant>,
     /// Shared with the handles: shown in `/status`, read by `/readyz`.
     degraded: Arc<AtomicBool>,
-    /// Permits for the server's own requests being answered ([`MAX_QUESTIONS`]).
-    questions: Arc<tokio::sync::Semaphore>,
-    /// The server's questions a client is being asked, by the server's id: cancelled when
-    /// the server withdraws one.
-    asking: Arc<std::sync::Mutex<HashMap<String, tokio_util::sync::CancellationToken>>>,
+    /// The server's own requests being answered ([`super::questions`]).
+    questions: super::questions::Questions,
     /// The client asked each URL-mode elicitation ([`super::elicit`]): the server's
     /// `notifications/elicitation/complete` goes there, whatever else is in flight by then.
     elicitations: super::elicit::Elicitations,
@@ -486,40 +477,12 @@ impl Actor {
                     ),
                 };
                 let Some(write) = write.clone() else { return };
-                // Each question waits for its client: a server that asks faster than
-                // clients answer gets an error at once past the bound, not a task each.
-                let Ok(permit) = self.questions.clone().try_acquire_owned() else {
-                    let error = Error::gateway(format!(
-                        "mcp-gateway is already answering {MAX_QUESTIONS} requests of this server; ask again once they are answered"
-                    ));
-                    let mut out = message::response(&id, &message::Outcome::Error(error.object()));
-                    out.push(b'\n');
-                    self.queue(None, out);
-                    return;
-                };
                 if let Some(sink) = &caller {
                     self.elicitations.request(&method, params.as_deref(), sink);
                 }
                 let unwritten = self.unwritten.clone();
-                // The server may withdraw its question (notifications/cancelled): the client
-                // is told, and the server gets no answer.
-                let key = message::id_key(&id);
-                let (caller, withdrawn) = match caller.map(super::Sink::for_question) {
-                    Some((sink, token)) => {
-                        crate::sync::lock(&self.asking).insert(key.clone(), token);
-                        (Some(sink), true)
-                    }
-                    None => (None, false),
-                };
-                let asking = self.asking.clone();
-                crate::background::spawn(
-                    async move {
-                        let _permit = permit;
-                        let outcome = super::answer_server_request(caller, method, params, &why).await;
-                        if withdrawn && crate::sync::lock(&asking).remove(&key).is_none() {
-                            return;
-                        }
-                        let mut out = message::response(&id, &outcome);
+                self.questions
+                    .answer(id, (method, params), caller, why, move |mut out| async move {
                         out.push(b'\n');
                         // Counted like the outbox's lines: the writer subtracts what it writes.
                         let len = out.len();
@@ -527,9 +490,7 @@ impl Actor {
                         if write.send(out).await.is_err() {
                             unwritten.fetch_sub(len, Ordering::Relaxed);
                         }
-                    }
-                    .in_current_span(),
-                );
+                    });
             }
         }
     }
@@ -579,14 +540,8 @@ impl Actor {
                     super::log_message(&self.server, params.as_deref(), &self.secrets);
                 }
             }
-            "notifications/cancelled" => {
-                // Of a question the server asked a client: withdrawn there too.
-                let asked = message::cancelled_request_id(params.as_deref()).map(|id| message::id_key(&id));
-                match asked.and_then(|k| crate::sync::lock(&self.asking).remove(&k)) {
-                    Some(token) => token.cancel(),
-                    None => debug!("downstream cancelled a request that is not a question it asked; ignoring"),
-                }
-            }
+            // Of a question the server asked a client: withdrawn there too.
+            "notifications/cancelled" => self.questions.withdraw(params.as_deref()),
             _ => {
                 let _ = self.incoming.send(Incoming::Notification { method, params }).await;
             }
