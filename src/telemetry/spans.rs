@@ -208,17 +208,20 @@ pub fn request_span(origin: Origin<'_>, id: &Id, method: &str, params: Option<&R
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_default();
     let m = Method::parse(method);
+    // The client's own values, not yet checked: a long one by its start only (an OTLP
+    // batch over the collector's limit is dropped whole, other requests' spans with it).
+    let name = peek.name.as_deref().map(crate::error::echo);
     let target = match m {
-        Method::ToolsCall => peek.name.as_deref().inspect(|n| {
+        Method::ToolsCall => name.as_deref().inspect(|n| {
             span.record("gen_ai.tool.name", *n);
             span.record("gen_ai.operation.name", "execute_tool");
         }),
-        Method::PromptsGet => peek.name.as_deref().inspect(|n| {
+        Method::PromptsGet => name.as_deref().inspect(|n| {
             span.record("gen_ai.prompt.name", *n);
         }),
         Method::ResourcesRead => {
             if let Some(u) = peek.uri.as_deref() {
-                span.record("mcp.resource.uri", u);
+                span.record("mcp.resource.uri", &*crate::error::echo(u));
             }
             None
         }

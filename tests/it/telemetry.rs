@@ -504,3 +504,81 @@ async fn adding_an_endpoint_on_reload_starts_export() {
     })
     .await;
 }
+
+/// A client's names, URIs and task ids are its own input: however long, neither a span
+/// attribute nor an error answer carries more than a bounded part of one (an OTLP batch
+/// over the collector's limit would be dropped whole, every other request's spans with
+/// it; an answer twice the size of the request is an amplifier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_names_and_uris_are_clipped_in_spans_and_answers() {
+    const LIMIT: usize = 4 << 10;
+    let otlp = Collector::start().await;
+    // Two servers: with one, a URI no server lists goes to it, and its answer is its own.
+    let servers = format!(
+        "{}{}",
+        server("calc", &unique("calc"), &[], ""),
+        server("other", &unique("other"), &[], "")
+    );
+    let gw = Gateway::start_with_env(&config(&otlp.endpoint, "", &servers), FAST);
+    let s = gw.session().await;
+    let big = format!("MARK{}", "u".repeat(1 << 20));
+    let completion = |r: Value| json!({"ref": r, "argument": {"name": "a", "value": "b"}});
+    for (id, method, params) in [
+        (1, "tools/call", json!({"name": big, "arguments": {}})),
+        (2, "prompts/get", json!({"name": big})),
+        (3, "resources/read", json!({"uri": big})),
+        (4, "resources/unsubscribe", json!({"uri": big})),
+        (
+            5,
+            "completion/complete",
+            completion(json!({"type": "ref/prompt", "name": big})),
+        ),
+        (
+            6,
+            "completion/complete",
+            completion(json!({"type": "ref/resource", "uri": big})),
+        ),
+        (7, "completion/complete", completion(json!({"type": big}))),
+        (8, "tasks/get", json!({"taskId": big})),
+        (9, "tasks/cancel", json!({"taskId": big})),
+        (10, "tasks/result", json!({"taskId": big})),
+    ] {
+        let r = s.request(json!(id), method, params).await;
+        assert!(r["error"]["code"].is_i64(), "{method}: {r:.300}");
+        let len = r.to_string().len();
+        assert!(
+            len < LIMIT,
+            "{method}: an answer of {len} bytes echoes the request: {:.300}",
+            r.to_string()
+        );
+    }
+    assert_eq!(text(&s.call("calc__echo", json!({"text": "after"})).await), "after");
+    let spans = otlp
+        .wait("the hostile requests' spans", |s| {
+            // Ten refused, and the echo that followed them.
+            s.iter().filter(|s| s.kind == SpanKind::Server as i32).count() >= 11
+        })
+        .await;
+    for span in &spans {
+        assert!(span.name.len() < LIMIT, "a span named with {} bytes", span.name.len());
+        for kv in &span.attributes {
+            let v = any_str(kv.value.as_ref());
+            assert!(
+                v.len() < LIMIT,
+                "{} of span {:.80} is {} bytes",
+                kv.key,
+                span.name,
+                v.len()
+            );
+        }
+    }
+    // Clipped, not dropped: the start is still there to tell what was asked.
+    let read = spans
+        .iter()
+        .find(|s| attr(s, "mcp.method.name").as_deref() == Some("resources/read"))
+        .expect("the read's span");
+    assert!(
+        attr(read, "mcp.resource.uri").is_some_and(|u| u.starts_with("MARK")),
+        "{read:?}"
+    );
+}
