@@ -582,3 +582,71 @@ async fn hostile_names_and_uris_are_clipped_in_spans_and_answers() {
         "{read:?}"
     );
 }
+
+/// A client's `tracestate` is kept only within the W3C bound of 32 list-members: past it
+/// (the spec lets a parser discard it whole) it is dropped, from `_meta` or a header
+/// alike. Kept, it would ride on every span of the trace and on every downstream call: a
+/// tracestate of thousands of members made each span as large, and a batch of them is
+/// refused by the collector, other requests' spans with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracestate_past_the_w3c_bound_is_dropped() {
+    let otlp = Collector::start().await;
+    let gw = Gateway::start_with_env(
+        &config(&otlp.endpoint, "", &server("calc", &unique("calc"), &[], "")),
+        FAST,
+    );
+    let s = gw.session().await;
+    let state = |n: usize| (0..n).map(|i| format!("k{i}=v{i}")).collect::<Vec<_>>().join(",");
+    let trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
+    let huge = state(40_000);
+    let r = s
+        .request(
+            json!("meta"),
+            "tools/call",
+            json!({"name": "calc__echo_meta", "arguments": {},
+                "_meta": {"traceparent": traceparent, "tracestate": huge}}),
+        )
+        .await;
+    let meta: Value = serde_json::from_str(&text(&r)).unwrap();
+    assert!(meta.get("tracestate").is_none(), "{:.300}", meta.to_string());
+    // Over HTTP, as a header (a smaller one, within the gateway's header limits).
+    let r = s
+        .post()
+        .header("traceparent", &traceparent)
+        .header("tracestate", state(2_000))
+        .json(&json!({"jsonrpc":"2.0","id":"header","method":"tools/call",
+            "params":{"name":"calc__echo_meta","arguments":{}}}))
+        .send()
+        .await
+        .unwrap();
+    let resp = read_messages(r).await.pop().unwrap();
+    let meta: Value = serde_json::from_str(&text(&resp)).unwrap();
+    assert!(meta.get("tracestate").is_none(), "{:.300}", meta.to_string());
+    // Within the bound it travels on, as before.
+    let within = state(32);
+    let r = s
+        .request(
+            json!("within"),
+            "tools/call",
+            json!({"name": "calc__echo_meta", "arguments": {},
+                "_meta": {"traceparent": traceparent, "tracestate": within}}),
+        )
+        .await;
+    let meta: Value = serde_json::from_str(&text(&r)).unwrap();
+    assert_eq!(meta["tracestate"], within.as_str(), "{meta}");
+
+    // Every span of the trace arrived: three calls, each a request span and a downstream one.
+    let spans = otlp
+        .wait("the six spans of the trace", |s| {
+            s.iter().filter(|x| hex(&x.trace_id) == trace).count() >= 6
+        })
+        .await;
+    for span in spans.iter().filter(|x| hex(&x.trace_id) == trace) {
+        assert!(
+            span.trace_state.len() <= within.len(),
+            "{} bytes",
+            span.trace_state.len()
+        );
+    }
+}
