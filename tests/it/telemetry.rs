@@ -650,3 +650,17 @@ async fn a_tracestate_past_the_w3c_bound_is_dropped() {
         );
     }
 }
+
+/// An OTLP endpoint with a query (a tenant, a key) gets `/v1/traces` added to its path,
+/// before the query: spans reach the collector. (It was added after the query, as part
+/// of its last value, and every export went to `/`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_otlp_endpoint_with_a_query_gets_the_traces_path_before_it() {
+    let otlp = Collector::start().await;
+    let endpoint = format!("{}/?tenant=team-a", otlp.endpoint);
+    let gw = Gateway::start_with_env(&config(&endpoint, "", &server("calc", &unique("calc"), &[], "")), FAST);
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("calc__echo", json!({"text": "q"})).await), "q");
+    otlp.wait("the call's span", |s| named(s, "tools/call calc__echo").is_some())
+        .await;
+}
