@@ -207,7 +207,7 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
         RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
         EXPORTING.store(true, Ordering::Relaxed);
         tracing::info!(
-            endpoint = cfg.otlp_endpoint.as_deref().unwrap_or_default(),
+            endpoint = config::shown_url(cfg.otlp_endpoint.as_deref().unwrap_or_default()),
             protocol = ?cfg.otlp_protocol,
             "exporting traces"
         );
@@ -244,13 +244,17 @@ fn exporter(cfg: &config::Telemetry, endpoint: &str) -> Result<opentelemetry_otl
                 .timeout(EXPORT_TIMEOUT)
                 .build()
                 .map_err(|e| e.to_string())?;
-            opentelemetry_otlp::SpanExporter::builder()
+            let (endpoint, basic) = without_userinfo(endpoint);
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(http)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_endpoint(endpoint)
-                .with_timeout(EXPORT_TIMEOUT)
-                .build()
+                .with_timeout(EXPORT_TIMEOUT);
+            if let Some(basic) = basic {
+                b = b.with_headers([("authorization".to_owned(), basic)].into());
+            }
+            b.build()
         }
         OtlpProtocol::Grpc => {
             let mut b = opentelemetry_otlp::SpanExporter::builder()
@@ -267,6 +271,48 @@ fn exporter(cfg: &config::Telemetry, endpoint: &str) -> Result<opentelemetry_otl
     }
     .map_err(|e| e.to_string())?;
     Ok(exporter)
+}
+
+/// An http(s) endpoint without its user info, and that user info as the value of a Basic
+/// `Authorization` header. The OTLP exporter sends the URL as it is (no Basic auth made
+/// of it), and the HTTP client logs the address it connects to, user info included, at
+/// debug: the credential goes in the header only, as the downstream client sends it.
+fn without_userinfo(endpoint: &str) -> (String, Option<String>) {
+    let Ok(mut url) = reqwest::Url::parse(endpoint) else {
+        return (endpoint.to_owned(), None);
+    };
+    if url.username().is_empty() && url.password().is_none() {
+        return (endpoint.to_owned(), None);
+    }
+    let pair = format!(
+        "{}:{}",
+        percent_decoded(url.username()),
+        percent_decoded(url.password().unwrap_or_default())
+    );
+    let basic = format!("Basic {}", crate::upstream::exchange::base64(pair.as_bytes()));
+    // Cannot fail on an http(s) URL, which has a host.
+    let _ = (url.set_username(""), url.set_password(None));
+    (url.to_string(), Some(basic))
+}
+
+/// `s` with its `%XX` escapes decoded (a URL's user info: `+` is itself).
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let (mut out, mut i) = (Vec::with_capacity(b.len()), 0);
+    while i < b.len() {
+        let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn provider(cfg: &config::Telemetry, exporter: Switch) -> SdkTracerProvider {
@@ -400,14 +446,24 @@ pub async fn reconfigure(cfg: &config::Telemetry) {
     RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
     EXPORTING.store(on, Ordering::Relaxed);
     tracing::info!(
-        endpoint = cfg.otlp_endpoint.as_deref().unwrap_or("none"),
+        endpoint = config::shown_url(cfg.otlp_endpoint.as_deref().unwrap_or("none")),
         "telemetry reconfigured"
     );
 }
 
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::{one_line, without_userinfo};
+
+    #[test]
+    fn an_endpoints_user_info_becomes_a_basic_header() {
+        let (url, basic) = without_userinfo("https://team%40x:p%3As+w@otlp.example/v1/traces?k=v");
+        assert_eq!(url, "https://otlp.example/v1/traces?k=v");
+        // base64("team@x:p:s+w")
+        assert_eq!(basic.as_deref(), Some("Basic dGVhbUB4OnA6cyt3"));
+        let plain = "http://127.0.0.1:4318/v1/traces";
+        assert_eq!(without_userinfo(plain), (plain.to_owned(), None));
+    }
 
     #[test]
     fn a_log_line_stays_one_line() {

@@ -19,17 +19,23 @@ struct Collector {
     endpoint: String,
     spans: Arc<Mutex<Vec<Span>>>,
     service_names: Arc<Mutex<Vec<String>>>,
+    /// The `Authorization` header of each export that had one.
+    authorizations: Arc<Mutex<Vec<String>>>,
 }
 
 impl Collector {
     async fn start() -> Collector {
         let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
         let service_names: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (s, n) = (spans.clone(), service_names.clone());
+        let authorizations: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (s, n, a) = (spans.clone(), service_names.clone(), authorizations.clone());
         let app = axum::Router::new().route(
             "/v1/traces",
-            axum::routing::post(move |body: axum::body::Bytes| {
+            axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
                 let (s, n) = (s.clone(), n.clone());
+                if let Some(v) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+                    a.lock().unwrap().push(v.to_owned());
+                }
                 async move {
                     let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
                     for rs in req.resource_spans {
@@ -61,6 +67,7 @@ impl Collector {
             endpoint: format!("http://{addr}"),
             spans,
             service_names,
+            authorizations,
         }
     }
 
@@ -663,4 +670,46 @@ async fn an_otlp_endpoint_with_a_query_gets_the_traces_path_before_it() {
     assert_eq!(text(&s.call("calc__echo", json!({"text": "q"})).await), "q");
     otlp.wait("the call's span", |s| named(s, "tools/call calc__echo").is_some())
         .await;
+}
+
+/// Credentials in the OTLP endpoint (a password in its user info, a key in its query,
+/// from the environment) never reach the log, even at trace level: the startup line shows
+/// the endpoint masked, and the user info goes to the collector as a Basic header (the
+/// HTTP client logs the address it connects to, user info included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_endpoint_credentials_never_reach_the_log() {
+    const PASSWORD: &str = "otlp-pass-5d1c9e";
+    const KEY: &str = "otlp-key-7a2b4f";
+    let otlp = Collector::start().await;
+    let endpoint = otlp.endpoint.replace("http://", "http://collector:${OTLP_PASSWORD}@") + "/?api_key=${OTLP_KEY}";
+    let gw = Gateway::start_with_env(
+        &config(&endpoint, "", &server("calc", &unique("calc"), &[], "")),
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("MCP_GATEWAY_LOG", "trace"),
+            ("OTLP_PASSWORD", PASSWORD),
+            ("OTLP_KEY", KEY),
+        ],
+    );
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("calc__echo", json!({"text": "c"})).await), "c");
+    otlp.wait("the call's span", |s| named(s, "tools/call calc__echo").is_some())
+        .await;
+    // base64("collector:otlp-pass-5d1c9e")
+    let basic = "Basic Y29sbGVjdG9yOm90bHAtcGFzcy01ZDFjOWU=".to_owned();
+    assert!(
+        otlp.authorizations.lock().unwrap().contains(&basic),
+        "the user info was sent as Basic"
+    );
+    assert!(gw.wait_log("exporting traces", DEADLINE).await);
+    let logs = gw.logs();
+    assert!(logs.contains("api_key=****"), "{logs:.3000}");
+    for secret in [PASSWORD, KEY] {
+        let at = logs.find(secret).unwrap_or(0);
+        assert!(
+            !logs.contains(secret),
+            "{secret} in the log: …{}…",
+            &logs[at.saturating_sub(300)..at]
+        );
+    }
 }
