@@ -12,10 +12,11 @@ use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::sync::Arc;
 
-/// The most of a client's own value (a URI, a name, a task id it sent) that an answer or
-/// a span repeats, in bytes: enough to tell which value it was. The request itself is
-/// bounded only by `max_body`/`max_line`, so a value repeated whole would make an answer
-/// (twice its size: message and data) or a span attribute as large.
+/// The most of a peer's own value (a URI, a name, a task id a client sent; a name a
+/// server listed) that an answer, a span or a log line repeats, in bytes: enough to tell
+/// which value it was. A message is bounded only by `max_body`/`max_line`, so a value
+/// repeated whole would make an answer (twice its size: message and data), a span
+/// attribute or a log line as large.
 pub const MAX_ECHO: usize = 256;
 
 /// `value` as an answer or a span repeats it: whole up to [`MAX_ECHO`] bytes, else its

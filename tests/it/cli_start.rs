@@ -350,3 +350,24 @@ async fn a_secret_written_with_json_escapes_is_masked_all_the_same() {
     assert_eq!(r["error"]["data"]["key"], "***", "{r}");
     assert_eq!(r["error"]["code"], -32001, "{r}");
 }
+
+/// A server's tool name is the server's to choose, however long: the notes about it (its
+/// public name, listed twice) name it by its first 256 bytes and its length, so a server
+/// cannot write megabytes into the gateway's log on every listing, as its stderr lines,
+/// cut at 4 KiB, cannot either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_huge_tool_name_is_cut_in_the_log() {
+    let cfg = server("calc", &unique("longname"), &["--quirk", "long-names"], "");
+    let mut gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    assert!(s.tool_names().await.iter().any(|n| n.starts_with("calc__LONGNAME")));
+    gw.terminate();
+    assert!(gw.wait_log(STDERR_CLOSED, std::time::Duration::from_secs(10)).await);
+    let logs = gw.logs();
+    let notes: Vec<&str> = logs.lines().filter(|l| l.contains("tool LONGNAME")).collect();
+    assert!(notes.len() >= 2, "the renaming and the repeat are said: {:.2000}", logs);
+    for l in logs.lines() {
+        assert!(l.len() < 8192, "a log line of {} bytes: {:.300}", l.len(), l);
+    }
+    assert!(logs.contains(&format!("({} bytes)", (1 << 20) + 8)), "{:.2000}", logs);
+}
