@@ -262,8 +262,10 @@ impl Catalog {
                 };
                 if let Some(&owner) = resources.get(uri) {
                     notes.push(format!(
-                        "resource {uri} of server '{}' is hidden: server '{}' lists it first",
-                        s.server, sources[owner].server
+                        "resource {} of server '{}' is hidden: server '{}' lists it first",
+                        crate::error::echo(uri),
+                        s.server,
+                        sources[owner].server
                     ));
                     continue;
                 }
@@ -440,9 +442,11 @@ fn merge_named(
             if filtered && !s.filter.permits(name) {
                 continue;
             }
+            // The server's name as the notes (log lines) say it: by its start when long.
+            let said = crate::error::echo(name);
             if !own.insert(name) {
                 notes.push(format!(
-                    "{kind} {name} of server '{}' is listed twice; the second is ignored",
+                    "{kind} {said} of server '{}' is listed twice; the second is ignored",
                     s.server
                 ));
                 continue;
@@ -453,7 +457,7 @@ fn merge_named(
             let mut public = public_name(s.prefix, separator, shown, s.server);
             if public != join(s.prefix, separator, shown) {
                 notes.push(format!(
-                    "{kind} {name} of server '{}' is public as {public} (name too long or invalid)",
+                    "{kind} {said} of server '{}' is public as {public} (name too long or invalid)",
                     s.server
                 ));
             }
@@ -461,17 +465,21 @@ fn merge_named(
             if reserved || table.contains_key(&public) {
                 let hashed = hashed_name(&sanitize(&join(s.prefix, separator, name)), s.server, name);
                 let owner = match table.get(&public) {
-                    Some(owner) => format!("server '{}'s {}", sources[owner.server].server, owner.name),
+                    Some(owner) => format!(
+                        "server '{}'s {}",
+                        sources[owner.server].server,
+                        crate::error::echo(&owner.name)
+                    ),
                     None => "the gateway's own (tool search)".to_owned(),
                 };
                 notes.push(format!(
-                    "{kind} name collision: {public} is {owner}; server '{}'s {name} is public as {hashed}",
+                    "{kind} name collision: {public} is {owner}; server '{}'s {said} is public as {hashed}",
                     s.server
                 ));
                 public = hashed;
                 if table.contains_key(&public) {
                     notes.push(format!(
-                        "{kind} {name} of server '{}' is dropped: no free name",
+                        "{kind} {said} of server '{}' is dropped: no free name",
                         s.server
                     ));
                     continue;

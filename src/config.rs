@@ -33,6 +33,7 @@ pub use gateway::{
 };
 pub use profiles::{profile_char, Profile, RESERVED_PROFILES};
 pub use rate_limits::{Per, Rate, RateLimits};
+pub use servers::shown_url;
 pub use servers::{
     Era, HttpMode, HttpSpec, Isolation, Override, Restart, Server, StdioSpec, Transport, DEFAULT_ENABLED,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_ISOLATION, DEFAULT_PROTOCOL, DEFAULT_RESTART, DEFAULT_SERVER_MAX_SESSIONS,

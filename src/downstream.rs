@@ -232,6 +232,13 @@ pub enum DsError {
         status: u16,
         detail: String,
     },
+    /// An answer line the gateway could read the id of, but not parse.
+    #[error("server '{server}' answered {method} with a line that is not valid JSON ({why})")]
+    Malformed {
+        server: Arc<str>,
+        method: String,
+        why: String,
+    },
 }
 
 impl DsError {
@@ -248,7 +255,8 @@ impl DsError {
             | DsError::Exited { server, .. }
             | DsError::Unavailable { server, .. }
             | DsError::Busy { server, .. }
-            | DsError::Status { server, .. } => server,
+            | DsError::Status { server, .. }
+            | DsError::Malformed { server, .. } => server,
         }
     }
 
@@ -273,6 +281,7 @@ impl crate::telemetry::Failure for DsError {
             DsError::Unavailable { .. } => "unavailable",
             DsError::Busy { .. } => "busy",
             DsError::Status { .. } => "http_status",
+            DsError::Malformed { .. } => "malformed_answer",
         }
     }
 }

@@ -9,7 +9,28 @@
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::sync::Arc;
+
+/// The most of a peer's own value (a URI, a name, a task id a client sent; a name a
+/// server listed) that an answer, a span or a log line repeats, in bytes: enough to tell
+/// which value it was. A message is bounded only by `max_body`/`max_line`, so a value
+/// repeated whole would make an answer (twice its size: message and data), a span
+/// attribute or a log line as large.
+pub const MAX_ECHO: usize = 256;
+
+/// `value` as an answer or a span repeats it: whole up to [`MAX_ECHO`] bytes, else its
+/// start and its length, `mock://a/xxx… (1048576 bytes)`.
+pub fn echo(value: &str) -> Cow<'_, str> {
+    if value.len() <= MAX_ECHO {
+        return Cow::Borrowed(value);
+    }
+    let mut end = MAX_ECHO;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}… ({} bytes)", &value[..end], value.len()))
+}
 
 /// JSON-RPC error codes: each has its one definition here.
 pub mod code {
@@ -199,6 +220,16 @@ impl std::error::Error for Error {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn echo_keeps_short_values_and_clips_long_ones_on_a_char_boundary() {
+        assert_eq!(echo("mock://a/b"), "mock://a/b");
+        let at_limit = "u".repeat(MAX_ECHO);
+        assert_eq!(echo(&at_limit), at_limit.as_str());
+        let long = format!("{}é{}", "u".repeat(MAX_ECHO - 1), "v".repeat(1000));
+        let shown = echo(&long);
+        assert_eq!(shown, format!("{}… ({} bytes)", "u".repeat(MAX_ECHO - 1), long.len()));
+    }
 
     #[test]
     fn objects_and_sources() {

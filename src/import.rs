@@ -397,6 +397,17 @@ fn collect(
     any
 }
 
+/// A value of the file's as a note repeats it (a `type`, a `${…}` the gateway cannot fill
+/// in): escaped (`quoted`: and in quotes), or not at all when it holds what looks like a
+/// credential.
+fn shown_value(v: &str, quoted: bool) -> String {
+    match (found_secrets(v, true).is_empty(), quoted) {
+        (false, _) => "(a value that looks like a credential)".to_owned(),
+        (true, true) => format!("{v:?}"),
+        (true, false) => v.escape_debug().to_string(),
+    }
+}
+
 impl Found {
     /// The server's name for stderr: quoted and escaped, or not at all when it looks like
     /// a credential.
@@ -542,7 +553,8 @@ impl Server<'_> {
         if let Some(k) = kind.filter(|k| !matches!(*k, "stdio" | "sse" | "http" | "streamable-http" | "streamableHttp"))
         {
             return Err(format!(
-                "its type {k:?} is not one the gateway speaks (stdio, http, sse)"
+                "its type {} is not one the gateway speaks (stdio, http, sse)",
+                shown_value(k, true)
             ));
         }
         let mut run = Run {
@@ -789,7 +801,8 @@ impl Server<'_> {
                     var(&mut parts, &mut text, v, None);
                 } else {
                     return Err(format!(
-                        "{field}: {whole} is filled in by VS Code, and the gateway has no value for it"
+                        "{field}: {} is filled in by VS Code, and the gateway has no value for it",
+                        shown_value(whole, false)
                     ));
                 }
             } else if format == Format::Windsurf && inner.starts_with("file:") {

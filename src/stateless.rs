@@ -59,8 +59,6 @@ pub fn supported_versions() -> Vec<&'static str> {
 pub struct Transport {
     /// `network.transport` on its clients' spans: `tcp` or `pipe`.
     pub name: &'static str,
-    /// Listen streams open at once are at most `gateway.max_sessions`.
-    pub bound_listens: bool,
     /// Requests are cancelled with `notifications/cancelled` naming their id (so an id is
     /// in flight once at most), not by closing a connection.
     pub cancel_by_id: bool,
@@ -382,22 +380,19 @@ impl Stateless {
             Ok(f) => f,
             Err(e) => return Answer::Refused(id, Error::invalid_params(e)),
         };
-        let max = self
-            .transport
-            .bound_listens
-            .then(|| self.gw.config().gateway.max_sessions);
-        let counted = match max {
-            None => None,
-            Some(max) if self.listening.fetch_add(1, Ordering::Relaxed) >= max => {
-                self.listening.fetch_sub(1, Ordering::Relaxed);
-                let e = Error::gateway(format!(
-                    "the gateway has {max} open listen streams, its limit (gateway.max_sessions); close one or try later"
-                ))
-                .with_status(503);
-                return Answer::Refused(id, e);
-            }
-            Some(_) => Some(Counted(self.listening.clone())),
-        };
+        // Each stream is a task, a client and its subscriptions: at most max_sessions
+        // open at once on every front (stdio too, or a client listening in a loop grows
+        // the process without end).
+        let max = self.gw.config().gateway.max_sessions;
+        if self.listening.fetch_add(1, Ordering::Relaxed) >= max {
+            self.listening.fetch_sub(1, Ordering::Relaxed);
+            let e = Error::gateway(format!(
+                "the gateway has {max} open listen streams, its limit (gateway.max_sessions); close one or try later"
+            ))
+            .with_status(503);
+            return Answer::Refused(id, e);
+        }
+        let counted = Counted(self.listening.clone());
         static LISTENS: AtomicU64 = AtomicU64::new(1);
         let n = LISTENS.fetch_add(1, Ordering::Relaxed);
         // The process tag keeps two replicas' listen streams apart in the shared state.

@@ -77,7 +77,8 @@ impl Telemetry {
 /// A text log line as one line: the formatter writes each event whole, ending in `\n`;
 /// any other line break or control character in it (a server's error message, a tool
 /// name, a protocol version: peers' words reach log fields) is written escaped (`\n`,
-/// `\u{1b}`), so no peer can forge a log line or drive the operator's terminal. Tabs stay.
+/// `\u{1b}`), as is a character that disguises the line ([`disguises`]), so no peer can
+/// forge a log line, reorder what it shows or drive the operator's terminal. Tabs stay.
 /// The JSON format escapes on its own.
 struct OneLine<W>(W);
 
@@ -92,19 +93,38 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
     }
 }
 
-/// `buf` with control characters but tab and a last `\n` escaped; borrowed when there are
-/// none (the usual line).
+/// Characters that are not control characters but change what a line shows: bidi
+/// controls (U+061C, U+200E/F, U+202A–E, U+2066–9: `\u{202e}eteled_lla` shows as
+/// `all_delete`), the line and paragraph separators (U+2028/9, a line break to some
+/// viewers) and zero-width ones (U+200B–D, U+FEFF). Escaped in a log line as controls are.
+fn disguises(c: char) -> bool {
+    matches!(c, '\u{61c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+}
+
+/// Whether `body` (UTF-8) holds a byte or character [`one_line`] escapes: C0 but tab, DEL,
+/// C1 (U+0080–U+009F: 0xC2 0x80–0x9F), and the [`disguises`] (0xD8 0x9C, 0xE2 0x80/0x81 …,
+/// 0xEF 0xBB 0xBF). One pass, no decoding: the usual line has none.
+fn needs_escapes(body: &[u8]) -> bool {
+    let at = |i: usize| body.get(i).copied().unwrap_or(0);
+    body.iter().enumerate().any(|(i, &b)| match b {
+        b'\t' => false,
+        0..=0x1f | 0x7f => true,
+        0xc2 => (0x80..0xa0).contains(&at(i + 1)),
+        0xd8 => at(i + 1) == 0x9c,
+        0xe2 => matches!((at(i + 1), at(i + 2)), (0x80, 0x8b..=0x8f | 0xa8..=0xae) | (0x81, 0xa6..=0xa9)),
+        0xef => (at(i + 1), at(i + 2)) == (0xbb, 0xbf),
+        _ => false,
+    })
+}
+
+/// `buf` with control characters but tab and a last `\n` escaped, and the characters that
+/// disguise a line ([`disguises`]); borrowed when there are none (the usual line).
 fn one_line(buf: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     let (body, end) = match buf.strip_suffix(b"\n") {
         Some(b) => (b, &b"\n"[..]),
         None => (buf, &b""[..]),
     };
-    // C0, DEL, and C1 (U+0080–U+009F: 0xC2 0x80–0x9F in UTF-8).
-    let clean = !body
-        .iter()
-        .zip(body.iter().skip(1).chain([&0u8]))
-        .any(|(&b, &next)| (b < 0x20 && b != b'\t') || b == 0x7f || (b == 0xc2 && (0x80..0xa0).contains(&next)));
-    if clean {
+    if !needs_escapes(body) {
         return std::borrow::Cow::Borrowed(buf);
     }
     let text = String::from_utf8_lossy(body);
@@ -113,7 +133,7 @@ fn one_line(buf: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         match c {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
-            c if c.is_control() && c != '\t' => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c if (c.is_control() && c != '\t') || disguises(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
             c => out.push(c),
         }
     }
@@ -187,7 +207,7 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
         RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
         EXPORTING.store(true, Ordering::Relaxed);
         tracing::info!(
-            endpoint = cfg.otlp_endpoint.as_deref().unwrap_or_default(),
+            endpoint = config::shown_url(cfg.otlp_endpoint.as_deref().unwrap_or_default()),
             protocol = ?cfg.otlp_protocol,
             "exporting traces"
         );
@@ -224,13 +244,17 @@ fn exporter(cfg: &config::Telemetry, endpoint: &str) -> Result<opentelemetry_otl
                 .timeout(EXPORT_TIMEOUT)
                 .build()
                 .map_err(|e| e.to_string())?;
-            opentelemetry_otlp::SpanExporter::builder()
+            let (endpoint, basic) = without_userinfo(endpoint);
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(http)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_endpoint(endpoint)
-                .with_timeout(EXPORT_TIMEOUT)
-                .build()
+                .with_timeout(EXPORT_TIMEOUT);
+            if let Some(basic) = basic {
+                b = b.with_headers([("authorization".to_owned(), basic)].into());
+            }
+            b.build()
         }
         OtlpProtocol::Grpc => {
             let mut b = opentelemetry_otlp::SpanExporter::builder()
@@ -247,6 +271,48 @@ fn exporter(cfg: &config::Telemetry, endpoint: &str) -> Result<opentelemetry_otl
     }
     .map_err(|e| e.to_string())?;
     Ok(exporter)
+}
+
+/// An http(s) endpoint without its user info, and that user info as the value of a Basic
+/// `Authorization` header. The OTLP exporter sends the URL as it is (no Basic auth made
+/// of it), and the HTTP client logs the address it connects to, user info included, at
+/// debug: the credential goes in the header only, as the downstream client sends it.
+fn without_userinfo(endpoint: &str) -> (String, Option<String>) {
+    let Ok(mut url) = reqwest::Url::parse(endpoint) else {
+        return (endpoint.to_owned(), None);
+    };
+    if url.username().is_empty() && url.password().is_none() {
+        return (endpoint.to_owned(), None);
+    }
+    let pair = format!(
+        "{}:{}",
+        percent_decoded(url.username()),
+        percent_decoded(url.password().unwrap_or_default())
+    );
+    let basic = format!("Basic {}", crate::upstream::exchange::base64(pair.as_bytes()));
+    // Cannot fail on an http(s) URL, which has a host.
+    let _ = (url.set_username(""), url.set_password(None));
+    (url.to_string(), Some(basic))
+}
+
+/// `s` with its `%XX` escapes decoded (a URL's user info: `+` is itself).
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let (mut out, mut i) = (Vec::with_capacity(b.len()), 0);
+    while i < b.len() {
+        let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn provider(cfg: &config::Telemetry, exporter: Switch) -> SdkTracerProvider {
@@ -380,14 +446,24 @@ pub async fn reconfigure(cfg: &config::Telemetry) {
     RECORD_PAYLOADS.store(cfg.record_payloads, Ordering::Relaxed);
     EXPORTING.store(on, Ordering::Relaxed);
     tracing::info!(
-        endpoint = cfg.otlp_endpoint.as_deref().unwrap_or("none"),
+        endpoint = config::shown_url(cfg.otlp_endpoint.as_deref().unwrap_or("none")),
         "telemetry reconfigured"
     );
 }
 
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::{one_line, without_userinfo};
+
+    #[test]
+    fn an_endpoints_user_info_becomes_a_basic_header() {
+        let (url, basic) = without_userinfo("https://team%40x:p%3As+w@otlp.example/v1/traces?k=v");
+        assert_eq!(url, "https://otlp.example/v1/traces?k=v");
+        // base64("team@x:p:s+w")
+        assert_eq!(basic.as_deref(), Some("Basic dGVhbUB4OnA6cyt3"));
+        let plain = "http://127.0.0.1:4318/v1/traces";
+        assert_eq!(without_userinfo(plain), (plain.to_owned(), None));
+    }
 
     #[test]
     fn a_log_line_stays_one_line() {
@@ -402,5 +478,25 @@ mod tests {
         assert_eq!(got.matches('\n').count(), 1);
         // Without a final line break, nothing is added.
         assert_eq!(&*one_line(b"a\nb"), b"a\\nb");
+    }
+
+    #[test]
+    fn characters_that_disguise_a_line_are_escaped_and_other_text_is_not() {
+        let disguised = "tool \u{202e}eteled_lla \u{2028}\u{2029}\u{200b}\u{200f}\u{2066}\u{2069}\u{61c}\u{feff}\n";
+        let got = String::from_utf8(one_line(disguised.as_bytes()).into_owned()).unwrap();
+        assert_eq!(
+            got,
+            "tool \\u{202e}eteled_lla \\u{2028}\\u{2029}\\u{200b}\\u{200f}\\u{2066}\\u{2069}\\u{61c}\\u{feff}\n"
+        );
+        // Their neighbours in UTF-8 are ordinary text: borrowed as they are.
+        for plain in [
+            "\u{2027}\u{202f}\u{2010}\u{2065}\u{206a}\u{61b}\u{fefe}€ — «ünï» 日本\n",
+            "a\u{200a}b\n",
+        ] {
+            assert!(
+                matches!(one_line(plain.as_bytes()), std::borrow::Cow::Borrowed(_)),
+                "{plain:?}"
+            );
+        }
     }
 }

@@ -16,6 +16,16 @@ pub const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
 /// The traces signal's path, appended to an http/protobuf base URL.
 const TRACES_PATH: &str = "/v1/traces";
 
+/// The base URL with the signal's path added, as with OTEL_EXPORTER_OTLP_ENDPOINT (unless
+/// it is there already): at the end of the path, before a query (`?tenant=…` stays one).
+fn with_traces_path(url: &str) -> String {
+    let (base, query) = url.split_at(url.find('?').unwrap_or(url.len()));
+    if base.ends_with(TRACES_PATH) {
+        return url.to_owned();
+    }
+    format!("{}{TRACES_PATH}{query}", base.trim_end_matches('/'))
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTelemetry {
@@ -115,11 +125,8 @@ pub(super) fn parse(cx: &mut Ctx, t: RawTelemetry, env: &dyn Fn(&str) -> Option<
             return None;
         }
         Some(match otlp_protocol {
-            // The base URL, as with OTEL_EXPORTER_OTLP_ENDPOINT: the signal's path is added.
-            OtlpProtocol::HttpProtobuf if !url.ends_with(TRACES_PATH) => {
-                format!("{}{TRACES_PATH}", url.trim_end_matches('/'))
-            }
-            _ => url,
+            OtlpProtocol::HttpProtobuf => with_traces_path(&url),
+            OtlpProtocol::Grpc => url,
         })
     });
     let service_name = match &t.service_name {

@@ -165,6 +165,16 @@ fn telemetry_table_and_otel_env() {
     let t = &c.telemetry;
     assert_eq!(t.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
     assert_eq!((t.log_format, t.record_payloads), (LogFormat::Json, true));
+    // The path goes before a query, and is not added twice.
+    for (written, used) in [
+        ("http://c:4318/?tenant=a/b", "http://c:4318/v1/traces?tenant=a/b"),
+        ("http://c:4318/otlp?k=v", "http://c:4318/otlp/v1/traces?k=v"),
+        ("http://c:4318/v1/traces?k=v", "http://c:4318/v1/traces?k=v"),
+    ] {
+        let src = format!("[telemetry]\notlp_endpoint = {written:?}\n");
+        let t = Config::parse(Path::new("g.toml"), &src, &none).unwrap().telemetry;
+        assert_eq!(t.otlp_endpoint.as_deref(), Some(used), "{written}");
+    }
 
     let otel = |k: &str| match k {
         "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4317".to_owned()),

@@ -104,7 +104,6 @@ impl Http {
         let closing = CancellationToken::new();
         let transport = crate::stateless::Transport {
             name: "tcp",
-            bound_listens: true,
             cancel_by_id: false,
         };
         let stateless = crate::stateless::Stateless::new(gw.clone(), transport, closing.clone());

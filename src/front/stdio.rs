@@ -85,7 +85,6 @@ pub async fn serve<R, W>(
     let closing = CancellationToken::new();
     let transport = stateless::Transport {
         name: "pipe",
-        bound_listens: false,
         cancel_by_id: true,
     };
     let flow = Stateless::new(gw.clone(), transport, closing.clone());

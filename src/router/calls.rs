@@ -133,6 +133,7 @@ impl Gateway {
                     .get(&name)
                     .filter(|r| cx.sees(&name, r.server, false))
                 else {
+                    let name = crate::error::echo(&name);
                     return Error::invalid_params(format!("unknown prompt: {name}"))
                         .with_data(serde_json::json!({ "prompt": name }))
                         .into();
@@ -145,14 +146,15 @@ impl Gateway {
                 match resource_owner(cx, &uri).filter(|&s| cx.sees(&uri, s, false)) {
                     Some(s) => s,
                     None => {
+                        let uri = crate::error::echo(&uri);
                         return Error::invalid_params(format!("unknown resource: {uri}"))
                             .with_data(serde_json::json!({ "uri": uri }))
-                            .into()
+                            .into();
                     }
                 }
             }
             other => {
-                let e = format!("unknown ref type: {}", other.unwrap_or("(none)"));
+                let e = format!("unknown ref type: {}", crate::error::echo(other.unwrap_or("(none)")));
                 return Error::invalid_params(e).into();
             }
         };

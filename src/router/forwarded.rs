@@ -373,14 +373,7 @@ fn hidden_here(cx: &Call<'_>, server: usize, method: Method, params: &Map<String
             if cx.sees(uri, server, false) {
                 return None;
             }
-            return Some(
-                Error::client(
-                    crate::error::code::RESOURCE_NOT_FOUND,
-                    format!("unknown resource: {uri}"),
-                )
-                .with_data(serde_json::json!({ "uri": uri }))
-                .into(),
-            );
+            return Some(super::resources::unknown(uri));
         }
         _ => return None,
     };

@@ -15,8 +15,10 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tracing::warn;
 
-/// -32002 naming the URI (it does not exist, or the caller may not see it).
-fn unknown(uri: &str) -> Outcome {
+/// -32002 naming the URI (it does not exist, or the caller may not see it); a long one
+/// by its start ([`crate::error::echo`]).
+pub(super) fn unknown(uri: &str) -> Outcome {
+    let uri = crate::error::echo(uri);
     Error::client(code::RESOURCE_NOT_FOUND, format!("unknown resource: {uri}"))
         .with_data(json!({ "uri": uri }))
         .into()

@@ -40,7 +40,7 @@ impl Gateway {
         let route = self.shared.task(&public, &cx.client.id).await;
         let found = route.and_then(|r| cx.topo.server_index(&r.server).map(|i| (i, r)));
         let Some((server, route)) = found else {
-            return Error::invalid_params(format!("unknown task: {public}")).into();
+            return Error::invalid_params(format!("unknown task: {}", crate::error::echo(&public))).into();
         };
         p.insert("taskId".into(), Value::String(route.task_id));
         // Cluster mode: the task is in another replica's downstream; it answers.

@@ -111,7 +111,7 @@ pub struct Listen {
     pub finish: Finish,
     /// Held while the stream is open (its place among the open streams, or in a table
     /// of requests in flight).
-    pub(super) _held: (Option<Counted>, Option<Tracked>),
+    pub(super) _held: (Counted, Option<Tracked>),
 }
 
 /// Forgets the stream's client when the stream ends, whatever way.

@@ -30,13 +30,33 @@ pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<Context> {
     struct H<'a>(&'a axum::http::HeaderMap);
     impl Extractor for H<'_> {
         fn get(&self, key: &str) -> Option<&str> {
-            self.0.get(key).and_then(|v| v.to_str().ok())
+            let v = self.0.get(key).and_then(|v| v.to_str().ok());
+            match key {
+                "tracestate" => v.filter(|s| within_bound(s)),
+                _ => v,
+            }
         }
         fn keys(&self) -> Vec<&str> {
             self.0.keys().map(|k| k.as_str()).collect()
         }
     }
     valid(TraceContextPropagator::new().extract(&H(headers)))
+}
+
+/// The most list-members a `tracestate` has (W3C Trace Context, "tracestate Limits").
+const MAX_TRACESTATE_MEMBERS: usize = 32;
+
+/// Whether a client's `tracestate` is within the W3C bound. Past it the spec lets a
+/// parser discard it whole, and the gateway does: kept, it would ride on every span of
+/// the trace (a batch of spans that large is refused by the collector, other requests'
+/// spans with it) and on every downstream call. Each member's key and value are bounded
+/// (256 bytes) by the parser itself.
+fn within_bound(state: &str) -> bool {
+    state
+        .split(',')
+        .filter(|m| !m.trim().is_empty())
+        .nth(MAX_TRACESTATE_MEMBERS)
+        .is_none()
 }
 
 fn valid(cx: Context) -> Option<Context> {
@@ -162,7 +182,7 @@ impl Extractor for PeekMeta {
     fn get(&self, key: &str) -> Option<&str> {
         match key {
             "traceparent" => self.traceparent.as_deref(),
-            "tracestate" => self.tracestate.as_deref(),
+            "tracestate" => self.tracestate.as_deref().filter(|s| within_bound(s)),
             _ => None,
         }
     }
@@ -208,17 +228,20 @@ pub fn request_span(origin: Origin<'_>, id: &Id, method: &str, params: Option<&R
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_default();
     let m = Method::parse(method);
+    // The client's own values, not yet checked: a long one by its start only (an OTLP
+    // batch over the collector's limit is dropped whole, other requests' spans with it).
+    let name = peek.name.as_deref().map(crate::error::echo);
     let target = match m {
-        Method::ToolsCall => peek.name.as_deref().inspect(|n| {
+        Method::ToolsCall => name.as_deref().inspect(|n| {
             span.record("gen_ai.tool.name", *n);
             span.record("gen_ai.operation.name", "execute_tool");
         }),
-        Method::PromptsGet => peek.name.as_deref().inspect(|n| {
+        Method::PromptsGet => name.as_deref().inspect(|n| {
             span.record("gen_ai.prompt.name", *n);
         }),
         Method::ResourcesRead => {
             if let Some(u) = peek.uri.as_deref() {
-                span.record("mcp.resource.uri", u);
+                span.record("mcp.resource.uri", &*crate::error::echo(u));
             }
             None
         }

@@ -272,6 +272,37 @@ async fn a_servers_error_message_cannot_forge_a_log_line() {
     assert!(!logs.contains('\r') && !logs.contains('\u{1b}'), "{logs:?}");
 }
 
+/// A server's tool named with a bidi override (`\u{202e}eteled_lla` shows as `all_delete`)
+/// reaches the text log escaped, as a control character does: the operator reads what the
+/// server sent, not what it wants shown. So do the line and paragraph separators, which
+/// some log viewers break lines at, and zero-width characters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_bidi_override_reaches_the_log_escaped() {
+    let cfg = server("calc", &unique("bidi"), &["--console", "--two-way"], "");
+    let gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    let sent = "x\u{2028}2099-01-01T00:00:00Z  WARN mcp_gateway: FORGED\u{2029}\u{200b}\u{2066}";
+    assert_eq!(
+        text(&s.call("calc__mark", serde_json::json!({"text": sent})).await),
+        "marked"
+    );
+    let shown = r"mark x\u{2028}2099-01-01T00:00:00Z  WARN mcp_gateway: FORGED\u{2029}\u{200b}\u{2066}";
+    assert!(
+        gw.wait_log(shown, std::time::Duration::from_secs(10)).await,
+        "{}",
+        gw.logs()
+    );
+    assert!(
+        gw.logs().contains(r"tool \u{202e}eteled_lla of server 'calc'"),
+        "{}",
+        gw.logs()
+    );
+    let logs = gw.logs();
+    for c in ['\u{202e}', '\u{2028}', '\u{2029}', '\u{200b}', '\u{2066}'] {
+        assert!(!logs.contains(c), "{:?} in the log:\n{logs}", c);
+    }
+}
+
 /// A server's log messages that no client takes (no call in flight) are the gateway's to
 /// log: with the server's name, cut as a stderr line is, and within the server's budget
 /// of log lines (200 at once, 100 a second), not 2,000 lines of 20 KB.
@@ -318,4 +349,25 @@ async fn a_secret_written_with_json_escapes_is_masked_all_the_same() {
     assert_eq!(r["error"]["message"], "upstream rejected key ***", "{r}");
     assert_eq!(r["error"]["data"]["key"], "***", "{r}");
     assert_eq!(r["error"]["code"], -32001, "{r}");
+}
+
+/// A server's tool name is the server's to choose, however long: the notes about it (its
+/// public name, listed twice) name it by its first 256 bytes and its length, so a server
+/// cannot write megabytes into the gateway's log on every listing, as its stderr lines,
+/// cut at 4 KiB, cannot either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_huge_tool_name_is_cut_in_the_log() {
+    let cfg = server("calc", &unique("longname"), &["--quirk", "long-names"], "");
+    let mut gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    assert!(s.tool_names().await.iter().any(|n| n.starts_with("calc__LONGNAME")));
+    gw.terminate();
+    assert!(gw.wait_log(STDERR_CLOSED, std::time::Duration::from_secs(10)).await);
+    let logs = gw.logs();
+    let notes: Vec<&str> = logs.lines().filter(|l| l.contains("tool LONGNAME")).collect();
+    assert!(notes.len() >= 2, "the renaming and the repeat are said: {:.2000}", logs);
+    for l in logs.lines() {
+        assert!(l.len() < 8192, "a log line of {} bytes: {:.300}", l.len(), l);
+    }
+    assert!(logs.contains(&format!("({} bytes)", (1 << 20) + 8)), "{:.2000}", logs);
 }

@@ -398,3 +398,28 @@ for line in sys.stdin:
     let asked = msgs.iter().filter(|m| m["method"] == "roots/list").count();
     assert!(asked <= 64, "{asked} questions reached the client");
 }
+
+/// A server's answer that is not JSON (a byte that is not UTF-8, a raw control character
+/// in a string) but whose id the gateway can still read fails that call at once, with
+/// an error naming the server, instead of leaving it to wait for `request_timeout`; the
+/// server stays in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_broken_answer_fails_its_call_at_once() {
+    let cfg = format!(
+        "[gateway]\nrequest_timeout = \"40s\"\n\n{}",
+        server("m", &unique("broken"), &["--quirk", "broken-answers"], "")
+    );
+    let gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    for text in ["broken", "broken string id"] {
+        let started = Instant::now();
+        let r = s.call("m__echo", json!({ "text": text })).await;
+        assert!(started.elapsed() < T, "answered after {:?}", started.elapsed());
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("server 'm'") && message.contains("not valid JSON"),
+            "{text}: {r}"
+        );
+    }
+    assert_eq!(text(&s.call("m__echo", json!({"text": "whole"})).await), "whole");
+}

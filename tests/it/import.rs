@@ -408,3 +408,28 @@ fn two_imports_writing_one_file_at_once_add_each_server_once() {
         }
     }
 }
+
+/// A server left out is said on stderr with why, but a value that looks like a credential
+/// (a token pasted into `type`, inside an editor's `${command:…}`) is not repeated there;
+/// an ordinary value still is.
+#[test]
+fn a_skipped_servers_reason_never_prints_a_credential() {
+    const TOKEN: &str = "ghp_SECRETtype0123456789abcdefABCDEF012345";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mcp.json");
+    let config = serde_json::json!({"servers": {
+        "typed": {"type": TOKEN, "command": "x"},
+        "carried": {"transport": format!("Bearer {TOKEN}"), "url": "https://h.example/mcp"},
+        "asked": {"command": "x", "args": [format!("${{command:{TOKEN}}}")]},
+        "socket": {"type": "ws", "url": "wss://h.example/mcp"},
+        "picked": {"command": "x", "args": ["${command:pickFile}"]},
+    }});
+    std::fs::write(&file, config.to_string()).unwrap();
+    let (code, out, err) = import(&[Path::new("--from"), Path::new("vscode"), &file]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains(TOKEN) && !err.contains(TOKEN), "{out}\n{err}");
+    for name in ["typed", "carried", "asked", "socket", "picked"] {
+        assert!(err.contains(&format!("server \"{name}\" skipped")), "{name}: {err}");
+    }
+    assert!(err.contains("\"ws\"") && err.contains("${command:pickFile}"), "{err}");
+}

@@ -190,3 +190,50 @@ fn stdio_questions_become_input_required() {
     let (_, r) = gw.request(json!(4), "tools/call", retry);
     assert_eq!(r["error"]["code"], -32602, "a state is used once: {r}");
 }
+
+/// `gateway.max_sessions` bounds the listen streams open at once on stdio as it does over
+/// HTTP: past it a listen is refused with an error naming the limit (each stream is a
+/// task, a client and its subscriptions: a client opening them in a loop grew the
+/// gateway without end), and a stream that ends gives its place back.
+#[test]
+fn stdio_listen_streams_are_bounded_by_max_sessions() {
+    let n = unique("stdio-listens");
+    let cfg = format!("[gateway]\nmax_sessions = 3\n\n{}", server("s0", &n, &[], ""));
+    let mut gw = StdioGateway::start(&cfg, &[]);
+    let listen = |id: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
+            "params": with_meta(json!({"notifications": {"toolsListChanged": true}}))})
+    };
+    for id in 1..=3 {
+        gw.send(&listen(json!(id)));
+        let ack = next_note(&gw);
+        assert_eq!(ack["params"]["_meta"][SUB], id, "{ack}");
+    }
+    gw.send(&listen(json!(4)));
+    let (notes, refused) = gw.until_response(&json!(4), T);
+    assert!(notes.is_empty(), "{notes:?}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("gateway.max_sessions"), "{refused}");
+
+    // The first stream ends: a new one takes its place (once the stream's task is gone,
+    // which the refusals until then say).
+    gw.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}));
+    let deadline = Instant::now() + T;
+    let mut id = 100;
+    loop {
+        gw.send(&listen(json!(id)));
+        let m = gw.recv(T).expect("an answer to the listen");
+        if m["method"] == "notifications/subscriptions/acknowledged" {
+            assert_eq!(m["params"]["_meta"][SUB], id, "{m}");
+            break;
+        }
+        assert_eq!(m["id"], id, "{m}");
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled stream's place never came back: {m}"
+        );
+        id += 1;
+    }
+    gw.close_stdin();
+    assert!(gw.wait_exit(T).expect("exits").success());
+}

@@ -19,17 +19,23 @@ struct Collector {
     endpoint: String,
     spans: Arc<Mutex<Vec<Span>>>,
     service_names: Arc<Mutex<Vec<String>>>,
+    /// The `Authorization` header of each export that had one.
+    authorizations: Arc<Mutex<Vec<String>>>,
 }
 
 impl Collector {
     async fn start() -> Collector {
         let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
         let service_names: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (s, n) = (spans.clone(), service_names.clone());
+        let authorizations: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (s, n, a) = (spans.clone(), service_names.clone(), authorizations.clone());
         let app = axum::Router::new().route(
             "/v1/traces",
-            axum::routing::post(move |body: axum::body::Bytes| {
+            axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
                 let (s, n) = (s.clone(), n.clone());
+                if let Some(v) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+                    a.lock().unwrap().push(v.to_owned());
+                }
                 async move {
                     let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
                     for rs in req.resource_spans {
@@ -61,6 +67,7 @@ impl Collector {
             endpoint: format!("http://{addr}"),
             spans,
             service_names,
+            authorizations,
         }
     }
 
@@ -503,4 +510,206 @@ async fn adding_an_endpoint_on_reload_starts_export() {
         named(s, "tools/call calc__echo_meta").is_some()
     })
     .await;
+}
+
+/// A client's names, URIs and task ids are its own input: however long, neither a span
+/// attribute nor an error answer carries more than a bounded part of one (an OTLP batch
+/// over the collector's limit would be dropped whole, every other request's spans with
+/// it; an answer twice the size of the request is an amplifier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_names_and_uris_are_clipped_in_spans_and_answers() {
+    const LIMIT: usize = 4 << 10;
+    let otlp = Collector::start().await;
+    // Two servers: with one, a URI no server lists goes to it, and its answer is its own.
+    let servers = format!(
+        "{}{}",
+        server("calc", &unique("calc"), &[], ""),
+        server("other", &unique("other"), &[], "")
+    );
+    let gw = Gateway::start_with_env(&config(&otlp.endpoint, "", &servers), FAST);
+    let s = gw.session().await;
+    let big = format!("MARK{}", "u".repeat(1 << 20));
+    let completion = |r: Value| json!({"ref": r, "argument": {"name": "a", "value": "b"}});
+    for (id, method, params) in [
+        (1, "tools/call", json!({"name": big, "arguments": {}})),
+        (2, "prompts/get", json!({"name": big})),
+        (3, "resources/read", json!({"uri": big})),
+        (4, "resources/unsubscribe", json!({"uri": big})),
+        (
+            5,
+            "completion/complete",
+            completion(json!({"type": "ref/prompt", "name": big})),
+        ),
+        (
+            6,
+            "completion/complete",
+            completion(json!({"type": "ref/resource", "uri": big})),
+        ),
+        (7, "completion/complete", completion(json!({"type": big}))),
+        (8, "tasks/get", json!({"taskId": big})),
+        (9, "tasks/cancel", json!({"taskId": big})),
+        (10, "tasks/result", json!({"taskId": big})),
+    ] {
+        let r = s.request(json!(id), method, params).await;
+        assert!(r["error"]["code"].is_i64(), "{method}: {r:.300}");
+        let len = r.to_string().len();
+        assert!(
+            len < LIMIT,
+            "{method}: an answer of {len} bytes echoes the request: {:.300}",
+            r.to_string()
+        );
+    }
+    assert_eq!(text(&s.call("calc__echo", json!({"text": "after"})).await), "after");
+    let spans = otlp
+        .wait("the hostile requests' spans", |s| {
+            // Ten refused, and the echo that followed them.
+            s.iter().filter(|s| s.kind == SpanKind::Server as i32).count() >= 11
+        })
+        .await;
+    for span in &spans {
+        assert!(span.name.len() < LIMIT, "a span named with {} bytes", span.name.len());
+        for kv in &span.attributes {
+            let v = any_str(kv.value.as_ref());
+            assert!(
+                v.len() < LIMIT,
+                "{} of span {:.80} is {} bytes",
+                kv.key,
+                span.name,
+                v.len()
+            );
+        }
+    }
+    // Clipped, not dropped: the start is still there to tell what was asked.
+    let read = spans
+        .iter()
+        .find(|s| attr(s, "mcp.method.name").as_deref() == Some("resources/read"))
+        .expect("the read's span");
+    assert!(
+        attr(read, "mcp.resource.uri").is_some_and(|u| u.starts_with("MARK")),
+        "{read:?}"
+    );
+}
+
+/// A client's `tracestate` is kept only within the W3C bound of 32 list-members: past it
+/// (the spec lets a parser discard it whole) it is dropped, from `_meta` or a header
+/// alike. Kept, it would ride on every span of the trace and on every downstream call: a
+/// tracestate of thousands of members made each span as large, and a batch of them is
+/// refused by the collector, other requests' spans with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracestate_past_the_w3c_bound_is_dropped() {
+    let otlp = Collector::start().await;
+    let gw = Gateway::start_with_env(
+        &config(&otlp.endpoint, "", &server("calc", &unique("calc"), &[], "")),
+        FAST,
+    );
+    let s = gw.session().await;
+    let state = |n: usize| (0..n).map(|i| format!("k{i}=v{i}")).collect::<Vec<_>>().join(",");
+    let trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
+    let huge = state(40_000);
+    let r = s
+        .request(
+            json!("meta"),
+            "tools/call",
+            json!({"name": "calc__echo_meta", "arguments": {},
+                "_meta": {"traceparent": traceparent, "tracestate": huge}}),
+        )
+        .await;
+    let meta: Value = serde_json::from_str(&text(&r)).unwrap();
+    assert!(meta.get("tracestate").is_none(), "{:.300}", meta.to_string());
+    // Over HTTP, as a header (a smaller one, within the gateway's header limits).
+    let r = s
+        .post()
+        .header("traceparent", &traceparent)
+        .header("tracestate", state(2_000))
+        .json(&json!({"jsonrpc":"2.0","id":"header","method":"tools/call",
+            "params":{"name":"calc__echo_meta","arguments":{}}}))
+        .send()
+        .await
+        .unwrap();
+    let resp = read_messages(r).await.pop().unwrap();
+    let meta: Value = serde_json::from_str(&text(&resp)).unwrap();
+    assert!(meta.get("tracestate").is_none(), "{:.300}", meta.to_string());
+    // Within the bound it travels on, as before.
+    let within = state(32);
+    let r = s
+        .request(
+            json!("within"),
+            "tools/call",
+            json!({"name": "calc__echo_meta", "arguments": {},
+                "_meta": {"traceparent": traceparent, "tracestate": within}}),
+        )
+        .await;
+    let meta: Value = serde_json::from_str(&text(&r)).unwrap();
+    assert_eq!(meta["tracestate"], within.as_str(), "{meta}");
+
+    // Every span of the trace arrived: three calls, each a request span and a downstream one.
+    let spans = otlp
+        .wait("the six spans of the trace", |s| {
+            s.iter().filter(|x| hex(&x.trace_id) == trace).count() >= 6
+        })
+        .await;
+    for span in spans.iter().filter(|x| hex(&x.trace_id) == trace) {
+        assert!(
+            span.trace_state.len() <= within.len(),
+            "{} bytes",
+            span.trace_state.len()
+        );
+    }
+}
+
+/// An OTLP endpoint with a query (a tenant, a key) gets `/v1/traces` added to its path,
+/// before the query: spans reach the collector. (It was added after the query, as part
+/// of its last value, and every export went to `/`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_otlp_endpoint_with_a_query_gets_the_traces_path_before_it() {
+    let otlp = Collector::start().await;
+    let endpoint = format!("{}/?tenant=team-a", otlp.endpoint);
+    let gw = Gateway::start_with_env(&config(&endpoint, "", &server("calc", &unique("calc"), &[], "")), FAST);
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("calc__echo", json!({"text": "q"})).await), "q");
+    otlp.wait("the call's span", |s| named(s, "tools/call calc__echo").is_some())
+        .await;
+}
+
+/// Credentials in the OTLP endpoint (a password in its user info, a key in its query,
+/// from the environment) never reach the log, even at trace level: the startup line shows
+/// the endpoint masked, and the user info goes to the collector as a Basic header (the
+/// HTTP client logs the address it connects to, user info included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_endpoint_credentials_never_reach_the_log() {
+    const PASSWORD: &str = "otlp-pass-5d1c9e";
+    const KEY: &str = "otlp-key-7a2b4f";
+    let otlp = Collector::start().await;
+    let endpoint = otlp.endpoint.replace("http://", "http://collector:${OTLP_PASSWORD}@") + "/?api_key=${OTLP_KEY}";
+    let gw = Gateway::start_with_env(
+        &config(&endpoint, "", &server("calc", &unique("calc"), &[], "")),
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("MCP_GATEWAY_LOG", "trace"),
+            ("OTLP_PASSWORD", PASSWORD),
+            ("OTLP_KEY", KEY),
+        ],
+    );
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("calc__echo", json!({"text": "c"})).await), "c");
+    otlp.wait("the call's span", |s| named(s, "tools/call calc__echo").is_some())
+        .await;
+    // base64("collector:otlp-pass-5d1c9e")
+    let basic = "Basic Y29sbGVjdG9yOm90bHAtcGFzcy01ZDFjOWU=".to_owned();
+    assert!(
+        otlp.authorizations.lock().unwrap().contains(&basic),
+        "the user info was sent as Basic"
+    );
+    assert!(gw.wait_log("exporting traces", DEADLINE).await);
+    let logs = gw.logs();
+    assert!(logs.contains("api_key=****"), "{logs:.3000}");
+    for secret in [PASSWORD, KEY] {
+        let at = logs.find(secret).unwrap_or(0);
+        assert!(
+            !logs.contains(secret),
+            "{secret} in the log: …{}…",
+            &logs[at.saturating_sub(300)..at]
+        );
+    }
 }
