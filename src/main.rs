@@ -197,6 +197,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// The most of a client config `import` reads: Claude Code's `~/.claude.json` keeps every
+/// project's state and grows to tens of MB; a file past this is not a client config.
+const IMPORT_MAX: u64 = 256 << 20;
+
+/// A client config's text: a regular file (a FIFO would block, a device never end) of at
+/// most [`IMPORT_MAX`] bytes.
+fn read_client_config(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file (a client config is one)".into());
+    }
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    file.take(IMPORT_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > IMPORT_MAX {
+        return Err(format!("larger than {} MiB: not a client config", IMPORT_MAX >> 20));
+    }
+    Ok(text)
+}
+
 /// `import`: the tables on stdout, or appended to `write` once the whole file is a valid
 /// config; what was done on stderr. Never prints a secret value.
 fn import(files: &[PathBuf], write: Option<&std::path::Path>, from: Option<&str>) -> ExitCode {
@@ -204,7 +227,7 @@ fn import(files: &[PathBuf], write: Option<&std::path::Path>, from: Option<&str>
     let format = from.and_then(Format::from_name);
     let mut inputs = Vec::new();
     for f in files {
-        match std::fs::read_to_string(f) {
+        match read_client_config(f) {
             Ok(text) => inputs.push(Source {
                 path: f.clone(),
                 text,

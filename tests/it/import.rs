@@ -433,3 +433,43 @@ fn a_skipped_servers_reason_never_prints_a_credential() {
     }
     assert!(err.contains("\"ws\"") && err.contains("${command:pickFile}"), "{err}");
 }
+
+/// What is no regular file (a FIFO, which would block the read, a device that never ends)
+/// is refused at once, by name, and nothing is printed.
+#[test]
+fn a_fifo_or_a_device_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("mcp.json");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for path in [fifo.as_path(), Path::new("/dev/zero")] {
+        let mut child = Command::new(BIN)
+            .arg("import")
+            .arg(path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let out = child.wait_with_output().unwrap();
+            let _ = tx.send(());
+            out
+        });
+        if rx.recv_timeout(std::time::Duration::from_secs(10)).is_err() {
+            // SAFETY: the child this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("import of {} did not end", path.display());
+        }
+        let out = waiter.join().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{err}");
+        assert!(out.stdout.is_empty());
+        assert!(
+            err.contains(&*path.to_string_lossy()) && err.contains("not a regular file"),
+            "{err}"
+        );
+    }
+}
