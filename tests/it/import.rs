@@ -444,7 +444,7 @@ fn a_fifo_or_a_device_is_refused_at_once() {
     // SAFETY: a valid C string; mkfifo only creates the file.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     for path in [fifo.as_path(), Path::new("/dev/zero")] {
-        let mut child = Command::new(BIN)
+        let child = Command::new(BIN)
             .arg("import")
             .arg(path)
             .stdout(std::process::Stdio::piped())
