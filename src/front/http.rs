@@ -97,6 +97,8 @@ pub struct Shared {
     base: Arc<str>,
     /// Cluster mode: this process's part of SSE event ids (see [`crate::front::replay`]).
     origin: Option<Arc<str>>,
+    /// What all sessions' replays keep, together (see [`crate::front::replay`]).
+    replay_budget: Arc<crate::front::replay::Budget>,
 }
 
 impl Http {
@@ -125,6 +127,9 @@ impl Http {
             path,
             base,
             origin,
+            replay_budget: Arc::new(crate::front::replay::Budget::new(
+                crate::front::replay::REPLAY_TOTAL_BYTES,
+            )),
         }));
         // Cluster mode: a Redis back from an outage, or a bus listened to again (notes sent
         // meanwhile are lost), gets this replica's sessions again, and the ends it missed.
