@@ -71,3 +71,102 @@ async fn answers_kept_for_resuming_share_one_budget_across_sessions() {
     let replayed = resumed.text().await.unwrap();
     assert!(replayed.len() > BYTES, "{}", &replayed[..replayed.len().min(300)]);
 }
+
+/// Server `name`'s entry in `/status`, asked on `s`'s own (pooled) connection: when
+/// every connection slot is taken, a new connection would wait its turn.
+async fn status_on(gw: &Gateway, s: &Session, name: &str) -> serde_json::Value {
+    let st: serde_json::Value = s
+        .http
+        .get(format!("{}/status", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    st["servers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
+        .unwrap_or_default()
+}
+
+/// Under `ulimit -n 128`, 150 clients that open a connection, send one request and then
+/// sit idle do not take every descriptor: a child that exits meanwhile is started again
+/// at once (its pipes need descriptors), not left failing with EMFILE until the idle
+/// connections time out.
+#[tokio::test]
+async fn idle_connections_leave_descriptors_for_restarting_a_child() {
+    use std::os::unix::process::CommandExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const LIMIT: libc::rlim_t = 128;
+    const CLIENTS: usize = 150;
+    let (dir, mut cmd) = gateway_command(
+        &server("m", &unique("exhaust"), &[], ""),
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[],
+    );
+    // SAFETY: setrlimit(2) between fork and exec, on the child's own limit only.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: LIMIT,
+                rlim_max: LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let gw = Gateway::spawn(dir, cmd);
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("m__echo", json!({"text": "hi"})).await), "hi");
+    let pid = status_on(&gw, &s, "m").await["pid"].as_i64().unwrap();
+
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let answered = answered.clone();
+        // Reads its answer, then holds the connection open, idle.
+        clients.push(tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            if c.read(&mut buf).await.unwrap_or(0) > 0 {
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            drop(c);
+        }));
+    }
+    assert!(
+        until(T, || answered.load(std::sync::atomic::Ordering::Relaxed) >= 60).await,
+        "answered {}",
+        answered.load(std::sync::atomic::Ordering::Relaxed)
+    );
+
+    let r = s.call("m__crash", json!({})).await;
+    assert!(r.to_string().contains("exited"), "{r}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = status_on(&gw, &s, "m").await;
+        if st["state"] == "ready" && st["pid"].as_i64().is_some_and(|p| p != pid) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not started again: {} ({})",
+            st["state"],
+            st["lastError"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text(&s.call("m__echo", json!({"text": "back"})).await), "back");
+    for c in clients {
+        c.abort();
+    }
+}
