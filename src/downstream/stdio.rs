@@ -63,8 +63,16 @@ pub fn spawn(
     crate::background::spawn(reader.instrument(span.clone()));
     let tail = Arc::new(StderrTail::default());
     let secrets = secret_values(spec);
+    let exited = tokio_util::sync::CancellationToken::new();
     crate::background::spawn(
-        log_stderr(LineReader::new(stderr), server.clone(), tail.clone(), secrets).instrument(span.clone()),
+        log_stderr(
+            LineReader::new(stderr),
+            server.clone(),
+            tail.clone(),
+            secrets,
+            exited.clone(),
+        )
+        .instrument(span.clone()),
     );
     let (exit_tx, exit_rx) = oneshot::channel();
     let group = pid.and_then(|p| libc::pid_t::try_from(p).ok());
@@ -80,6 +88,7 @@ pub fn spawn(
         if let Some(g) = group {
             live_groups().remove(&g);
         }
+        exited.cancel();
         let _ = exit_tx.send(status);
     });
     let pipe = Pipe {
@@ -95,6 +104,11 @@ pub fn spawn(
         .with_pid(pid)
         .with_stderr(tail))
 }
+
+/// How long a child's stderr is still read after it exited: what it wrote before is in
+/// the pipe already; what comes later is a process it left behind, which may hold the
+/// pipe open for ever (its descriptor would never be closed).
+const STDERR_AFTER_EXIT: Duration = Duration::from_secs(1);
 
 /// How many of a child's last stderr lines are kept, to say why it failed.
 const TAIL_LINES: usize = 5;
@@ -227,7 +241,13 @@ async fn read_lines<R: AsyncRead + Unpin>(
     max: usize,
 ) {
     loop {
-        let line = match reader.next(max).await {
+        // Once nobody takes its lines (the child exited and its pipe's owner is done),
+        // stdout is let go of, though a process the child left behind holds it open.
+        let next = tokio::select! {
+            next = reader.next(max) => next,
+            () = tx.closed() => return,
+        };
+        let line = match next {
             Ok(Next::Eof) => return,
             Ok(Next::TooLong(n, prefix)) => {
                 warn!(bytes = n, max, "skipping an over-long stdout line");
@@ -491,21 +511,27 @@ async fn log_stderr<R: AsyncRead + Unpin>(
     server: Arc<str>,
     tail: Arc<StderrTail>,
     secrets: Vec<String>,
+    exited: tokio_util::sync::CancellationToken,
 ) {
     let budget = budget_of(&server);
     let mut dropped: u64 = 0;
     let report = tokio::time::sleep(STDERR_REPORT);
     tokio::pin!(report);
+    let after_exit = async {
+        exited.cancelled().await;
+        tokio::time::sleep(STDERR_AFTER_EXIT).await;
+    };
+    tokio::pin!(after_exit);
     loop {
-        let next = if dropped == 0 {
-            reader.next(STDERR_LINE_MAX).await
-        } else {
-            tokio::select! {
-                next = reader.next(STDERR_LINE_MAX) => next,
-                _ = &mut report => {
-                    suppressed(&mut dropped);
-                    continue;
-                }
+        let next = tokio::select! {
+            next = reader.next(STDERR_LINE_MAX) => next,
+            _ = &mut report, if dropped > 0 => {
+                suppressed(&mut dropped);
+                continue;
+            }
+            () = &mut after_exit => {
+                debug!("stderr still open after the server exited (a process it started holds it); no longer read");
+                break;
             }
         };
         let line = match next {

@@ -170,3 +170,59 @@ async fn idle_connections_leave_descriptors_for_restarting_a_child() {
         c.abort();
     }
 }
+
+/// Open file descriptors of process `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// A server that first leaves behind a process of its own, in a session of its own (out
+/// of reach of the gateway's kill of its process group), holding its stdin, stdout and
+/// stderr, silent; then becomes the mock. The leftover lives 30 s, marked by `mark`.
+fn leaves_a_process_behind(name: &str, mark: &str) -> String {
+    let script = format!(
+        "import os, sys, time\n\
+         if os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n    os._exit(0)\n\
+         os.execvp('python3', ['python3', 'tests/fixtures/mock_server.py', '--name', '{name}'])\n"
+    );
+    format!(
+        "[servers.m]\ncommand = \"python3\"\nargs = [\"-c\", {script:?}, \"{mark}\"]\ncwd = {:?}\n",
+        repo().display().to_string()
+    )
+}
+
+/// A server that exits, leaving behind a process that holds its pipes open, costs the
+/// gateway nothing once it has been started again: its stdout and stderr are let go of
+/// (they never reach end of file while that process lives), restart after restart.
+#[tokio::test]
+async fn a_restarted_server_whose_leftover_process_holds_its_pipes_leaks_no_descriptors() {
+    let mark = unique("leftover");
+    let gw = Gateway::start(&leaves_a_process_behind(&unique("exhaust"), &mark));
+    let pid = gw.child.id();
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("m__echo", json!({"text": "hi"})).await), "hi");
+    let before = fds(pid);
+    let mut child = gw.server_status("m").await["pid"].as_i64().unwrap();
+    for round in 0..2 {
+        let r = s.call("m__crash", json!({})).await;
+        assert!(r.to_string().contains("exited"), "{r}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = gw.server_status("m").await;
+            if st["state"] == "ready" && st["pid"].as_i64().is_some_and(|p| p != child) {
+                child = st["pid"].as_i64().unwrap();
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "round {round}: {st}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let settled = until(T, || fds(pid) <= before).await;
+    let after = fds(pid);
+    for p in pids_matching(&mark) {
+        // SAFETY: kill(2) on a leftover process this test's server started.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(settled, "{before} descriptors before two restarts, {after} after");
+    assert_eq!(text(&s.call("m__echo", json!({"text": "back"})).await), "back");
+}
