@@ -226,3 +226,46 @@ async fn a_restarted_server_whose_leftover_process_holds_its_pipes_leaks_no_desc
     assert!(settled, "{before} descriptors before two restarts, {after} after");
     assert_eq!(text(&s.call("m__echo", json!({"text": "back"})).await), "back");
 }
+
+/// A server that answers a call with a line that never ends: the call fails as soon as
+/// the line is over `gateway.max_line`, naming the server and the limit, not after the
+/// call's timeout (the end of the line, which the gateway waited for, never comes).
+#[tokio::test]
+async fn a_line_that_never_ends_fails_its_call_once_over_max_line() {
+    let script = r#"
+import json, sys
+out = sys.stdout.buffer
+def send(m):
+    out.write(json.dumps(m).encode() + b"\n"); out.flush()
+for line in sys.stdin.buffer:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    if m["method"] == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": "2025-11-25",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "endless", "version": "1"}}})
+    elif m["method"] == "tools/list":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"tools": [{"name": "endless",
+              "inputSchema": {"type": "object"}}]}})
+    elif m["method"] == "tools/call":
+        out.write(b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"' % json.dumps(m["id"]).encode())
+        while True:
+            out.write(b"x" * 65536)
+    else:
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {}})
+"#;
+    let gw = Gateway::start(&format!(
+        "[gateway]\nmax_line = \"1MiB\"\n\n[servers.e]\ncommand = \"python3\"\nargs = [\"-c\", {script:?}]\ntimeout = \"30s\"\n"
+    ));
+    let s = gw.session().await;
+    let t = std::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(15), s.call("e__endless", json!({})))
+        .await
+        .expect("the call was not failed while the line went on");
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        msg.contains("'e'") && msg.contains("gateway.max_line") && msg.contains(&(1u64 << 20).to_string()),
+        "{r}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "failed after {:?}", t.elapsed());
+}
