@@ -15,7 +15,7 @@
 
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -40,14 +40,16 @@ pub struct Budget {
     /// Events kept, all sessions together.
     events: AtomicUsize,
     limit: usize,
+    /// The next event's number: a session's events are numbered in the order it keeps them.
+    next: AtomicU64,
     order: Mutex<Order>,
 }
 
-/// Every event kept, oldest first, as its number and its session's events; an entry
-/// whose event its session dropped already (its own bounds, its end) is skipped.
+/// Every event kept, about oldest first (each is added just after its session keeps
+/// it), as its number and its session's events; an entry whose event its session dropped
+/// already (its own bounds, its end) is skipped.
 #[derive(Default)]
 struct Order {
-    next: u64,
     kept: VecDeque<(u64, Weak<Mutex<Inner>>)>,
 }
 
@@ -57,6 +59,7 @@ impl Budget {
             used: AtomicUsize::new(0),
             events: AtomicUsize::new(0),
             limit,
+            next: AtomicU64::new(0),
             order: Mutex::default(),
         }
     }
@@ -85,7 +88,7 @@ impl Budget {
                 break;
             };
             if let Some(events) = events.upgrade() {
-                crate::sync::lock(&events).drop_oldest_if(n, self);
+                crate::sync::lock(&events).drop_oldest_since(n, self);
             }
         }
         if order.kept.len() > 2 * self.events.load(Ordering::Relaxed) + 1024 {
@@ -328,38 +331,40 @@ impl Replay {
     /// Frames `json` as the next event of `stream`, keeps it, and sends it on the stream's
     /// live connection, if any. Returns the frame.
     pub fn record(&self, stream: u64, json: &[u8]) -> Bytes {
-        // The order first, then the session's events: as the budget sheds.
-        let mut order = crate::sync::lock(&self.budget.order);
-        let mut inner = self.lock();
-        let now = Instant::now();
-        let Some(s) = inner.streams.get_mut(&stream) else {
-            return Bytes::new();
-        };
-        s.last += 1;
-        s.kept += 1;
-        let (seq, get) = (s.last, s.get);
-        let id = self.id(stream, seq, get);
-        let frame = Bytes::from(message_event(Some(&id), json));
-        if let Some(tx) = &s.live {
-            if tx.try_send(frame.clone()).is_err() {
-                // Gone, or too far behind: it resumes from its last id.
-                s.live = None;
+        let (frame, n) = {
+            let mut inner = self.lock();
+            let now = Instant::now();
+            let Some(s) = inner.streams.get_mut(&stream) else {
+                return Bytes::new();
+            };
+            s.last += 1;
+            s.kept += 1;
+            let (seq, get) = (s.last, s.get);
+            let id = self.id(stream, seq, get);
+            let frame = Bytes::from(message_event(Some(&id), json));
+            if let Some(tx) = &s.live {
+                if tx.try_send(frame.clone()).is_err() {
+                    // Gone, or too far behind: it resumes from its last id.
+                    s.live = None;
+                }
             }
-        }
-        order.next += 1;
-        let n = order.next;
+            let n = self.budget.next.fetch_add(1, Ordering::Relaxed);
+            inner.bytes += frame.len();
+            self.budget.add(frame.len());
+            inner.kept.push_back(Kept {
+                n,
+                stream,
+                seq,
+                at: now,
+                frame: frame.clone(),
+            });
+            inner.evict(now, &self.budget);
+            (frame, n)
+        };
+        // The order after the session's events, never while holding them: as the budget
+        // sheds.
+        let mut order = crate::sync::lock(&self.budget.order);
         order.kept.push_back((n, Arc::downgrade(&self.inner)));
-        inner.bytes += frame.len();
-        self.budget.add(frame.len());
-        inner.kept.push_back(Kept {
-            n,
-            stream,
-            seq,
-            at: now,
-            frame: frame.clone(),
-        });
-        inner.evict(now, &self.budget);
-        drop(inner);
         self.budget.shed(&mut order);
         frame
     }
@@ -427,9 +432,10 @@ impl Inner {
         }
     }
 
-    /// Drops the oldest event if it is event `n` of all sessions' (see [`Budget::shed`]).
-    fn drop_oldest_if(&mut self, n: u64, total: &Budget) {
-        if self.kept.front().is_some_and(|k| k.n == n) {
+    /// Drops the oldest event if event `n` of all sessions' is still kept here, or one
+    /// before it (see [`Budget::shed`]); else event `n` went already, and nothing does.
+    fn drop_oldest_since(&mut self, n: u64, total: &Budget) {
+        if self.kept.front().is_some_and(|k| k.n <= n) {
             self.drop_oldest(total);
         }
     }
