@@ -191,6 +191,42 @@ fn epoll_fds() -> Vec<(u64, i32)> {
         .collect()
 }
 
+/// Raises this process's soft limit on open files (`RLIMIT_NOFILE`) to `want`, or to
+/// its hard limit if that is lower, never lowering it; returns the soft limit then in
+/// force (`None` if it cannot be read, or off Linux). Children inherit it.
+pub fn raise_open_files(want: u64) -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit(2) writes one rlimit into `lim`, which is valid and writable.
+        #[allow(unsafe_code)]
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return None;
+        }
+        let target = want.min(lim.rlim_max);
+        if target > lim.rlim_cur {
+            let raised = libc::rlimit {
+                rlim_cur: target,
+                rlim_max: lim.rlim_max,
+            };
+            // SAFETY: setrlimit(2) reads one valid rlimit; only the soft limit changes.
+            #[allow(unsafe_code)]
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                return Some(target);
+            }
+        }
+        Some(lim.rlim_cur)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = want;
+        None
+    }
+}
+
 /// The CPU quota this process runs under, in CPUs, and the file that sets it: the
 /// tightest `cpu.max` (cgroup v2) or `cpu.cfs_quota_us` (v1) of its cgroup and the ones
 /// above it that this process can see; `None` without one (or off Linux).

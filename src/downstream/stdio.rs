@@ -63,8 +63,16 @@ pub fn spawn(
     crate::background::spawn(reader.instrument(span.clone()));
     let tail = Arc::new(StderrTail::default());
     let secrets = secret_values(spec);
+    let exited = tokio_util::sync::CancellationToken::new();
     crate::background::spawn(
-        log_stderr(LineReader::new(stderr), server.clone(), tail.clone(), secrets).instrument(span.clone()),
+        log_stderr(
+            LineReader::new(stderr),
+            server.clone(),
+            tail.clone(),
+            secrets,
+            exited.clone(),
+        )
+        .instrument(span.clone()),
     );
     let (exit_tx, exit_rx) = oneshot::channel();
     let group = pid.and_then(|p| libc::pid_t::try_from(p).ok());
@@ -80,6 +88,7 @@ pub fn spawn(
         if let Some(g) = group {
             live_groups().remove(&g);
         }
+        exited.cancel();
         let _ = exit_tx.send(status);
     });
     let pipe = Pipe {
@@ -95,6 +104,11 @@ pub fn spawn(
         .with_pid(pid)
         .with_stderr(tail))
 }
+
+/// How long a child's stderr is still read after it exited: what it wrote before is in
+/// the pipe already; what comes later is a process it left behind, which may hold the
+/// pipe open for ever (its descriptor would never be closed).
+const STDERR_AFTER_EXIT: Duration = Duration::from_secs(1);
 
 /// How many of a child's last stderr lines are kept, to say why it failed.
 const TAIL_LINES: usize = 5;
@@ -227,7 +241,13 @@ async fn read_lines<R: AsyncRead + Unpin>(
     max: usize,
 ) {
     loop {
-        let line = match reader.next(max).await {
+        // Once nobody takes its lines (the child exited and its pipe's owner is done),
+        // stdout is let go of, though a process the child left behind holds it open.
+        let next = tokio::select! {
+            next = reader.next(max) => next,
+            () = tx.closed() => return,
+        };
+        let line = match next {
             Ok(Next::Eof) => return,
             Ok(Next::TooLong(n, prefix)) => {
                 warn!(bytes = n, max, "skipping an over-long stdout line");
@@ -262,7 +282,9 @@ const READ_MAX: usize = 8 << 20;
 /// What [`LineReader::next`] found.
 pub(crate) enum Next {
     Line(Bytes),
-    /// A line over the limit, consumed: its length and its first bytes.
+    /// A line over the limit: its length so far and its first bytes. Reported once, as
+    /// soon as it is over (a line that never ends is reported all the same); the rest
+    /// of it is skipped.
     TooLong(usize, Vec<u8>),
     Eof,
 }
@@ -284,6 +306,8 @@ pub(crate) struct LineReader<R> {
     in_parts: usize,
     /// Over the limit: the line's first bytes and its length so far; nothing else is kept.
     over: Option<(Vec<u8>, usize)>,
+    /// The line over the limit was reported already: its end is skipped, not reported.
+    reported: bool,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
@@ -295,11 +319,13 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             parts: Vec::new(),
             in_parts: 0,
             over: None,
+            reported: false,
         }
     }
 
-    /// The next line of at most `max` bytes. A longer one is consumed and reported, so
-    /// the stream stays in step. Cancel-safe: what was read stays in the reader.
+    /// The next line of at most `max` bytes. A longer one is reported once it is over
+    /// the limit, and consumed, so the stream stays in step. Cancel-safe: what was read
+    /// stays in the reader.
     pub(crate) async fn next(&mut self, max: usize) -> io::Result<Next> {
         loop {
             if let Some(i) = memchr(&self.cur[self.scanned..]) {
@@ -314,7 +340,10 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     rest.extend_from_slice(&self.cur);
                     self.cur = rest;
                 }
-                return Ok(self.finish(tail, max));
+                match self.finish(tail, max) {
+                    Some(next) => return Ok(next),
+                    None => continue,
+                }
             }
             self.scanned = self.cur.len();
             if self.cur.capacity() - self.cur.len() < READ / 4 {
@@ -324,6 +353,12 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     let full = self.cur.split().freeze();
                     self.scanned = 0;
                     self.keep(full, max);
+                    if let (Some((prefix, n)), false) = (&self.over, self.reported) {
+                        // Over the limit with no end in sight: said now, not at its end,
+                        // which may be far off or never come.
+                        self.reported = true;
+                        return Ok(Next::TooLong(*n, prefix.clone()));
+                    }
                     let size = (self.in_parts + self.over.as_ref().map_or(0, |o| o.1)).clamp(READ, READ_MAX);
                     self.cur.reserve(size);
                 } else {
@@ -338,7 +373,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 if tail.is_empty() && self.parts.is_empty() && self.over.is_none() {
                     return Ok(Next::Eof);
                 }
-                return Ok(self.finish(tail, max));
+                if let Some(next) = self.finish(tail, max) {
+                    return Ok(next);
+                }
             }
         }
     }
@@ -365,12 +402,14 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
     }
 
-    /// The line whose last piece is `tail`.
-    fn finish(&mut self, tail: BytesMut, max: usize) -> Next {
+    /// The line whose last piece is `tail`; `None` for the end of one over the limit
+    /// that was reported already.
+    fn finish(&mut self, tail: BytesMut, max: usize) -> Option<Next> {
         let tail = tail.freeze();
         self.keep(tail, max);
         let line = match self.over.take() {
-            Some((prefix, n)) => return Next::TooLong(n, prefix),
+            Some(_) if std::mem::take(&mut self.reported) => return None,
+            Some((prefix, n)) => return Some(Next::TooLong(n, prefix)),
             None if self.parts.len() == 1 => self.parts.pop().unwrap_or_default(),
             None => {
                 // The one copy of a long line: its buffers joined.
@@ -383,10 +422,10 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         };
         self.parts.clear();
         self.in_parts = 0;
-        Next::Line(match line.last() {
+        Some(Next::Line(match line.last() {
             Some(b'\r') => line.slice(..line.len() - 1),
             _ => line,
-        })
+        }))
     }
 }
 
@@ -404,7 +443,7 @@ fn too_long_answer(prefix: &[u8], server: &str, bytes: usize, max: usize) -> Opt
         return None;
     }
     let message = format!(
-        "server '{server}' sent a message of {bytes} bytes, over the gateway's limit of {max} (gateway.max_line)"
+        "server '{server}' sent a message of more than {max} bytes, the gateway's limit (gateway.max_line; {bytes} bytes read when it was refused)"
     );
     // The server's fault, with no `data` (its answer stands in for the server's own).
     let error = Error {
@@ -491,21 +530,27 @@ async fn log_stderr<R: AsyncRead + Unpin>(
     server: Arc<str>,
     tail: Arc<StderrTail>,
     secrets: Vec<String>,
+    exited: tokio_util::sync::CancellationToken,
 ) {
     let budget = budget_of(&server);
     let mut dropped: u64 = 0;
     let report = tokio::time::sleep(STDERR_REPORT);
     tokio::pin!(report);
+    let after_exit = async {
+        exited.cancelled().await;
+        tokio::time::sleep(STDERR_AFTER_EXIT).await;
+    };
+    tokio::pin!(after_exit);
     loop {
-        let next = if dropped == 0 {
-            reader.next(STDERR_LINE_MAX).await
-        } else {
-            tokio::select! {
-                next = reader.next(STDERR_LINE_MAX) => next,
-                _ = &mut report => {
-                    suppressed(&mut dropped);
-                    continue;
-                }
+        let next = tokio::select! {
+            next = reader.next(STDERR_LINE_MAX) => next,
+            _ = &mut report, if dropped > 0 => {
+                suppressed(&mut dropped);
+                continue;
+            }
+            () = &mut after_exit => {
+                debug!("stderr still open after the server exited (a process it started holds it); no longer read");
+                break;
             }
         };
         let line = match next {
@@ -525,7 +570,7 @@ async fn log_stderr<R: AsyncRead + Unpin>(
         let line = match line {
             Ok(line) => line,
             Err(n) => {
-                info!(target: "downstream::stderr", "({n} byte stderr line skipped)");
+                info!(target: "downstream::stderr", "(a stderr line of more than {STDERR_LINE_MAX} bytes skipped; {n} read)");
                 continue;
             }
         };
@@ -662,11 +707,32 @@ mod tests {
         let data = format!("{{\"id\":7,\"result\":\"{long}\"}}\nafter\n");
         let got = lines(data.as_bytes(), 64 << 10, READ).await;
         assert_eq!(got.len(), 2);
-        assert!(
-            got[0].starts_with(&format!("too long {} {{\"id\":7,", long.len() + 20)),
-            "{}",
-            &got[0][..40]
+        let (n, prefix) = got[0]
+            .strip_prefix("too long ")
+            .and_then(|r| r.split_once(' '))
+            .unwrap();
+        assert!(n.parse::<usize>().unwrap() > READ, "{n}");
+        assert!(prefix.starts_with("{\"id\":7,"), "{}", &prefix[..40]);
+        assert_eq!(got[1], "after");
+    }
+
+    #[tokio::test]
+    async fn a_line_over_the_limit_is_reported_before_it_ends_and_once() {
+        // Ten times the limit before its end: said when it is over, not at its end.
+        let data = format!("{{\"id\":7,\"x\":\"{}\"}}\nafter\n", "x".repeat(10 * READ));
+        let got = lines(data.as_bytes(), 64 << 10, READ).await;
+        assert_eq!(
+            got.len(),
+            2,
+            "{:?}",
+            got.iter().map(|l| &l[..l.len().min(40)]).collect::<Vec<_>>()
         );
+        let n: usize = got[0]
+            .strip_prefix("too long ")
+            .and_then(|r| r.split_once(' '))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap();
+        assert!(n > READ && n < 5 * READ, "reported after {n} bytes");
         assert_eq!(got[1], "after");
     }
 }

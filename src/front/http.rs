@@ -97,6 +97,8 @@ pub struct Shared {
     base: Arc<str>,
     /// Cluster mode: this process's part of SSE event ids (see [`crate::front::replay`]).
     origin: Option<Arc<str>>,
+    /// What all sessions' replays keep, together (see [`crate::front::replay`]).
+    replay_budget: Arc<crate::front::replay::Budget>,
 }
 
 impl Http {
@@ -124,6 +126,9 @@ impl Http {
             path,
             base,
             origin,
+            replay_budget: Arc::new(crate::front::replay::Budget::new(
+                crate::front::replay::REPLAY_TOTAL_BYTES,
+            )),
         }));
         // Cluster mode: a Redis back from an outage, or a bus listened to again (notes sent
         // meanwhile are lost), gets this replica's sessions again, and the ends it missed.
@@ -366,6 +371,28 @@ fn json_response(body: impl Into<Body>) -> Response {
 /// the accept loop waits for one to close, and new ones queue in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 16_384;
 
+/// How many client connections may be open at once: [`MAX_CONNECTIONS`], or half the
+/// open-file limit if that is less (the limit is first raised, up to twice
+/// `MAX_CONNECTIONS`, if the hard limit allows). The other half is for what the gateway
+/// itself opens: a restarted child's pipes, a remote server's connections, a log file.
+/// Without it, clients that only hold connections open (idle keep-alives, say) take
+/// every descriptor, and a child that exits cannot be started again (EMFILE).
+fn connection_slots() -> usize {
+    let want = 2 * MAX_CONNECTIONS as u64;
+    match crate::runtime::raise_open_files(want) {
+        Some(limit) if limit < want => {
+            let slots = usize::try_from(limit / 2).unwrap_or(MAX_CONNECTIONS).max(1);
+            tracing::info!(
+                open_files = limit,
+                connections = slots,
+                "client connections at most half the open-file limit (ulimit -n), so the gateway keeps descriptors for its servers"
+            );
+            slots
+        }
+        _ => MAX_CONNECTIONS,
+    }
+}
+
 /// Accepts connections and serves the gateway on each (HTTP/1.1, keep-alive,
 /// `TCP_NODELAY`) until `stop` turns true; then stops accepting, lets requests in flight
 /// finish, and returns once every connection has closed. A client gets `header_timeout`
@@ -387,7 +414,8 @@ pub async fn serve(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let max_connections = connection_slots();
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let conns = Connections {
         app: app(http.clone()),
         http,
@@ -395,13 +423,13 @@ pub async fn serve(
         keep_alive,
         slots: timed::Slots {
             free: slots.clone(),
-            total: MAX_CONNECTIONS,
+            total: max_connections,
         },
         stop: stop.clone(),
         open,
     };
     loop {
-        // A slot before each accept: past MAX_CONNECTIONS new connections wait in the
+        // A slot before each accept: past max_connections new connections wait in the
         // kernel's backlog until one closes.
         let slot = tokio::select! {
             slot = slots.clone().acquire_owned() => match slot {

@@ -15,7 +15,8 @@
 
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -25,15 +26,102 @@ pub const REPLAY_EVENTS: usize = 1000;
 pub const REPLAY_AGE: Duration = Duration::from_secs(300);
 /// …and at most this many bytes together (a few large answers do not pin memory).
 pub const REPLAY_BYTES: usize = 16 << 20;
+/// Every session's kept events together, at most: without it, a client with many
+/// sessions (up to `gateway.max_sessions_per_client`) pins `REPLAY_BYTES` in each. Past
+/// it the oldest events go, whichever session's.
+pub const REPLAY_TOTAL_BYTES: usize = 256 << 20;
 /// The `retry` field of priming events: how long a client waits before it reconnects.
 pub const RETRY_MS: u64 = 1000;
 
-/// The events of one session's SSE streams, for replay.
+/// The bytes all sessions' [`Replay`]s keep, against a limit ([`REPLAY_TOTAL_BYTES`]),
+/// and the order they were kept in, so the oldest go first.
+pub struct Budget {
+    used: AtomicUsize,
+    /// Events kept, all sessions together.
+    events: AtomicUsize,
+    limit: usize,
+    /// The next event's number: a session's events are numbered in the order it keeps them.
+    next: AtomicU64,
+    order: Mutex<Order>,
+}
+
+/// Every event kept, about oldest first (each is added just after its session keeps
+/// it), as its number and its session's events; an entry whose event its session dropped
+/// already (its own bounds, its end) is skipped.
 #[derive(Default)]
+struct Order {
+    kept: VecDeque<(u64, Weak<Mutex<Inner>>)>,
+}
+
+impl Budget {
+    pub fn new(limit: usize) -> Budget {
+        Budget {
+            used: AtomicUsize::new(0),
+            events: AtomicUsize::new(0),
+            limit,
+            next: AtomicU64::new(0),
+            order: Mutex::default(),
+        }
+    }
+
+    /// The bytes kept now, all sessions together.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, bytes: usize) {
+        self.used.fetch_add(bytes, Ordering::Relaxed);
+        self.events.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn sub(&self, bytes: usize, events: usize) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+        self.events.fetch_sub(events, Ordering::Relaxed);
+    }
+
+    /// Drops the oldest events, whichever session's, until the kept bytes are within the
+    /// limit; then, if entries of events already gone outnumber the kept ones, forgets
+    /// them. Called with `order` locked, and no session's events.
+    fn shed(&self, order: &mut Order) {
+        while self.used() > self.limit {
+            let Some((n, events)) = order.kept.pop_front() else {
+                break;
+            };
+            if let Some(events) = events.upgrade() {
+                crate::sync::lock(&events).drop_oldest_since(n, self);
+            }
+        }
+        if order.kept.len() > 2 * self.events.load(Ordering::Relaxed) + 1024 {
+            order.kept.retain(|(n, events)| {
+                events
+                    .upgrade()
+                    .is_some_and(|e| crate::sync::lock(&e).kept.front().is_some_and(|k| k.n <= *n))
+            });
+        }
+    }
+}
+
+/// The events of one session's SSE streams, for replay.
 pub struct Replay {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
     /// This process's part of the ids, in cluster mode (see the module's doc).
     origin: Option<Arc<str>>,
+    /// Shared by every session's replay.
+    budget: Arc<Budget>,
+}
+
+impl Default for Replay {
+    /// A replay with a budget of its own (tests).
+    fn default() -> Replay {
+        Replay::new(None, Arc::new(Budget::new(REPLAY_TOTAL_BYTES)))
+    }
+}
+
+impl Drop for Replay {
+    fn drop(&mut self) {
+        let inner = self.lock();
+        self.budget.sub(inner.bytes, inner.kept.len());
+    }
 }
 
 #[derive(Default)]
@@ -60,6 +148,8 @@ struct Stream {
 }
 
 struct Kept {
+    /// Its place in the order of all sessions' events ([`Budget`]).
+    n: u64,
     stream: u64,
     seq: u64,
     at: Instant,
@@ -170,12 +260,20 @@ pub fn message_event(id: Option<&str>, json: &[u8]) -> Vec<u8> {
 }
 
 impl Replay {
-    /// The replay of a session; its ids carry `origin` (cluster mode).
-    pub fn new(origin: Option<Arc<str>>) -> Replay {
+    /// The replay of a session; its ids carry `origin` (cluster mode); what it keeps
+    /// counts against `budget`, shared by all sessions.
+    pub fn new(origin: Option<Arc<str>>, budget: Arc<Budget>) -> Replay {
         Replay {
+            inner: Arc::default(),
             origin,
-            ..Replay::default()
+            budget,
         }
+    }
+
+    /// Drops the events past the bounds now (the janitor's round: a session that records
+    /// nothing more still lets go of its old events).
+    pub fn trim(&self) {
+        self.lock().evict(Instant::now(), &self.budget);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -233,30 +331,41 @@ impl Replay {
     /// Frames `json` as the next event of `stream`, keeps it, and sends it on the stream's
     /// live connection, if any. Returns the frame.
     pub fn record(&self, stream: u64, json: &[u8]) -> Bytes {
-        let mut inner = self.lock();
-        let now = Instant::now();
-        let Some(s) = inner.streams.get_mut(&stream) else {
-            return Bytes::new();
-        };
-        s.last += 1;
-        s.kept += 1;
-        let (seq, get) = (s.last, s.get);
-        let id = self.id(stream, seq, get);
-        let frame = Bytes::from(message_event(Some(&id), json));
-        if let Some(tx) = &s.live {
-            if tx.try_send(frame.clone()).is_err() {
-                // Gone, or too far behind: it resumes from its last id.
-                s.live = None;
+        let (frame, n) = {
+            let mut inner = self.lock();
+            let now = Instant::now();
+            let Some(s) = inner.streams.get_mut(&stream) else {
+                return Bytes::new();
+            };
+            s.last += 1;
+            s.kept += 1;
+            let (seq, get) = (s.last, s.get);
+            let id = self.id(stream, seq, get);
+            let frame = Bytes::from(message_event(Some(&id), json));
+            if let Some(tx) = &s.live {
+                if tx.try_send(frame.clone()).is_err() {
+                    // Gone, or too far behind: it resumes from its last id.
+                    s.live = None;
+                }
             }
-        }
-        inner.bytes += frame.len();
-        inner.kept.push_back(Kept {
-            stream,
-            seq,
-            at: now,
-            frame: frame.clone(),
-        });
-        inner.evict(now);
+            let n = self.budget.next.fetch_add(1, Ordering::Relaxed);
+            inner.bytes += frame.len();
+            self.budget.add(frame.len());
+            inner.kept.push_back(Kept {
+                n,
+                stream,
+                seq,
+                at: now,
+                frame: frame.clone(),
+            });
+            inner.evict(now, &self.budget);
+            (frame, n)
+        };
+        // The order after the session's events, never while holding them: as the budget
+        // sheds.
+        let mut order = crate::sync::lock(&self.budget.order);
+        order.kept.push_back((n, Arc::downgrade(&self.inner)));
+        self.budget.shed(&mut order);
         frame
     }
 
@@ -277,7 +386,7 @@ impl Replay {
     /// new connection from now on (an earlier connection still reading it ends).
     pub fn resume(&self, stream: u64, after: u64) -> Result<Resumed, Refused> {
         let mut inner = self.lock();
-        inner.evict(Instant::now());
+        inner.evict(Instant::now(), &self.budget);
         let s = inner.streams.get(&stream).ok_or(Refused::Gone)?;
         if after < s.gone || after > s.last {
             return Err(Refused::Gone);
@@ -311,21 +420,35 @@ impl Replay {
 }
 
 impl Inner {
-    /// Drops the oldest events past the bounds, and streams that ended with nothing kept.
-    fn evict(&mut self, now: Instant) {
+    /// Drops the oldest events past this session's bounds, and streams that ended with
+    /// nothing kept.
+    fn evict(&mut self, now: Instant, total: &Budget) {
         while let Some(k) = self.kept.front() {
             let old = now.duration_since(k.at) > REPLAY_AGE;
             if !old && self.kept.len() <= REPLAY_EVENTS && self.bytes <= REPLAY_BYTES {
                 break;
             }
-            let Some(k) = self.kept.pop_front() else { break };
-            self.bytes -= k.frame.len();
-            if let Some(s) = self.streams.get_mut(&k.stream) {
-                s.gone = k.seq;
-                s.kept -= 1;
-                if s.kept == 0 && s.done {
-                    self.streams.remove(&k.stream);
-                }
+            self.drop_oldest(total);
+        }
+    }
+
+    /// Drops the oldest event if event `n` of all sessions' is still kept here, or one
+    /// before it (see [`Budget::shed`]); else event `n` went already, and nothing does.
+    fn drop_oldest_since(&mut self, n: u64, total: &Budget) {
+        if self.kept.front().is_some_and(|k| k.n <= n) {
+            self.drop_oldest(total);
+        }
+    }
+
+    fn drop_oldest(&mut self, total: &Budget) {
+        let Some(k) = self.kept.pop_front() else { return };
+        self.bytes -= k.frame.len();
+        total.sub(k.frame.len(), 1);
+        if let Some(s) = self.streams.get_mut(&k.stream) {
+            s.gone = k.seq;
+            s.kept -= 1;
+            if s.kept == 0 && s.done {
+                self.streams.remove(&k.stream);
             }
         }
     }
@@ -386,7 +509,7 @@ mod tests {
 
     #[test]
     fn cluster_ids_name_their_process_and_the_kind_of_their_stream() {
-        let r = Replay::new(Some("0a1b2c3d".into()));
+        let r = Replay::new(Some("0a1b2c3d".into()), Arc::new(Budget::new(REPLAY_TOTAL_BYTES)));
         let (a, _rx) = r.open_post();
         let b = r.open_get();
         assert!(r
@@ -428,5 +551,28 @@ mod tests {
         };
         assert_eq!(frames.len(), 5);
         assert!(live.is_none(), "an answered stream has nothing live");
+    }
+
+    #[test]
+    fn sessions_share_one_byte_budget_and_give_it_back() {
+        let budget = Arc::new(Budget::new(1000));
+        let (r1, r2) = (Replay::new(None, budget.clone()), Replay::new(None, budget.clone()));
+        let (a, _ra) = r1.open_post();
+        let (b, _rb) = r2.open_post();
+        let event = [b'x'; 300];
+        for _ in 0..3 {
+            r1.record(a, &event);
+        }
+        assert!(budget.used() <= 1000, "{}", budget.used());
+        // Over the budget, the oldest events go, whichever session's.
+        r2.record(b, &event);
+        r2.record(b, &event);
+        assert!(budget.used() <= 1000, "{}", budget.used());
+        assert!(matches!(r1.resume(a, 0), Err(Refused::Gone)), "r1's first event went");
+        assert!(matches!(r1.resume(a, 2), Ok(Resumed::Post { .. })));
+        assert!(matches!(r2.resume(b, 0), Ok(Resumed::Post { .. })), "r2's are kept");
+        drop(r1);
+        drop(r2);
+        assert_eq!(budget.used(), 0);
     }
 }

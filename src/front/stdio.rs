@@ -113,7 +113,7 @@ pub async fn serve<R, W>(
             Ok(Next::Eof) => break,
             Ok(Next::TooLong(n, _)) => {
                 let err = Error::invalid_request(format!(
-                    "message of {n} bytes is over the {max_line} byte limit (gateway.max_line)"
+                    "message of more than {max_line} bytes is over the limit (gateway.max_line; {n} bytes read when it was refused)"
                 ));
                 let _ = out_tx.send(refuse(&Id::NULL, err)).await;
                 continue;

@@ -26,6 +26,7 @@ mod core_stdio;
 mod deploy;
 mod docs;
 mod drain;
+mod exhaustion;
 mod hardening;
 mod hostile_http;
 mod hostile_message;

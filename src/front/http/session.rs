@@ -80,7 +80,7 @@ impl Session {
     /// Its replay, made on first use with `http`'s id origin.
     pub(super) fn replay(&self, http: &Http) -> Arc<Replay> {
         self.replay
-            .get_or_init(|| Arc::new(Replay::new(http.origin.clone())))
+            .get_or_init(|| Arc::new(Replay::new(http.origin.clone(), http.replay_budget.clone())))
             .clone()
     }
 }
@@ -118,6 +118,12 @@ impl Http {
 
     /// Ends sessions idle for longer than `gateway.session_idle`; run periodically.
     pub fn expire_idle(&self) {
+        // Events past their age go from every session, recording or not.
+        for s in self.sessions.iter() {
+            if let Some(replay) = s.replay.get() {
+                replay.trim();
+            }
+        }
         let now = self.now_ms();
         let idle = u64::try_from(self.gw.config().gateway.session_idle.as_millis()).unwrap_or(u64::MAX);
         let expired: Vec<String> = self

@@ -91,7 +91,13 @@ impl Gateway {
     /// the port with a [`ReservedPort`] meanwhile, so nothing else takes it (the gateway
     /// binds it with `SO_REUSEADDR`, which a bound socket that does not listen allows).
     pub fn start_listening(config: &str, listen: &str, env: &[(&str, &str)]) -> Gateway {
-        let (dir, mut cmd) = gateway_command(config, &["serve", "--listen", listen], env);
+        let (dir, cmd) = gateway_command(config, &["serve", "--listen", listen], env);
+        Self::spawn(dir, cmd)
+    }
+
+    /// Starts `cmd` (from [`gateway_command`], with `dir` its guard, a `serve` that may
+    /// be changed first) and waits until it listens.
+    pub fn spawn(dir: tempfile::TempDir, mut cmd: Command) -> Gateway {
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn gateway");
         let stderr = child.stderr.take().expect("stderr");

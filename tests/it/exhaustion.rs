@@ -1,0 +1,271 @@
+//! Resource exhaustion: what many sessions, many connections and misbehaving children
+//! can make the gateway hold. Each test runs the real binary on loopback with real
+//! children, and bounds what it measures generously (RSS, open files).
+
+use crate::common::*;
+use serde_json::json;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Resident memory (KiB) of process `pid`.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Forty sessions each read a 12 MB answer sent as SSE (a progress notification comes
+/// first), which the gateway keeps so a broken connection can resume it. Kept per
+/// session (at most 16 MiB each), one client's many sessions would pin 40 × 12 MB; all
+/// sessions together keep at most the replay budget (256 MiB).
+#[tokio::test]
+async fn answers_kept_for_resuming_share_one_budget_across_sessions() {
+    const SESSIONS: usize = 40;
+    const BYTES: usize = 12_000_000;
+    let gw = Gateway::start(&server("m", &unique("exhaust"), &[], ""));
+    let pid = gw.child.id();
+    let warm = gw.session().await;
+    assert_eq!(text(&warm.call("m__echo", json!({"text": "hi"})).await), "hi");
+    let rss0 = rss_kib(pid);
+    let mut sessions = Vec::new();
+    for i in 0..SESSIONS {
+        let s = gw.session().await;
+        let call = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+            "name": "m__big", "arguments": {"bytes": BYTES, "cr": true}, "_meta": {"progressToken": i}}});
+        let (status, body) = s.post_text(call.to_string()).await;
+        assert_eq!(status, 200);
+        assert!(
+            body.starts_with("id: ") && body.len() > BYTES,
+            "not an SSE answer: {}",
+            &body[..body.len().min(300)]
+        );
+        sessions.push(s);
+    }
+    let rss1 = rss_kib(pid);
+    eprintln!("RSS {rss0} KiB before, {rss1} KiB after {SESSIONS} answers of {BYTES} bytes");
+    assert!(
+        rss1 < rss0 + 330 * 1024,
+        "RSS {rss0} KiB before, {rss1} KiB after {SESSIONS} sessions' answers of {BYTES} bytes"
+    );
+    // Sessions still work, and within the budget the newest answer can be resumed.
+    assert_eq!(text(&warm.call("m__echo", json!({"text": "after"})).await), "after");
+    let last = sessions.last().unwrap();
+    let resumed = last
+        .http
+        .get(&last.url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &last.id)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("last-event-id", "1-0")
+        .timeout(T)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let replayed = resumed.text().await.unwrap();
+    assert!(replayed.len() > BYTES, "{}", &replayed[..replayed.len().min(300)]);
+}
+
+/// Server `name`'s entry in `/status`, asked on `s`'s own (pooled) connection: when
+/// every connection slot is taken, a new connection would wait its turn.
+async fn status_on(gw: &Gateway, s: &Session, name: &str) -> serde_json::Value {
+    let st: serde_json::Value = s
+        .http
+        .get(format!("{}/status", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    st["servers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
+        .unwrap_or_default()
+}
+
+/// Under `ulimit -n 128`, 150 clients that open a connection, send one request and then
+/// sit idle do not take every descriptor: a child that exits meanwhile is started again
+/// at once (its pipes need descriptors), not left failing with EMFILE until the idle
+/// connections time out.
+#[tokio::test]
+async fn idle_connections_leave_descriptors_for_restarting_a_child() {
+    use std::os::unix::process::CommandExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const LIMIT: libc::rlim_t = 128;
+    const CLIENTS: usize = 150;
+    let (dir, mut cmd) = gateway_command(
+        &server("m", &unique("exhaust"), &[], ""),
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[],
+    );
+    // SAFETY: setrlimit(2) between fork and exec, on the child's own limit only.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: LIMIT,
+                rlim_max: LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let gw = Gateway::spawn(dir, cmd);
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("m__echo", json!({"text": "hi"})).await), "hi");
+    let pid = status_on(&gw, &s, "m").await["pid"].as_i64().unwrap();
+
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let answered = answered.clone();
+        // Reads its answer, then holds the connection open, idle.
+        clients.push(tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            if c.read(&mut buf).await.unwrap_or(0) > 0 {
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            drop(c);
+        }));
+    }
+    assert!(
+        until(T, || answered.load(std::sync::atomic::Ordering::Relaxed) >= 60).await,
+        "answered {}",
+        answered.load(std::sync::atomic::Ordering::Relaxed)
+    );
+
+    let r = s.call("m__crash", json!({})).await;
+    assert!(r.to_string().contains("exited"), "{r}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = status_on(&gw, &s, "m").await;
+        if st["state"] == "ready" && st["pid"].as_i64().is_some_and(|p| p != pid) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not started again: {} ({})",
+            st["state"],
+            st["lastError"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text(&s.call("m__echo", json!({"text": "back"})).await), "back");
+    for c in clients {
+        c.abort();
+    }
+}
+
+/// Open file descriptors of process `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// A server that first leaves behind a process of its own, in a session of its own (out
+/// of reach of the gateway's kill of its process group), holding its stdin, stdout and
+/// stderr, silent; then becomes the mock. The leftover lives 30 s, marked by `mark`.
+fn leaves_a_process_behind(name: &str, mark: &str) -> String {
+    let script = format!(
+        "import os, sys, time\n\
+         if os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n    os._exit(0)\n\
+         os.execvp('python3', ['python3', 'tests/fixtures/mock_server.py', '--name', '{name}'])\n"
+    );
+    format!(
+        "[servers.m]\ncommand = \"python3\"\nargs = [\"-c\", {script:?}, \"{mark}\"]\ncwd = {:?}\n",
+        repo().display().to_string()
+    )
+}
+
+/// A server that exits, leaving behind a process that holds its pipes open, costs the
+/// gateway nothing once it has been started again: its stdout and stderr are let go of
+/// (they never reach end of file while that process lives), restart after restart.
+#[tokio::test]
+async fn a_restarted_server_whose_leftover_process_holds_its_pipes_leaks_no_descriptors() {
+    let mark = unique("leftover");
+    let gw = Gateway::start(&leaves_a_process_behind(&unique("exhaust"), &mark));
+    let pid = gw.child.id();
+    let s = gw.session().await;
+    assert_eq!(text(&s.call("m__echo", json!({"text": "hi"})).await), "hi");
+    let before = fds(pid);
+    let mut child = gw.server_status("m").await["pid"].as_i64().unwrap();
+    for round in 0..2 {
+        let r = s.call("m__crash", json!({})).await;
+        assert!(r.to_string().contains("exited"), "{r}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = gw.server_status("m").await;
+            if st["state"] == "ready" && st["pid"].as_i64().is_some_and(|p| p != child) {
+                child = st["pid"].as_i64().unwrap();
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "round {round}: {st}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let settled = until(T, || fds(pid) <= before).await;
+    let after = fds(pid);
+    for p in pids_matching(&mark) {
+        // SAFETY: kill(2) on a leftover process this test's server started.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(settled, "{before} descriptors before two restarts, {after} after");
+    assert_eq!(text(&s.call("m__echo", json!({"text": "back"})).await), "back");
+}
+
+/// A server that answers a call with a line that never ends: the call fails as soon as
+/// the line is over `gateway.max_line`, naming the server and the limit, not after the
+/// call's timeout (the end of the line, which the gateway waited for, never comes).
+#[tokio::test]
+async fn a_line_that_never_ends_fails_its_call_once_over_max_line() {
+    let script = r#"
+import json, sys
+out = sys.stdout.buffer
+def send(m):
+    out.write(json.dumps(m).encode() + b"\n"); out.flush()
+for line in sys.stdin.buffer:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    if m["method"] == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": "2025-11-25",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "endless", "version": "1"}}})
+    elif m["method"] == "tools/list":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"tools": [{"name": "endless",
+              "inputSchema": {"type": "object"}}]}})
+    elif m["method"] == "tools/call":
+        out.write(b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"' % json.dumps(m["id"]).encode())
+        while True:
+            out.write(b"x" * 65536)
+    else:
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {}})
+"#;
+    let gw = Gateway::start(&format!(
+        "[gateway]\nmax_line = \"1MiB\"\n\n[servers.e]\ncommand = \"python3\"\nargs = [\"-c\", {script:?}]\ntimeout = \"30s\"\n"
+    ));
+    let s = gw.session().await;
+    let t = std::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(15), s.call("e__endless", json!({})))
+        .await
+        .expect("the call was not failed while the line went on");
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        msg.contains("'e'") && msg.contains("gateway.max_line") && msg.contains(&(1u64 << 20).to_string()),
+        "{r}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "failed after {:?}", t.elapsed());
+}
