@@ -119,8 +119,13 @@ impl Default for Replay {
 
 impl Drop for Replay {
     fn drop(&mut self) {
-        let inner = self.lock();
+        // Emptied as it is given back: the budget's shedding may hold these events a
+        // moment longer (it upgraded its weak reference first), and must find nothing
+        // left to give back twice.
+        let mut inner = self.lock();
         self.budget.sub(inner.bytes, inner.kept.len());
+        inner.kept.clear();
+        inner.bytes = 0;
     }
 }
 
