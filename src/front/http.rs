@@ -370,6 +370,9 @@ fn json_response(body: impl Into<Body>) -> Response {
 /// Client connections open at once at most: each holds a descriptor and a task. Past it
 /// the accept loop waits for one to close, and new ones queue in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 16_384;
+/// A failing `accept` (out of descriptors: it fails 20 times a second while it lasts) is
+/// logged at most this often.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// How many client connections may be open at once: [`MAX_CONNECTIONS`], or half the
 /// open-file limit if that is less (the limit is first raised, up to twice
@@ -428,6 +431,7 @@ pub async fn serve(
         stop: stop.clone(),
         open,
     };
+    let (mut warned, mut unwarned): (Option<std::time::Instant>, u64) = (None, 0);
     loop {
         // A slot before each accept: past max_connections new connections wait in the
         // kernel's backlog until one closes.
@@ -442,8 +446,15 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    // Out of file descriptors and the like: back off briefly, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
+                    // Out of file descriptors and the like: back off briefly, keep serving;
+                    // said once every ACCEPT_WARN_EVERY, with how often it failed since.
+                    let now = std::time::Instant::now();
+                    if warned.is_none_or(|at| now.duration_since(at) >= ACCEPT_WARN_EVERY) {
+                        tracing::warn!(error = %e, failed_since_last_warning = unwarned, "accept failed");
+                        (warned, unwarned) = (Some(now), 0);
+                    } else {
+                        unwarned += 1;
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
