@@ -856,11 +856,9 @@ fn a_client_secret_needs_a_pinned_authorization_server() {
     assert!(ok, "{all}");
 }
 
-/// The catalog connection was opened with alice's token. After alice's DELETE, what goes to
-/// the server on it (bob's roots notification) never carries her revoked token: it is
-/// opened again with bob's.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_revoked_users_token_leaves_the_catalog_connection() {
+/// alice consents first (the catalog connection is opened with her token), then bob, who
+/// calls once; what the server saw of alice's tokens.
+async fn alice_lists_then_bob_calls() -> (Setup, Session, Vec<String>) {
     let s = setup(&[], &[]).await;
     let alice = s.url_session(ALICE).await;
     s.consent(&alice, ALICE, "docs__authorize").await;
@@ -876,6 +874,15 @@ async fn a_revoked_users_token_leaves_the_catalog_connection() {
     s.consent(&bob, BOB, "docs__whoami").await;
     let r = bob.call("docs__whoami", json!({})).await;
     assert!(r.get("result").is_some(), "{r}");
+    (s, bob, alices)
+}
+
+/// The catalog connection was opened with alice's token. After alice's DELETE, what goes to
+/// the server on it (bob's roots notification) never carries her revoked token: it is
+/// opened again with bob's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_users_token_leaves_the_catalog_connection() {
+    let (s, bob, alices) = alice_lists_then_bob_calls().await;
     let bobs: Vec<String> = s.seen().await.into_iter().filter(|v| !alices.contains(v)).collect();
 
     let del = bearer_client(ALICE)
@@ -904,21 +911,7 @@ async fn a_revoked_users_token_leaves_the_catalog_connection() {
 /// bob's token at once, not when alice's would next be refreshed (an hour on).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_revoked_on_the_command_line_leaves_the_catalog_connection() {
-    let s = setup(&[], &[]).await;
-    let alice = s.url_session(ALICE).await;
-    s.consent(&alice, ALICE, "docs__authorize").await;
-    s.wait_tool(&alice, "docs__whoami").await;
-    let alices = s.seen().await;
-    let bob = Session::open_on(
-        bearer_client(BOB),
-        &s.gw.url,
-        json!({"elicitation": {"url": {}}, "roots": {"listChanged": true}}),
-    )
-    .await;
-    s.consent(&bob, BOB, "docs__whoami").await;
-    let r = bob.call("docs__whoami", json!({})).await;
-    assert!(r.get("result").is_some(), "{r}");
-
+    let (s, bob, alices) = alice_lists_then_bob_calls().await;
     let out = Command::new(BIN)
         .args(["tokens", "revoke", "--client", "alice", "--server", "docs", "--config"])
         .arg(s.gw.config_path())
