@@ -656,6 +656,61 @@ fn push_shown(out: &mut String, c: char) {
     }
 }
 
+/// The id of an answer in a line that does not parse (a byte that is not UTF-8, a raw
+/// control character in a string), when it can still be told: a top-level `"id"` that
+/// is digits, or digits in quotes (an id the gateway minted, echoed either way), in an
+/// object with a top-level `"result"` or `"error"` (a server's own request has ids of
+/// its own). Strings are skipped whatever they hold; nothing else is checked.
+pub(crate) fn id_of_broken_answer(line: &[u8]) -> Option<u64> {
+    let ws = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t' | b'\r' | b'\n'));
+    let (mut depth, mut i) = (0usize, 0usize);
+    let (mut id, mut answer) = (None, false);
+    while let Some(&b) = line.get(i) {
+        match b {
+            b'"' => {
+                let start = i + 1;
+                i = start;
+                while *line.get(i)? != b'"' {
+                    i += if line[i] == b'\\' { 2 } else { 1 };
+                }
+                let text = line.get(start..i)?;
+                i += 1;
+                let mut at = i;
+                while ws(line.get(at)) {
+                    at += 1;
+                }
+                if depth != 1 || line.get(at) != Some(&b':') {
+                    continue;
+                }
+                match text {
+                    b"result" | b"error" => answer = true,
+                    b"id" => {
+                        at += 1;
+                        while ws(line.get(at)) {
+                            at += 1;
+                        }
+                        let quoted = line.get(at) == Some(&b'"');
+                        let from = at + usize::from(quoted);
+                        let len = line.get(from..)?.iter().take_while(|c| c.is_ascii_digit()).count();
+                        let end = from + len;
+                        let closed = !quoted || line.get(end) == Some(&b'"');
+                        id = (len > 0 && closed)
+                            .then(|| std::str::from_utf8(&line[from..end]).ok()?.parse().ok())
+                            .flatten();
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.checked_sub(1)?,
+            _ => {}
+        }
+        i += 1;
+    }
+    id.filter(|_| answer)
+}
+
 /// An error `server` answered, with `mask` applied to its text (a result is passed on as
 /// the server wrote it). An escape can hide a secret from a search of the raw text (`\/`
 /// for `/`, as PHP writes it, or any `\u0041`): an error with a backslash in it is masked
@@ -847,4 +902,35 @@ pub fn progress_token(params: Option<&RawValue>) -> Option<u64> {
     }
     let p: P = serde_json::from_str(params?.get()).ok()?;
     wire_id(&Id::from_raw(p.token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_of_broken_answer;
+
+    #[test]
+    fn a_broken_answers_id_is_read_past_what_breaks_it() {
+        let cases: [(&[u8], Option<u64>); 9] = [
+            (
+                b"{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{\"t\":\"\xff\x01\"}}",
+                Some(5),
+            ),
+            (
+                b"{\"result\":{\"id\":9,\"t\":\"\\\"id\\\":3\x00\"},\"id\" : \"12\"}",
+                Some(12),
+            ),
+            (b"{ \"error\": {\"message\": \"\xfe\"}, \"id\": 7 }", Some(7)),
+            // A request of the server's, an id that is not the gateway's, no id at all.
+            (b"{\"id\":5,\"method\":\"x\",\"params\":{\"t\":\"\xff\"}}", None),
+            (b"{\"id\":\"abc\",\"result\":\"\xff\"}", None),
+            (b"{\"id\":-1,\"result\":\"\xff\"}", None),
+            (b"{\"result\":\"\xff\"}", None),
+            // Unterminated, or unbalanced.
+            (b"{\"id\":5,\"result\":\"\xff", None),
+            (b"]}{\"id\":5,\"result\":1}", None),
+        ];
+        for (line, want) in cases {
+            assert_eq!(id_of_broken_answer(line), want, "{}", String::from_utf8_lossy(line));
+        }
+    }
 }

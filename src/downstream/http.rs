@@ -498,7 +498,7 @@ impl Shared {
                     }
                     if let Some(outcome) = self.stream_message(&ev.data, id, sink, progress).await {
                         self.finish(body);
-                        return Ok(outcome);
+                        return outcome;
                     }
                 }
                 if !more {
@@ -509,19 +509,24 @@ impl Shared {
         Err(self.unavailable("the response stream kept breaking before the answer"))
     }
 
-    /// Handles one message from a stream; returns the outcome if it answers `id`.
+    /// Handles one message from a stream; returns the outcome if it answers `id` (an error
+    /// if it is an answer to `id` that does not parse: the call fails at once, rather than
+    /// wait for the stream's end or its timeout).
     async fn stream_message(
         self: &Arc<Self>,
         data: &str,
         id: u64,
         sink: Option<&Sink>,
         progress: Option<&Id>,
-    ) -> Option<Outcome> {
+    ) -> Option<Result<Outcome, DsError>> {
         if data.trim().is_empty() {
             return None;
         }
         match Kind::parse(data.as_bytes()) {
-            Ok(Kind::Response { id: Some(rid), outcome }) if wire_id(&rid) == Some(id) => Some(outcome),
+            Ok(Kind::Response { id: Some(rid), outcome }) if wire_id(&rid) == Some(id) => Some(Ok(outcome)),
+            Err(e) if super::id_of_broken_answer(data.as_bytes()) == Some(id) => {
+                Some(Err(self.unavailable(format!("answered with invalid JSON-RPC: {e}"))))
+            }
             Ok(Kind::Response { .. }) => None,
             Ok(Kind::Notification { method, params }) => {
                 self.notification(method, params, sink, progress.map(|p| (id, p))).await;

@@ -711,6 +711,22 @@ async fn a_remote_servers_answer_is_bounded_by_max_line() {
     assert_eq!(text(&call(&s, json!(5), "r__echo", json!({"text": "ok"})).await), "ok");
 }
 
+/// An SSE answer to a call that is no JSON (a raw control character in a string) fails
+/// the call at once, naming the server, though the server holds the stream open: it was
+/// skipped, and the call waited for the stream's end or its timeout.
+#[tokio::test]
+async fn a_remote_servers_broken_answer_fails_its_call_at_once() {
+    let remote = Remote::start(&["--hostile"]);
+    // The server holds the stream 30 s, past the call's timeout (20 s): a call that
+    // waited would end in a timeout, not this error.
+    let gw = Gateway::start(&remote_table("r", &remote.url(), ""));
+    let s = gw.session().await;
+    let r = call(&s, json!(1), "r__broken", json!({})).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("'r'") && msg.contains("invalid JSON-RPC"), "{r}");
+    assert_eq!(text(&call(&s, json!(2), "r__echo", json!({"text": "ok"})).await), "ok");
+}
+
 /// A 3xx is a remote server's answer, never followed, on every path (a URL with a user
 /// and password goes through another HTTP client than a plain one): a redirect would
 /// carry the configured headers and the request to wherever it points.
