@@ -612,8 +612,13 @@ impl Server<'_> {
         } else {
             return Err("neither \"command\" nor \"url\"".into());
         }
-        if spec.get("disabled").and_then(Value::as_bool) == Some(true) {
-            t.push_str("enabled = false\n");
+        match spec.get("disabled") {
+            Some(Value::Bool(true)) => t.push_str("enabled = false\n"),
+            None | Some(Value::Bool(false) | Value::Null) => {}
+            Some(other) => self.note(format!(
+                "its \"disabled\" is {}, not true or false: imported as enabled",
+                json_kind(other)
+            )),
         }
         t.push('\n');
         Ok((t, signature(&run)))
@@ -728,8 +733,23 @@ impl Server<'_> {
         };
         let mut out = Vec::with_capacity(map.len());
         for (k, v) in &map {
-            let raw = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
             let at = format!("{field}.{}", k.escape_debug());
+            // A number or a boolean is its text, as clients pass it; what has no text of
+            // its own is said (never shown: it may be a secret).
+            match v {
+                Value::Null => {
+                    self.note(format!("{at} is null: left out"));
+                    continue;
+                }
+                Value::Array(_) | Value::Object(_) => {
+                    self.note(format!(
+                        "{at} is {}, not a string: imported as its JSON text",
+                        json_kind(v)
+                    ));
+                }
+                _ => {}
+            }
+            let raw = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
             let parts = self.read(&at, &raw)?;
             let parts = self.scan(&at, parts, Some(k));
             out.push((k.clone(), render(parts)));
@@ -968,6 +988,18 @@ fn key(k: &str) -> String {
         k.to_owned()
     } else {
         quote(k)
+    }
+}
+
+/// What kind of JSON value `v` is, for a note (its value is never shown).
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
     }
 }
 

@@ -473,3 +473,29 @@ fn a_fifo_or_a_device_is_refused_at_once() {
         );
     }
 }
+
+/// What a client config holds that has no plain meaning here is said on stderr, never
+/// silently turned into a string: a `disabled` that is no boolean (imported as enabled), an
+/// env value that is null (left out) or an object (its JSON text). Values are not shown.
+#[test]
+fn values_without_a_plain_meaning_are_said_not_silently_converted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mcp.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {"odd": {"command": "odd-server", "disabled": "yes",
+            "env": {"GONE": null, "CONF": {"secretish": "s3cr3t-value"}, "PORT": 8080}}}}"#,
+    )
+    .unwrap();
+    let (code, out, err) = import(&[file.as_path()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(r#"its "disabled" is a string, not true or false: imported as enabled"#),
+        "{err}"
+    );
+    assert!(err.contains("env.GONE is null: left out"), "{err}");
+    assert!(err.contains("env.CONF is an object, not a string"), "{err}");
+    assert!(!err.contains("s3cr3t-value"), "{err}");
+    assert!(!out.contains("GONE") && !out.contains("enabled = false"), "{out}");
+    assert!(out.contains(r#"PORT = "8080""#), "{out}");
+}
