@@ -21,6 +21,7 @@
 //! they end, and no slot is handed out until fewer than that are held.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
@@ -32,6 +33,9 @@ pub type Caller = u64;
 #[derive(Clone)]
 pub struct FairSlots {
     state: Arc<Mutex<State>>,
+    /// `slots` as last set, written under the lock only: [`FairSlots::limit`], called on
+    /// every POST, takes the lock only when the number changes.
+    slots: Arc<AtomicUsize>,
 }
 
 struct State {
@@ -61,6 +65,7 @@ impl FairSlots {
                 turns: VecDeque::new(),
                 waiting: HashMap::default(),
             })),
+            slots: Arc::new(AtomicUsize::new(n.max(1))),
         }
     }
 
@@ -111,6 +116,9 @@ impl FairSlots {
     /// once; a lowered one takes effect as held slots end.
     pub fn limit(&self, n: usize) {
         let n = n.max(1);
+        if self.slots.load(Ordering::Relaxed) == n {
+            return;
+        }
         let mut lost = Vec::new();
         {
             let mut st = crate::sync::lock(&self.state);
@@ -118,6 +126,7 @@ impl FairSlots {
                 return;
             }
             st.slots = n;
+            self.slots.store(n, Ordering::Relaxed);
             st.hand_out(&self.state, &mut lost);
         }
         drop(lost);

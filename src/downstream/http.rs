@@ -921,7 +921,8 @@ async fn call(
             shared.read_answer(resp, id, sink, progress).await?,
             |t| shared.masked(t.to_owned()),
         );
-        if let Some(sink) = sink {
+        // Only an error may require a URL elicitation: a result takes no lock here.
+        if let (Some(sink), Outcome::Error(_)) = (sink, &outcome) {
             sync::lock(&shared.elicitations).answer(&outcome, sink);
         }
         if method == "server/discover" {
