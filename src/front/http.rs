@@ -503,6 +503,11 @@ pub async fn serve(
     Ok(())
 }
 
+/// How long after its accept a connection's first request is still awaited at shutdown:
+/// a client sends it right after the handshake (one round trip), so one still silent after
+/// this is a spare the client keeps for later, and is closed at once like an idle one.
+const FIRST_REQUEST: Duration = Duration::from_secs(2);
+
 /// How long a handshake under way when the listener stops taking new ones has to
 /// complete: a round trip between the balancer and this replica, with room to spare.
 #[cfg(target_os = "linux")]
@@ -581,6 +586,7 @@ impl Connections {
         use hyper_util::rt::{TokioIo, TokioTimer};
         use tower::ServiceExt;
         let _ = stream.set_nodelay(true);
+        let accepted = tokio::time::Instant::now();
         let (app, http) = (self.app.clone(), self.http.clone());
         // Set (and notified, once) when the connection's first request arrives.
         let asked = Arc::new((AtomicBool::new(false), tokio::sync::Notify::new()));
@@ -638,14 +644,19 @@ impl Connections {
                     // hyper's graceful shutdown closes a connection that has not read a
                     // byte yet at once, though its client may have sent a request already
                     // (it was accepted a moment ago): that request would be lost, unanswered
-                    // and not retried. So such a connection gets its first request
-                    // (within header_timeout), answered with `Connection: close`.
+                    // and not retried. So such a connection gets its first request, answered
+                    // with `Connection: close`, if it comes within FIRST_REQUEST of the
+                    // accept. One silent longer is a client's spare connection (reqwest and
+                    // browsers open them), idle as one between two requests is: closed now,
+                    // not holding the shutdown for header_timeout.
                     let early = if asked.0.load(Ordering::Acquire) {
                         None
                     } else {
+                        let spare = tokio::time::sleep_until(accepted + FIRST_REQUEST);
                         tokio::select! {
                             r = conn.as_mut() => Some(r),
                             () = asked.1.notified() => None,
+                            () = spare => None,
                         }
                     };
                     match early {

@@ -214,3 +214,25 @@ async fn a_connection_open_when_the_listener_closes_gets_its_request_answered() 
     let status = exited(&mut gw, T).await.expect("the gateway exits");
     assert_eq!(status.code(), Some(0), "{}", gw.logs());
 }
+
+/// A connection its client opened and never used (a spare, as reqwest and browsers keep)
+/// does not hold the shutdown for `header_timeout`: silent since long before the stop, it
+/// is closed at once, as an idle one between two requests is. (The wait is the rule's
+/// own: a connection is a spare once it has been silent 2 s since its accept.)
+#[tokio::test]
+async fn a_spare_connection_never_used_does_not_hold_the_shutdown() {
+    use std::io::Read;
+    let config = "[gateway]\ndrain_delay = \"0s\"\nheader_timeout = \"60s\"\nshutdown_grace = \"60s\"\n";
+    let mut gw = Gateway::start(config);
+    wait_ready(&gw).await;
+    let mut spare = std::net::TcpStream::connect(addr(&gw)).unwrap();
+    spare.set_read_timeout(Some(T)).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let termed = Instant::now();
+    signal(&gw, libc::SIGTERM);
+    let status = exited(&mut gw, T).await.expect("the gateway exits");
+    assert_eq!(status.code(), Some(0), "{}", gw.logs());
+    assert!(termed.elapsed() < Duration::from_secs(5), "took {:?}", termed.elapsed());
+    let mut rest = Vec::new();
+    assert!(spare.read_to_end(&mut rest).is_ok() && rest.is_empty(), "{rest:?}");
+}
