@@ -79,7 +79,7 @@ impl Telemetry {
 /// name, a protocol version: peers' words reach log fields) is written escaped (`\n`,
 /// `\u{1b}`), as is a character that disguises the line ([`disguises`]), so no peer can
 /// forge a log line, reorder what it shows or drive the operator's terminal. Tabs stay.
-/// The JSON format escapes on its own.
+/// The JSON format escapes controls on its own, and the rest through [`JsonSafe`].
 struct OneLine<W>(W);
 
 impl<W: std::io::Write> std::io::Write for OneLine<W> {
@@ -91,6 +91,43 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.0.flush()
     }
+}
+
+/// A JSON log line with the characters that disguise a line ([`disguises`]) written as
+/// `\uXXXX` escapes: serde_json escapes control characters but writes these as they are,
+/// so `jq` or a log viewer would show a server's `\u{202e}eteled_lla` as `all_delete`, and
+/// U+2028 breaks the line for some viewers. The escapes decode to the same text, and only
+/// JSON strings can hold such characters, so the line stays the same JSON value.
+struct JsonSafe<W>(W);
+
+impl<W: std::io::Write> std::io::Write for JsonSafe<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write_all(&json_safe(buf))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// `buf` (a JSON text) with every [`disguises`] character as a `\uXXXX` escape; borrowed
+/// when there is none (the usual line).
+fn json_safe(buf: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    // serde_json escapes every control character: what is left is the line's own end.
+    if !needs_escapes(buf.strip_suffix(b"\n").unwrap_or(buf)) {
+        return std::borrow::Cow::Borrowed(buf);
+    }
+    let text = String::from_utf8_lossy(buf);
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if disguises(c) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out.into_bytes())
 }
 
 /// Characters that are not control characters but change what a line shows: bidi
@@ -161,7 +198,7 @@ pub fn init(cfg: &config::Telemetry, log_filter: &str) -> Telemetry {
             !LOG_JSON.load(Ordering::Relaxed)
         })));
     let json = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| JsonSafe(std::io::stderr()))
         .with_ansi(false)
         .json()
         .with_filter(level().and(tracing_subscriber::filter::filter_fn(|_| {
@@ -453,7 +490,7 @@ pub async fn reconfigure(cfg: &config::Telemetry) {
 
 #[cfg(test)]
 mod tests {
-    use super::{one_line, without_userinfo};
+    use super::{disguises, json_safe, one_line, without_userinfo};
 
     #[test]
     fn an_endpoints_user_info_becomes_a_basic_header() {
@@ -478,6 +515,22 @@ mod tests {
         assert_eq!(got.matches('\n').count(), 1);
         // Without a final line break, nothing is added.
         assert_eq!(&*one_line(b"a\nb"), b"a\\nb");
+    }
+
+    #[test]
+    fn a_json_line_escapes_what_disguises_it_and_stays_the_same_value() {
+        let value = serde_json::json!({"fields": {"tool": "\u{202e}eteled_lla \u{2028}\u{2029}\u{200b}\u{2066}\u{61c}\u{feff} é 日本\n"}});
+        let line = format!("{value}\n");
+        let got = String::from_utf8(json_safe(line.as_bytes()).into_owned()).unwrap();
+        assert!(
+            got.contains(r"\u202eeteled_lla \u2028\u2029\u200b\u2066\u061c\ufeff é 日本\n"),
+            "{got}"
+        );
+        assert!(!got.chars().any(disguises), "{got}");
+        assert!(got.ends_with("}\n") && got.matches('\n').count() == 1, "{got}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&got).unwrap(), value);
+        let plain = b"{\"a\":\"\xe2\x80\x94 \xc3\xa9\"}\n";
+        assert!(matches!(json_safe(plain), std::borrow::Cow::Borrowed(_)));
     }
 
     #[test]

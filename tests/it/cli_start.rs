@@ -303,6 +303,44 @@ async fn a_servers_bidi_override_reaches_the_log_escaped() {
     }
 }
 
+/// So do the JSON log's lines (`log_format = "json"`), as `\uXXXX` escapes that decode to
+/// what the server sent: each line stays one JSON value, and `jq` shows the escapes' text
+/// only when asked to decode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_bidi_override_reaches_the_json_log_escaped() {
+    let cfg = format!(
+        "[telemetry]\nlog_format = \"json\"\n\n{}",
+        server("calc", &unique("bidi-json"), &["--console", "--two-way"], "")
+    );
+    let gw = Gateway::start(&cfg);
+    let s = gw.session().await;
+    let sent = "x\u{2028}FORGED\u{2029}\u{200b}\u{2066}";
+    assert_eq!(
+        text(&s.call("calc__mark", serde_json::json!({"text": sent})).await),
+        "marked"
+    );
+    assert!(
+        gw.wait_log(r"x\u2028FORGED\u2029\u200b\u2066", std::time::Duration::from_secs(10))
+            .await,
+        "{}",
+        gw.logs()
+    );
+    let logs = gw.logs();
+    for c in ['\u{202e}', '\u{2028}', '\u{2029}', '\u{200b}', '\u{2066}'] {
+        assert!(!logs.contains(c), "{:?} in the log:\n{logs}", c);
+    }
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let tool = lines
+        .iter()
+        .find(|v| v.to_string().contains("eteled_lla"))
+        .expect("the tool's note");
+    assert!(tool.to_string().contains("\u{202e}eteled_lla"), "{tool}");
+}
+
 /// A server's log messages that no client takes (no call in flight) are the gateway's to
 /// log: with the server's name, cut as a stderr line is, and within the server's budget
 /// of log lines (200 at once, 100 a second), not 2,000 lines of 20 KB.
