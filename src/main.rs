@@ -435,8 +435,25 @@ impl Drop for Target {
 }
 
 impl Target {
+    /// Refuses a path that is not a regular file (a FIFO would block the read for ever)
+    /// and a symlink to nothing: that would create the file where the link points, left
+    /// behind if nothing is appended.
     fn open(path: &std::path::Path) -> std::io::Result<Target> {
+        use std::io::{Error, ErrorKind};
         let existed = std::fs::symlink_metadata(path).is_ok();
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => {
+                return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound && existed => {
+                let to = std::fs::read_link(path).map_or_else(|_| "?".into(), |t| t.display().to_string());
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("a symlink to {to}, which does not exist"),
+                ));
+            }
+            _ => {}
+        }
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .append(true)

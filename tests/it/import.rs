@@ -331,6 +331,31 @@ fn write_appends_a_valid_config_once() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), after);
 }
 
+/// `--write` onto a symlink to nothing, or onto what is no regular file, is refused by
+/// name: nothing is created where the link points, and a FIFO does not block the import.
+#[test]
+fn write_refuses_a_dangling_symlink_and_what_is_no_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("gateway.toml");
+    let target = dir.path().join("elsewhere").join("planted.toml");
+    std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let files = samples();
+    for (path, why) in [(&link, "which does not exist"), (&fifo, "not a regular file")] {
+        let mut args: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+        args.extend([Path::new("--write"), path.as_path()]);
+        let (code, out, err) = import_within_10s(&args);
+        assert_ne!(code, 0, "{err}");
+        assert!(out.is_empty(), "{out}");
+        assert!(err.contains(&*path.to_string_lossy()) && err.contains(why), "{err}");
+    }
+    assert!(!target.exists(), "nothing was created where the link points");
+}
+
 #[test]
 fn a_file_without_servers_or_json_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -444,34 +469,44 @@ fn a_fifo_or_a_device_is_refused_at_once() {
     // SAFETY: a valid C string; mkfifo only creates the file.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     for path in [fifo.as_path(), Path::new("/dev/zero")] {
-        let child = Command::new(BIN)
-            .arg("import")
-            .arg(path)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let waiter = std::thread::spawn(move || {
-            let out = child.wait_with_output().unwrap();
-            let _ = tx.send(());
-            out
-        });
-        if rx.recv_timeout(std::time::Duration::from_secs(10)).is_err() {
-            // SAFETY: the child this test started.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("import of {} did not end", path.display());
-        }
-        let out = waiter.join().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{err}");
-        assert!(out.stdout.is_empty());
+        let (code, out, err) = import_within_10s(&[path]);
+        assert_eq!(code, 64, "{err}");
+        assert!(out.is_empty());
         assert!(
             err.contains(&*path.to_string_lossy()) && err.contains("not a regular file"),
             "{err}"
         );
     }
+}
+
+/// As [`import`], killed and failing the test if it has not ended within 10 s (what a
+/// FIFO or a device would do to a read that waits).
+fn import_within_10s(args: &[&Path]) -> (i32, String, String) {
+    let child = Command::new(BIN)
+        .arg("import")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let out = child.wait_with_output().unwrap();
+        let _ = tx.send(());
+        out
+    });
+    if rx.recv_timeout(std::time::Duration::from_secs(10)).is_err() {
+        // SAFETY: the child this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        panic!("import {args:?} did not end");
+    }
+    let out = waiter.join().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// What a client config holds that has no plain meaning here is said on stderr, never
