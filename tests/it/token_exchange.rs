@@ -6,7 +6,7 @@
 //! signed with the fixture key, issued by the fixture AS.
 
 use crate::auth::rsa_test_key;
-use crate::cluster::replicas;
+use crate::cluster::{replicas, via};
 use crate::common::*;
 use jsonwebtoken::{Algorithm, Header};
 use serde_json::{json, Value};
@@ -346,4 +346,37 @@ async fn a_huge_expires_in_is_capped_not_an_overflow() {
     }
     assert_eq!(exchanges(&idp).await["alice"], 1, "exchanged once, then cached");
     assert!(!gw.logs().contains("panicked"), "{}", gw.logs());
+}
+
+/// A token exchange server with `isolation = "session"` still serves each caller on its own
+/// connection, on whichever replica the call lands: a session's calls are not claimed in
+/// Redis as a session's process, nor sent over the bus to the replica that served it first
+/// (which had no such process, and sent each of them back).
+#[tokio::test]
+async fn a_session_isolated_exchange_server_is_not_forwarded_between_replicas() {
+    let redis = Redis::start();
+    let (idp, docs) = fixtures(&[]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service)
+        .replace("${GW_SECRET}", GW_SECRET)
+        .replace("timeout = \"20s\"\n", "timeout = \"20s\"\nisolation = \"session\"\n");
+    assert!(servers.contains("isolation = \"session\""), "{servers}");
+    let gws = replicas(2, &redis, &servers, "");
+    let alice = ready(&gws[0], &jwt(&idp.url, "alice", AUDIENCE)).await;
+    assert_eq!(whoami(&alice).await["sub"], "alice");
+    let on_b = via(&alice, &gws[1]);
+    for _ in 0..2 {
+        assert_eq!(whoami(&on_b).await["sub"], "alice");
+        assert_eq!(whoami(&alice).await["sub"], "alice");
+    }
+    assert_eq!(exchanges(&idp).await, json!({"alice": 1}));
+    let claims = redis.cli(&["--scan", "--pattern", "*:proc:*"]);
+    assert!(claims.trim().is_empty(), "claimed as a session's process: {claims:?}");
+    for gw in &gws {
+        assert!(
+            !gw.logs().contains("forwarding the call"),
+            "a call went over the bus:\n{}",
+            gw.logs()
+        );
+    }
 }
