@@ -380,3 +380,47 @@ async fn a_session_isolated_exchange_server_is_not_forwarded_between_replicas() 
         );
     }
 }
+
+/// A record in Redis that does not open is never used, and is said: bob's sealed token
+/// copied under alice's key (by someone who can write to Redis but has no cluster key)
+/// gets alice her own token on the replica that finds it, a warning in its log, and her
+/// own record written over it.
+#[tokio::test]
+async fn another_callers_record_moved_in_redis_is_refused_and_said() {
+    let redis = Redis::start();
+    let (idp, docs) = fixtures(&[]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let gws = replicas(2, &redis, &servers, "");
+    let alice_jwt = jwt(&idp.url, "alice", AUDIENCE);
+    let bob = ready(&gws[0], &jwt(&idp.url, "bob", AUDIENCE)).await;
+    assert_eq!(whoami(&bob).await["sub"], "bob");
+    let alice = Session::open_as(&gws[0].url, &alice_jwt).await;
+    assert_eq!(whoami(&alice).await["sub"], "alice");
+    let key_of = |who: &str| {
+        let digest = ring::digest::digest(&ring::digest::SHA256, who.as_bytes());
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        let keys = redis.cli(&["--scan", "--pattern", &format!("*upstream-token:docs:*:{hex}")]);
+        keys.lines()
+            .next()
+            .unwrap_or_else(|| panic!("no record of {who}: {keys:?}"))
+            .to_owned()
+    };
+    let (alice_key, bob_key) = (key_of("alice"), key_of("bob"));
+    let bobs = redis.cli(&["GET", &bob_key]).trim().to_owned();
+    assert_eq!(redis.cli(&["SET", &alice_key, &bobs, "PX", "60000"]).trim(), "OK");
+
+    let on_b = ready(&gws[1], &alice_jwt).await;
+    assert_eq!(whoami(&on_b).await["sub"], "alice", "bob's token served to alice");
+    assert_eq!(exchanges(&idp).await, json!({"alice": 2, "bob": 1}));
+    assert!(
+        gws[1].logs().contains("does not open with the cluster key"),
+        "{}",
+        gws[1].logs()
+    );
+    let now = redis.cli(&["GET", &alice_key]).trim().to_owned();
+    assert!(
+        now.starts_with("1.") && now != bobs,
+        "alice's own record is written over it"
+    );
+}
