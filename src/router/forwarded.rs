@@ -59,8 +59,10 @@ impl Gateway {
     /// the process runs here already, or when Redis cannot say (then it starts here).
     pub(super) async fn holder(&self, server: &crate::supervisor::Server, session: &str) -> Option<String> {
         let c = self.cluster.get()?;
-        // A process per client identity is not claimed: each replica runs its own.
-        if server.cfg.isolation != crate::config::Isolation::Session {
+        // A process per client identity is not claimed: each replica runs its own. Nor is a
+        // token exchange server's: its calls go on the caller's own connection (per identity,
+        // `Gateway::connection_as`) whatever its isolation, never on a session's process.
+        if server.cfg.isolation != crate::config::Isolation::Session || server.token_exchange().is_some() {
             return None;
         }
         let caller = crate::supervisor::Caller {

@@ -165,7 +165,7 @@ impl Exchanger {
             set_bearer(&slot.bearer, &c.token);
             return Ok(slot.bearer.clone());
         }
-        if let Some(c) = self.shared_get(cluster, identity, server_key).await {
+        if let Some(c) = self.shared_get(cluster, identity, server_key, Unopened::Warn).await {
             debug!(server, identity, "token from the cluster's cache");
             set_bearer(&slot.bearer, &c.token);
             *cached = Some(c);
@@ -363,20 +363,31 @@ impl Exchanger {
         let until = Instant::now() + EXCHANGE_TIMEOUT;
         while Instant::now() < until {
             tokio::time::sleep(SHARED_POLL).await;
-            if let Some(got) = self.shared_get(Some(c), identity, server).await {
+            if let Some(got) = self.shared_get(Some(c), identity, server, Unopened::Quiet).await {
                 return Some(got);
             }
             let mut conn = c.conn();
             let held: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(&lock).query_async(&mut conn).await;
             if !c.track(held).unwrap_or(false) {
                 // One last look: the token is written before the lock goes.
-                return self.shared_get(Some(c), identity, server).await;
+                return self.shared_get(Some(c), identity, server, Unopened::Quiet).await;
             }
         }
         None
     }
 
-    async fn shared_get(&self, cluster: Option<&Arc<Cluster>>, identity: &str, server: &str) -> Option<Cached> {
+    /// The token shared in Redis for (identity, server), if one is there, opens and is
+    /// fresh. A record that does not open (forged, another caller's or server's moved
+    /// here, sealed with another cluster key) is never used: the caller's own token is
+    /// exchanged and written over it. `unopened` says whether that is logged (once per
+    /// call, not once per poll of [`Exchanger::shared_wait`]).
+    async fn shared_get(
+        &self,
+        cluster: Option<&Arc<Cluster>>,
+        identity: &str,
+        server: &str,
+        unopened: Unopened,
+    ) -> Option<Cached> {
         let c = cluster?;
         let mut conn = c.conn();
         let got: Option<String> = c
@@ -387,7 +398,20 @@ impl Exchanger {
                     .await,
             )
             .ok()?;
-        let plain = self.sealer(c).open(&[identity, server], &got?).ok()?;
+        let plain = match self.sealer(c).open(&[identity, server], &got?) {
+            Ok(p) => p,
+            Err(_) => {
+                if unopened == Unopened::Warn {
+                    warn!(
+                        // `server` is the cache's key, `{name}:{fingerprint}`; names have no ':'.
+                        server = server.split_once(':').map_or(server, |(name, _)| name),
+                        identity,
+                        "an exchanged token's record in Redis does not open with the cluster key (written by someone without it, or moved from another caller's key); not using it, exchanging again"
+                    );
+                }
+                return None;
+            }
+        };
         let shared: Shared = serde_json::from_slice(&plain).ok()?;
         let left = shared.fresh_until_ms.checked_sub(crate::cluster::now_ms())?;
         let now = Instant::now();
@@ -439,6 +463,13 @@ fn fingerprint(cfg: &TokenExchange) -> String {
         cfg.token_endpoint, cfg.audience, cfg.resource, cfg.scope, cfg.client_id, cfg.subject_token_type
     );
     crate::cluster::digest(&what)[..16].to_owned()
+}
+
+/// Whether [`Exchanger::shared_get`] logs a record that does not open.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unopened {
+    Warn,
+    Quiet,
 }
 
 /// The cluster-wide lock of one exchange.

@@ -703,3 +703,76 @@ async fn a_flood_of_list_changed_is_one_event_per_burst() {
         "the failed call's event was pushed out"
     );
 }
+
+/// Reads `/status/stream` until it ends; whether it did within `within`.
+async fn ends_within(r: reqwest::Response, within: Duration) -> bool {
+    use futures::StreamExt;
+    let mut body = r.bytes_stream();
+    tokio::time::timeout(within, async { while let Some(Ok(_)) = body.next().await {} })
+        .await
+        .is_ok()
+}
+
+/// Opens `/status/stream` as `token` and reads its first frame.
+async fn watching(base: &str, token: &str) -> reqwest::Response {
+    let mut r = reqwest::Client::new()
+        .get(format!("{base}/status/stream"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // The first frame comes at once; the stream stays open after it.
+    let mut first = Vec::new();
+    while !String::from_utf8_lossy(&first).contains("event: status") {
+        first.extend_from_slice(&r.chunk().await.unwrap().expect("a first frame"));
+    }
+    r
+}
+
+/// A `/status/stream` opened with an admin's token ends once a reload takes the token's
+/// `admin = true` away: the console's data is refused to it as to a new request, not
+/// streamed on for as long as the connection lasts.
+#[tokio::test]
+async fn a_status_stream_ends_when_a_reload_takes_admin_away() {
+    let gw = Gateway::start(&authed());
+    let stream = watching(&gw.base, ADMIN).await;
+    std::fs::write(gw.config_path(), authed().replace("admin = true\n", "")).unwrap();
+    wait_for(Duration::from_secs(20), "the reload", async || {
+        get(&format!("{}/status", gw.base), Some(ADMIN)).await.0 == 403
+    })
+    .await;
+    assert!(
+        ends_within(stream, Duration::from_secs(10)).await,
+        "the stream went on after admin was taken away; logs:\n{}",
+        gw.logs()
+    );
+}
+
+/// An OAuth admin's `/status/stream` ends once its JWT expires (past the leeway), as a
+/// new request with it would be refused.
+#[tokio::test]
+async fn a_status_stream_ends_when_its_jwt_expires() {
+    use crate::auth::{keys, serve_jwks, sign, AUDIENCE, ISSUER};
+    let k = keys();
+    let (jwks_url, _) = serve_jwks(k.jwks.clone()).await;
+    let gw = Gateway::start(&format!(
+        "{}[clients.boss]\nadmin = true\n\n[auth.oauth]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_url = \"{jwks_url}\"\n",
+        two_servers()
+    ));
+    // Expired 27 s ago: within the gateway's 30 s leeway for about 3 s more.
+    let now = jsonwebtoken::get_current_timestamp();
+    let jwt = sign(
+        jsonwebtoken::Algorithm::ES256,
+        "ec-1",
+        &k.ec,
+        &json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "boss", "exp": now - 27, "iat": now - 600}),
+    );
+    let stream = watching(&gw.base, &jwt).await;
+    assert!(
+        ends_within(stream, Duration::from_secs(15)).await,
+        "the stream went on after its JWT expired; logs:\n{}",
+        gw.logs()
+    );
+    assert_eq!(get(&format!("{}/status", gw.base), Some(&jwt)).await.0, 401);
+}

@@ -6,7 +6,7 @@
 //! signed with the fixture key, issued by the fixture AS.
 
 use crate::auth::rsa_test_key;
-use crate::cluster::replicas;
+use crate::cluster::{replicas, via};
 use crate::common::*;
 use jsonwebtoken::{Algorithm, Header};
 use serde_json::{json, Value};
@@ -346,4 +346,81 @@ async fn a_huge_expires_in_is_capped_not_an_overflow() {
     }
     assert_eq!(exchanges(&idp).await["alice"], 1, "exchanged once, then cached");
     assert!(!gw.logs().contains("panicked"), "{}", gw.logs());
+}
+
+/// A token exchange server with `isolation = "session"` still serves each caller on its own
+/// connection, on whichever replica the call lands: a session's calls are not claimed in
+/// Redis as a session's process, nor sent over the bus to the replica that served it first
+/// (which had no such process, and sent each of them back).
+#[tokio::test]
+async fn a_session_isolated_exchange_server_is_not_forwarded_between_replicas() {
+    let redis = Redis::start();
+    let (idp, docs) = fixtures(&[]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service)
+        .replace("${GW_SECRET}", GW_SECRET)
+        .replace("timeout = \"20s\"\n", "timeout = \"20s\"\nisolation = \"session\"\n");
+    assert!(servers.contains("isolation = \"session\""), "{servers}");
+    let gws = replicas(2, &redis, &servers, "");
+    let alice = ready(&gws[0], &jwt(&idp.url, "alice", AUDIENCE)).await;
+    assert_eq!(whoami(&alice).await["sub"], "alice");
+    let on_b = via(&alice, &gws[1]);
+    for _ in 0..2 {
+        assert_eq!(whoami(&on_b).await["sub"], "alice");
+        assert_eq!(whoami(&alice).await["sub"], "alice");
+    }
+    assert_eq!(exchanges(&idp).await, json!({"alice": 1}));
+    let claims = redis.cli(&["--scan", "--pattern", "*:proc:*"]);
+    assert!(claims.trim().is_empty(), "claimed as a session's process: {claims:?}");
+    for gw in &gws {
+        assert!(
+            !gw.logs().contains("forwarding the call"),
+            "a call went over the bus:\n{}",
+            gw.logs()
+        );
+    }
+}
+
+/// A record in Redis that does not open is never used, and is said: bob's sealed token
+/// copied under alice's key (by someone who can write to Redis but has no cluster key)
+/// gets alice her own token on the replica that finds it, a warning in its log, and her
+/// own record written over it.
+#[tokio::test]
+async fn another_callers_record_moved_in_redis_is_refused_and_said() {
+    let redis = Redis::start();
+    let (idp, docs) = fixtures(&[]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let gws = replicas(2, &redis, &servers, "");
+    let alice_jwt = jwt(&idp.url, "alice", AUDIENCE);
+    let bob = ready(&gws[0], &jwt(&idp.url, "bob", AUDIENCE)).await;
+    assert_eq!(whoami(&bob).await["sub"], "bob");
+    let alice = Session::open_as(&gws[0].url, &alice_jwt).await;
+    assert_eq!(whoami(&alice).await["sub"], "alice");
+    let key_of = |who: &str| {
+        let digest = ring::digest::digest(&ring::digest::SHA256, who.as_bytes());
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        let keys = redis.cli(&["--scan", "--pattern", &format!("*upstream-token:docs:*:{hex}")]);
+        keys.lines()
+            .next()
+            .unwrap_or_else(|| panic!("no record of {who}: {keys:?}"))
+            .to_owned()
+    };
+    let (alice_key, bob_key) = (key_of("alice"), key_of("bob"));
+    let bobs = redis.cli(&["GET", &bob_key]).trim().to_owned();
+    assert_eq!(redis.cli(&["SET", &alice_key, &bobs, "PX", "60000"]).trim(), "OK");
+
+    let on_b = ready(&gws[1], &alice_jwt).await;
+    assert_eq!(whoami(&on_b).await["sub"], "alice", "bob's token served to alice");
+    assert_eq!(exchanges(&idp).await, json!({"alice": 2, "bob": 1}));
+    assert!(
+        gws[1].logs().contains("does not open with the cluster key"),
+        "{}",
+        gws[1].logs()
+    );
+    let now = redis.cli(&["GET", &alice_key]).trim().to_owned();
+    assert!(
+        now.starts_with("1.") && now != bobs,
+        "alice's own record is written over it"
+    );
 }

@@ -4,9 +4,10 @@
 //!
 //! Who may look ([`guard`]): with `[clients.*]` or `[auth.oauth]`, a bearer token of a
 //! client with `admin = true` (401 without a token, 403 for another client's); without
-//! auth, loopback peers only (403). `[gateway] console = false`: 404. The page itself
-//! holds no data: with auth it is served to anyone, and asks for the token (taken once
-//! from `?token=` into sessionStorage, or typed into its login box).
+//! auth, loopback peers only (403). `[gateway] console = false`: 404. An open
+//! `/status/stream` is checked again before each frame, and ends once refused. The page
+//! itself holds no data: with auth it is served to anyone, and asks for the token (taken
+//! once from `?token=` into sessionStorage, or typed into its login box).
 
 use super::{reject, Http};
 use crate::error::code;
@@ -80,10 +81,18 @@ fn open_to(http: &Http, headers: &axum::http::HeaderMap, peer: Option<std::net::
     }
 }
 
-/// The console's data: [`open_to`], and with auth an admin's bearer token.
+/// The console's data: [`open_to`], and with auth an admin's bearer token. Returns who
+/// asked, for [`stream`] to ask again.
 #[allow(clippy::result_large_err)]
-async fn guard(http: &Http, req: Request) -> Result<(), Response> {
+async fn guard(http: &Http, req: Request) -> Result<Asker, Response> {
     let req = asker(http, req);
+    allowed(http, &req).await?;
+    Ok(req)
+}
+
+/// [`guard`]'s check of one asker, against the config in force now.
+#[allow(clippy::result_large_err)]
+async fn allowed(http: &Http, req: &Asker) -> Result<(), Response> {
     open_to(http, &req.headers, req.peer)?;
     let authn = http.gw.topology().auth.clone();
     if !authn.required() {
@@ -216,11 +225,15 @@ pub(super) async fn catalog(State(http): State<Http>, req: Request) -> Response 
 }
 
 /// `GET /status/stream`: SSE. `status` (what `/status` says) every 2 s, `events` (the
-/// new ones, newest first) when there are any; it ends when the gateway shuts down.
+/// new ones, newest first) when there are any; it ends when the gateway shuts down, or
+/// when its credential no longer opens the console: each frame is checked as a new
+/// request would be (a reload that took the token or `admin = true` away, a JWT that
+/// expired, `console = false`), so a watcher cannot keep reading with what it lost.
 pub(super) async fn stream(State(http): State<Http>, req: Request) -> Response {
-    if let Err(r) = guard(&http, req).await {
-        return r;
-    }
+    let asker = match guard(&http, req).await {
+        Ok(a) => std::sync::Arc::new(a),
+        Err(r) => return r,
+    };
     let Some(watcher) = Watcher::new() else {
         return refused(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -234,11 +247,16 @@ pub(super) async fn stream(State(http): State<Http>, req: Request) -> Response {
         // Counted while the body lives: a closed connection drops it.
         let _watcher = &watcher;
         let closing = closing.clone();
+        let asker = asker.clone();
         async move {
             if !first {
                 tokio::select! {
                     () = tokio::time::sleep(EVERY) => {}
                     () = closing.cancelled() => return None,
+                }
+                if allowed(&http, &asker).await.is_err() {
+                    tracing::info!("a /status/stream ended: its credential no longer opens the console");
+                    return None;
                 }
             }
             let mut frame = String::new();
