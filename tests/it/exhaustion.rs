@@ -72,6 +72,77 @@ async fn answers_kept_for_resuming_share_one_budget_across_sessions() {
     assert!(replayed.len() > BYTES, "{}", &replayed[..replayed.len().min(300)]);
 }
 
+/// The text of resuming `s`'s stream after `last` (a 200's body), or the refusal's status.
+async fn resume(s: &Session, last: &str) -> Result<String, u16> {
+    let r = s
+        .http
+        .get(&s.url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &s.id)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("last-event-id", last)
+        .timeout(T)
+        .send()
+        .await
+        .unwrap();
+    match r.status().as_u16() {
+        200 => Ok(r.text().await.unwrap()),
+        status => Err(status),
+    }
+}
+
+/// A call to `m__big` answered as SSE (a progress notification comes first), kept for
+/// resuming as stream 1's events.
+async fn big_sse_answer(s: &Session, bytes: usize) {
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "m__big", "arguments": {"bytes": bytes, "cr": true}, "_meta": {"progressToken": 1}}});
+    let (status, body) = s.post_text(call.to_string()).await;
+    assert_eq!(status, 200);
+    assert!(
+        body.starts_with("id: ") && body.len() > bytes,
+        "not an SSE answer: {}",
+        &body[..body.len().min(300)]
+    );
+}
+
+/// Alice, from 24 sessions, keeps 24 answers of 12 MB for resuming: more than the replay
+/// budget (256 MiB). Bob's one small answer, the oldest event of all, stays resumable:
+/// past the budget the client keeping the most gives up its own oldest events, not
+/// whichever session's are oldest.
+#[tokio::test]
+async fn a_client_filling_the_replay_budget_sheds_its_own_events_not_another_clients() {
+    const ALICE: &str = "alice-replay-3b9d";
+    const BOB: &str = "bob-replay-c71e";
+    const SESSIONS: usize = 24;
+    const BYTES: usize = 12_000_000;
+    let cfg = format!(
+        "{}\n[clients.alice]\ntoken = \"${{ALICE_TOKEN}}\"\n\n[clients.bob]\ntoken = \"${{BOB_TOKEN}}\"\n",
+        server("m", &unique("exhaust"), &[], "")
+    );
+    let gw = Gateway::start_with_env(&cfg, &[("ALICE_TOKEN", ALICE), ("BOB_TOKEN", BOB)]);
+    let bob = Session::open_as(&gw.url, BOB).await;
+    big_sse_answer(&bob, 1000).await;
+    let mut alice = Vec::new();
+    for _ in 0..SESSIONS {
+        let s = Session::open_as(&gw.url, ALICE).await;
+        big_sse_answer(&s, BYTES).await;
+        alice.push(s);
+    }
+    // Alice's oldest answer went to keep within the budget; her newest is kept.
+    assert!(
+        resume(&alice[0], "1-0").await.is_err(),
+        "all of Alice's answers were kept"
+    );
+    let newest = resume(alice.last().unwrap(), "1-0")
+        .await
+        .expect("Alice's newest answer");
+    assert!(newest.len() > BYTES);
+    let replayed = resume(&bob, "1-0")
+        .await
+        .unwrap_or_else(|status| panic!("Bob's answer cannot be resumed: HTTP {status}"));
+    assert!(replayed.contains("\"result\""), "{replayed}");
+}
+
 /// Server `name`'s entry in `/status`, asked on `s`'s own (pooled) connection: when
 /// every connection slot is taken, a new connection would wait its turn.
 async fn status_on(gw: &Gateway, s: &Session, name: &str) -> serde_json::Value {

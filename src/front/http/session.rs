@@ -80,7 +80,13 @@ impl Session {
     /// Its replay, made on first use with `http`'s id origin.
     pub(super) fn replay(&self, http: &Http) -> Arc<Replay> {
         self.replay
-            .get_or_init(|| Arc::new(Replay::new(http.origin.clone(), http.replay_budget.clone())))
+            .get_or_init(|| {
+                Arc::new(Replay::new(
+                    http.origin.clone(),
+                    http.replay_budget.clone(),
+                    self.share.clone(),
+                ))
+            })
             .clone()
     }
 }
