@@ -340,3 +340,62 @@ for line in sys.stdin.buffer:
     );
     assert!(t.elapsed() < Duration::from_secs(10), "failed after {:?}", t.elapsed());
 }
+
+/// One address (no auth), from several sessions, fills a stdio server with slow calls:
+/// past `max_calls_per_client` (64 by default) of them in flight, its next call is
+/// refused at once, naming the server and the limit, instead of waiting in the child
+/// behind the rest. Another address's call is served meanwhile, and once one of the
+/// first address's calls ends it may call again.
+#[tokio::test]
+async fn one_address_has_at_most_max_calls_per_client_in_flight_to_a_child() {
+    const LIMIT: usize = 64;
+    const SESSIONS: usize = 4;
+    let gw = Gateway::start(&server("m", &unique("exhaust"), &[], ""));
+    let mut sessions = Vec::new();
+    for _ in 0..SESSIONS {
+        sessions.push(std::sync::Arc::new(gw.session().await));
+    }
+    let mut calls = Vec::new();
+    for i in 0..LIMIT {
+        let s = sessions[i % SESSIONS].clone();
+        calls.push(tokio::spawn(async move {
+            s.call_id(json!(1000 + i), "m__slow", json!({"seconds": 120})).await
+        }));
+    }
+    assert!(
+        until(T, || gw.logs().matches("slow started").count() >= LIMIT).await,
+        "{} calls reached the server",
+        gw.logs().matches("slow started").count()
+    );
+    let one_more = gw.session().await;
+    let r = tokio::time::timeout(T, one_more.call("m__echo", json!({"text": "more"})))
+        .await
+        .expect("the call past the limit waited");
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("'m'") && msg.contains("max_calls_per_client") && msg.contains(&LIMIT.to_string()),
+        "{r}"
+    );
+    assert_eq!(error_of(&r)["data"]["server"], "m", "{r}");
+
+    // Another address (loopback's 127.0.0.2) is another client.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let other = Session::open_on(other, &gw.url, json!({})).await;
+    assert_eq!(text(&other.call("m__echo", json!({"text": "other"})).await), "other");
+
+    // A call of the first address ends (cancelled): it may call again.
+    sessions[0]
+        .notify("notifications/cancelled", json!({"requestId": 1000, "reason": "test"}))
+        .await;
+    assert!(
+        gw.in_flight_is(LIMIT as i64 - 1).await,
+        "the cancelled call is still in flight"
+    );
+    assert_eq!(text(&one_more.call("m__echo", json!({"text": "again"})).await), "again");
+    for c in calls {
+        c.abort();
+    }
+}
