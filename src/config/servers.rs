@@ -34,10 +34,12 @@ pub const DEFAULT_TRANSPORT: HttpMode = HttpMode::Auto;
 /// own connection over HTTP/1.1; more wait for one to end.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// `max_calls_per_client` unset (a stdio server): one client's calls in flight to one of
-/// its processes at once; more are refused. Far above what a person's agent runs at once
-/// (a few parallel calls), low enough that one client cannot queue thousands of calls in
-/// a child that every other client waits behind.
-pub const DEFAULT_MAX_CALLS_PER_CLIENT: usize = 64;
+/// its processes at once; more are refused. As many as a remote server's
+/// `max_connections` lets in at once, far above what a person's agent runs at once (a
+/// few parallel calls) and above the bursts of a hundred or two that scripts send, low
+/// enough that one client cannot queue a million calls in a child that every other
+/// client waits behind.
+pub const DEFAULT_MAX_CALLS_PER_CLIENT: usize = 256;
 /// `enabled` unset: the server runs.
 pub const DEFAULT_ENABLED: bool = true;
 
