@@ -58,6 +58,10 @@ pub struct Client {
     pub(crate) view: Option<ViewKey>,
     /// Its row in the console (a session's: set when it opens); none: not shown.
     pub(crate) stats: OnceLock<Arc<crate::console::ClientStats>>,
+    /// A session's owner, as `gateway.max_sessions_per_client` counts sessions: `client
+    /// 'NAME'`, else `address IP`. What a stdio server's `max_calls_per_client` counts
+    /// by; none (stdio, stateless): the client's id.
+    pub(crate) share: Option<Arc<str>>,
 }
 
 /// A server's question during a stateless call, for the client: what the call's rounds
@@ -293,7 +297,14 @@ impl Client {
             silent: false,
             view: None,
             stats: OnceLock::new(),
+            share: None,
         }
+    }
+
+    /// Makes it a session of `share`'s (see [`Client::share`]).
+    pub fn of_share(mut self, share: Arc<str>) -> Client {
+        self.share = Some(share);
+        self
     }
 
     /// Makes it a client of the endpoint of `view` (none: the whole catalog).

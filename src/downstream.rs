@@ -226,6 +226,11 @@ pub enum DsError {
         queued: usize,
         kib: usize,
     },
+    /// The calling client has `limit` calls in flight to the server's process already.
+    #[error(
+        "server '{server}' already has {limit} calls of this client in flight, the gateway's limit (servers.{server}.max_calls_per_client); wait for one to finish"
+    )]
+    TooManyCalls { server: Arc<str>, limit: usize },
     #[error("server '{server}' answered HTTP {status}: {detail}")]
     Status {
         server: Arc<str>,
@@ -255,6 +260,7 @@ impl DsError {
             | DsError::Exited { server, .. }
             | DsError::Unavailable { server, .. }
             | DsError::Busy { server, .. }
+            | DsError::TooManyCalls { server, .. }
             | DsError::Status { server, .. }
             | DsError::Malformed { server, .. } => server,
         }
@@ -267,9 +273,17 @@ impl DsError {
 }
 
 impl From<&DsError> for Error {
-    /// Always the named server's fault.
+    /// The named server's fault, but for a client's own bound (its calls in flight),
+    /// which `data.server` still names.
     fn from(e: &DsError) -> Error {
-        Error::server(&Arc::from(e.server()), e.code(), e.to_string())
+        let server = Arc::from(e.server());
+        match e {
+            DsError::TooManyCalls { .. } => Error {
+                source: crate::error::Source::Client,
+                ..Error::server(&server, code::INVALID_REQUEST, e.to_string())
+            },
+            _ => Error::server(&server, e.code(), e.to_string()),
+        }
     }
 }
 
@@ -280,6 +294,7 @@ impl crate::telemetry::Failure for DsError {
             DsError::Exited { .. } => "server_exited",
             DsError::Unavailable { .. } => "unavailable",
             DsError::Busy { .. } => "busy",
+            DsError::TooManyCalls { .. } => "too_many_calls",
             DsError::Status { .. } => "http_status",
             DsError::Malformed { .. } => "malformed_answer",
         }
@@ -378,7 +393,8 @@ pub enum Command {
         reply: oneshot::Sender<Result<Outcome, DsError>>,
         /// Extra HTTP headers for a Streamable HTTP server (2026-07-28 `Mcp-Param-*`).
         headers: Vec<(String, String)>,
-        /// Whose call it is, for a remote server's fair share of its connections.
+        /// Whose call it is: for a remote server's fair share of its connections, a
+        /// child's calls in flight per client (0: the gateway's own, never counted).
         caller: fair::Caller,
     },
     Notify {
@@ -421,9 +437,33 @@ pub struct Connection {
     stderr: Option<Arc<stdio::StderrTail>>,
     /// Whose calls this handle sends ([`Connection::for_caller`]).
     caller: fair::Caller,
-    /// Whether its owner shares slots among callers (a remote server's), so that a
-    /// caller's key is worth making.
-    fair: bool,
+    /// Whether, and how, its owner tells callers apart, so that a caller's key is worth
+    /// making.
+    keyed: Keyed,
+}
+
+/// How a connection's owner tells callers apart.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keyed {
+    /// It does not.
+    No,
+    /// A remote server's slots go to callers in turn ([`fair`]): by identity, else by
+    /// session.
+    BySession,
+    /// A child's calls in flight are bounded per client (`max_calls_per_client`): by
+    /// identity, else by address (a session's share), so that many sessions of one
+    /// address count as one client.
+    ByClient,
+}
+
+/// Who sends a call, for [`Connection::for_caller`].
+pub struct Who<'a> {
+    /// Its `[clients.NAME]` or OAuth identity.
+    pub identity: Option<&'a str>,
+    /// Its session (a stateless caller's name).
+    pub session: &'a str,
+    /// Whose share of the sessions its session is (`client 'NAME'`, `address IP`).
+    pub share: Option<&'a str>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -442,23 +482,38 @@ impl Connection {
             degraded: Arc::default(),
             stderr: None,
             caller: 0,
-            fair: false,
+            keyed: Keyed::No,
         }
     }
 
     /// The same handle, to an owner that shares its slots among callers ([`fair`]).
     pub fn fair(mut self) -> Self {
-        self.fair = true;
+        self.keyed = Keyed::BySession;
         self
     }
 
-    /// The same handle, sending its calls as `caller`'s: a remote server's
-    /// `max_connections` slots go to waiting callers in turn ([`fair`]). The key is made
-    /// only for such a server (a child's pipe has no slots to share).
-    pub fn for_caller(mut self, caller: impl FnOnce() -> fair::Caller) -> Self {
-        if self.fair {
-            self.caller = caller();
-        }
+    /// The same handle, to an owner that bounds each client's calls in flight.
+    pub fn per_client(mut self) -> Self {
+        self.keyed = Keyed::ByClient;
+        self
+    }
+
+    /// The same handle, sending its calls as `who`'s: a remote server's
+    /// `max_connections` slots go to waiting callers in turn ([`fair`]), and a child
+    /// takes at most `max_calls_per_client` of one client's calls. The key (a hash) is
+    /// made only for such an owner.
+    pub fn for_caller<'a>(mut self, who: impl FnOnce() -> Who<'a>) -> Self {
+        self.caller = match self.keyed {
+            Keyed::No => 0,
+            Keyed::BySession => {
+                let w = who();
+                fair::caller(w.identity, Some(w.session))
+            }
+            Keyed::ByClient => {
+                let w = who();
+                fair::caller(w.identity, Some(w.share.unwrap_or(w.session)))
+            }
+        };
         self
     }
 
@@ -803,6 +858,8 @@ pub struct Pending {
     /// The caller's own progress token, restored on each `notifications/progress`.
     pub progress: Option<Id>,
     pub reply: oneshot::Sender<Result<Outcome, DsError>>,
+    /// Whose call it is (see [`Command::Request`]).
+    pub caller: fair::Caller,
 }
 
 /// The task a `tasks/*` request is about (its `taskId`), as the server knows it.

@@ -139,7 +139,8 @@ fn expected(path: &[String]) -> Option<String> {
             | "page_size"
             | "max_in_flight"
             | "worker_threads"
-            | "max_connections",
+            | "max_connections"
+            | "max_calls_per_client",
         ) => {
             format!("a whole number like {key} = 100")
         }

@@ -33,6 +33,13 @@ pub const DEFAULT_TRANSPORT: HttpMode = HttpMode::Auto;
 /// `max_connections` unset (a remote server): calls in flight to it at once, each on its
 /// own connection over HTTP/1.1; more wait for one to end.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// `max_calls_per_client` unset (a stdio server): one client's calls in flight to one of
+/// its processes at once; more are refused. As many as a remote server's
+/// `max_connections` lets in at once, far above what a person's agent runs at once (a
+/// few parallel calls) and above the bursts of a hundred or two that scripts send, low
+/// enough that one client cannot queue a million calls in a child that every other
+/// client waits behind.
+pub const DEFAULT_MAX_CALLS_PER_CLIENT: usize = 256;
 /// `enabled` unset: the server runs.
 pub const DEFAULT_ENABLED: bool = true;
 
@@ -47,6 +54,7 @@ pub(super) struct RawServer {
     headers: IndexMap<String, Spanned<String>>,
     ca_file: Option<Spanned<String>>,
     max_connections: Option<Spanned<usize>>,
+    max_calls_per_client: Option<Spanned<usize>>,
     /// `auth = { token_exchange = {..} }` or `{ oauth = {..} }` (remote servers only).
     auth: Option<Spanned<RawUpstreamAuth>>,
     #[serde(default)]
@@ -280,6 +288,8 @@ pub struct StdioSpec {
     pub inherited: Vec<(String, String)>,
     /// `gateway.max_line`: the longest stdout line accepted from the child.
     pub max_line: usize,
+    /// `max_calls_per_client`: one client's calls in flight to one process at most.
+    pub max_calls_per_client: usize,
 }
 
 /// Every `[servers.NAME]`, in file order; a server with a problem is reported and left
@@ -448,6 +458,7 @@ pub(super) fn parse(
                     ("args", !s.args.is_empty()),
                     ("env", !s.env.is_empty()),
                     ("cwd", s.cwd.is_some()),
+                    ("max_calls_per_client", s.max_calls_per_client.is_some()),
                 ] {
                     if v {
                         cx.at(
@@ -547,6 +558,17 @@ pub(super) fn parse(
             Some(c) => base.join(c),
         };
         let (args, masked) = stdio_args(cx, &name, s.args, env);
+        let max_calls_per_client = match &s.max_calls_per_client {
+            Some(n) if *n.get_ref() == 0 => {
+                cx.at(
+                    n.span().start,
+                    format!("servers.{name}.max_calls_per_client must be at least 1"),
+                );
+                DEFAULT_MAX_CALLS_PER_CLIENT
+            }
+            Some(n) => *n.get_ref(),
+            None => DEFAULT_MAX_CALLS_PER_CLIENT,
+        };
         let t = Transport::Stdio(StdioSpec {
             command: command.into_inner(),
             args,
@@ -556,6 +578,7 @@ pub(super) fn parse(
             masked,
             inherited: inherited.clone(),
             max_line: gateway.max_line,
+            max_calls_per_client,
         });
         unused_catalog_secrets(cx, &name, &s.catalog_secrets, &t);
         servers.push(server(t));

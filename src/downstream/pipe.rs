@@ -64,6 +64,9 @@ pub struct Pipe {
     /// Values masked (`***`) in what the server says that the gateway shows: a line it
     /// logs, an error the server answers (its configured env values, for a child).
     pub secrets: Vec<String>,
+    /// One client's calls in flight at most (a child's `max_calls_per_client`); more are
+    /// refused at once. `usize::MAX`: no bound, and no caller is told apart.
+    pub per_client: usize,
 }
 
 /// Starts the task that owns `pipe` and returns its handle.
@@ -75,7 +78,10 @@ pub fn run_pipe(
     span: tracing::Span,
 ) -> Connection {
     let (tx, rx) = mpsc::channel(super::COMMAND_QUEUE);
-    let conn = Connection::new(server.clone(), tx);
+    let mut conn = Connection::new(server.clone(), tx);
+    if pipe.per_client != usize::MAX {
+        conn = conn.per_client();
+    }
     let actor = Actor {
         server,
         pending: HashMap::new(),
@@ -92,6 +98,8 @@ pub fn run_pipe(
         elicitations: Default::default(),
         next_id: Arc::downgrade(&conn.next_id),
         secrets: pipe.secrets,
+        per_client: pipe.per_client,
+        calls: HashMap::default(),
     };
     crate::background::spawn(actor.run(rx, pipe.write, pipe.lines, pipe.exit).instrument(span));
     conn
@@ -131,6 +139,12 @@ struct Actor {
     next_id: std::sync::Weak<std::sync::atomic::AtomicU64>,
     /// See [`Pipe::secrets`].
     secrets: Vec<String>,
+    /// See [`Pipe::per_client`].
+    per_client: usize,
+    /// Each client's calls in flight (those in `pending` of a caller other than 0); a
+    /// client with none has no entry. Kept by this task alone: the bound costs a call a
+    /// hash lookup here, and no lock.
+    calls: HashMap<super::fair::Caller, usize, foldhash::fast::FixedState>,
 }
 
 /// How the child ended, as a sentence.
@@ -164,8 +178,8 @@ impl Actor {
                         let _ = done.send(());
                         return;
                     }
-                    Some(Command::Request { id, method, params, sink, reply, .. }) => {
-                        self.request(id, method, params, sink, reply, &write)
+                    Some(Command::Request { id, method, params, sink, reply, caller, .. }) => {
+                        self.request(id, method, params, sink, reply, caller, &write)
                     }
                     Some(Command::Notify { method, params }) => self.notify(&method, params.as_deref(), &write),
                     Some(Command::Cancel { id, reason }) => self.cancel(id, reason),
@@ -312,6 +326,7 @@ impl Actor {
                     sink: None,
                     progress: None,
                     reply,
+                    caller: 0,
                 },
             );
             let (mut line, _) = encode_request(id, "ping", super::Params::Raw(None));
@@ -327,11 +342,20 @@ impl Actor {
         if p.method == "subscriptions/listen" {
             self.listens -= 1;
         }
+        if p.caller != 0 {
+            if let std::collections::hash_map::Entry::Occupied(mut n) = self.calls.entry(p.caller) {
+                *n.get_mut() -= 1;
+                if *n.get() == 0 {
+                    n.remove();
+                }
+            }
+        }
         Some(p)
     }
 
     /// A caller's request: queued for the server, or refused at once when its input is
-    /// closed or full.
+    /// closed or full, or its client has `per_client` calls in flight already.
+    #[allow(clippy::too_many_arguments)]
     fn request(
         &mut self,
         id: u64,
@@ -339,6 +363,7 @@ impl Actor {
         params: super::Params,
         sink: Option<super::Sink>,
         reply: oneshot::Sender<Result<message::Outcome, DsError>>,
+        caller: super::fair::Caller,
         write: &Option<mpsc::Sender<Vec<u8>>>,
     ) {
         if write.is_none() {
@@ -358,6 +383,21 @@ impl Actor {
             }));
             return;
         }
+        if caller != 0 {
+            let n = self.calls.entry(caller).or_insert(0);
+            if *n >= self.per_client {
+                debug!(
+                    limit = self.per_client,
+                    "refusing a call: its client has its calls in flight"
+                );
+                let _ = reply.send(Err(DsError::TooManyCalls {
+                    server: self.server.clone(),
+                    limit: self.per_client,
+                }));
+                return;
+            }
+            *n += 1;
+        }
         let task = super::task_of(&method, &params);
         let (mut line, progress) = encode_request(id, &method, params);
         line.push(b'\n');
@@ -374,6 +414,7 @@ impl Actor {
                 sink,
                 progress,
                 reply,
+                caller,
             },
         );
         self.queue(Some(id), line);
@@ -559,6 +600,7 @@ impl Actor {
 
     fn fail_all(&mut self, reason: &str) {
         self.listens = 0;
+        self.calls.clear();
         for (_, p) in self.pending.drain() {
             let _ = p.reply.send(Err(DsError::Exited {
                 server: self.server.clone(),

@@ -89,6 +89,7 @@ pub fn spawn(server: Arc<str>, spec: &HttpSpec, incoming: mpsc::Sender<Incoming>
         stop: Some(stop),
         unwritten,
         secrets: super::http::secret_values(spec),
+        per_client: usize::MAX,
     };
     Ok(run_pipe(server, pipe, incoming, super::pipe::Watch::OFF, span))
 }

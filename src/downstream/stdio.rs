@@ -99,6 +99,7 @@ pub fn spawn(
         stop: None,
         unwritten,
         secrets: secret_values(spec),
+        per_client: spec.max_calls_per_client,
     };
     Ok(run_pipe(server, pipe, incoming, watch, span)
         .with_pid(pid)

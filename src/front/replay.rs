@@ -28,13 +28,21 @@ pub const REPLAY_AGE: Duration = Duration::from_secs(300);
 pub const REPLAY_BYTES: usize = 16 << 20;
 /// Every session's kept events together, at most: without it, a client with many
 /// sessions (up to `gateway.max_sessions_per_client`) pins `REPLAY_BYTES` in each. Past
-/// it the oldest events go, whichever session's.
+/// it the client keeping the most gives up its oldest events (see [`Budget`]).
 pub const REPLAY_TOTAL_BYTES: usize = 256 << 20;
 /// The `retry` field of priming events: how long a client waits before it reconnects.
 pub const RETRY_MS: u64 = 1000;
 
 /// The bytes all sessions' [`Replay`]s keep, against a limit ([`REPLAY_TOTAL_BYTES`]),
-/// and the order they were kept in, so the oldest go first.
+/// and the order each client's were kept in.
+///
+/// Past the limit, the client keeping the most bytes gives up its own oldest events (the
+/// client: its identity, else its address, as `gateway.max_sessions_per_client` counts
+/// them). So a client that fills the budget sheds its own events, and every other
+/// client's stay resumable, until it keeps no more than they do: each client's share is
+/// what the others leave, and none is held back for a client that is not there. Shed
+/// oldest first across all sessions instead, one client's flood of large answers would
+/// push out everyone else's events within seconds.
 pub struct Budget {
     used: AtomicUsize,
     /// Events kept, all sessions together.
@@ -45,11 +53,20 @@ pub struct Budget {
     order: Mutex<Order>,
 }
 
-/// Every event kept, about oldest first (each is added just after its session keeps
-/// it), as its number and its session's events; an entry whose event its session dropped
-/// already (its own bounds, its end) is skipped.
+/// Every event kept, by client.
 #[derive(Default)]
 struct Order {
+    clients: HashMap<Arc<str>, Held>,
+    /// The entries in all clients' `kept`.
+    entries: usize,
+}
+
+/// What one client keeps: its bytes, and its events about oldest first (each is added
+/// just after its session keeps it), as its number and its session's events; an entry
+/// whose event its session dropped already (its own bounds, its end) is skipped.
+struct Held {
+    /// Counted by its sessions under their own locks; each of its [`Replay`]s holds it.
+    used: Arc<AtomicUsize>,
     kept: VecDeque<(u64, Weak<Mutex<Inner>>)>,
 }
 
@@ -69,34 +86,82 @@ impl Budget {
         self.used.load(Ordering::Relaxed)
     }
 
-    fn add(&self, bytes: usize) {
+    /// The count of `client`'s bytes, shared by its sessions' replays.
+    fn join(&self, client: &Arc<str>) -> Arc<AtomicUsize> {
+        let mut order = crate::sync::lock(&self.order);
+        order
+            .clients
+            .entry(client.clone())
+            .or_insert_with(|| Held {
+                used: Arc::default(),
+                kept: VecDeque::new(),
+            })
+            .used
+            .clone()
+    }
+
+    fn add(&self, client: &AtomicUsize, bytes: usize) {
         self.used.fetch_add(bytes, Ordering::Relaxed);
         self.events.fetch_add(1, Ordering::Relaxed);
+        client.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    fn sub(&self, bytes: usize, events: usize) {
+    fn sub(&self, client: &AtomicUsize, bytes: usize, events: usize) {
         self.used.fetch_sub(bytes, Ordering::Relaxed);
         self.events.fetch_sub(events, Ordering::Relaxed);
+        client.fetch_sub(bytes, Ordering::Relaxed);
     }
 
-    /// Drops the oldest events, whichever session's, until the kept bytes are within the
-    /// limit; then, if entries of events already gone outnumber the kept ones, forgets
-    /// them. Called with `order` locked, and no session's events.
+    /// Until the kept bytes are within the limit, the client keeping the most drops its
+    /// oldest event, whichever of its sessions'; then, if entries of events already gone
+    /// outnumber the kept ones, forgets them. Called with `order` locked, and no
+    /// session's events. Finding that client is one pass over the clients keeping events,
+    /// only while over the limit (a record sheds about one event).
     fn shed(&self, order: &mut Order) {
+        let Order { clients, entries } = order;
         while self.used() > self.limit {
-            let Some((n, events)) = order.kept.pop_front() else {
+            let Some(held) = clients
+                .values_mut()
+                .filter(|h| !h.kept.is_empty())
+                .max_by_key(|h| h.used.load(Ordering::Relaxed))
+            else {
                 break;
             };
-            if let Some(events) = events.upgrade() {
-                crate::sync::lock(&events).drop_oldest_since(n, self);
+            while let Some((n, events)) = held.kept.pop_front() {
+                *entries -= 1;
+                let dropped = events
+                    .upgrade()
+                    .is_some_and(|e| crate::sync::lock(&e).drop_oldest_since(n, self, &held.used));
+                if dropped {
+                    break;
+                }
             }
         }
-        if order.kept.len() > 2 * self.events.load(Ordering::Relaxed) + 1024 {
-            order.kept.retain(|(n, events)| {
-                events
-                    .upgrade()
-                    .is_some_and(|e| crate::sync::lock(&e).kept.front().is_some_and(|k| k.n <= *n))
+        if *entries > 2 * self.events.load(Ordering::Relaxed) + 1024 {
+            *entries = 0;
+            clients.retain(|_, held| {
+                held.kept.retain(|(n, events)| {
+                    events
+                        .upgrade()
+                        .is_some_and(|e| crate::sync::lock(&e).kept.front().is_some_and(|k| k.n <= *n))
+                });
+                *entries += held.kept.len();
+                // A client none of whose sessions keeps a replay any more is forgotten.
+                !held.kept.is_empty() || Arc::strong_count(&held.used) > 1
             });
+        }
+    }
+
+    /// `client`'s replay (`used`, its count) ended: if it was the client's last, the
+    /// client is forgotten (its entries are all of events gone). Called with no lock held.
+    fn leave(&self, client: &Arc<str>, used: &Arc<AtomicUsize>) {
+        let mut order = crate::sync::lock(&self.order);
+        let Order { clients, entries } = &mut *order;
+        // Its count is held by the table and by each of its replays, this one included.
+        if Arc::strong_count(used) == 2 {
+            if let Some(held) = clients.remove(client) {
+                *entries -= held.kept.len();
+            }
         }
     }
 }
@@ -108,12 +173,16 @@ pub struct Replay {
     origin: Option<Arc<str>>,
     /// Shared by every session's replay.
     budget: Arc<Budget>,
+    /// Whose share of the budget it is (see [`Budget`]), and that client's count of
+    /// bytes kept.
+    client: Arc<str>,
+    used: Arc<AtomicUsize>,
 }
 
 impl Default for Replay {
     /// A replay with a budget of its own (tests).
     fn default() -> Replay {
-        Replay::new(None, Arc::new(Budget::new(REPLAY_TOTAL_BYTES)))
+        Replay::new(None, Arc::new(Budget::new(REPLAY_TOTAL_BYTES)), "a client".into())
     }
 }
 
@@ -122,10 +191,13 @@ impl Drop for Replay {
         // Emptied as it is given back: the budget's shedding may hold these events a
         // moment longer (it upgraded its weak reference first), and must find nothing
         // left to give back twice.
-        let mut inner = self.lock();
-        self.budget.sub(inner.bytes, inner.kept.len());
-        inner.kept.clear();
-        inner.bytes = 0;
+        {
+            let mut inner = self.lock();
+            self.budget.sub(&self.used, inner.bytes, inner.kept.len());
+            inner.kept.clear();
+            inner.bytes = 0;
+        }
+        self.budget.leave(&self.client, &self.used);
     }
 }
 
@@ -265,20 +337,23 @@ pub fn message_event(id: Option<&str>, json: &[u8]) -> Vec<u8> {
 }
 
 impl Replay {
-    /// The replay of a session; its ids carry `origin` (cluster mode); what it keeps
-    /// counts against `budget`, shared by all sessions.
-    pub fn new(origin: Option<Arc<str>>, budget: Arc<Budget>) -> Replay {
+    /// The replay of a session of `client` (see [`Budget`]); its ids carry `origin`
+    /// (cluster mode); what it keeps counts against `budget`, shared by all sessions.
+    pub fn new(origin: Option<Arc<str>>, budget: Arc<Budget>, client: Arc<str>) -> Replay {
+        let used = budget.join(&client);
         Replay {
             inner: Arc::default(),
             origin,
             budget,
+            client,
+            used,
         }
     }
 
     /// Drops the events past the bounds now (the janitor's round: a session that records
     /// nothing more still lets go of its old events).
     pub fn trim(&self) {
-        self.lock().evict(Instant::now(), &self.budget);
+        self.lock().evict(Instant::now(), &self.budget, &self.used);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -355,7 +430,7 @@ impl Replay {
             }
             let n = self.budget.next.fetch_add(1, Ordering::Relaxed);
             inner.bytes += frame.len();
-            self.budget.add(frame.len());
+            self.budget.add(&self.used, frame.len());
             inner.kept.push_back(Kept {
                 n,
                 stream,
@@ -363,13 +438,27 @@ impl Replay {
                 at: now,
                 frame: frame.clone(),
             });
-            inner.evict(now, &self.budget);
+            inner.evict(now, &self.budget, &self.used);
             (frame, n)
         };
         // The order after the session's events, never while holding them: as the budget
         // sheds.
         let mut order = crate::sync::lock(&self.budget.order);
-        order.kept.push_back((n, Arc::downgrade(&self.inner)));
+        let entry = (n, Arc::downgrade(&self.inner));
+        match order.clients.get_mut(&self.client) {
+            Some(held) => held.kept.push_back(entry),
+            // Not forgotten while a replay of it lives; made again all the same.
+            None => {
+                order.clients.insert(
+                    self.client.clone(),
+                    Held {
+                        used: self.used.clone(),
+                        kept: VecDeque::from([entry]),
+                    },
+                );
+            }
+        }
+        order.entries += 1;
         self.budget.shed(&mut order);
         frame
     }
@@ -391,7 +480,7 @@ impl Replay {
     /// new connection from now on (an earlier connection still reading it ends).
     pub fn resume(&self, stream: u64, after: u64) -> Result<Resumed, Refused> {
         let mut inner = self.lock();
-        inner.evict(Instant::now(), &self.budget);
+        inner.evict(Instant::now(), &self.budget, &self.used);
         let s = inner.streams.get(&stream).ok_or(Refused::Gone)?;
         if after < s.gone || after > s.last {
             return Err(Refused::Gone);
@@ -426,29 +515,32 @@ impl Replay {
 
 impl Inner {
     /// Drops the oldest events past this session's bounds, and streams that ended with
-    /// nothing kept.
-    fn evict(&mut self, now: Instant, total: &Budget) {
+    /// nothing kept. `client` counts its client's bytes.
+    fn evict(&mut self, now: Instant, total: &Budget, client: &AtomicUsize) {
         while let Some(k) = self.kept.front() {
             let old = now.duration_since(k.at) > REPLAY_AGE;
             if !old && self.kept.len() <= REPLAY_EVENTS && self.bytes <= REPLAY_BYTES {
                 break;
             }
-            self.drop_oldest(total);
+            self.drop_oldest(total, client);
         }
     }
 
     /// Drops the oldest event if event `n` of all sessions' is still kept here, or one
     /// before it (see [`Budget::shed`]); else event `n` went already, and nothing does.
-    fn drop_oldest_since(&mut self, n: u64, total: &Budget) {
-        if self.kept.front().is_some_and(|k| k.n <= n) {
-            self.drop_oldest(total);
+    /// Returns whether one did.
+    fn drop_oldest_since(&mut self, n: u64, total: &Budget, client: &AtomicUsize) -> bool {
+        let due = self.kept.front().is_some_and(|k| k.n <= n);
+        if due {
+            self.drop_oldest(total, client);
         }
+        due
     }
 
-    fn drop_oldest(&mut self, total: &Budget) {
+    fn drop_oldest(&mut self, total: &Budget, client: &AtomicUsize) {
         let Some(k) = self.kept.pop_front() else { return };
         self.bytes -= k.frame.len();
-        total.sub(k.frame.len(), 1);
+        total.sub(client, k.frame.len(), 1);
         if let Some(s) = self.streams.get_mut(&k.stream) {
             s.gone = k.seq;
             s.kept -= 1;
@@ -514,7 +606,11 @@ mod tests {
 
     #[test]
     fn cluster_ids_name_their_process_and_the_kind_of_their_stream() {
-        let r = Replay::new(Some("0a1b2c3d".into()), Arc::new(Budget::new(REPLAY_TOTAL_BYTES)));
+        let r = Replay::new(
+            Some("0a1b2c3d".into()),
+            Arc::new(Budget::new(REPLAY_TOTAL_BYTES)),
+            "a client".into(),
+        );
         let (a, _rx) = r.open_post();
         let b = r.open_get();
         assert!(r
@@ -561,7 +657,8 @@ mod tests {
     #[test]
     fn sessions_share_one_byte_budget_and_give_it_back() {
         let budget = Arc::new(Budget::new(1000));
-        let (r1, r2) = (Replay::new(None, budget.clone()), Replay::new(None, budget.clone()));
+        let one = |c: &str| Replay::new(None, budget.clone(), c.into());
+        let (r1, r2) = (one("a client"), one("a client"));
         let (a, _ra) = r1.open_post();
         let (b, _rb) = r2.open_post();
         let event = [b'x'; 300];
@@ -569,7 +666,7 @@ mod tests {
             r1.record(a, &event);
         }
         assert!(budget.used() <= 1000, "{}", budget.used());
-        // Over the budget, the oldest events go, whichever session's.
+        // Over the budget, the oldest events of the client go, whichever session's.
         r2.record(b, &event);
         r2.record(b, &event);
         assert!(budget.used() <= 1000, "{}", budget.used());
@@ -579,5 +676,46 @@ mod tests {
         drop(r1);
         drop(r2);
         assert_eq!(budget.used(), 0);
+        assert!(
+            crate::sync::lock(&budget.order).clients.is_empty(),
+            "its client is forgotten"
+        );
+    }
+
+    #[test]
+    fn over_the_budget_the_client_keeping_the_most_sheds_its_own_events() {
+        let budget = Arc::new(Budget::new(1000));
+        let one = |c: &str| Replay::new(None, budget.clone(), c.into());
+        let (light, heavy, heavy2) = (one("client 'bob'"), one("client 'alice'"), one("client 'alice'"));
+        let (l, _rl) = light.open_post();
+        let (h, _rh) = heavy.open_post();
+        let (h2, _rh2) = heavy2.open_post();
+        let event = [b'x'; 200];
+        light.record(l, &event);
+        // Alice floods from two sessions: hers go, oldest first, and Bob's one event,
+        // the oldest of all, stays.
+        for _ in 0..10 {
+            heavy.record(h, &event);
+            heavy2.record(h2, &event);
+        }
+        assert!(budget.used() <= 1000, "{}", budget.used());
+        assert!(
+            matches!(light.resume(l, 0), Ok(Resumed::Post { .. })),
+            "Bob's event went"
+        );
+        assert!(matches!(heavy.resume(h, 0), Err(Refused::Gone)));
+        assert!(
+            matches!(heavy2.resume(h2, 9), Ok(Resumed::Post { .. })),
+            "Alice's newest went"
+        );
+        // Bob, now keeping the most, sheds his own.
+        for _ in 0..4 {
+            light.record(l, &event);
+        }
+        assert!(matches!(light.resume(l, 0), Err(Refused::Gone)));
+        assert!(matches!(heavy2.resume(h2, 9), Ok(Resumed::Post { .. })));
+        drop((light, heavy, heavy2));
+        assert_eq!(budget.used(), 0);
+        assert!(crate::sync::lock(&budget.order).clients.is_empty());
     }
 }

@@ -65,8 +65,10 @@ impl Gateway {
             s.connection()
         };
         let conn = match conn {
-            Ok(c) => c.for_caller(|| {
-                crate::downstream::fair::caller(cx.identity.map(|i| i.name.as_str()), Some(cx.client.id.as_str()))
+            Ok(c) => c.for_caller(|| crate::downstream::Who {
+                identity: cx.identity.map(|i| i.name.as_str()),
+                session: cx.client.id.as_str(),
+                share: cx.client.share.as_deref(),
             }),
             Err(e) => return Outcome::Error(e.to_error_object()),
         };

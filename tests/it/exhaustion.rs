@@ -72,6 +72,77 @@ async fn answers_kept_for_resuming_share_one_budget_across_sessions() {
     assert!(replayed.len() > BYTES, "{}", &replayed[..replayed.len().min(300)]);
 }
 
+/// The text of resuming `s`'s stream after `last` (a 200's body), or the refusal's status.
+async fn resume(s: &Session, last: &str) -> Result<String, u16> {
+    let r = s
+        .http
+        .get(&s.url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &s.id)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("last-event-id", last)
+        .timeout(T)
+        .send()
+        .await
+        .unwrap();
+    match r.status().as_u16() {
+        200 => Ok(r.text().await.unwrap()),
+        status => Err(status),
+    }
+}
+
+/// A call to `m__big` answered as SSE (a progress notification comes first), kept for
+/// resuming as stream 1's events.
+async fn big_sse_answer(s: &Session, bytes: usize) {
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "m__big", "arguments": {"bytes": bytes, "cr": true}, "_meta": {"progressToken": 1}}});
+    let (status, body) = s.post_text(call.to_string()).await;
+    assert_eq!(status, 200);
+    assert!(
+        body.starts_with("id: ") && body.len() > bytes,
+        "not an SSE answer: {}",
+        &body[..body.len().min(300)]
+    );
+}
+
+/// Alice, from 24 sessions, keeps 24 answers of 12 MB for resuming: more than the replay
+/// budget (256 MiB). Bob's one small answer, the oldest event of all, stays resumable:
+/// past the budget the client keeping the most gives up its own oldest events, not
+/// whichever session's are oldest.
+#[tokio::test]
+async fn a_client_filling_the_replay_budget_sheds_its_own_events_not_another_clients() {
+    const ALICE: &str = "alice-replay-3b9d";
+    const BOB: &str = "bob-replay-c71e";
+    const SESSIONS: usize = 24;
+    const BYTES: usize = 12_000_000;
+    let cfg = format!(
+        "{}\n[clients.alice]\ntoken = \"${{ALICE_TOKEN}}\"\n\n[clients.bob]\ntoken = \"${{BOB_TOKEN}}\"\n",
+        server("m", &unique("exhaust"), &[], "")
+    );
+    let gw = Gateway::start_with_env(&cfg, &[("ALICE_TOKEN", ALICE), ("BOB_TOKEN", BOB)]);
+    let bob = Session::open_as(&gw.url, BOB).await;
+    big_sse_answer(&bob, 1000).await;
+    let mut alice = Vec::new();
+    for _ in 0..SESSIONS {
+        let s = Session::open_as(&gw.url, ALICE).await;
+        big_sse_answer(&s, BYTES).await;
+        alice.push(s);
+    }
+    // Alice's oldest answer went to keep within the budget; her newest is kept.
+    assert!(
+        resume(&alice[0], "1-0").await.is_err(),
+        "all of Alice's answers were kept"
+    );
+    let newest = resume(alice.last().unwrap(), "1-0")
+        .await
+        .expect("Alice's newest answer");
+    assert!(newest.len() > BYTES);
+    let replayed = resume(&bob, "1-0")
+        .await
+        .unwrap_or_else(|status| panic!("Bob's answer cannot be resumed: HTTP {status}"));
+    assert!(replayed.contains("\"result\""), "{replayed}");
+}
+
 /// Server `name`'s entry in `/status`, asked on `s`'s own (pooled) connection: when
 /// every connection slot is taken, a new connection would wait its turn.
 async fn status_on(gw: &Gateway, s: &Session, name: &str) -> serde_json::Value {
@@ -268,4 +339,78 @@ for line in sys.stdin.buffer:
         "{r}"
     );
     assert!(t.elapsed() < Duration::from_secs(10), "failed after {:?}", t.elapsed());
+}
+
+/// One address (no auth), from several sessions, fills a stdio server with slow calls:
+/// past `max_calls_per_client` (256 by default) of them in flight, its next call is
+/// refused at once, naming the server and the limit, instead of waiting in the child
+/// behind the rest. Another address's call is served meanwhile, and once one of the
+/// first address's calls ends it may call again.
+#[tokio::test]
+async fn one_address_has_at_most_max_calls_per_client_in_flight_to_a_child() {
+    const LIMIT: usize = 256;
+    const SESSIONS: usize = 4;
+    let gw = Gateway::start(&server("m", &unique("exhaust"), &[], ""));
+    // The mock runs each slow call on a thread of its own.
+    let pid = gw.server_status("m").await["pid"].as_i64().unwrap();
+    let threads = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Threads:"))?
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    let before = threads();
+    let mut sessions = Vec::new();
+    for _ in 0..SESSIONS {
+        sessions.push(std::sync::Arc::new(gw.session().await));
+    }
+    let mut calls = Vec::new();
+    for i in 0..LIMIT {
+        let s = sessions[i % SESSIONS].clone();
+        calls.push(tokio::spawn(async move {
+            s.call_id(json!(1000 + i), "m__slow", json!({"seconds": 120})).await
+        }));
+    }
+    assert!(
+        until(T, || threads() >= before + LIMIT).await,
+        "{} calls reached the server",
+        threads() - before
+    );
+    let one_more = gw.session().await;
+    let r = tokio::time::timeout(T, one_more.call("m__echo", json!({"text": "more"})))
+        .await
+        .expect("the call past the limit waited");
+    let msg = error_of(&r)["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("'m'") && msg.contains("max_calls_per_client") && msg.contains(&LIMIT.to_string()),
+        "{r}"
+    );
+    assert_eq!(error_of(&r)["data"]["server"], "m", "{r}");
+
+    // Another address (loopback's 127.0.0.2) is another client.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let other = Session::open_on(other, &gw.url, json!({})).await;
+    assert_eq!(text(&other.call("m__echo", json!({"text": "other"})).await), "other");
+
+    // A call of the first address ends (cancelled): it may call again.
+    sessions[0]
+        .notify("notifications/cancelled", json!({"requestId": 1000, "reason": "test"}))
+        .await;
+    assert!(
+        gw.in_flight_is(LIMIT as i64 - 1).await,
+        "the cancelled call is still in flight"
+    );
+    assert_eq!(text(&one_more.call("m__echo", json!({"text": "again"})).await), "again");
+    for c in calls {
+        c.abort();
+    }
 }

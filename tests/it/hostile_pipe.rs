@@ -90,11 +90,15 @@ async fn then_answers_and_stops(mut gw: Gateway, s: &Session, grace: Duration) {
     );
 }
 
+/// The server of a burst: one client's calls may all be in flight at once (the burst is
+/// about the pipes, not `max_calls_per_client`).
+const BURST: &str = "timeout = \"20s\"\nmax_calls_per_client = 5000";
+
 #[tokio::test]
 async fn a_burst_of_a_thousand_calls_does_not_deadlock_the_pipe() {
     let cfg = format!(
         "[gateway]\nmax_in_flight = 5000\nshutdown_grace = \"2s\"\n{}",
-        echo_server("e", "timeout = \"20s\"")
+        echo_server("e", BURST)
     );
     let gw = Gateway::start(&cfg);
     let s = gw.session().await;
@@ -108,7 +112,7 @@ async fn a_burst_of_a_thousand_calls_does_not_deadlock_the_pipe() {
 async fn a_burst_of_large_calls_does_not_deadlock_the_pipe() {
     let cfg = format!(
         "[gateway]\nmax_in_flight = 5000\nshutdown_grace = \"2s\"\n{}",
-        echo_server("e", "timeout = \"20s\"")
+        echo_server("e", BURST)
     );
     let gw = Gateway::start(&cfg);
     let s = gw.session().await;
@@ -132,7 +136,7 @@ fn signal(pid: i32, sig: i32) {
 async fn calls_queued_at_a_stopped_child_are_answered_once_it_continues() {
     let cfg = format!(
         "[gateway]\nmax_in_flight = 5000\nshutdown_grace = \"2s\"\n{}",
-        echo_server("e", "timeout = \"20s\"\nstall_timeout = \"60s\"")
+        echo_server("e", &format!("{BURST}\nstall_timeout = \"60s\""))
     );
     let gw = Gateway::start(&cfg);
     let s = gw.session().await;

@@ -80,7 +80,13 @@ impl Session {
     /// Its replay, made on first use with `http`'s id origin.
     pub(super) fn replay(&self, http: &Http) -> Arc<Replay> {
         self.replay
-            .get_or_init(|| Arc::new(Replay::new(http.origin.clone(), http.replay_budget.clone())))
+            .get_or_init(|| {
+                Arc::new(Replay::new(
+                    http.origin.clone(),
+                    http.replay_budget.clone(),
+                    self.share.clone(),
+                ))
+            })
             .clone()
     }
 }
@@ -430,7 +436,12 @@ async fn adopt(
         return Err(unknown_session());
     }
     let level = http.gw.session_log_level(id).await;
-    let client = Arc::new(Client::new(id.to_owned()).in_view(view.cloned()));
+    let share: Arc<str> = record.share.into();
+    let client = Arc::new(
+        Client::new(id.to_owned())
+            .in_view(view.cloned())
+            .of_share(share.clone()),
+    );
     *crate::sync::write(&client.capabilities) = record.capabilities.clone();
     *crate::sync::write(&client.log_level) = level;
     let _ = client.protocol_version.set(record.protocol_version.clone().into());
@@ -438,7 +449,7 @@ async fn adopt(
     let session = Arc::new(Session {
         client,
         owner: record.owner,
-        share: record.share.into(),
+        share,
         priming: record.protocol_version.as_str() >= PRIMING_SINCE,
         protocol_version: record.protocol_version,
         last_seen: AtomicU64::new(http.now_ms()),
@@ -540,7 +551,7 @@ pub(super) async fn initialize(
     let client_name = owner.clone();
     let session = Session {
         client: {
-            let c = Arc::new(Client::new(sid.clone()).in_view(view.clone()));
+            let c = Arc::new(Client::new(sid.clone()).in_view(view.clone()).of_share(share.clone()));
             c.set_capabilities(params);
             let _ = c.protocol_version.set(version.clone().into());
             c.set_identity(who);
