@@ -278,9 +278,10 @@ impl From<&DsError> for Error {
     fn from(e: &DsError) -> Error {
         let server = Arc::from(e.server());
         match e {
+            // A limit, as a rate limit is (no `retryAfterMs`: it ends when a call does).
             DsError::TooManyCalls { .. } => Error {
                 source: crate::error::Source::Client,
-                ..Error::server(&server, code::INVALID_REQUEST, e.to_string())
+                ..Error::server(&server, code::RATE_LIMITED, e.to_string())
             },
             _ => Error::server(&server, e.code(), e.to_string()),
         }

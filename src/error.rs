@@ -47,7 +47,9 @@ pub mod code {
     pub const HEADER_MISMATCH: i64 = -32020;
     /// 2026-07-28: the protocol version asked for is not one the gateway speaks.
     pub const UNSUPPORTED_VERSION: i64 = -32022;
-    /// A rate limit was hit; `data.retryAfterMs` says when to try again.
+    /// A rate limit was hit; `data.retryAfterMs` says when to try again. Also a client's
+    /// calls in flight to a child past `max_calls_per_client` (no `retryAfterMs`: the
+    /// limit frees as soon as one of its calls ends).
     pub const RATE_LIMITED: i64 = -32029;
     /// The gateway cannot serve the request for now: what it needs is unreachable (a
     /// cluster's Redis, with `cluster.on_redis_down = "refuse"`). HTTP 503.

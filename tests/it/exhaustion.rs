@@ -392,6 +392,7 @@ async fn one_address_has_at_most_max_calls_per_client_in_flight_to_a_child() {
         "{r}"
     );
     assert_eq!(error_of(&r)["data"]["server"], "m", "{r}");
+    assert_eq!(error_of(&r)["code"], -32029, "a limit, as a rate limit: {r}");
 
     // Another address (loopback's 127.0.0.2) is another client.
     let other = reqwest::Client::builder()
