@@ -1,0 +1,131 @@
+//! A hostile 2026-07-28 (stateless) downstream server and the bridge that asks its
+//! `input_required` questions of a handshake-era client: how many questions a round may
+//! ask, how long the rounds may take, which questions may be asked at all, and that every
+//! refusal names the server (`tests/fixtures/stateless_hostile.py`).
+
+use crate::common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The hostile fixture as the stdio server `evil`, plus `extra` toml for its table.
+fn evil(extra: &str) -> String {
+    format!(
+        "[servers.evil]\ncommand = {:?}\nargs = [{:?}]\nprefix = \"\"\n{extra}\n",
+        path_str(&repo().join(".venv/bin/python")),
+        path_str(&repo().join("tests/fixtures/stateless_hostile.py")),
+    )
+}
+
+/// Reads `m` to its response, answering every roots/list question with no roots; the
+/// response and how many questions were asked.
+async fn answering_roots(s: &Session, m: &mut Messages) -> (Value, usize) {
+    let mut asked = 0;
+    loop {
+        let msg = m
+            .next(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("no response after {asked} questions"));
+        if msg["method"] == "roots/list" {
+            asked += 1;
+            let r = s
+                .post()
+                .json(&json!({"jsonrpc":"2.0","id":msg["id"],"result":{"roots":[]}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 202);
+        } else if msg.get("id").is_some() && msg.get("method").is_none() {
+            return (msg, asked);
+        }
+    }
+}
+
+/// A server may not make the gateway ask a client thousands of questions in one round:
+/// each would be one more request on the client's stream (and one more answer carried
+/// in the retry). Past the bound the call fails at once, naming the server, and the
+/// client is asked nothing.
+#[tokio::test]
+async fn a_round_of_too_many_questions_is_refused_naming_the_server() {
+    let gw = Gateway::start(&evil(""));
+    let s = Session::open_with(&gw.url, json!({"roots": {}})).await;
+    // A modest round is asked as before.
+    let mut m = s
+        .start(
+            json!(1),
+            "tools/call",
+            json!({"name": "ask_many", "arguments": {"n": 3}}),
+        )
+        .await;
+    let (r, asked) = answering_roots(&s, &mut m).await;
+    assert_eq!(asked, 3, "{r}");
+    assert!(text(&r).starts_with("answered 3"), "{r}");
+    // Two hundred in one round: refused before any is asked.
+    let mut m = s
+        .start(
+            json!(2),
+            "tools/call",
+            json!({"name": "ask_many", "arguments": {"n": 200}}),
+        )
+        .await;
+    let (r, asked) = answering_roots(&s, &mut m).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'evil'") && msg.contains("200"), "{r}");
+    assert_eq!(asked, 0, "no question of an oversized round reaches the client: {r}");
+}
+
+/// The server's `timeout` covers the whole bridged call, the time its questions wait for
+/// the client included (as it does a handshake-era server's own questions): a client that
+/// does not answer gets the question withdrawn and an error naming the server, instead of
+/// the call hanging for the ten minutes a question may wait.
+#[tokio::test]
+async fn a_question_the_client_leaves_unanswered_ends_at_the_servers_timeout() {
+    let gw = Gateway::start(&evil("timeout = \"1s\""));
+    let s = Session::open_with(&gw.url, json!({"elicitation": {}})).await;
+    let mut m = s
+        .start(json!(1), "tools/call", json!({"name": "ask_elicit", "arguments": {}}))
+        .await;
+    let ask = m.next(WAIT).await.expect("the question");
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    // Not answered: the call ends on its own, long before the question's own 600 s.
+    let (notes, r) = m.response(WAIT).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'evil'") && msg.contains("1s"), "{r}");
+    // The client was told the question is withdrawn.
+    assert!(
+        notes
+            .iter()
+            .any(|n| n["method"] == "notifications/cancelled" && n["params"]["requestId"] == ask["id"]),
+        "{notes:?}"
+    );
+}
+
+/// A question of a kind a server may not ask (anything but sampling, elicitation and
+/// roots), or whose params are no object, fails the call with an error naming the server
+/// and what it asked; the client is asked nothing. A client lacking the capability for a
+/// question gets the refusal naming the server too, not a bare -32601 for its tools/call.
+#[tokio::test]
+async fn a_question_the_server_may_not_ask_fails_naming_the_server() {
+    let gw = Gateway::start(&evil(""));
+    let s = Session::open_with(&gw.url, json!({"roots": {}})).await;
+    for (args, want) in [
+        (json!({"method": "tools/call", "params": {"name": "x"}}), "tools/call"),
+        (json!({"method": "ping\u{1b}[2J"}), "ping"),
+        (json!({"method": 7}), "no method"),
+        (json!({"method": "roots/list", "params": "nope"}), "params"),
+        (
+            json!({"method": "elicitation/create", "params": {"message": "hi"}}),
+            "elicitation",
+        ),
+    ] {
+        let mut m = s
+            .start(json!(1), "tools/call", json!({"name": "ask_kind", "arguments": args}))
+            .await;
+        let (r, asked) = answering_roots(&s, &mut m).await;
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("server 'evil'") && msg.contains(want), "{args}: {r}");
+        assert!(!msg.contains('\u{1b}'), "{r}");
+        assert_eq!(asked, 0, "{r}");
+    }
+}
