@@ -159,11 +159,13 @@ fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), S
         let Some(h) = h.as_str() else {
             return Err("x-mcp-header is not a string".into());
         };
+        // The server's value, as the reason repeats it: by its start when long.
+        let said = crate::error::echo(h);
         if h.is_empty() || !h.chars().all(is_tchar) {
-            return Err(format!("x-mcp-header {h:?} is not an HTTP field-name token"));
+            return Err(format!("x-mcp-header {said:?} is not an HTTP field-name token"));
         }
         if seen.iter().any(|s| s.eq_ignore_ascii_case(h)) {
-            return Err(format!("x-mcp-header {h:?} appears twice (case-insensitively)"));
+            return Err(format!("x-mcp-header {said:?} appears twice (case-insensitively)"));
         }
         let types: Vec<&str> = match obj.get("type") {
             Some(Value::String(t)) => vec![t.as_str()],
@@ -172,7 +174,7 @@ fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), S
         };
         if types.is_empty() || !types.iter().all(|t| matches!(*t, "string" | "integer" | "boolean")) {
             return Err(format!(
-                "x-mcp-header {h:?} is on a property whose type is not string, integer or boolean"
+                "x-mcp-header {said:?} is on a property whose type is not string, integer or boolean"
             ));
         }
         seen.push(h.to_owned());

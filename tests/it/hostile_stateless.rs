@@ -129,3 +129,32 @@ async fn a_question_the_server_may_not_ask_fails_naming_the_server() {
         assert_eq!(asked, 0, "{r}");
     }
 }
+
+/// A tool a stateless server lists with an invalid `x-mcp-header` is dropped and the drop
+/// logged, naming the tool and the header by their first 256 bytes and their length: a
+/// server with a 1 MiB name and header cannot write megabytes into the gateway's log on
+/// every listing (as its names elsewhere and its stderr lines cannot).
+#[tokio::test]
+async fn a_dropped_tools_huge_name_and_header_are_cut_in_the_log() {
+    let config = format!(
+        "[servers.evil]\ncommand = {:?}\nargs = [{:?}, \"--long-bad-header\"]\nprefix = \"\"\n",
+        path_str(&repo().join(".venv/bin/python")),
+        path_str(&repo().join("tests/fixtures/stateless_hostile.py")),
+    );
+    let gw = Gateway::start(&config);
+    assert!(
+        gw.wait_log("dropping a tool with an invalid x-mcp-header", WAIT).await,
+        "{:.2000}",
+        gw.logs()
+    );
+    let names = gw.session().await.tool_names().await;
+    assert!(names.iter().any(|n| n == "ask_many"), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("LONGBAD")), "dropped");
+    let logs = gw.logs();
+    let drop = logs
+        .lines()
+        .find(|l| l.contains("dropping a tool with an invalid x-mcp-header"))
+        .unwrap();
+    assert!(drop.len() < 8192, "a log line of {} bytes: {:.300}", drop.len(), drop);
+    assert!(drop.contains(&format!("({} bytes)", (1 << 20) + 7)), "{drop:.600}");
+}
