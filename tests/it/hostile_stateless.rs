@@ -158,3 +158,25 @@ async fn a_dropped_tools_huge_name_and_header_are_cut_in_the_log() {
     assert!(drop.len() < 8192, "a log line of {} bytes: {:.300}", drop.len(), drop);
     assert!(drop.contains(&format!("({} bytes)", (1 << 20) + 7)), "{drop:.600}");
 }
+
+/// On stdio a 2026-07-28 server ends a `subscriptions/listen` stream with
+/// `notifications/cancelled` naming it (the only request a server may cancel). The
+/// gateway takes that as the stream's end and opens it again (after its pause), instead
+/// of waiting on it for good while the server tells it nothing more (every later
+/// list_changed lost).
+#[tokio::test]
+async fn a_listen_stream_the_server_cancels_is_opened_again() {
+    let config = format!(
+        "[servers.evil]\ncommand = {:?}\nargs = [{:?}, \"--end-listen\"]\nprefix = \"\"\n",
+        path_str(&repo().join(".venv/bin/python")),
+        path_str(&repo().join("tests/fixtures/stateless_hostile.py")),
+    );
+    let gw = Gateway::start(&config);
+    let listens = || gw.logs().matches(r#""method":"subscriptions/listen""#).count();
+    assert!(
+        until(WAIT, || listens() >= 2).await,
+        "the ended stream was not opened again: {} listen(s)\n{:.3000}",
+        listens(),
+        gw.logs()
+    );
+}
