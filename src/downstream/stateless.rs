@@ -331,6 +331,25 @@ pub async fn bridge_input_required(
     ))
 }
 
+/// A server's answer to a handshake-era client's `method` that may not ask (anything
+/// but tools/call, prompts/get and resources/read): an `input_required` is an error naming
+/// the server, since the client cannot read one and there is no call to bridge.
+pub fn refuse_input_required(server: &Arc<str>, method: &str, out: Outcome) -> Outcome {
+    match &out {
+        Outcome::Result(r) if input_required(r.get()).is_some() => Outcome::Error(
+            Error::server(
+                server,
+                code::INTERNAL_ERROR,
+                format!(
+                    "server '{server}' answered {method} with input_required, which a server may answer only to tools/call, prompts/get and resources/read"
+                ),
+            )
+            .object(),
+        ),
+        _ => out,
+    }
+}
+
 /// One of a server's `inputRequests` (`key`), as the bridge asks it: its method, one a
 /// server may ask a client ([`crate::client::ASKED_FOR`]), and its params, an object if
 /// any. Else why not, naming the server (its own values cut and escaped).

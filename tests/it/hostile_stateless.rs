@@ -180,3 +180,27 @@ async fn a_listen_stream_the_server_cancels_is_opened_again() {
         gw.logs()
     );
 }
+
+/// A server may answer `input_required` only to tools/call, prompts/get and
+/// resources/read. Its `input_required` to another request of a handshake-era client
+/// (which cannot take one, and whose call the bridge does not run for such a method) is
+/// an error naming the server, not a result the client cannot read.
+#[tokio::test]
+async fn an_input_required_to_a_request_that_may_not_ask_is_an_error_naming_the_server() {
+    let gw = Gateway::start(&evil(""));
+    let s = Session::open_with(&gw.url, json!({"roots": {}})).await;
+    let mut m = s
+        .start(
+            json!(1),
+            "completion/complete",
+            json!({"ref": {"type": "ref/prompt", "name": "p"}, "argument": {"name": "a", "value": "x"}}),
+        )
+        .await;
+    let (r, asked) = answering_roots(&s, &mut m).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("server 'evil'") && msg.contains("input_required") && msg.contains("completion/complete"),
+        "{r}"
+    );
+    assert_eq!(asked, 0, "{r}");
+}
