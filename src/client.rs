@@ -154,12 +154,27 @@ impl crate::downstream::Peer for Client {
             };
             let declared = crate::sync::read(&self.capabilities)
                 .as_ref()
-                .is_some_and(|c| c.contains_key(cap));
-            if !declared {
+                .and_then(|c| c.get(cap).cloned());
+            let Some(declared) = declared else {
                 return Outcome::from(Error::client(
                     code::METHOD_NOT_FOUND,
                     format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
                 ));
+            };
+            if method == "elicitation/create" {
+                let mode = elicitation_mode(params.as_deref());
+                if !elicitation_supports(&declared, &mode) {
+                    // Servers MUST NOT send a mode the client does not support; the
+                    // client's error for one is -32602 (2025-11-25).
+                    return Outcome::from(Error::client(
+                        code::INVALID_PARAMS,
+                        format!(
+                            "the client did not declare elicitation.{}, so it cannot answer a {}-mode elicitation/create",
+                            crate::error::echo(&mode),
+                            crate::error::echo(&mode)
+                        ),
+                    ));
+                }
             }
             if self.stateless {
                 let Some(questions) = &self.questions else {
@@ -231,6 +246,31 @@ impl crate::downstream::Peer for Client {
                 }
             }
         })
+    }
+}
+
+/// The mode of an `elicitation/create`: `form` when it names none (as clients must read it).
+fn elicitation_mode(params: Option<&RawValue>) -> String {
+    #[derive(serde::Deserialize)]
+    struct P {
+        mode: Option<Value>,
+    }
+    match params
+        .and_then(|p| serde_json::from_str::<P>(p.get()).ok())
+        .and_then(|p| p.mode)
+    {
+        None | Some(Value::Null) => "form".to_owned(),
+        Some(Value::String(m)) => m,
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Whether a client's `elicitation` capability covers `mode`: an empty object (or one
+/// that is no object) is form mode only, for backwards compatibility (2025-11-25).
+fn elicitation_supports(declared: &Value, mode: &str) -> bool {
+    match declared.as_object() {
+        Some(modes) if !modes.is_empty() => modes.contains_key(mode),
+        _ => mode == "form",
     }
 }
 

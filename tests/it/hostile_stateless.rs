@@ -18,8 +18,8 @@ fn evil(extra: &str) -> String {
     )
 }
 
-/// Reads `m` to its response, answering every roots/list question with no roots; the
-/// response and how many questions were asked.
+/// Reads `m` to its response, answering every roots/list question with no roots and
+/// every elicitation/create with `accept`; the response and how many questions were asked.
 async fn answering_roots(s: &Session, m: &mut Messages) -> (Value, usize) {
     let mut asked = 0;
     loop {
@@ -27,18 +27,21 @@ async fn answering_roots(s: &Session, m: &mut Messages) -> (Value, usize) {
             .next(WAIT)
             .await
             .unwrap_or_else(|| panic!("no response after {asked} questions"));
-        if msg["method"] == "roots/list" {
-            asked += 1;
-            let r = s
-                .post()
-                .json(&json!({"jsonrpc":"2.0","id":msg["id"],"result":{"roots":[]}}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 202);
-        } else if msg.get("id").is_some() && msg.get("method").is_none() {
-            return (msg, asked);
-        }
+        let answer = match msg["method"].as_str() {
+            Some("roots/list") => json!({"roots": []}),
+            Some("elicitation/create") => json!({"action": "accept"}),
+            Some(_) => continue,
+            None if msg.get("id").is_some() => return (msg, asked),
+            None => continue,
+        };
+        asked += 1;
+        let r = s
+            .post()
+            .json(&json!({"jsonrpc":"2.0","id":msg["id"],"result":answer}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
     }
 }
 
@@ -203,4 +206,40 @@ async fn an_input_required_to_a_request_that_may_not_ask_is_an_error_naming_the_
         "{r}"
     );
     assert_eq!(asked, 0, "{r}");
+}
+
+/// A client that declared `elicitation: {}` (form mode only, as the 2025-11-25 spec reads
+/// an empty object) or only `form` is not sent a URL-mode elicitation a server asks
+/// (servers MUST NOT send a mode the client does not support: a link to follow, shown by
+/// a client that does not expect one): the call fails naming the server and the mode,
+/// with the spec's -32602. A client that declared `url` is asked it.
+#[tokio::test]
+async fn a_url_elicitation_reaches_only_a_client_that_declared_url_mode() {
+    let gw = Gateway::start(&evil(""));
+    for caps in [json!({"elicitation": {}}), json!({"elicitation": {"form": {}}})] {
+        let s = Session::open_with(&gw.url, caps.clone()).await;
+        let mut m = s
+            .start(
+                json!(1),
+                "tools/call",
+                json!({"name": "ask_url", "arguments": {"id": "el-1"}}),
+            )
+            .await;
+        let (r, asked) = answering_roots(&s, &mut m).await;
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("server 'evil'") && msg.contains("url"), "{caps}: {r}");
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        assert_eq!(asked, 0, "{caps}: {r}");
+    }
+    let s = Session::open_with(&gw.url, json!({"elicitation": {"url": {}}})).await;
+    let mut m = s
+        .start(
+            json!(1),
+            "tools/call",
+            json!({"name": "ask_url", "arguments": {"id": "el-1"}}),
+        )
+        .await;
+    let (r, asked) = answering_roots(&s, &mut m).await;
+    assert_eq!(asked, 1, "{r}");
+    assert!(text(&r).starts_with("answered 1"), "{r}");
 }
