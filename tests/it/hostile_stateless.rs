@@ -243,3 +243,36 @@ async fn a_url_elicitation_reaches_only_a_client_that_declared_url_mode() {
     assert_eq!(asked, 1, "{r}");
     assert!(text(&r).starts_with("answered 1"), "{r}");
 }
+
+/// The same deadline over Streamable HTTP, with the Python SDK's 2026-07-28 server: a
+/// question the client leaves unanswered is withdrawn at the server's `timeout` and the
+/// call fails naming the server.
+#[tokio::test]
+async fn over_http_an_unanswered_question_ends_at_the_servers_timeout() {
+    let fixture = path_str(&repo().join("tests/fixtures/conformance_server.py"));
+    let python = path_str(&repo().join(".venv/bin/python"));
+    let server = Proc::start(&python, &[&fixture, "--http", "0"], &[]).await;
+    let url = format!("http://127.0.0.1:{}/mcp", server.port);
+    let gw = Gateway::start(&format!(
+        "[servers.remote]\nurl = {url:?}\nprefix = \"\"\ntimeout = \"1s\"\n"
+    ));
+    assert_eq!(gw.server_status("remote").await["protocolVersion"], "2026-07-28");
+    let s = Session::open_with(&gw.url, json!({"elicitation": {}})).await;
+    let mut m = s
+        .start(
+            json!(1),
+            "tools/call",
+            json!({"name": "test_input_required_result_elicitation", "arguments": {}}),
+        )
+        .await;
+    let ask = m.next(WAIT).await.expect("the question");
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    let (notes, r) = m.response(WAIT).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'remote'") && msg.contains("1s"), "{r}");
+    assert!(
+        notes.iter().any(|n| n["method"] == "notifications/cancelled"),
+        "{notes:?}"
+    );
+    drop(server);
+}
