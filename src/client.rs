@@ -161,6 +161,13 @@ impl crate::downstream::Peer for Client {
                     format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
                 ));
             };
+            let mut params = params;
+            if method == "sampling/createMessage" {
+                if let Some(why) = sampling_refusal(&declared, params.as_deref()) {
+                    return Outcome::from(Error::client(code::INVALID_PARAMS, why));
+                }
+                params = without_context(params);
+            }
             if method == "elicitation/create" {
                 let mode = elicitation_mode(params.as_deref());
                 if !elicitation_supports(&declared, &mode) {
@@ -271,6 +278,46 @@ fn elicitation_supports(declared: &Value, mode: &str) -> bool {
     match declared.as_object() {
         Some(modes) if !modes.is_empty() => modes.contains_key(mode),
         _ => mode == "form",
+    }
+}
+
+/// Why a server's `sampling/createMessage` may not reach a client that declared sampling
+/// as `declared`, if it may not: `tools` to a client that did not declare `sampling.tools`
+/// (servers MUST NOT send them).
+fn sampling_refusal(declared: &Value, params: Option<&RawValue>) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct P {
+        tools: Option<Value>,
+    }
+    let p = params.and_then(|p| serde_json::from_str::<P>(p.get()).ok())?;
+    let tools = p.tools.is_some_and(|t| !t.is_null());
+    (tools && declared.get("tools").is_none()).then(|| {
+        "the client did not declare sampling.tools, so it cannot answer a sampling/createMessage with tools".to_owned()
+    })
+}
+
+/// A server's `sampling/createMessage` params with `includeContext` "none": through the
+/// gateway a client's context of "this server" (or of all servers) is every server behind
+/// it, so the asking server would get the others' context back in the answer. The client
+/// MAY ignore the request (2025-11-25), so the gateway, the server's client, does.
+fn without_context(params: Option<Box<RawValue>>) -> Option<Box<RawValue>> {
+    let raw = params?;
+    if !raw.get().contains("includeContext") {
+        return Some(raw);
+    }
+    let Ok(mut p) = serde_json::from_str::<Map<String, Value>>(raw.get()) else {
+        return Some(raw);
+    };
+    match p.get("includeContext") {
+        None | Some(Value::Null) => Some(raw),
+        Some(Value::String(s)) if s == "none" => Some(raw),
+        Some(_) => {
+            debug!(
+                "a server's sampling/createMessage asked for context; it goes to the client with includeContext none"
+            );
+            p.insert("includeContext".into(), Value::String("none".into()));
+            Some(message::to_raw(&Value::Object(p)))
+        }
     }
 }
 

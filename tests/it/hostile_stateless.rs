@@ -30,6 +30,9 @@ async fn answering_roots(s: &Session, m: &mut Messages) -> (Value, usize) {
         let answer = match msg["method"].as_str() {
             Some("roots/list") => json!({"roots": []}),
             Some("elicitation/create") => json!({"action": "accept"}),
+            Some("sampling/createMessage") => {
+                json!({"role": "assistant", "content": {"type": "text", "text": "ok"}, "model": "m"})
+            }
             Some(_) => continue,
             None if msg.get("id").is_some() => return (msg, asked),
             None => continue,
@@ -275,4 +278,59 @@ async fn over_http_an_unanswered_question_ends_at_the_servers_timeout() {
         "{notes:?}"
     );
     drop(server);
+}
+
+/// Sampling a server asks through the gateway: `includeContext` other than "none" reaches
+/// the client as "none", whatever the client declared (through the gateway "thisServer"
+/// is every server behind it, so a server would get the others' context in its answer;
+/// a client MAY ignore the request, so the gateway does), and `tools` reach only a client
+/// that declared `sampling.tools` (servers MUST NOT send them otherwise: -32602, naming
+/// the server, and the client is asked nothing).
+#[tokio::test]
+async fn sampling_cannot_reach_past_the_asking_server() {
+    let gw = Gateway::start(&evil(""));
+    let messages = json!([{"role": "user", "content": {"type": "text", "text": "hi"}}]);
+    let context = Session::open_with(&gw.url, json!({"sampling": {"context": {}}})).await;
+    for include in ["thisServer", "allServers"] {
+        let args = json!({"method": "sampling/createMessage",
+            "params": {"messages": messages, "maxTokens": 5, "includeContext": include}});
+        let mut m = context
+            .start(json!(1), "tools/call", json!({"name": "ask_kind", "arguments": args}))
+            .await;
+        let ask = m.next(WAIT).await.expect("the question");
+        assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+        assert_eq!(ask["params"]["includeContext"], "none", "{include}: {ask}");
+        assert_eq!(ask["params"]["maxTokens"], 5, "the rest as the server sent it: {ask}");
+        let answer = json!({"role": "assistant", "content": {"type": "text", "text": "ok"}, "model": "m"});
+        let r = context
+            .post()
+            .json(&json!({"jsonrpc":"2.0","id":ask["id"],"result":answer}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        let (_, r) = m.response(WAIT).await;
+        assert!(text(&r).starts_with("answered 1"), "{r}");
+    }
+    let tools = json!({"method": "sampling/createMessage", "params": {"messages": messages, "maxTokens": 5,
+        "tools": [{"name": "t", "inputSchema": {"type": "object"}}]}});
+    let mut m = context
+        .start(
+            json!(2),
+            "tools/call",
+            json!({"name": "ask_kind", "arguments": tools.clone()}),
+        )
+        .await;
+    let (r, asked) = answering_roots(&context, &mut m).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'evil'") && msg.contains("sampling.tools"), "{r}");
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert_eq!(asked, 0, "{r}");
+    // Declared: asked.
+    let able = Session::open_with(&gw.url, json!({"sampling": {"tools": {}}})).await;
+    let mut m = able
+        .start(json!(3), "tools/call", json!({"name": "ask_kind", "arguments": tools}))
+        .await;
+    let (r, asked) = answering_roots(&able, &mut m).await;
+    assert_eq!((asked, text(&r).starts_with("answered 1")), (1, true), "{r}");
 }
