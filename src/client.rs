@@ -158,12 +158,34 @@ impl crate::downstream::Peer for Client {
             };
             let declared = crate::sync::read(&self.capabilities)
                 .as_ref()
-                .is_some_and(|c| c.contains_key(cap));
-            if !declared {
+                .and_then(|c| c.get(cap).cloned());
+            let Some(declared) = declared else {
                 return Outcome::from(Error::client(
                     code::METHOD_NOT_FOUND,
                     format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
                 ));
+            };
+            let mut params = params;
+            if method == "sampling/createMessage" {
+                if let Some(why) = sampling_refusal(&declared, params.as_deref()) {
+                    return Outcome::from(Error::client(code::INVALID_PARAMS, why));
+                }
+                params = without_context(params);
+            }
+            if method == "elicitation/create" {
+                let mode = elicitation_mode(params.as_deref());
+                if !elicitation_supports(&declared, &mode) {
+                    // Servers MUST NOT send a mode the client does not support; the
+                    // client's error for one is -32602 (2025-11-25).
+                    return Outcome::from(Error::client(
+                        code::INVALID_PARAMS,
+                        format!(
+                            "the client did not declare elicitation.{}, so it cannot answer a {}-mode elicitation/create",
+                            crate::error::echo(&mode),
+                            crate::error::echo(&mode)
+                        ),
+                    ));
+                }
             }
             if self.stateless {
                 let Some(questions) = &self.questions else {
@@ -235,6 +257,71 @@ impl crate::downstream::Peer for Client {
                 }
             }
         })
+    }
+}
+
+/// The mode of an `elicitation/create`: `form` when it names none (as clients must read it).
+fn elicitation_mode(params: Option<&RawValue>) -> String {
+    #[derive(serde::Deserialize)]
+    struct P {
+        mode: Option<Value>,
+    }
+    match params
+        .and_then(|p| serde_json::from_str::<P>(p.get()).ok())
+        .and_then(|p| p.mode)
+    {
+        None | Some(Value::Null) => "form".to_owned(),
+        Some(Value::String(m)) => m,
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Whether a client's `elicitation` capability covers `mode`: an empty object (or one
+/// that is no object) is form mode only, for backwards compatibility (2025-11-25).
+fn elicitation_supports(declared: &Value, mode: &str) -> bool {
+    match declared.as_object() {
+        Some(modes) if !modes.is_empty() => modes.contains_key(mode),
+        _ => mode == "form",
+    }
+}
+
+/// Why a server's `sampling/createMessage` may not reach a client that declared sampling
+/// as `declared`, if it may not: `tools` to a client that did not declare `sampling.tools`
+/// (servers MUST NOT send them).
+fn sampling_refusal(declared: &Value, params: Option<&RawValue>) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct P {
+        tools: Option<Value>,
+    }
+    let p = params.and_then(|p| serde_json::from_str::<P>(p.get()).ok())?;
+    let tools = p.tools.is_some_and(|t| !t.is_null());
+    (tools && declared.get("tools").is_none()).then(|| {
+        "the client did not declare sampling.tools, so it cannot answer a sampling/createMessage with tools".to_owned()
+    })
+}
+
+/// A server's `sampling/createMessage` params with `includeContext` "none": through the
+/// gateway a client's context of "this server" (or of all servers) is every server behind
+/// it, so the asking server would get the others' context back in the answer. The client
+/// MAY ignore the request (2025-11-25), so the gateway, the server's client, does.
+fn without_context(params: Option<Box<RawValue>>) -> Option<Box<RawValue>> {
+    let raw = params?;
+    if !raw.get().contains("includeContext") {
+        return Some(raw);
+    }
+    let Ok(mut p) = serde_json::from_str::<Map<String, Value>>(raw.get()) else {
+        return Some(raw);
+    };
+    match p.get("includeContext") {
+        None | Some(Value::Null) => Some(raw),
+        Some(Value::String(s)) if s == "none" => Some(raw),
+        Some(_) => {
+            debug!(
+                "a server's sampling/createMessage asked for context; it goes to the client with includeContext none"
+            );
+            p.insert("includeContext".into(), Value::String("none".into()));
+            Some(message::to_raw(&Value::Object(p)))
+        }
     }
 }
 

@@ -590,8 +590,24 @@ impl Actor {
                     super::log_message(&self.server, params.as_deref(), &self.secrets);
                 }
             }
-            // Of a question the server asked a client: withdrawn there too.
-            "notifications/cancelled" => self.questions.withdraw(params.as_deref()),
+            "notifications/cancelled" => {
+                // On stdio a 2026-07-28 server ends a subscriptions/listen stream this way
+                // (the only request of ours it may cancel): the stream is over, closed as
+                // if it had answered, and its owner opens it again. Otherwise it names a
+                // question the server asked a client: withdrawn there too.
+                let listen = message::cancelled_request_id(params.as_deref())
+                    .as_ref()
+                    .and_then(wire_id)
+                    .filter(|n| self.pending.get(n).is_some_and(|p| p.method == "subscriptions/listen"));
+                match listen.and_then(|n| self.take(n)) {
+                    Some(p) => {
+                        debug!("the server ended its subscriptions/listen stream");
+                        let closed = message::to_raw(&serde_json::json!({ "resultType": "complete" }));
+                        let _ = p.reply.send(Ok(message::Outcome::Result(closed.into())));
+                    }
+                    None => self.questions.withdraw(params.as_deref()),
+                }
+            }
             _ => {
                 let _ = self.incoming.send(Incoming::Notification { method, params }).await;
             }

@@ -159,11 +159,13 @@ fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), S
         let Some(h) = h.as_str() else {
             return Err("x-mcp-header is not a string".into());
         };
+        // The server's value, as the reason repeats it: by its start when long.
+        let said = crate::error::echo(h);
         if h.is_empty() || !h.chars().all(is_tchar) {
-            return Err(format!("x-mcp-header {h:?} is not an HTTP field-name token"));
+            return Err(format!("x-mcp-header {said:?} is not an HTTP field-name token"));
         }
         if seen.iter().any(|s| s.eq_ignore_ascii_case(h)) {
-            return Err(format!("x-mcp-header {h:?} appears twice (case-insensitively)"));
+            return Err(format!("x-mcp-header {said:?} appears twice (case-insensitively)"));
         }
         let types: Vec<&str> = match obj.get("type") {
             Some(Value::String(t)) => vec![t.as_str()],
@@ -172,7 +174,7 @@ fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), S
         };
         if types.is_empty() || !types.iter().all(|t| matches!(*t, "string" | "integer" | "boolean")) {
             return Err(format!(
-                "x-mcp-header {h:?} is on a property whose type is not string, integer or boolean"
+                "x-mcp-header {said:?} is on a property whose type is not string, integer or boolean"
             ));
         }
         seen.push(h.to_owned());
@@ -205,12 +207,23 @@ fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), S
 /// The most rounds of questions one call may take through the bridge.
 const MAX_ROUNDS: usize = 16;
 
+/// The most questions one round may ask through the bridge: as many as a connection's
+/// own requests may wait at once ([`super::questions::MAX_QUESTIONS`]). Each is a request
+/// on the client's stream and an answer carried in the retry; a server is not to make
+/// the gateway ask a client thousands of them.
+const MAX_ROUND_QUESTIONS: usize = super::questions::MAX_QUESTIONS;
+
 /// The bridge from a stateless (2026-07-28) server to a handshake-era client: while the server answers
 /// `input_required`, each of its `inputRequests` is asked of the client as a real
 /// request on the call's stream (`sampling/createMessage`, `elicitation/create`,
 /// `roots/list`, each checked against the client's capabilities), and the call is sent
 /// again with the answers as `inputResponses` and the server's `requestState` echoed. The
 /// client sees one ordinary call. `params` are the call's params as first sent.
+///
+/// The server's `timeout` covers the whole call, however many rounds it takes and the
+/// time its questions wait for the client included (as it covers a handshake-era
+/// server's own questions); a question still unanswered then is withdrawn from the
+/// client. Everything refused names the server.
 #[allow(clippy::too_many_arguments)]
 pub async fn bridge_input_required(
     conn: &Connection,
@@ -224,6 +237,16 @@ pub async fn bridge_input_required(
     timeout: Duration,
 ) -> Outcome {
     let fail = |msg: String| Outcome::Error(Error::server(server, code::INTERNAL_ERROR, msg).object());
+    let timed_out = || {
+        Outcome::Error(
+            super::DsError::Timeout {
+                server: server.clone(),
+                method: method.to_owned(),
+                after: timeout,
+            }
+            .to_error_object(),
+        )
+    };
     // One deadline for the whole call, however many rounds it takes.
     let deadline = tokio::time::Instant::now() + timeout;
     for _ in 0..MAX_ROUNDS {
@@ -237,25 +260,47 @@ pub async fn bridge_input_required(
                 "server '{server}' answered {method} with input_required but asked nothing (no inputRequests)"
             ));
         }
+        if requests.len() > MAX_ROUND_QUESTIONS {
+            return fail(format!(
+                "server '{server}' asked {} questions in one input_required round of {method}; mcp-gateway asks a client at most {MAX_ROUND_QUESTIONS} per round",
+                requests.len()
+            ));
+        }
         let Some((sink, peer)) = sink.as_ref().and_then(|s| s.peer().cloned().map(|p| (s, p))) else {
             return fail(format!(
                 "server '{server}' needs input from the client for {method}, but this call has no stream to ask it on"
             ));
         };
-        let mut responses = Map::new();
+        // Every question is checked before any is asked: a round that cannot be
+        // answered whole is not half asked.
+        let mut asks = Vec::with_capacity(requests.len());
         for (key, request) in requests {
-            let Some(asked) = request.get("method").and_then(Value::as_str) else {
-                return fail(format!(
-                    "server '{server}' sent an input request without a method ({key})"
-                ));
+            match question(server, method, &key, &request) {
+                Ok(q) => asks.push((key, q)),
+                Err(msg) => return fail(msg),
+            }
+        }
+        let mut responses = Map::new();
+        for (key, (asked, asked_params)) in asks {
+            // The question's own sink: withdrawn from the client at the deadline.
+            let (qsink, withdraw) = sink.clone().for_question();
+            let ask = peer.clone().ask(asked.clone(), asked_params, qsink);
+            tokio::pin!(ask);
+            let answer = tokio::select! {
+                a = &mut ask => a,
+                _ = tokio::time::sleep_until(deadline) => {
+                    withdraw.cancel();
+                    // It sees the withdrawal, tells the client and forgets the question.
+                    let _ = ask.await;
+                    return timed_out();
+                }
             };
-            let asked_params = request.get("params").map(message::to_raw);
-            match peer.clone().ask(asked.to_owned(), asked_params, sink.clone()).await {
+            match answer {
                 Outcome::Result(answer) => {
                     let answer = serde_json::from_str(answer.get()).unwrap_or(Value::Null);
                     responses.insert(key, answer);
                 }
-                Outcome::Error(e) => return Outcome::Error(e),
+                Outcome::Error(e) => return Outcome::Error(refused(server, method, &asked, &e)),
             }
         }
         let mut retry = params.clone();
@@ -271,14 +316,7 @@ pub async fn bridge_input_required(
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
-            return Outcome::Error(
-                super::DsError::Timeout {
-                    server: server.clone(),
-                    method: method.to_owned(),
-                    after: timeout,
-                }
-                .to_error_object(),
-            );
+            return timed_out();
         }
         out = match conn
             .call_with_headers(method, params, Some(sink.clone()), left, headers.clone())
@@ -291,6 +329,90 @@ pub async fn bridge_input_required(
     fail(format!(
         "server '{server}' still needed input after {MAX_ROUNDS} rounds of {method}; giving up"
     ))
+}
+
+/// A server's answer to a handshake-era client's `method` that may not ask (anything
+/// but tools/call, prompts/get and resources/read): an `input_required` is an error naming
+/// the server, since the client cannot read one and there is no call to bridge.
+pub fn refuse_input_required(server: &Arc<str>, method: &str, out: Outcome) -> Outcome {
+    match &out {
+        Outcome::Result(r) if input_required(r.get()).is_some() => Outcome::Error(
+            Error::server(
+                server,
+                code::INTERNAL_ERROR,
+                format!(
+                    "server '{server}' answered {method} with input_required, which a server may answer only to tools/call, prompts/get and resources/read"
+                ),
+            )
+            .object(),
+        ),
+        _ => out,
+    }
+}
+
+/// One of a server's `inputRequests` (`key`), as the bridge asks it: its method, one a
+/// server may ask a client ([`crate::client::ASKED_FOR`]), and its params, an object if
+/// any. Else why not, naming the server (its own values cut and escaped).
+fn question(
+    server: &str,
+    method: &str,
+    key: &str,
+    request: &Value,
+) -> Result<(String, Option<Box<serde_json::value::RawValue>>), String> {
+    let key = shown(key);
+    let Some(asked) = request.get("method").and_then(Value::as_str) else {
+        return Err(format!(
+            "server '{server}' sent an input request with no method ({key}) in its input_required for {method}"
+        ));
+    };
+    if !crate::client::ASKED_FOR.iter().any(|(m, _)| *m == asked) {
+        return Err(format!(
+            "server '{server}' asked the client {} ({key}) in its input_required for {method}; a server may ask only sampling/createMessage, elicitation/create and roots/list",
+            shown(asked)
+        ));
+    }
+    let params = match request.get("params") {
+        None | Some(Value::Null) => None,
+        Some(p @ Value::Object(_)) => Some(message::to_raw(p)),
+        Some(_) => {
+            return Err(format!(
+                "server '{server}' asked the client {asked} ({key}) in its input_required for {method} with params that are not an object"
+            ))
+        }
+    };
+    Ok((asked.to_owned(), params))
+}
+
+/// A server's value as an error repeats it: cut ([`crate::error::echo`]) and with every
+/// control character escaped, as its log lines are.
+fn shown(value: &str) -> String {
+    super::shown_line(crate::error::echo(value).as_bytes(), usize::MAX, &[]).0
+}
+
+/// The client's refusal of question `asked` (no capability for it; its own error), as the
+/// call's error: its code and data, its message saying which server asked what.
+fn refused(
+    server: &Arc<str>,
+    method: &str,
+    asked: &str,
+    e: &serde_json::value::RawValue,
+) -> Box<serde_json::value::RawValue> {
+    let mut obj: Map<String, Value> = serde_json::from_str(e.get()).unwrap_or_default();
+    let why = obj
+        .get("message")
+        .and_then(Value::as_str)
+        .map(shown)
+        .unwrap_or_default();
+    let code = obj.get("code").and_then(Value::as_i64).unwrap_or(code::INTERNAL_ERROR);
+    let mut err = Error::server(
+        server,
+        code,
+        format!("server '{server}' asked the client {asked} during {method}, which failed: {why}"),
+    );
+    if let Some(data) = obj.remove("data") {
+        err = err.with_data(data);
+    }
+    err.object()
 }
 
 /// The `inputRequests` and `requestState` of an `input_required` result.

@@ -99,7 +99,8 @@ impl Gateway {
 
 /// [`forward_stamped`], and for a handshake-era client of a call that may ask, the bridge:
 /// such a client cannot take an `input_required` result, so the gateway asks it the
-/// server's questions itself and retries (the first bridge).
+/// server's questions itself and retries (the first bridge). Of any other call, such a
+/// client gets an `input_required` as the server's error.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn forward_bridged(
     s: &Server,
@@ -130,6 +131,8 @@ pub(super) async fn forward_bridged(
             )
             .await
         }
+        // Such a client cannot take an `input_required`, and this method may not ask.
+        None if !client.stateless => stateless::refuse_input_required(&s.name, method.as_str(), out),
         None => out,
     })
 }

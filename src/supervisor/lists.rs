@@ -169,8 +169,9 @@ impl Server {
             items.retain(|t| match stateless::check_x_mcp_headers(t.get("inputSchema")) {
                 Ok(()) => true,
                 Err(why) => {
-                    let tool = t.get("name").and_then(Value::as_str).unwrap_or("");
-                    warn!(server = %self.name, tool, reason = %why, "dropping a tool with an invalid x-mcp-header");
+                    // The server's name for it, by its start when long (as the catalog's notes say it).
+                    let tool = crate::error::echo(t.get("name").and_then(Value::as_str).unwrap_or(""));
+                    warn!(server = %self.name, tool = ?tool, reason = %why, "dropping a tool with an invalid x-mcp-header");
                     false
                 }
             });

@@ -33,6 +33,7 @@ mod hostile_message;
 mod hostile_ops;
 mod hostile_pipe;
 mod hostile_replay;
+mod hostile_stateless;
 mod import;
 mod interop;
 mod isolation;

@@ -325,7 +325,12 @@ async fn a_question_the_server_withdraws_is_withdrawn_from_the_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_url_elicitations_completion_reaches_the_client_it_was_asked_of() {
     let gw = Gateway::start(&config());
-    let a = open(&gw, all_caps()).await;
+    // A URL-mode question reaches only a client that declared the mode.
+    let a = open(
+        &gw,
+        json!({"sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {"listChanged": true}}),
+    )
+    .await;
     let b = open(&gw, all_caps()).await;
     let args = json!({"url": true, "message": "connect your account"});
     let mut call = start_call(&a, json!(1), "calc__ask_elicit", args).await;
