@@ -212,13 +212,21 @@ impl crate::downstream::Peer for Client {
             // The process's tag keeps ids of two replicas serving one session apart.
             let id = Id::string(&format!("mcp-gateway-{}-{n}", process_tag()));
             let (tx, rx) = tokio::sync::oneshot::channel();
-            crate::sync::lock(&self.asked).insert(id_key(&id), tx);
+            // Taken out of `asked` however this ends, a dropped ask included (the server
+            // withdrew its question while it waited).
+            let _asked = Asked::insert(&self, id_key(&id), tx);
             debug!(session = %session_tag(&self.id), %method, request = %id, "asking the client for a server");
-            if !sink
-                .send(Bytes::from(message::request(&id, &method, params.as_deref())))
-                .await
-            {
-                crate::sync::lock(&self.asked).remove(&id_key(&id));
+            // A client that does not read its stream leaves the send waiting: the call's
+            // end (its server's timeout, a cancel) ends the wait too.
+            let sent = tokio::select! {
+                sent = sink.send(Bytes::from(message::request(&id, &method, params.as_deref()))) => sent,
+                _ = sink.call_over() => {
+                    return Outcome::from(Error::gateway(format!(
+                        "the call {method} was asked for ended before the question could be sent (the client does not read its stream)"
+                    )));
+                }
+            };
+            if !sent {
                 return Outcome::from(Error::gateway(format!(
                     "the client's stream closed before {method} could be sent"
                 )));
@@ -229,7 +237,6 @@ impl crate::downstream::Peer for Client {
                 a = tokio::time::timeout(ASK_TIMEOUT, rx) => Some(a),
                 _ = sink.call_over() => None,
             };
-            crate::sync::lock(&self.asked).remove(&id_key(&id));
             let withdraw = |reason: &str| {
                 let params = message::to_raw(&json!({ "requestId": id, "reason": reason }));
                 sink.try_send(Bytes::from(message::notification(
@@ -257,6 +264,25 @@ impl crate::downstream::Peer for Client {
                 }
             }
         })
+    }
+}
+
+/// A question's entry in [`Client::asked`], removed when this is dropped.
+struct Asked<'a> {
+    client: &'a Client,
+    key: String,
+}
+
+impl<'a> Asked<'a> {
+    fn insert(client: &'a Client, key: String, answer: tokio::sync::oneshot::Sender<Outcome>) -> Self {
+        crate::sync::lock(&client.asked).insert(key.clone(), answer);
+        Asked { client, key }
+    }
+}
+
+impl Drop for Asked<'_> {
+    fn drop(&mut self) {
+        crate::sync::lock(&self.client.asked).remove(&self.key);
     }
 }
 
