@@ -135,6 +135,8 @@ pub struct Metrics {
     in_flight: AtomicI64,
     /// Rate-limited requests by the limit's description.
     rate_limited: DashMap<String, AtomicU64, RandomState>,
+    /// Client connections refused at accept (`gateway.max_connections_per_address`).
+    connections_refused: AtomicU64,
     /// The console's client rows.
     pub clients: crate::console::Clients,
 }
@@ -201,6 +203,12 @@ impl Metrics {
             .entry(limit.to_owned())
             .or_default()
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A client connection was refused: its address had `gateway.max_connections_per_address`
+    /// open already.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The Prometheus text exposition.
@@ -284,6 +292,15 @@ impl Metrics {
                 e.value().load(Ordering::Relaxed)
             );
         }
+        out.push_str(
+            "# HELP mcp_gateway_connections_refused_total Client connections refused at accept: their address had gateway.max_connections_per_address open.\n",
+        );
+        out.push_str("# TYPE mcp_gateway_connections_refused_total counter\n");
+        let _ = writeln!(
+            out,
+            "mcp_gateway_connections_refused_total {}",
+            self.connections_refused.load(Ordering::Relaxed)
+        );
         let (caught, slept) = crate::runtime::polls();
         out.push_str(
             "# HELP mcp_gateway_busy_poll_total Waits for I/O polled before sleeping (gateway.busy_poll), by whether the I/O came while polling.\n",

@@ -138,6 +138,7 @@ fn expected(path: &[String]) -> Option<String> {
             | "max_sessions_per_client"
             | "page_size"
             | "max_in_flight"
+            | "max_connections_per_address"
             | "worker_threads"
             | "max_connections"
             | "max_calls_per_client",

@@ -50,6 +50,12 @@ pub const DEFAULT_MAX_SESSIONS: usize = 10_000;
 pub const SESSIONS_PER_CLIENT_DIVISOR: usize = 10;
 /// `gateway.max_in_flight` unset: requests in flight per session at most.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1_000;
+/// `gateway.max_connections_per_address` unset: client connections one address (an IPv6
+/// /64) may hold open at once. Twice the concurrency of a benchmark at c=256 (whose
+/// client may open a connection before the old one is seen closed), and room for a team of
+/// a hundred behind one NAT address, each with a few clients holding a POST and a GET
+/// stream; yet one address takes at most a thirty-second of the 16,384 connection slots.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 512;
 /// `gateway.page_size` unset: 0, each merged list served as one page.
 pub const DEFAULT_PAGE_SIZE: usize = 0;
 
@@ -71,6 +77,7 @@ pub(super) struct RawGateway {
     max_sessions_per_client: Option<Spanned<usize>>,
     page_size: Option<usize>,
     max_in_flight: Option<Spanned<usize>>,
+    max_connections_per_address: Option<Spanned<usize>>,
     session_idle: Option<Spanned<String>>,
     input_timeout: Option<Spanned<String>>,
     header_timeout: Option<Spanned<String>>,
@@ -120,6 +127,10 @@ pub struct Gateway {
     pub max_sessions_per_client: usize,
     /// Requests in flight per session at most; more are refused with an error.
     pub max_in_flight: usize,
+    /// Client connections open at once from one address at most (an IPv6 address's /64),
+    /// so one address cannot take every connection slot; past it a new connection is
+    /// answered 503 and closed, taking no slot. A peer in `trusted_proxies` is not counted.
+    pub max_connections_per_address: usize,
     /// A session unused this long (and with no open GET stream) is ended.
     pub session_idle: Duration,
     /// How long a 2026-07-28 call whose server asked a question (`input_required`) waits
@@ -295,6 +306,7 @@ pub(super) fn parse(
         ("max_in_flight", &g.max_in_flight),
         ("worker_threads", &g.worker_threads),
         ("max_sessions_per_client", &g.max_sessions_per_client),
+        ("max_connections_per_address", &g.max_connections_per_address),
     ] {
         if let Some(n) = v.as_ref().filter(|n| *n.get_ref() == 0) {
             cx.at(n.span().start, format!("gateway.{key} must be at least 1"));
@@ -360,6 +372,9 @@ pub(super) fn parse(
             .map_or((max_sessions / SESSIONS_PER_CLIENT_DIVISOR).max(1), Spanned::into_inner),
         page_size: g.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
         max_in_flight: g.max_in_flight.map_or(DEFAULT_MAX_IN_FLIGHT, Spanned::into_inner),
+        max_connections_per_address: g
+            .max_connections_per_address
+            .map_or(DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Spanned::into_inner),
         session_idle,
         input_timeout,
         header_timeout,

@@ -68,6 +68,27 @@ fn max_sessions_per_client_defaults_to_a_tenth_and_is_located_when_zero() {
 }
 
 #[test]
+fn max_connections_per_address_defaults_to_512_and_is_located_when_zero() {
+    let at = |src: &str| Config::parse(Path::new("g.toml"), src, &env);
+    let per = |src: &str| at(src).map(|c| c.gateway.max_connections_per_address).ok();
+    assert_eq!(per(""), Some(crate::config::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS));
+    assert_eq!(per("[gateway]\nmax_connections_per_address = 8\n"), Some(8));
+    let errors = at("[gateway]\nmax_connections_per_address = 0\n")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        errors.contains("g.toml:2:31") && errors.contains("gateway.max_connections_per_address must be at least 1"),
+        "{errors}"
+    );
+    let errors = at("[gateway]\nmax_connections_per_address = \"many\"\n")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(errors.contains("a whole number"), "{errors}");
+}
+
+#[test]
 fn durations_and_sizes() {
     assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
     assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));

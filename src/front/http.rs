@@ -18,13 +18,15 @@
 //! table, `initialize`, DELETE), `answer` (a request's answer as JSON or SSE), `get` (the
 //! session's GET stream and its resumption), `stateless` (the 2026-07-28 adapter),
 //! `status` (health, `/metrics`, OAuth metadata), `console` (the console at `/` and
-//! `/status*`).
+//! `/status*`); `timed` (a connection's read deadlines) and `per_address` (its address's
+//! count, `gateway.max_connections_per_address`).
 
 mod answer;
 mod checks;
 mod console;
 mod get;
 mod oauth;
+mod per_address;
 mod post;
 mod session;
 mod stateless;
@@ -370,9 +372,33 @@ fn json_response(body: impl Into<Body>) -> Response {
 /// Client connections open at once at most: each holds a descriptor and a task. Past it
 /// the accept loop waits for one to close, and new ones queue in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 16_384;
-/// A failing `accept` (out of descriptors: it fails 20 times a second while it lasts) is
-/// logged at most this often.
+/// A failing `accept` (out of descriptors: it fails 20 times a second while it lasts), or
+/// a connection refused past `gateway.max_connections_per_address` (a flood's every
+/// connection), is logged at most this often.
 const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// A warning said at most once every [`ACCEPT_WARN_EVERY`], with how often it was not
+/// said since.
+#[derive(Default)]
+struct Throttled {
+    said: Option<Instant>,
+    unsaid: u64,
+}
+
+impl Throttled {
+    /// How often the warning went unsaid since it was last said, when it is due now;
+    /// `None` (and counted) when not.
+    fn due(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self.said.is_none_or(|at| now.duration_since(at) >= ACCEPT_WARN_EVERY) {
+            self.said = Some(now);
+            Some(std::mem::take(&mut self.unsaid))
+        } else {
+            self.unsaid += 1;
+            None
+        }
+    }
+}
 
 /// How many client connections may be open at once: [`MAX_CONNECTIONS`], or half the
 /// open-file limit if that is less (the limit is first raised, up to twice
@@ -430,17 +456,23 @@ pub async fn serve(
         },
         stop: stop.clone(),
         open,
+        per_address: Arc::default(),
     };
-    let (mut warned, mut unwarned): (Option<std::time::Instant>, u64) = (None, 0);
+    let (mut accept_failed, mut refused) = (Throttled::default(), Throttled::default());
+    // A slot taken for a connection that was then refused: the next accept's.
+    let mut spare = None;
     loop {
         // A slot before each accept: past max_connections new connections wait in the
         // kernel's backlog until one closes.
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
+        let slot = match spare.take() {
+            Some(slot) => slot,
+            None => tokio::select! {
+                slot = slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+                _ = stop.wait_for(|s| *s) => break,
             },
-            _ = stop.wait_for(|s| *s) => break,
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -448,20 +480,32 @@ pub async fn serve(
                 Err(e) => {
                     // Out of file descriptors and the like: back off briefly, keep serving;
                     // said once every ACCEPT_WARN_EVERY, with how often it failed since.
-                    let now = std::time::Instant::now();
-                    if warned.is_none_or(|at| now.duration_since(at) >= ACCEPT_WARN_EVERY) {
-                        tracing::warn!(error = %e, failed_since_last_warning = unwarned, "accept failed");
-                        (warned, unwarned) = (Some(now), 0);
-                    } else {
-                        unwarned += 1;
+                    if let Some(since) = accept_failed.due() {
+                        tracing::warn!(error = %e, failed_since_last_warning = since, "accept failed");
                     }
+                    spare = Some(slot);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             _ = stop.wait_for(|s| *s) => break,
         };
-        conns.serve(stream, peer, Some(slot));
+        match conns.admit(peer.ip()) {
+            Ok(held) => conns.serve(stream, peer, Some(slot), held),
+            Err((key, max)) => {
+                conns.http.gw.metrics.connection_refused();
+                if let Some(since) = refused.due() {
+                    tracing::warn!(
+                        address = %key,
+                        limit = max,
+                        refused_since_last_warning = since,
+                        "refused a connection: its address has gateway.max_connections_per_address open"
+                    );
+                }
+                refuse_connection(stream, max);
+                spare = Some(slot);
+            }
+        }
     }
     // Connections the kernel completed meanwhile wait in the listener's queue: closing it
     // would reset them, requests sent included. Each is served its first request. New
@@ -481,8 +525,10 @@ pub async fn serve(
                 let stream = stream
                     .set_nonblocking(true)
                     .and_then(|()| tokio::net::TcpStream::from_std(stream));
+                // Not counted per address either: the listener is closing, and these
+                // are at most its backlog, each served one request.
                 match stream {
-                    Ok(stream) => conns.serve(stream, peer, None),
+                    Ok(stream) => conns.serve(stream, peer, None, None),
                     Err(e) => debug!(error = %e, "a connection queued at shutdown is lost"),
                 }
             }
@@ -501,6 +547,35 @@ pub async fn serve(
     // Every connection's task holds a sender: all are gone once every connection closed.
     let _ = all_closed.recv().await;
     Ok(())
+}
+
+/// Answers a connection refused past `gateway.max_connections_per_address` with a 503 and
+/// `Connection: close`, and closes it, all at once: no task, no slot, no wait. The answer
+/// is one write of a fresh connection's first bytes, which its send buffer takes whole;
+/// whatever the client sent already is read first, so the close is a FIN, not a reset
+/// that could discard the answer before the client reads it. A client that has not sent
+/// its request yet reads the answer when it looks (HTTP/1.1 allows an early response).
+fn refuse_connection(stream: tokio::net::TcpStream, max: usize) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = stream.into_std() else {
+        return;
+    };
+    let body = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{{\"code\":{},\"message\":\"this address has {max} connections open to the gateway, its limit (gateway.max_connections_per_address); close one or try later\"}}}}",
+        code::INTERNAL_ERROR
+    );
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut sent = [0u8; 4096];
+    for _ in 0..4 {
+        if !matches!(stream.read(&mut sent), Ok(n) if n > 0) {
+            break;
+        }
+    }
+    let _ = stream.write(answer.as_bytes());
+    let _ = stream.shutdown(std::net::Shutdown::Write);
 }
 
 /// How long after its accept a connection's first request is still awaited at shutdown:
@@ -572,15 +647,33 @@ struct Connections {
     stop: tokio::sync::watch::Receiver<bool>,
     /// Held by every connection's task until its connection closes.
     open: tokio::sync::mpsc::Sender<()>,
+    /// The connections each address holds open (`gateway.max_connections_per_address`).
+    per_address: Arc<per_address::PerAddress>,
 }
 
 impl Connections {
-    /// Serves one connection on its own task, holding `slot` while it is open.
+    /// Whether a connection from `ip` may be served: its place in its address's count,
+    /// `None` for a peer in `gateway.trusted_proxies` (all clients come through a
+    /// balancer, so it is not counted); its key and the limit when the address holds
+    /// `gateway.max_connections_per_address` open already. Both settings follow reloads.
+    fn admit(&self, ip: std::net::IpAddr) -> Result<Option<per_address::Held>, (per_address::Key, usize)> {
+        let topo = self.http.gw.topology();
+        let gateway = &topo.config.gateway;
+        if gateway.trusted_proxies.iter().any(|c| c.contains(ip)) {
+            return Ok(None);
+        }
+        let max = gateway.max_connections_per_address;
+        self.per_address.take(ip, max).map(Some).map_err(|key| (key, max))
+    }
+
+    /// Serves one connection on its own task, holding `slot` and `held` (its place in its
+    /// address's count) while it is open.
     fn serve(
         &self,
         stream: tokio::net::TcpStream,
         peer: std::net::SocketAddr,
         slot: Option<tokio::sync::OwnedSemaphorePermit>,
+        held: Option<per_address::Held>,
     ) {
         use futures::future::{Either, FutureExt};
         use hyper_util::rt::{TokioIo, TokioTimer};
@@ -671,7 +764,7 @@ impl Connections {
             if let Err(e) = ended {
                 debug!(error = %e, "connection ended with an error");
             }
-            drop((slot, open));
+            drop((slot, held, open));
         });
     }
 }

@@ -415,3 +415,98 @@ async fn one_address_has_at_most_max_calls_per_client_in_flight_to_a_child() {
         c.abort();
     }
 }
+
+/// A connection from `from` (a loopback address of its own) to `to`, that asks `path` and
+/// reads the answer: its status and body, and the connection, kept alive.
+async fn ask_from(
+    from: std::net::Ipv4Addr,
+    to: std::net::SocketAddr,
+    path: &str,
+) -> (u16, String, tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((from, 0).into()).unwrap();
+    let mut c = socket.connect(to).await.unwrap();
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut c).await;
+    (status, body, c)
+}
+
+/// One address holds at most `gateway.max_connections_per_address` connections open: a
+/// connection past it is answered 503 and closed, while another address is served and a
+/// trusted proxy is not counted; once some of the address's connections close, it is
+/// served again. The refusals are logged once per ten seconds and counted in /metrics.
+#[tokio::test]
+async fn one_address_holds_at_most_max_connections_per_address() {
+    use std::net::Ipv4Addr;
+    use tokio::io::AsyncReadExt;
+    const CAP: usize = 4;
+    let (hog, other, proxy) = (
+        Ipv4Addr::new(127, 0, 0, 1),
+        Ipv4Addr::new(127, 0, 0, 2),
+        Ipv4Addr::new(127, 0, 0, 4),
+    );
+    let config = format!(
+        "[gateway]\nmax_connections_per_address = {CAP}\ntrusted_proxies = [\"{proxy}\"]\n\n{}",
+        server("m", &unique("conncap"), &[], "")
+    );
+    let gw = Gateway::start(&config);
+    let to: std::net::SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        let (status, _, c) = ask_from(hog, to, "/healthz").await;
+        assert_eq!(status, 200);
+        held.push(c);
+    }
+    for _ in 0..2 {
+        let (status, body, mut c) = ask_from(hog, to, "/healthz").await;
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("gateway.max_connections_per_address"), "{body}");
+        let mut rest = [0u8; 64];
+        let end = tokio::time::timeout(T, c.read(&mut rest)).await;
+        assert!(
+            matches!(end, Ok(Ok(0) | Err(_))),
+            "the refused connection is closed: {end:?}"
+        );
+    }
+    // Another address is served meanwhile, and a trusted proxy past the cap too.
+    let (status, _, _other) = ask_from(other, to, "/healthz").await;
+    assert_eq!(status, 200);
+    let mut through_proxy = Vec::new();
+    for _ in 0..CAP + 2 {
+        let (status, _, c) = ask_from(proxy, to, "/healthz").await;
+        assert_eq!(status, 200, "a trusted proxy is not counted");
+        through_proxy.push(c);
+    }
+    let (status, metrics, _) = ask_from(other, to, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("\nmcp_gateway_connections_refused_total 2\n"),
+        "{metrics}"
+    );
+    let warned = gw
+        .logs()
+        .lines()
+        .filter(|l| l.contains("refused a connection") && l.contains("127.0.0.1"))
+        .count();
+    assert_eq!(warned, 1, "said once, the second counted:\n{}", gw.logs());
+
+    // Two of the address's connections close: it is served again once the gateway has
+    // seen them close.
+    held.truncate(CAP - 2);
+    let deadline = std::time::Instant::now() + T;
+    while held.len() < CAP {
+        let (status, _, c) = ask_from(hog, to, "/healthz").await;
+        if status == 200 {
+            held.push(c);
+            continue;
+        }
+        assert!(std::time::Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _, _) = ask_from(hog, to, "/healthz").await;
+    assert_eq!(status, 503, "at the cap again");
+}
