@@ -51,11 +51,11 @@ pub const SESSIONS_PER_CLIENT_DIVISOR: usize = 10;
 /// `gateway.max_in_flight` unset: requests in flight per session at most.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1_000;
 /// `gateway.max_connections_per_address` unset: client connections one address (an IPv6
-/// /64) may hold open at once. Twice the concurrency of a benchmark at c=256 (whose
-/// client may open a connection before the old one is seen closed), and room for a team of
-/// a hundred behind one NAT address, each with a few clients holding a POST and a GET
-/// stream; yet one address takes at most a thirty-second of the 16,384 connection slots.
-pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 512;
+/// /64) may hold open at once. Twice what a client bursting a thousand calls at once over
+/// HTTP/1.1 opens (a connection per call in flight), and room for a team of hundreds
+/// behind one NAT address, each with a few clients holding a POST and a GET stream; yet
+/// one address takes at most an eighth of the 16,384 connection slots.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 2048;
 /// `gateway.page_size` unset: 0, each merged list served as one page.
 pub const DEFAULT_PAGE_SIZE: usize = 0;
 

@@ -68,7 +68,7 @@ fn max_sessions_per_client_defaults_to_a_tenth_and_is_located_when_zero() {
 }
 
 #[test]
-fn max_connections_per_address_defaults_to_512_and_is_located_when_zero() {
+fn max_connections_per_address_has_a_default_and_is_located_when_zero() {
     let at = |src: &str| Config::parse(Path::new("g.toml"), src, &env);
     let per = |src: &str| at(src).map(|c| c.gateway.max_connections_per_address).ok();
     assert_eq!(per(""), Some(crate::config::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS));
