@@ -344,8 +344,8 @@ for line in sys.stdin.buffer:
 /// One address (no auth), from several sessions, fills a stdio server with slow calls:
 /// past `max_calls_per_client` (256 by default) of them in flight, its next call is
 /// refused at once, naming the server and the limit, instead of waiting in the child
-/// behind the rest. Another address's call is served meanwhile, and once one of the
-/// first address's calls ends it may call again.
+/// behind the rest, and so is a 2026-07-28 call from that address. Another address's call
+/// is served meanwhile, and once one of the first address's calls ends it may call again.
 #[tokio::test]
 async fn one_address_has_at_most_max_calls_per_client_in_flight_to_a_child() {
     const LIMIT: usize = 256;
@@ -393,6 +393,15 @@ async fn one_address_has_at_most_max_calls_per_client_in_flight_to_a_child() {
     );
     assert_eq!(error_of(&r)["data"]["server"], "m", "{r}");
     assert_eq!(error_of(&r)["code"], -32029, "a limit, as a rate limit: {r}");
+    // A 2026-07-28 caller from that address is the same client: no session of its own to
+    // count apart.
+    let r = tokio::time::timeout(
+        T,
+        stateless_call_from(gw.url.clone(), "127.0.0.1", json!(1), "m__echo", json!({"text": "x"})),
+    )
+    .await
+    .expect("the stateless call past the limit waited");
+    assert_eq!(error_of(&r)["code"], -32029, "the address's stateless call: {r}");
 
     // Another address (loopback's 127.0.0.2) is another client.
     let other = reqwest::Client::builder()
