@@ -444,6 +444,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
     let max_connections = connection_slots();
+    let per_address = http.gw.topology().config.gateway.max_connections_per_address;
+    if per_address >= max_connections {
+        tracing::warn!(
+            max_connections_per_address = per_address,
+            connections = max_connections,
+            "gateway.max_connections_per_address is not below the connections the gateway takes, so it bounds nothing: one address may take every connection (lower it, or raise ulimit -n)"
+        );
+    }
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let conns = Connections {
         app: app(http.clone()),

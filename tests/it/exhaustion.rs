@@ -191,6 +191,10 @@ async fn idle_connections_leave_descriptors_for_restarting_a_child() {
         });
     }
     let gw = Gateway::spawn(dir, cmd);
+    // 64 connections, fewer than the default cap per address: the start says it bounds
+    // nothing here.
+    let said = gw.wait_log("max_connections_per_address is not below the connections", T);
+    assert!(said.await, "{}", gw.logs());
     let s = gw.session().await;
     assert_eq!(text(&s.call("m__echo", json!({"text": "hi"})).await), "hi");
     let pid = status_on(&gw, &s, "m").await["pid"].as_i64().unwrap();
