@@ -59,9 +59,26 @@ pub struct Client {
     /// Its row in the console (a session's: set when it opens); none: not shown.
     pub(crate) stats: OnceLock<Arc<crate::console::ClientStats>>,
     /// A session's owner, as `gateway.max_sessions_per_client` counts sessions: `client
-    /// 'NAME'`, else `address IP`. What a stdio server's `max_calls_per_client` counts
-    /// by; none (stdio, stateless): the client's id.
+    /// 'NAME'`, else [`ADDRESS_SHARE`] and the address. What a stdio server's
+    /// `max_calls_per_client` counts by ([`counted_as`]); none (stdio, stateless): the
+    /// client's id.
     pub(crate) share: Option<Arc<str>>,
+}
+
+/// What a session's share without an identity starts with (the address follows).
+pub const ADDRESS_SHARE: &str = "address ";
+/// What a stateless request's client id starts with (the principal, its identity or its
+/// address, follows).
+pub const STATELESS_ID: &str = "stateless:";
+
+/// Whom a caller without an identity counts as for a per-client bound: the address of a
+/// session's share (`address IP`) or of a stateless caller's id (`stateless:IP`), so that
+/// an address's sessions and its stateless calls count as one client; else its id.
+pub fn counted_as<'a>(share: Option<&'a str>, id: &'a str) -> &'a str {
+    match share {
+        Some(share) => share.strip_prefix(ADDRESS_SHARE).unwrap_or(share),
+        None => id.strip_prefix(STATELESS_ID).unwrap_or(id),
+    }
 }
 
 /// A server's question during a stateless call, for the client: what the call's rounds

@@ -511,14 +511,8 @@ impl Connection {
                 fair::caller(w.identity, Some(w.session))
             }
             Keyed::ByClient => {
-                // Without an identity, the address: a session's share (`address IP`) and
-                // a stateless caller's name (`stateless:IP`) count as one client.
                 let w = who();
-                let address = match w.share {
-                    Some(share) => share.strip_prefix("address ").unwrap_or(share),
-                    None => w.session.strip_prefix("stateless:").unwrap_or(w.session),
-                };
-                fair::caller(w.identity, Some(address))
+                fair::caller(w.identity, Some(crate::client::counted_as(w.share, w.session)))
             }
         };
         self

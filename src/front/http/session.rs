@@ -479,7 +479,7 @@ pub(super) fn new_session_id() -> String {
 pub(super) fn share_of(who: Option<&Identity>, peer: Option<std::net::IpAddr>) -> Arc<str> {
     match (who, peer) {
         (Some(i), _) => format!("client '{}'", i.name).into(),
-        (None, Some(ip)) => format!("address {ip}").into(),
+        (None, Some(ip)) => format!("{}{ip}", crate::client::ADDRESS_SHARE).into(),
         (None, None) => "an unknown address".into(),
     }
 }

@@ -93,7 +93,7 @@ impl Headers for Read<'_> {
 }
 
 /// What a stateless request's client id starts with (the principal follows).
-const CLIENT_PREFIX: &str = "stateless:";
+const CLIENT_PREFIX: &str = crate::client::STATELESS_ID;
 
 /// Appends an address as `Display` writes it; an IPv4 one without the formatting
 /// machinery (a thousand instructions per request).
@@ -259,7 +259,7 @@ mod tests {
             let ip = std::net::IpAddr::from([o, 0, o, 9]);
             assert_eq!(ip_text(ip), ip.to_string());
         }
-        let mut after = "stateless:".to_owned();
+        let mut after = CLIENT_PREFIX.to_owned();
         push_ip(&mut after, "10.0.0.1".parse().unwrap());
         assert_eq!(after, "stateless:10.0.0.1");
     }
