@@ -19,6 +19,7 @@ pub mod questions;
 pub mod sse;
 pub mod stateless;
 pub mod stdio;
+pub mod values;
 
 use crate::error::{code, Error};
 use crate::message::{self, Id, Outcome};

@@ -443,20 +443,7 @@ impl Shared {
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
         let max = self.max_message;
         if !is_sse {
-            let Some(body) = resp
-                .bytes_up_to(max)
-                .await
-                .map_err(|e| self.unavailable(e.to_string()))?
-            else {
-                return Err(self.unavailable(format!(
-                    "answered with more than {max} bytes, the gateway's limit (gateway.max_line)"
-                )));
-            };
-            return match Kind::parse_shared(&body) {
-                Ok(Kind::Response { outcome, .. }) => Ok(outcome),
-                Ok(_) => Err(self.unavailable("answered a request with something other than a response")),
-                Err(e) => Err(self.unavailable(format!("answered with invalid JSON-RPC: {e}"))),
-            };
+            return self.read_values(resp, id, sink, progress).await;
         }
         let mut first = Some(resp);
         let mut parser = sse::Parser::with_limit(max);
@@ -507,6 +494,82 @@ impl Shared {
             }
         }
         Err(self.unavailable("the response stream kept breaking before the answer"))
+    }
+
+    /// Reads the answer to request `id` from a body that is not SSE: one JSON-RPC message,
+    /// or messages one after another (NDJSON, as some servers stream `subscriptions/listen`),
+    /// each handled as it completes: notifications and questions before the answer go
+    /// where a stream's do ([`super::values`]).
+    async fn read_values(
+        self: &Arc<Self>,
+        resp: Response,
+        id: u64,
+        sink: Option<&Sink>,
+        progress: Option<&Id>,
+    ) -> Result<Outcome, DsError> {
+        let max = self.max_message;
+        let too_long = || {
+            self.unavailable(format!(
+                "answered with more than {max} bytes, the gateway's limit (gateway.max_line)"
+            ))
+        };
+        let declared = resp
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let mut values = super::values::Values::new(max, declared);
+        let mut body = resp.bytes_stream();
+        // The first message, when it is an answer to another id or not an answer: a body
+        // of that one message only is answered with it (or an error saying what it is).
+        let mut first: Option<Result<Outcome, String>> = None;
+        let mut seen = 0usize;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| self.unavailable(e.to_string()))?;
+            for value in values.feed(&chunk).map_err(|_| too_long())? {
+                seen += 1;
+                let kind = Kind::parse_shared(&value);
+                match kind {
+                    Ok(Kind::Response { id: Some(rid), outcome }) if wire_id(&rid) == Some(id) => {
+                        self.finish(body);
+                        return Ok(outcome);
+                    }
+                    Ok(Kind::Response { outcome, .. }) if seen == 1 => first = Some(Ok(outcome)),
+                    Ok(Kind::Response { .. }) => {}
+                    Ok(Kind::Notification { method, params }) => {
+                        self.notification(method, params, sink, progress.map(|p| (id, p))).await;
+                    }
+                    Ok(Kind::Request { id, method, params }) => self.question(id, method, params.into_raw(), sink),
+                    Err(e) if super::id_of_broken_answer(&value) == Some(id) => {
+                        return Err(self.unavailable(format!("answered with invalid JSON-RPC: {e}")));
+                    }
+                    Err(e) if seen == 1 => first = Some(Err(format!("answered with invalid JSON-RPC: {e}"))),
+                    Err(e) => warn!(error = %e, "skipping a message that is not JSON-RPC"),
+                }
+                if seen == 1 && first.is_none() {
+                    first = Some(Err("answered a request with something other than a response".into()));
+                }
+            }
+        }
+        if let Some(rest) = values.finish() {
+            if seen == 0 {
+                // Not a message that could be framed (or cut off): said as it parses.
+                return match Kind::parse_shared(&rest) {
+                    Ok(Kind::Response { outcome, .. }) => Ok(outcome),
+                    Ok(_) => Err(self.unavailable("answered a request with something other than a response")),
+                    Err(e) => Err(self.unavailable(format!("answered with invalid JSON-RPC: {e}"))),
+                };
+            }
+            warn!(
+                bytes = rest.len(),
+                "the answer's body ended with bytes that are no whole message"
+            );
+        }
+        match first {
+            Some(first) if seen == 1 => first.map_err(|why| self.unavailable(why)),
+            _ if seen == 0 => Err(self.unavailable("answered with an empty body")),
+            _ => Err(self.unavailable("the answer's body ended without the response")),
+        }
     }
 
     /// Handles one message from a stream; returns the outcome if it answers `id` (an error

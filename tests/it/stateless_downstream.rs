@@ -352,3 +352,68 @@ async fn an_input_required_that_asks_nothing_fails_at_once() {
         "{r}"
     );
 }
+
+/// A server that answers without SSE, as the reference everything-server does: its
+/// `subscriptions/listen` is a never-ending `application/json` body of one message a line
+/// (NDJSON), and a call's JSON body may carry notifications before its answer. Each
+/// message is handled as its line arrives (`tests/fixtures/ndjson_server.py`).
+#[tokio::test]
+async fn a_server_streaming_ndjson_instead_of_sse_is_heard_line_by_line() {
+    let script = path_str(&repo().join("tests/fixtures/ndjson_server.py"));
+    let fixture = Proc::start(&python(), &[&script], &[]).await;
+    let url = format!("http://127.0.0.1:{}/mcp", fixture.port);
+    let gw = Gateway::start(&format!("[servers.nd]\nurl = {url:?}\nprefix = \"\"\n"));
+    let st = gw.server_status("nd").await;
+    assert_eq!(st["protocolVersion"], "2026-07-28", "{st}");
+    let s = gw.session().await;
+    // One answer, compact or pretty-printed over many lines.
+    assert_eq!(text(&s.call("hello", json!({})).await), "hello");
+    assert_eq!(text(&s.call("pretty", json!({})).await), "pretty");
+    // A body with the call's progress and a log message before its answer.
+    let mut m = s
+        .start(
+            json!(5),
+            "tools/call",
+            json!({"name": "chatty", "arguments": {}, "_meta": {"progressToken": "p-1"}}),
+        )
+        .await;
+    let (before, answer) = m.response(WAIT).await;
+    assert_eq!(text(&answer), "chatty", "{answer}");
+    assert!(
+        before
+            .iter()
+            .any(|n| n["method"] == "notifications/progress" && n["params"]["progressToken"] == "p-1"),
+        "the progress sent before the answer reaches the caller with its own token: {before:?}"
+    );
+    // The listen stream: what the server sends on it arrives while the body goes on.
+    let sub = s
+        .request(json!(6), "resources/subscribe", json!({"uri": "test://watched"}))
+        .await;
+    assert_eq!(sub["result"], json!({}), "{sub}");
+    // The subscription opens the listen stream again with the URI in its filter.
+    assert!(
+        until(WAIT, || fixture.output().matches("listen opened").count() >= 2).await,
+        "{}",
+        fixture.output()
+    );
+    let mut get = s.get_stream().await;
+    assert_eq!(text(&s.call("change", json!({})).await), "changed 1");
+    let (mut listed, mut updated) = (false, false);
+    while !(listed && updated) {
+        let Some(msg) = get.next(WAIT).await else {
+            panic!(
+                "list_changed {listed}, resources/updated {updated} on the GET stream\n{}",
+                gw.logs()
+            )
+        };
+        match msg["method"].as_str() {
+            Some("notifications/tools/list_changed") => listed = true,
+            Some("notifications/resources/updated") => {
+                assert_eq!(msg["params"]["uri"], "test://watched", "{msg}");
+                updated = true;
+            }
+            _ => {}
+        }
+    }
+    assert!(s.tool_names().await.contains(&"added_1".to_owned()));
+}
