@@ -207,6 +207,12 @@ fn walk(schema: &Value, reachable: bool, seen: &mut Vec<String>) -> Result<(), S
 /// The most rounds of questions one call may take through the bridge.
 const MAX_ROUNDS: usize = 16;
 
+/// The first pause before a call is sent again after an `input_required` that carried only
+/// `requestState`; each such round in a row doubles it, up to [`STATE_ONLY_PAUSE_MAX`]
+/// (the Python SDK's driver: 50 ms doubling to 250 ms).
+const STATE_ONLY_PAUSE: Duration = Duration::from_millis(50);
+const STATE_ONLY_PAUSE_MAX: Duration = Duration::from_millis(250);
+
 /// The most questions one round may ask through the bridge: as many as a connection's
 /// own requests may wait at once ([`super::questions::MAX_QUESTIONS`]). Each is a request
 /// on the client's stream and an answer carried in the retry; a server is not to make
@@ -249,17 +255,48 @@ pub async fn bridge_input_required(
     };
     // One deadline for the whole call, however many rounds it takes.
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut shed_pause = STATE_ONLY_PAUSE;
     for _ in 0..MAX_ROUNDS {
         let Outcome::Result(r) = &out else { return out };
         let Some((requests, state)) = input_required(r.get()) else {
             return out;
         };
         if requests.is_empty() {
-            // Nothing to ask: sending the call again would only loop.
-            return fail(format!(
-                "server '{server}' answered {method} with input_required but asked nothing (no inputRequests)"
-            ));
+            let Some(state) = state.filter(|s| !s.is_null()) else {
+                // Neither: the spec's MUST broken, and sending the call again would only loop.
+                return fail(format!(
+                    "server '{server}' answered {method} with input_required but asked nothing (no inputRequests, no requestState)"
+                ));
+            };
+            // Only `requestState`: the server asks to be called again with it (it sheds
+            // load, or works in steps). After a pause, as the SDKs' drivers do.
+            if tokio::time::Instant::now() + shed_pause >= deadline {
+                return timed_out();
+            }
+            tokio::time::sleep(shed_pause).await;
+            shed_pause = (shed_pause * 2).min(STATE_ONLY_PAUSE_MAX);
+            let mut retry = params.clone();
+            retry.insert("requestState".into(), state);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            out = match conn
+                .call_with_headers(
+                    method,
+                    Params::Object {
+                        params: retry,
+                        progress: progress.clone(),
+                    },
+                    sink.clone(),
+                    left,
+                    headers.clone(),
+                )
+                .await
+            {
+                Ok(o) => o,
+                Err(e) => return Outcome::Error(e.to_error_object()),
+            };
+            continue;
         }
+        shed_pause = STATE_ONLY_PAUSE;
         if requests.len() > MAX_ROUND_QUESTIONS {
             return fail(format!(
                 "server '{server}' asked {} questions in one input_required round of {method}; mcp-gateway asks a client at most {MAX_ROUND_QUESTIONS} per round",
