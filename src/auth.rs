@@ -22,6 +22,7 @@ use crate::config::{self, Filter, OAuth, Rate, TokenDigest};
 use crate::limit::{quota, Limited};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, RateLimiter};
+pub use oauth::valid_until;
 use oauth::{looks_like_jwt, Jwt};
 use serde_json::Value;
 use std::collections::HashMap;

@@ -34,6 +34,36 @@ const ALGORITHMS: &[Algorithm] = &[
     Algorithm::EdDSA,
 ];
 
+/// When a JWT that was validated stops being accepted: its `exp` plus the leeway, on the
+/// runtime's clock. `None` when it is no JWT with a numeric `exp` (validation requires
+/// one). Its signature is not checked again here: call this only on a token
+/// [`Jwt::verify`] took. A stream opened with the token ends then ([`crate::front`]).
+pub fn valid_until(jwt: &str) -> Option<tokio::time::Instant> {
+    let header = jsonwebtoken::decode_header(jwt).ok()?;
+    let mut v = Validation::new(header.alg);
+    v.insecure_disable_signature_validation();
+    v.validate_exp = false;
+    v.validate_nbf = false;
+    v.validate_aud = false;
+    v.required_spec_claims.clear();
+    let data = jsonwebtoken::decode::<Map<String, Value>>(jwt, &DecodingKey::from_secret(&[]), &v).ok()?;
+    let exp = data
+        .claims
+        .get("exp")?
+        .as_f64()
+        .filter(|e| e.is_finite() && *e >= 0.0)?;
+    let at = std::time::UNIX_EPOCH.checked_add(Duration::from_secs_f64(exp.min(1e12)))?;
+    let at = at.checked_add(Duration::from_secs(LEEWAY))?;
+    let left = at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or(Duration::ZERO);
+    let now = tokio::time::Instant::now();
+    Some(
+        now.checked_add(left.min(crate::config::values::MAX_DURATION))
+            .unwrap_or(now),
+    )
+}
+
 /// Three dot-separated parts: worth checking as a JWT.
 pub(super) fn looks_like_jwt(token: &str) -> bool {
     token.split('.').count() == 3

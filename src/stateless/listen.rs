@@ -185,6 +185,19 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
     if out.send(frame(&ack)).await.is_err() {
         return;
     }
+    // A stream opened with a JWT ends when the JWT does, as a GET stream does: gracefully,
+    // so the client listens again with the token it has now (which is checked).
+    let expires = l
+        .client
+        .identity()
+        .and_then(|i| i.bearer.as_ref().and_then(|b| crate::auth::valid_until(b.expose())));
+    let expiry = async move {
+        match expires {
+            Some(t) => tokio::time::sleep_until(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expiry);
     loop {
         let idle = async {
             match &keepalive {
@@ -197,13 +210,12 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             _ = l.cancel.cancelled() => return,
             _ = out.closed() => return,
             _ = l.closing.cancelled() => {
-                // The subscription id as the client wrote it (a Value would reformat a number).
-                let mut meta = message::Members::new();
-                meta.insert_id(META_SUBSCRIPTION, &l.id);
-                let mut result = message::Members::new();
-                result.insert_members("_meta", &meta);
-                let done = l.finish.apply(Outcome::Result(result.into_raw().into()));
-                let _ = out.send(frame(&message::response(&l.id, &done))).await;
+                let _ = out.send(frame(&ended(&l))).await;
+                return;
+            }
+            () = &mut expiry => {
+                debug!(subscription = %l.id, "listen stream ended: the JWT it was opened with expired");
+                let _ = out.send(frame(&ended(&l))).await;
                 return;
             }
             Ok(()) = reloads.changed() => {
@@ -244,6 +256,17 @@ pub async fn run(l: Listen, out: mpsc::Sender<Bytes>, frame: fn(&[u8]) -> Bytes,
             }
         }
     }
+}
+
+/// The listen request's response that ends its stream gracefully.
+fn ended(l: &Listen) -> Vec<u8> {
+    // The subscription id as the client wrote it (a Value would reformat a number).
+    let mut meta = message::Members::new();
+    meta.insert_id(META_SUBSCRIPTION, &l.id);
+    let mut result = message::Members::new();
+    result.insert_members("_meta", &meta);
+    let done = l.finish.apply(Outcome::Result(result.into_raw().into()));
+    message::response(&l.id, &done)
 }
 
 /// Rereads the stream's caller under the configuration now in force; `false` when its

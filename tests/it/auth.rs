@@ -593,6 +593,87 @@ async fn oauth_jwts() {
     }
 }
 
+/// The GET stream of a session opened with `token`.
+async fn get_stream_as(gw: &Gateway, token: &str) -> Messages {
+    let s = As::open(gw, token).await;
+    let r = reqwest::Client::new()
+        .get(&gw.url)
+        .header("accept", "text/event-stream")
+        .header("authorization", format!("Bearer {token}"))
+        .header("mcp-session-id", &s.sid)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "GET stream");
+    Messages::new(r)
+}
+
+/// A 2026-07-28 `subscriptions/listen` stream opened with `token`.
+async fn listen_as(gw: &Gateway, token: &str) -> Messages {
+    let mut params = json!({"notifications": {"toolsListChanged": true}});
+    params["_meta"] = stateless_meta("jwt-listen");
+    let r = reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .header("authorization", format!("Bearer {token}"))
+        .json(&json!({"jsonrpc": "2.0", "id": "l-1", "method": "subscriptions/listen", "params": params}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "listen");
+    Messages::new(r)
+}
+
+/// Reads `m` until it ends, for at most `within`; every message it carried.
+async fn until_ended(m: &mut Messages, within: Duration) -> Option<Vec<Value>> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut got = Vec::new();
+    while let Some(v) = m
+        .next(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        .await
+    {
+        got.push(v);
+    }
+    m.ended().then_some(got)
+}
+
+/// What a stream opened with a JWT carries never outlives the JWT: the GET stream and a
+/// 2026-07-28 listen stream end when it expires (its `exp` plus the 30 s leeway), the
+/// listen stream with its response, so the client opens them again with the token it
+/// has now. A stream opened with a JWT that lives on stays open.
+#[tokio::test]
+async fn streams_opened_with_a_jwt_end_when_it_expires() {
+    let k = keys();
+    let (jwks_url, _) = serve_jwks(k.jwks.clone()).await;
+    let gw = start(&config(&oauth_toml(&jwks_url)));
+    let long = sign(Algorithm::RS256, "rsa-test", &k.rsa, &claims("dave"));
+    let mut lasting = get_stream_as(&gw, &long).await;
+    // Expired 25 s ago: still taken (the leeway is 30 s), for about 5 s more.
+    let mut c = claims("dave");
+    c["exp"] = json!(now() - 25);
+    let short = sign(Algorithm::RS256, "rsa-test", &k.rsa, &c);
+    let mut get = get_stream_as(&gw, &short).await;
+    let mut listen = listen_as(&gw, &short).await;
+    let ack = listen.next(Duration::from_secs(5)).await.expect("acknowledged");
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    let carried = until_ended(&mut get, Duration::from_secs(20))
+        .await
+        .expect("the GET stream ends when its JWT expires");
+    assert!(carried.is_empty(), "{carried:?}");
+    let carried = until_ended(&mut listen, Duration::from_secs(20))
+        .await
+        .expect("the listen stream ends when its JWT expires");
+    assert_eq!(carried.len(), 1, "{carried:?}");
+    assert_eq!(carried[0]["id"], "l-1", "ended with its response: {carried:?}");
+    assert!(carried[0]["result"].is_object(), "{carried:?}");
+    // The other stream is still open.
+    assert!(lasting.next(Duration::from_millis(300)).await.is_none());
+    assert!(!lasting.ended(), "a stream whose JWT lives on stays open");
+}
+
 #[tokio::test]
 async fn oauth_resource_url_from_config() {
     let k = keys();

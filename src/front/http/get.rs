@@ -143,7 +143,19 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
     let own = open.0.client.subscribe_own();
     let closing = http.closing.clone();
     let ender = http.clone();
-    let live = futures::stream::unfold((rx, own, open), move |(mut rx, mut own, open)| {
+    // A stream opened with a JWT ends when the JWT does: the client opens it again with
+    // the token it has now, which is checked, so what it hears never outlives its credential.
+    let expires = who
+        .as_ref()
+        .and_then(|i| i.bearer.as_ref())
+        .and_then(|b| crate::auth::valid_until(b.expose()));
+    let expiry: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = Box::pin(async move {
+        match expires {
+            Some(t) => tokio::time::sleep_until(t).await,
+            None => std::future::pending().await,
+        }
+    });
+    let live = futures::stream::unfold((rx, own, open, expiry), move |(mut rx, mut own, open, mut expiry)| {
         let closing = closing.clone();
         let ender = ender.clone();
         let sid = sid.clone();
@@ -159,6 +171,10 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
             let next = tokio::select! {
                 () = drained => return None,
                 () = ended.cancelled() => return None,
+                () = &mut expiry => {
+                    tracing::debug!(session = %crate::client::session_tag(&sid), "GET stream ended: the JWT it was opened with expired");
+                    return None;
+                }
                 next = tokio::time::timeout(KEEPALIVE, recv_for(&mut rx, open.0.client.view())) => next,
                 // This session's own messages (resources it subscribed to).
                 next = own.recv() => Ok(next),
@@ -166,7 +182,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
             match next {
                 Ok(Ok(m)) => {
                     let frame = open.1.record(open.2, &m);
-                    Some((frame, (rx, own, open)))
+                    Some((frame, (rx, own, open, expiry)))
                 }
                 Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
                     // Its queue is full: this client cannot keep up. End its session (it
@@ -176,7 +192,7 @@ pub(super) async fn get_stream(State(http): State<Http>, req: axum::extract::Req
                     None
                 }
                 Ok(Err(_)) => None,
-                Err(_) => Some((bytes::Bytes::from_static(b": keep-alive\n\n"), (rx, own, open))),
+                Err(_) => Some((bytes::Bytes::from_static(b": keep-alive\n\n"), (rx, own, open, expiry))),
             }
         }
     });
