@@ -385,6 +385,9 @@ impl OpenParams for message::Members {
 }
 
 /// A request for the connection's owner.
+// `Request` is nearly every command sent: boxing it to shrink the rare others would cost
+// an allocation per call.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     Request {
         id: u64,
@@ -449,8 +452,8 @@ pub struct Connection {
 enum Keyed {
     /// It does not.
     No,
-    /// A remote server's slots go to callers in turn ([`fair`]): by identity, else by
-    /// session.
+    /// A remote server's slots go to callers in turn ([`fair`]): clients (by identity,
+    /// else by address) in turn, then each client's sessions.
     BySession,
     /// A child's calls in flight are bounded per client (`max_calls_per_client`): by
     /// identity, else by address (a session's share), so that many sessions of one
@@ -483,7 +486,7 @@ impl Connection {
             pid: None,
             degraded: Arc::default(),
             stderr: None,
-            caller: 0,
+            caller: fair::Caller::NONE,
             keyed: Keyed::No,
         }
     }
@@ -506,14 +509,10 @@ impl Connection {
     /// made only for such an owner.
     pub fn for_caller<'a>(mut self, who: impl FnOnce() -> Who<'a>) -> Self {
         self.caller = match self.keyed {
-            Keyed::No => 0,
-            Keyed::BySession => {
+            Keyed::No => fair::Caller::NONE,
+            Keyed::BySession | Keyed::ByClient => {
                 let w = who();
-                fair::caller(w.identity, Some(w.session))
-            }
-            Keyed::ByClient => {
-                let w = who();
-                fair::caller(w.identity, Some(crate::client::counted_as(w.share, w.session)))
+                fair::caller(w.identity, crate::client::counted_as(w.share, w.session), w.session)
             }
         };
         self

@@ -2,13 +2,16 @@
 //!
 //! A plain semaphore queues waiters first come, first served: one client that sends a
 //! thousand slow calls to a server of 256 slots takes all of them, and every other
-//! teammate's call waits behind the 744 that are queued. Here each caller (its
-//! `[clients.NAME]` or OAuth identity, else its session; a stateless request without an
-//! identity is its address's, as the stateless client is named) has a queue of its own,
-//! and a slot
-//! that frees goes to the callers that wait in turn (round robin): another caller's call
-//! waits for one slot to free, not for the flood. A caller alone still gets every slot, and
-//! a slot is never left free while anyone waits.
+//! teammate's call waits behind the 744 that are queued. Here each caller has a queue of
+//! its own, and a slot that frees goes to the callers that wait in turn (round robin):
+//! another caller's call waits for one slot to free, not for the flood. A caller alone
+//! still gets every slot, and a slot is never left free while anyone waits.
+//!
+//! Turns are taken at two levels ([`Caller`]): among clients (a `[clients.NAME]` or OAuth
+//! identity, else the address the caller comes from), then among that client's sessions.
+//! So a client without an identity that opens a thousand sessions gets one turn in the
+//! rounds, as many as a teammate with one session, not a thousand; and two sessions of one
+//! address (teammates on one host) still take turns with each other.
 //!
 //! Why not a cap per caller: with few callers it leaves slots idle, and a cap of
 //! `max_connections / callers` changes as callers come and go; turns give the same bound on
@@ -25,9 +28,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
-/// Who is waiting: a hash of the caller's identity or session (0: a caller with neither).
-/// Only fairness rests on it, so two callers that collide merely share a turn.
-pub type Caller = u64;
+/// Who is waiting: its client (`group`, a hash of its identity or address) and its session
+/// within the client (`member`); 0 and 0: the gateway's own call, told apart from no
+/// other. Only fairness rests on them, so two callers that collide merely share a turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Caller {
+    pub group: u64,
+    pub member: u64,
+}
+
+impl Caller {
+    /// The gateway's own calls (lists, pings): no client's.
+    pub const NONE: Caller = Caller { group: 0, member: 0 };
+}
 
 /// `n` slots (at least one), handed out in turns among callers.
 #[derive(Clone)]
@@ -43,10 +56,19 @@ struct State {
     /// lowered `slots`).
     slots: usize,
     held: usize,
-    /// Callers with a waiter, each once, in the order their turns come.
-    turns: VecDeque<Caller>,
-    /// Each waiting caller's waiters, oldest first.
-    waiting: HashMap<Caller, VecDeque<oneshot::Sender<Slot>>, foldhash::fast::FixedState>,
+    /// Clients with a waiter, each once, in the order their turns come.
+    turns: VecDeque<u64>,
+    /// Each waiting client's sessions and their waiters.
+    groups: HashMap<u64, Group, foldhash::fast::FixedState>,
+}
+
+/// One client's waiters.
+#[derive(Default)]
+struct Group {
+    /// Its sessions with a waiter, each once, in the order their turns come.
+    turns: VecDeque<u64>,
+    /// Each waiting session's waiters, oldest first.
+    waiting: HashMap<u64, VecDeque<oneshot::Sender<Slot>>, foldhash::fast::FixedState>,
 }
 
 /// A slot, held until dropped.
@@ -63,7 +85,7 @@ impl FairSlots {
                 slots: n.max(1),
                 held: 0,
                 turns: VecDeque::new(),
-                waiting: HashMap::default(),
+                groups: HashMap::default(),
             })),
             slots: Arc::new(AtomicUsize::new(n.max(1))),
         }
@@ -82,10 +104,14 @@ impl FairSlots {
                 };
             }
             let (tx, rx) = oneshot::channel();
-            let State { turns, waiting, .. } = &mut *st;
-            let queue = waiting.entry(caller).or_default();
+            let State { turns, groups, .. } = &mut *st;
+            let group = groups.entry(caller.group).or_default();
+            if group.waiting.is_empty() {
+                turns.push_back(caller.group);
+            }
+            let queue = group.waiting.entry(caller.member).or_default();
             if queue.is_empty() {
-                turns.push_back(caller);
+                group.turns.push_back(caller.member);
             }
             queue.push_back(tx);
             rx
@@ -141,37 +167,61 @@ impl FairSlots {
 }
 
 impl State {
-    /// Hands free slots to waiters, a caller's oldest first, callers in turn. Slots whose
-    /// receivers were gone go to `lost`, to be dropped once the lock is released (they are
-    /// already counted free again).
+    /// Hands free slots to waiters: clients in turn, each client's sessions in turn, a
+    /// session's oldest first. Slots whose receivers were gone go to `lost`, to be dropped
+    /// once the lock is released (they are already counted free again).
     fn hand_out(&mut self, shared: &Arc<Mutex<State>>, lost: &mut Vec<Slot>) {
         while self.held < self.slots {
-            let Some(caller) = self.turns.pop_front() else { break };
-            let Some(queue) = self.waiting.get_mut(&caller) else {
+            let Some(g) = self.turns.pop_front() else { break };
+            let Some(group) = self.groups.get_mut(&g) else {
                 continue;
             };
+            group.hand_one(shared, &mut self.held, lost);
+            if group.waiting.is_empty() {
+                self.groups.remove(&g);
+            } else {
+                self.turns.push_back(g);
+            }
+        }
+    }
+}
+
+impl Group {
+    /// Hands one slot to the first of its sessions in turn that still waits.
+    fn hand_one(&mut self, shared: &Arc<Mutex<State>>, held: &mut usize, lost: &mut Vec<Slot>) {
+        while let Some(member) = self.turns.pop_front() {
+            let Some(queue) = self.waiting.get_mut(&member) else {
+                continue;
+            };
+            let mut sent = false;
             while let Some(tx) = queue.pop_front() {
                 if tx.is_closed() {
                     continue;
                 }
-                self.held += 1;
+                *held += 1;
                 match tx.send(Slot {
                     state: shared.clone(),
                     live: true,
                 }) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        sent = true;
+                        break;
+                    }
                     Err(mut slot) => {
                         // Gone between the check and the send: the slot stays free.
-                        self.held -= 1;
+                        *held -= 1;
                         slot.live = false;
                         lost.push(slot);
                     }
                 }
             }
             if queue.is_empty() {
-                self.waiting.remove(&caller);
+                self.waiting.remove(&member);
             } else {
-                self.turns.push_back(caller);
+                self.turns.push_back(member);
+            }
+            if sent {
+                return;
             }
         }
     }
@@ -209,24 +259,32 @@ impl Drop for Waiter<'_> {
             drop(slot);
         }
         let mut st = crate::sync::lock(self.state);
-        let State { turns, waiting, .. } = &mut *st;
-        if let Some(queue) = waiting.get_mut(&self.caller) {
+        let State { turns, groups, .. } = &mut *st;
+        let Caller { group: g, member } = self.caller;
+        let Some(group) = groups.get_mut(&g) else { return };
+        if let Some(queue) = group.waiting.get_mut(&member) {
             queue.retain(|tx| !tx.is_closed());
             if queue.is_empty() {
-                waiting.remove(&self.caller);
-                turns.retain(|c| *c != self.caller);
+                group.waiting.remove(&member);
+                group.turns.retain(|m| *m != member);
             }
+        }
+        if group.waiting.is_empty() {
+            groups.remove(&g);
+            turns.retain(|c| *c != g);
         }
     }
 }
 
-/// The fairness key of a caller: its identity's name if it has one, else its session id
-/// (a stateless client's id: `stateless:` and its address), else 0.
-pub fn caller(identity: Option<&str>, session: Option<&str>) -> Caller {
+/// The fairness key of a caller: its client is its identity's name if it has one, else
+/// `client` (what a caller without an identity counts as: its address, see
+/// [`crate::client::counted_as`]); its member is its session (a stateless caller's id).
+pub fn caller(identity: Option<&str>, client: &str, session: &str) -> Caller {
     use std::hash::BuildHasher;
-    match identity.map(|i| (1u8, i)).or(session.map(|s| (2u8, s))) {
-        Some(key) => foldhash::fast::FixedState::with_seed(0x6d63_7067).hash_one(key) | 1,
-        None => 0,
+    let hash = |key: (u8, &str)| foldhash::fast::FixedState::with_seed(0x6d63_7067).hash_one(key) | 1;
+    Caller {
+        group: hash(identity.map_or((2, client), |i| (1, i))),
+        member: hash((3, session)),
     }
 }
 
@@ -234,6 +292,11 @@ pub fn caller(identity: Option<&str>, session: Option<&str>) -> Caller {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A client with one session.
+    fn c(n: u64) -> Caller {
+        Caller { group: n, member: n }
+    }
 
     async fn settled() {
         for _ in 0..10 {
@@ -246,13 +309,13 @@ mod tests {
     #[tokio::test]
     async fn a_freed_slot_goes_to_the_next_caller_in_turn() {
         let slots = FairSlots::new(1);
-        let held = slots.acquire(1).await;
+        let held = slots.acquire(c(1)).await;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (caller, tag) in [(1, "a1"), (1, "a2"), (1, "a3"), (2, "b1")] {
             let (slots, order) = (slots.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let slot = slots.acquire(caller).await;
+                let slot = slots.acquire(c(caller)).await;
                 crate::sync::lock(&order).push(tag);
                 drop(slot);
             }));
@@ -271,24 +334,24 @@ mod tests {
     #[tokio::test]
     async fn waiters_that_give_up_take_nothing() {
         let slots = FairSlots::new(2);
-        let a = slots.acquire(1).await;
-        let b = slots.acquire(2).await;
+        let a = slots.acquire(c(1)).await;
+        let b = slots.acquire(c(2)).await;
         for caller in [1, 2, 3] {
-            let gave_up = tokio::time::timeout(Duration::from_millis(1), slots.acquire(caller)).await;
+            let gave_up = tokio::time::timeout(Duration::from_millis(1), slots.acquire(c(caller))).await;
             assert!(gave_up.is_err());
         }
-        assert!(crate::sync::lock(&slots.state).waiting.is_empty());
+        assert!(crate::sync::lock(&slots.state).groups.is_empty());
         assert!(crate::sync::lock(&slots.state).turns.is_empty());
         // A slot sent to a waiter whose future is then dropped before it polls again.
-        let mut late = Box::pin(slots.acquire(4));
+        let mut late = Box::pin(slots.acquire(c(4)));
         assert!(futures::poll!(late.as_mut()).is_pending());
         drop(a);
         drop(late);
         assert_eq!(slots.available(), 1);
         drop(b);
         assert_eq!(slots.available(), 2);
-        let _c = slots.acquire(5).await;
-        let _d = slots.acquire(5).await;
+        let _c = slots.acquire(c(5)).await;
+        let _d = slots.acquire(c(5)).await;
         assert_eq!(slots.available(), 0);
     }
 
@@ -297,10 +360,10 @@ mod tests {
     #[tokio::test]
     async fn the_number_of_slots_can_change_while_they_are_held() {
         let slots = FairSlots::new(4);
-        let held: Vec<Slot> = futures::future::join_all((0..4).map(|_| slots.acquire(1))).await;
+        let held: Vec<Slot> = futures::future::join_all((0..4).map(|_| slots.acquire(c(1)))).await;
         slots.limit(2);
         assert_eq!(slots.available(), 0);
-        let mut next = Box::pin(slots.acquire(2));
+        let mut next = Box::pin(slots.acquire(c(2)));
         let mut held = held.into_iter();
         drop(held.next());
         drop(held.next());
@@ -308,7 +371,7 @@ mod tests {
         drop(held.next());
         let next = next.await;
         assert_eq!(slots.available(), 0);
-        let mut waiting: Vec<_> = (0..3).map(|c| Box::pin(slots.acquire(10 + c))).collect();
+        let mut waiting: Vec<_> = (0..3).map(|n| Box::pin(slots.acquire(c(10 + n)))).collect();
         for w in &mut waiting {
             assert!(futures::poll!(w.as_mut()).is_pending());
         }
@@ -326,12 +389,53 @@ mod tests {
         assert_eq!(slots.available(), 1, "at least one slot");
     }
 
+    /// A client's many sessions get one turn among clients between them: another
+    /// client's call goes next, then the client's sessions take turns among themselves.
+    #[tokio::test]
+    async fn a_clients_sessions_share_its_turn() {
+        let slots = FairSlots::new(1);
+        let held = slots.acquire(c(1)).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let flood = |member| Caller { group: 7, member };
+        for (caller, tag) in [
+            (flood(1), "x1"),
+            (flood(2), "y1"),
+            (flood(3), "z1"),
+            (flood(1), "x2"),
+            (c(2), "b1"),
+            (c(2), "b2"),
+        ] {
+            let (slots, order) = (slots.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let slot = slots.acquire(caller).await;
+                crate::sync::lock(&order).push(tag);
+                drop(slot);
+            }));
+            settled().await;
+        }
+        drop(held);
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(*crate::sync::lock(&order), ["x1", "b1", "y1", "b2", "z1", "x2"]);
+        assert_eq!(slots.available(), 1);
+    }
+
     #[test]
-    fn callers_are_told_apart_by_identity_then_session() {
-        assert_eq!(caller(None, None), 0);
-        assert_ne!(caller(Some("alice"), None), caller(Some("bob"), None));
-        assert_eq!(caller(Some("alice"), Some("s1")), caller(Some("alice"), Some("s2")));
-        assert_ne!(caller(None, Some("alice")), caller(Some("alice"), None));
-        assert_ne!(caller(None, Some("s1")), 0);
+    fn callers_are_told_apart_by_identity_then_address_then_session() {
+        // An identity's sessions are one client, whatever address they come from.
+        let a1 = caller(Some("alice"), "10.0.0.1", "s1");
+        let a2 = caller(Some("alice"), "10.0.0.2", "s2");
+        assert_eq!(a1.group, a2.group);
+        assert_ne!(a1.member, a2.member);
+        assert_ne!(a1.group, caller(Some("bob"), "10.0.0.1", "s1").group);
+        // Without one, the address is the client.
+        let n1 = caller(None, "10.0.0.1", "s1");
+        assert_eq!(n1.group, caller(None, "10.0.0.1", "s9").group);
+        assert_ne!(n1.group, caller(None, "10.0.0.2", "s1").group);
+        // An identity named like an address is not that address.
+        assert_ne!(caller(Some("10.0.0.1"), "x", "s1").group, n1.group);
+        assert_ne!(n1, Caller::NONE);
     }
 }

@@ -144,7 +144,7 @@ struct Actor {
     /// Each client's calls in flight (those in `pending` of a caller other than 0); a
     /// client with none has no entry. Kept by this task alone: the bound costs a call a
     /// hash lookup here, and no lock.
-    calls: HashMap<super::fair::Caller, usize, foldhash::fast::FixedState>,
+    calls: HashMap<u64, usize, foldhash::fast::FixedState>,
 }
 
 /// How the child ended, as a sentence.
@@ -326,7 +326,7 @@ impl Actor {
                     sink: None,
                     progress: None,
                     reply,
-                    caller: 0,
+                    caller: super::fair::Caller::NONE,
                 },
             );
             let (mut line, _) = encode_request(id, "ping", super::Params::Raw(None));
@@ -342,8 +342,8 @@ impl Actor {
         if p.method == "subscriptions/listen" {
             self.listens -= 1;
         }
-        if p.caller != 0 {
-            if let std::collections::hash_map::Entry::Occupied(mut n) = self.calls.entry(p.caller) {
+        if p.caller.group != 0 {
+            if let std::collections::hash_map::Entry::Occupied(mut n) = self.calls.entry(p.caller.group) {
                 *n.get_mut() -= 1;
                 if *n.get() == 0 {
                     n.remove();
@@ -383,8 +383,8 @@ impl Actor {
             }));
             return;
         }
-        if caller != 0 {
-            let n = self.calls.entry(caller).or_insert(0);
+        if caller.group != 0 {
+            let n = self.calls.entry(caller.group).or_insert(0);
             if *n >= self.per_client {
                 debug!(
                     limit = self.per_client,

@@ -626,6 +626,35 @@ async fn one_addresss_stateless_flood_does_not_queue_another_addresss_call_behin
     other_goes_before_the_flood(&remote, &gw, spawn_call, other, "address").await;
 }
 
+/// Sessions without an identity take turns as their address's: one address that opens a
+/// session per queued call (a client that gets around a per-session turn) gets one turn
+/// among addresses, so another address's call goes after the holder's and at most one of
+/// the flood's, not after every session's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_addresss_flood_over_many_sessions_does_not_queue_another_addresss_call_behind_it() {
+    let remote = Remote::start(&[]);
+    let gw = Gateway::start(&format!(
+        "[gateway]\ntrusted_proxies = [\"127.0.0.1\"]\n\n{}",
+        remote_table("one", &remote.url(), "max_connections = 1")
+    ));
+    let from = |addr: &str| {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("x-forwarded-for", addr.parse().expect("header value"));
+        reqwest::Client::builder().default_headers(h).build().expect("client")
+    };
+    let mut flood = Vec::new();
+    for _ in 0..4 {
+        flood.push(Arc::new(Session::open_on(from("10.0.0.1"), &gw.url, json!({})).await));
+    }
+    let other = Session::open_on(from("10.0.0.2"), &gw.url, json!({})).await;
+    let spawn_call = |id: i64, seconds: f64| {
+        let s = flood[id as usize].clone();
+        tokio::spawn(async move { s.call_id(json!(id), "one__slow", json!({"seconds": seconds})).await })
+    };
+    let other = other.call_id(json!("b"), "one__echo", json!({"text": "my turn"}));
+    other_goes_before_the_flood(&remote, &gw, spawn_call, other, "address").await;
+}
+
 /// A call still waiting for the server's only slot never reached the server, so its
 /// client's cancellation is not passed on (a thousand such waiters would otherwise be a
 /// thousand notifications, and notifications take no slot); the call holding the slot is
