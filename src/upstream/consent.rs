@@ -6,10 +6,10 @@
 //! its connection, its links) is keyed by its principal (`auth::Identity::principal`):
 //! an `[auth.oauth]` identity's name bound to the issuer and claim that named it, so a
 //! caller of the same name from another issuer (after a change of `[auth.oauth]`) is
-//! asked for its own consent and never gets this one's tokens. Without a token, the caller is asked to
-//! consent through URL elicitation ([`Need`]): a link to the gateway's own
-//! `/oauth/start?link=…`, an opaque random value bound to the principal, the server, the
-//! session that was asked and an expiry, usable once. `/oauth/start` redirects to the
+//! asked for its own consent and never gets this one's tokens. Without a token, the
+//! caller is asked to consent through URL elicitation ([`Need`]): a link to the
+//! gateway's own `/oauth/start?link=…`, an opaque random value bound to the principal,
+//! the server, the session that was asked and an expiry, usable once. `/oauth/start` redirects to the
 //! authorization server with PKCE (S256) and a second random `state`, and sets a cookie
 //! that binds the browser to that state; `/oauth/callback` checks both, exchanges the code,
 //! stores the tokens sealed ([`super::store`]), tells the session
