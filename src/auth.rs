@@ -37,8 +37,15 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 /// An authenticated caller.
 #[derive(Debug)]
 pub struct Identity {
-    /// The client's name: its `[clients.NAME]` table, or the OAuth claim's value.
+    /// The client's name: its `[clients.NAME]` table, or the OAuth claim's value. What
+    /// policies, logs, errors, `/status` and the console go by.
     pub name: String,
+    /// The key of the caller's own state (exchanged tokens, its connections, its stored
+    /// consents): the name for a `[clients.NAME]` token, the name bound to the issuer and
+    /// claim for an `[auth.oauth]` JWT ([`oauth_principal`]), so that a name an issuer
+    /// gives never finds what another issuer's (or a static client's) caller left. It
+    /// holds a NUL: logs show it through [`Shown`].
+    pub principal: String,
     /// `None`: full access, no limit of its own.
     pub policy: Option<Arc<Policy>>,
     /// The validated inbound JWT (an `[auth.oauth]` identity): the subject token of
@@ -263,6 +270,7 @@ impl Authenticator {
             .filter_map(|c| {
                 let identity = Arc::new(Identity {
                     name: c.name.clone(),
+                    principal: c.name.clone(),
                     policy: policies.get(&c.name).cloned(),
                     bearer: None,
                     token: c.token,
@@ -297,6 +305,7 @@ impl Authenticator {
         self.policies.get(name).map(|p| {
             Arc::new(Identity {
                 name: name.to_owned(),
+                principal: name.to_owned(),
                 policy: Some(p.clone()),
                 bearer: None,
                 token: None,
@@ -308,7 +317,9 @@ impl Authenticator {
     /// earlier one: the same caller under its table as it is now, or `None` when what it
     /// authenticated with is gone. A static token is gone when its client's table is, or
     /// when the table's token changed (a rotated token ends what the old one opened); a
-    /// JWT when `[auth.oauth]` is.
+    /// JWT when `[auth.oauth]` is. The principal stays the one it was given: a JWT that
+    /// the former issuer validated keeps that issuer's state, even when the reload names
+    /// another issuer (whose callers of the same name have their own).
     pub fn reread(&self, old: &Identity) -> Option<Arc<Identity>> {
         let policy = self.policies.get(&old.name).cloned();
         if old.bearer.is_some() {
@@ -321,6 +332,7 @@ impl Authenticator {
         }
         Some(Arc::new(Identity {
             name: old.name.clone(),
+            principal: old.principal.clone(),
             policy,
             bearer: old.bearer.clone(),
             token: old.token,
@@ -346,6 +358,7 @@ impl Authenticator {
                 let name = jwt.verify(token).await.map_err(Denied::Invalid)?;
                 let policy = self.policies.get(&name).cloned();
                 Ok(Arc::new(Identity {
+                    principal: format!("{name}{}", jwt.binding),
                     name,
                     policy,
                     bearer: Some(config::Secret::new(token)),
@@ -400,6 +413,73 @@ impl Authenticator {
     pub async fn prefetch(&self) {
         if let Some(jwt) = &self.oauth {
             jwt.refresh(false).await;
+        }
+    }
+}
+
+/// What follows the name in an `[auth.oauth]` identity's principal: this, then the
+/// first 16 hex digits of [`issuer_digest`].
+const OAUTH_BINDING: &str = "\0oauth:";
+/// The length of that suffix: the binding and its 16 hex digits.
+const BINDING_LEN: usize = OAUTH_BINDING.len() + 16;
+
+/// The SHA-256 (hex) of an issuer and claim, each length-prefixed: no two different
+/// pairs are one input.
+fn issuer_digest(issuer: &str, client_claim: &str) -> String {
+    let mut input = Vec::new();
+    for part in [issuer, client_claim] {
+        input.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        input.extend_from_slice(part.as_bytes());
+    }
+    crate::cluster::hex(ring::digest::digest(&ring::digest::SHA256, &input).as_ref())
+}
+
+/// The principal of the `[auth.oauth]` identity named `name` by claim `client_claim` of a
+/// JWT from `issuer`: `name`, then `\0oauth:`, then 16 hex digits of [`issuer_digest`].
+///
+/// Why two different (issuer, claim, name) never give one principal, nor a static
+/// client's: the suffix has a fixed length, so a principal splits one way only, into its
+/// name (all before the last [`BINDING_LEN`] bytes, whatever it holds, NULs included)
+/// and its digest; equal principals thus have equal names and equal digests, and equal
+/// digests of different (issuer, claim) pairs would be a collision of SHA-256 cut to 64
+/// bits, which nobody can aim at: the pairs are the operator's, not the caller's. A
+/// `[clients.NAME]` name holds no control character (the config refuses one), so no
+/// static client's principal, its bare name, holds the NUL every OAuth one does.
+pub fn oauth_principal(name: &str, issuer: &str, client_claim: &str) -> String {
+    format!("{name}{OAUTH_BINDING}{}", &issuer_digest(issuer, client_claim)[..16])
+}
+
+/// A principal's name and, for an `[auth.oauth]` one, its issuer's 16 hex digits.
+pub fn principal_parts(principal: &str) -> (&str, Option<&str>) {
+    let Some(at) = principal.len().checked_sub(BINDING_LEN) else {
+        return (principal, None);
+    };
+    match (principal.get(..at), principal.get(at..)) {
+        (Some(name), Some(suffix)) => match suffix.strip_prefix(OAUTH_BINDING) {
+            Some(digest) if digest.bytes().all(|b| b.is_ascii_hexdigit()) => (name, Some(digest)),
+            _ => (principal, None),
+        },
+        _ => (principal, None),
+    }
+}
+
+/// Whether `principal` belongs to the client named `name`: its bare name (a static
+/// client, or what an earlier version kept an OAuth identity's under), or that name bound
+/// to any issuer. What an operator's revoke of a name takes away.
+pub fn principal_of_name(principal: &str, name: &str) -> bool {
+    principal_parts(principal).0 == name
+}
+
+/// A principal as logs show it: its name, and for an `[auth.oauth]` one `@oauth:` and
+/// its issuer's digest (never the NUL inside).
+#[derive(Clone, Copy)]
+pub struct Shown<'a>(pub &'a str);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match principal_parts(self.0) {
+            (name, Some(digest)) => write!(f, "{name}@oauth:{digest}"),
+            (name, None) => f.write_str(name),
         }
     }
 }
@@ -573,6 +653,67 @@ mod tests {
         assert!(Arc::ptr_eq(&in_view, &alice.views(&catalog, Some(&view)).unwrap()));
         assert!(Arc::ptr_eq(&v, &alice.views(&catalog, None).unwrap()), "both kept");
         assert!(a.client("open").unwrap().views(&catalog, None).is_none());
+    }
+
+    #[test]
+    fn principals_bind_oauth_names_to_their_issuer_and_claim() {
+        let a = oauth_principal("alice", "https://a.example", "sub");
+        assert_eq!(a.len(), "alice".len() + BINDING_LEN);
+        assert!(a.starts_with("alice\0oauth:"));
+        assert_ne!(
+            a,
+            oauth_principal("alice", "https://b.example", "sub"),
+            "another issuer"
+        );
+        assert_ne!(
+            a,
+            oauth_principal("alice", "https://a.example", "email"),
+            "another claim"
+        );
+        assert_ne!(a, oauth_principal("bob", "https://a.example", "sub"), "another name");
+        assert_ne!(a, "alice", "never a static client's name");
+        // The parts are length-prefixed: moving a character between them is another pair.
+        assert_ne!(issuer_digest("ab", "c"), issuer_digest("a", "bc"));
+        assert_eq!(principal_parts(&a), ("alice", Some(&a[a.len() - 16..])));
+        assert_eq!(principal_parts("alice"), ("alice", None));
+        assert_eq!(principal_parts("\0registration"), ("\0registration", None));
+        // A name that holds a binding of its own still splits one way: the last one.
+        let tricky = oauth_principal(&a, "https://b.example", "sub");
+        assert_eq!(principal_parts(&tricky).0, a);
+        assert!(principal_of_name(&a, "alice") && principal_of_name("alice", "alice"));
+        assert!(!principal_of_name(&a, "alic") && !principal_of_name("alicex", "alice"));
+        let shown = Shown(&a).to_string();
+        assert!(shown.starts_with("alice@oauth:") && !shown.contains('\0'), "{shown}");
+        assert_eq!(Shown("ops").to_string(), "ops");
+    }
+
+    #[tokio::test]
+    async fn a_reread_identity_keeps_the_principal_it_was_given() {
+        let a = auth(vec![spec("alice", None, &[], &[])]);
+        let bound = Identity {
+            name: "alice".into(),
+            principal: oauth_principal("alice", "https://old.example", "sub"),
+            policy: None,
+            bearer: Some(config::Secret::new("eyJ.a.b")),
+            token: None,
+        };
+        // Without [auth.oauth] now, a JWT identity is gone.
+        assert!(a.reread(&bound).is_none());
+        let with_oauth = Authenticator::new(&config::Auth {
+            clients: vec![spec("alice", None, &[], &[])],
+            oauth: Some(OAuth {
+                issuer: "https://new.example".into(),
+                audience: "gw".into(),
+                jwks_url: "https://new.example/jwks".into(),
+                client_claim: "sub".into(),
+                resource: None,
+            }),
+        });
+        let now = with_oauth.reread(&bound).unwrap();
+        assert_eq!(now.principal, bound.principal, "the old issuer's, not the new one's");
+        assert!(now.policy.is_some(), "the table of its name");
+        let static_alice = a.client("alice").unwrap();
+        assert_eq!(static_alice.principal, "alice");
     }
 
     #[test]

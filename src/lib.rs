@@ -304,6 +304,9 @@ async fn stop_servers(gw: &Gateway, deadline: tokio::time::Instant) {
 
 /// `mcp-gateway tokens revoke`: forgets `client`'s tokens for `server` in the token store
 /// (the file, or in cluster mode Redis). A running gateway sees it on its next call.
+/// `client` is a name: every principal of that name goes, its bare name (a `[clients.NAME]`
+/// client, or an OAuth identity's of an earlier version) and that name bound to any
+/// `[auth.oauth]` issuer, past or present (an operator revoking "alice" means every alice).
 pub async fn revoke_tokens(config: &Config, client: &str, server: &str) -> anyhow::Result<String> {
     let Some(s) = config.servers.iter().find(|s| s.name == server) else {
         anyhow::bail!("no server is named {server:?} in {}", config.file.display());
@@ -319,7 +322,18 @@ pub async fn revoke_tokens(config: &Config, client: &str, server: &str) -> anyho
         anyhow::bail!("server '{server}' has no auth.oauth: there are no users' tokens for it");
     }
     let store = upstream::store::Store::open(config, None).map_err(|e| anyhow::anyhow!(e))?;
-    match store.remove(server, client).await {
+    let mut principals = upstream::store::principals(&store, server)
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    principals.retain(|p| auth::principal_of_name(p, client));
+    let mut removed = Ok(false);
+    for p in &principals {
+        match store.remove(server, p).await {
+            Ok(had) => removed = removed.map(|any| any || had),
+            Err(e) => removed = Err(e),
+        }
+    }
+    match removed {
         Ok(true) => Ok(format!(
             "revoked {client}'s tokens for server '{server}' ({})",
             store.describe()

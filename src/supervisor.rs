@@ -352,18 +352,19 @@ impl Server {
         self.pool.connection_for(key, fingerprint, start).await
     }
 
-    /// The connection of one caller (`auth.token_exchange`): its own session with the
-    /// server, whose requests carry `bearer`. Kept like a session's process (bounded by
-    /// `max_sessions`, stopped after `idle_timeout` unused).
+    /// The connection of one caller (`auth.token_exchange`), by its principal
+    /// (`auth::Identity::principal`): its own session with the server, whose requests
+    /// carry `bearer`. Kept like a session's process (bounded by `max_sessions`, stopped
+    /// after `idle_timeout` unused).
     pub async fn connection_as(
         &self,
-        identity: &str,
+        principal: &str,
         bearer: crate::upstream::exchange::Bearer,
     ) -> Result<Connection, DsError> {
         // Only a server whose own connection (handshake, lists) is up is offered.
         self.connection()?;
         // A NUL cannot start a session id: these keys never meet a session's.
-        let key = format!("\0identity:{identity}");
+        let key = format!("\0identity:{principal}");
         let start = || async {
             self.connect_as(bearer)
                 .await
@@ -373,17 +374,17 @@ impl Server {
         self.pool.connection_for(&key, [0; 32], start).await
     }
 
-    /// The connection of one user (`auth.oauth`): its own session with the server, whose
-    /// requests carry `bearer`, the user's own token. Kept like a session's process
-    /// (bounded by `max_sessions`, stopped after `idle_timeout` unused).
+    /// The connection of one user (`auth.oauth`), by its principal: its own session with
+    /// the server, whose requests carry `bearer`, the user's own token. Kept like a
+    /// session's process (bounded by `max_sessions`, stopped after `idle_timeout` unused).
     pub async fn user_connection(
         &self,
-        identity: &str,
+        principal: &str,
         bearer: crate::upstream::exchange::Bearer,
     ) -> Result<Connection, DsError> {
         // A NUL cannot start a session id: these keys never meet a session's (nor a
         // token exchange caller's).
-        let key = format!("\0user:{identity}");
+        let key = format!("\0user:{principal}");
         let start = || async {
             self.connect_as(bearer)
                 .await
@@ -393,9 +394,9 @@ impl Server {
         self.pool.connection_for(&key, [0; 32], start).await
     }
 
-    /// Stops one user's connection (its tokens were revoked).
-    pub async fn end_user(&self, identity: &str) {
-        self.pool.end(&format!("\0user:{identity}")).await;
+    /// Stops one user's connection, by its principal (its tokens were revoked).
+    pub async fn end_user(&self, principal: &str) {
+        self.pool.end(&format!("\0user:{principal}")).await;
     }
 
     /// The connection already serving `caller`, without starting a process for it.

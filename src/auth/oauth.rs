@@ -72,6 +72,9 @@ pub(super) fn looks_like_jwt(token: &str) -> bool {
 /// One issuer's JWTs: its configuration and its cached keys.
 pub(super) struct Jwt {
     pub(super) cfg: OAuth,
+    /// What follows a name in the principal of this issuer's identities
+    /// ([`super::oauth_principal`] of an empty name).
+    pub(super) binding: String,
     http: reqwest::Client,
     keys: RwLock<Arc<KeySet>>,
     /// Held while fetching, so concurrent unknown `kid`s cause one fetch.
@@ -100,6 +103,7 @@ impl Jwt {
             .build()
             .unwrap_or_default();
         Jwt {
+            binding: super::oauth_principal("", &cfg.issuer, &cfg.client_claim),
             cfg,
             http,
             keys: RwLock::new(Arc::new(KeySet::default())),

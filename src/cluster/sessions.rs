@@ -19,7 +19,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub id: String,
-    /// The identity that opened it (`None` without auth).
+    /// The principal of the identity that opened it (`None` without auth).
     pub owner: Option<String>,
     /// Whose share of `gateway.max_sessions_per_client` it is.
     pub share: String,

@@ -196,6 +196,7 @@ mod tests {
     fn alice() -> Arc<Identity> {
         Arc::new(Identity {
             name: "alice".into(),
+            principal: "alice".into(),
             policy: None,
             bearer: None,
             token: None,

@@ -28,7 +28,11 @@ impl Gateway {
                 s.name
             )));
         };
-        let identity = crate::sync::read(&cx.client.identity).as_ref().map(|i| i.name.clone());
+        // The principal, not the name: a caller of the same name from another issuer has
+        // consents of its own.
+        let identity = crate::sync::read(&cx.client.identity)
+            .as_ref()
+            .map(|i| i.principal.clone());
         let session = (!cx.client.stateless).then(|| cx.client.id.clone());
         let asks_url = !cx.client.stateless
             && crate::sync::read(&cx.client.capabilities)

@@ -147,19 +147,20 @@ impl Gateway {
         client: &Client,
     ) -> Result<Connection, crate::downstream::DsError> {
         let identity = client.identity();
-        let (name, subject) = match &identity {
-            Some(i) => (i.name.as_str(), i.bearer.as_ref()),
+        // Keyed by the principal, not the name: a name another issuer gives is another caller.
+        let (principal, subject) = match &identity {
+            Some(i) => (i.principal.as_str(), i.bearer.as_ref()),
             None => ("", None),
         };
         let bearer = self
             .exchanger
-            .bearer(&s.name, te, name, subject, self.cluster())
+            .bearer(&s.name, te, principal, subject, self.cluster())
             .await
             .map_err(|e| crate::downstream::DsError::Unavailable {
                 server: s.name.clone(),
                 reason: e.to_string(),
             })?;
-        s.connection_as(name, bearer).await
+        s.connection_as(principal, bearer).await
     }
 }
 

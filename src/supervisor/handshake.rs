@@ -110,7 +110,7 @@ impl Server {
                             break;
                         }
                         Err(e) if crate::upstream::consent::refused_text(&e) => {
-                            info!(server = %self.name, %identity, "the server refused this user's token for its catalog");
+                            info!(server = %self.name, identity = %crate::auth::Shown(&identity), "the server refused this user's token for its catalog");
                             if attempt > 0 || !consent.refused(self, &identity).await {
                                 break;
                             }

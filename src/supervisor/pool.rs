@@ -85,11 +85,15 @@ impl Pool {
         }
     }
 
-    /// How logs name the caller of key `key`: an identity by its name, a session by its
-    /// tag ([`crate::client::session_tag`]), never by its id.
+    /// How logs name the caller of key `key`: an identity by its name (and an OAuth one's
+    /// issuer digest, never the NUL of its principal), a session by its tag
+    /// ([`crate::client::session_tag`]), never by its id.
     fn shown(&self, key: &str) -> String {
         match key.strip_prefix('\0') {
-            Some(rest) => rest.to_owned(),
+            Some(rest) => match rest.split_once(':') {
+                Some((kind, principal)) => format!("{kind}:{}", crate::auth::Shown(principal)),
+                None => rest.to_owned(),
+            },
             None if self.by_session => crate::client::session_tag(key),
             None => key.to_owned(),
         }

@@ -1,11 +1,15 @@
 //! Consent: the gateway as each user's OAuth client for a server with `auth.oauth`.
 //!
 //! A call to such a server goes with the caller's own token, on a connection of its own
-//! (one per identity and server, opened with `Authorization: Bearer`), so that no two
-//! users ever share a downstream session. Without a token, the caller is asked to
-//! consent through URL elicitation ([`Need`]): a link to the gateway's own
-//! `/oauth/start?link=…`, an opaque random value bound to the identity, the server, the
-//! session that was asked and an expiry, usable once. `/oauth/start` redirects to the
+//! (one per principal and server, opened with `Authorization: Bearer`), so that no two
+//! users ever share a downstream session. Everything of a user's here (its stored tokens,
+//! its connection, its links) is keyed by its principal (`auth::Identity::principal`):
+//! an `[auth.oauth]` identity's name bound to the issuer and claim that named it, so a
+//! caller of the same name from another issuer (after a change of `[auth.oauth]`) is
+//! asked for its own consent and never gets this one's tokens. Without a token, the
+//! caller is asked to consent through URL elicitation ([`Need`]): a link to the
+//! gateway's own `/oauth/start?link=…`, an opaque random value bound to the principal,
+//! the server, the session that was asked and an expiry, usable once. `/oauth/start` redirects to the
 //! authorization server with PKCE (S256) and a second random `state`, and sets a cookie
 //! that binds the browser to that state; `/oauth/callback` checks both, exchanges the code,
 //! stores the tokens sealed ([`super::store`]), tells the session
@@ -24,6 +28,7 @@
 
 use super::exchange::Bearer;
 use super::store::{now_secs, Store, Tokens};
+use crate::auth::{principal_parts, Shown};
 use crate::config::{Config, OAuthClient, Secret};
 use crate::downstream::Connection;
 use crate::error::Error;
@@ -56,12 +61,12 @@ const REFRESH_BACKOFF: Duration = Duration::from_secs(30);
 pub const PLACEHOLDER: &str = "authorize";
 /// The cookie binding the browser that opened a link to the callback.
 pub const COOKIE: &str = "mcp_gateway_consent";
-/// The store's entry (under no identity a caller can have) holding a dynamic registration.
+/// The store's entry (under no principal a caller can have) holding a dynamic registration.
 const REGISTRATION: &str = "\u{0}registration";
 
 static CONSENT: OnceLock<Arc<Consent>> = OnceLock::new();
 
-/// (server, identity).
+/// (server, principal).
 type Key = (String, String);
 /// A digest of a server's url and `auth.oauth` ([`settings_of`]).
 type Settings = [u8; 32];
@@ -99,28 +104,34 @@ pub struct Consent {
     /// Single mode: pending links and flows, `kind:id` → (until, owner, JSON); the owner
     /// is the user and server it is for.
     pending: Mutex<HashMap<String, (u64, String, String)>>,
-    /// (server, identity) → when refreshing its token last failed.
+    /// (server, principal) → when refreshing its token last failed.
     refresh_failed: Mutex<HashMap<Key, std::time::Instant>>,
     /// Each server's authorization server and client, found once per configuration of it
     /// (url and auth.oauth, as [`settings_of`] digests them: a reload that changes them
     /// finds them again).
     providers: tokio::sync::Mutex<HashMap<String, (Settings, Arc<Provider>)>>,
-    /// (server, identity) → the `Authorization` its connection sends (the connections
+    /// (server, principal) → the `Authorization` its connection sends (the connections
     /// themselves are the server's, kept like per-session processes).
     bearers: Mutex<HashMap<Key, Bearer>>,
-    /// One refresh at a time per (server, identity).
+    /// One refresh at a time per (server, principal).
     refreshing: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
     notify: OnceLock<Weak<dyn Notify>>,
     /// Set by `serve`: this process serves `/oauth/*`.
     serving: std::sync::atomic::AtomicBool,
     /// server → the user whose token its catalog connection was opened with.
     listing: Mutex<HashMap<String, String>>,
+    /// (server, principal) of the OAuth callers told that tokens under their bare name are
+    /// not theirs ([`Consent::say_if_kept_by_name`]).
+    told: Mutex<std::collections::HashSet<Key>>,
 }
 
 /// A consent link handed to a session, not opened yet.
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct Link {
-    identity: String,
+    /// Whose it is: a principal (an earlier version's links hold a name, the same thing
+    /// for a `[clients.NAME]` client).
+    #[serde(rename = "identity")]
+    principal: String,
     server: String,
     elicitation_id: String,
     /// The session that was asked (for `notifications/elicitation/complete`).
@@ -245,11 +256,11 @@ pub fn refused_text(text: &str) -> bool {
     text.contains("answered HTTP 401") || text.contains("answered HTTP 403")
 }
 
-fn unavailable(server: &Server, identity: &str, e: &crate::downstream::DsError) -> Error {
+fn unavailable(server: &Server, principal: &str, e: &crate::downstream::DsError) -> Error {
     Error::server(
         &server.name,
         crate::error::code::INTERNAL_ERROR,
-        format!("{e} (the connection of {identity})"),
+        format!("{e} (the connection of {})", principal_parts(principal).0),
     )
 }
 
@@ -355,6 +366,7 @@ impl Consent {
             notify: OnceLock::new(),
             serving: std::sync::atomic::AtomicBool::new(false),
             listing: Mutex::default(),
+            told: Mutex::default(),
         }
     }
 
@@ -423,103 +435,106 @@ impl Consent {
 
     // ------------------------------------------------------------------ the call path
 
-    /// The connection on which `identity` calls `server`, with its own token; `Err(Ok)`:
+    /// The connection on which `principal` calls `server`, with its own token; `Err(Ok)`:
     /// consent is needed first; `Err(Err)`: an error naming the server.
     pub async fn connection(
         &self,
         server: &Server,
-        identity: Option<&str>,
+        principal: Option<&str>,
         session: Option<&str>,
     ) -> Result<Connection, Result<Need, Error>> {
         let name = server.name.to_string();
-        let Some(identity) = identity else {
+        let Some(principal) = principal else {
             return Err(Err(Error::invalid_request(format!(
                 "server '{name}' acts with each user's own authorization, and this caller is not authenticated: configure [clients.*] or [auth.oauth] so that a user can consent"
             ))));
         };
-        let tokens = match self.tokens(server, identity).await {
+        let tokens = match self.tokens(server, principal).await {
             Ok(Some(t)) => t,
-            Ok(None) => return Err(self.ask(server, identity, session).await),
+            Ok(None) => {
+                self.say_if_kept_by_name(server, principal).await;
+                return Err(self.ask(server, principal, session).await);
+            }
             Err(e) => return Err(Err(Error::server(&server.name, crate::error::code::INTERNAL_ERROR, e))),
         };
         let open = |tokens: Tokens| {
-            let bearer = self.bearer(&server.name, identity, &tokens.access_token);
-            server.user_connection(identity, bearer)
+            let bearer = self.bearer(&server.name, principal, &tokens.access_token);
+            server.user_connection(principal, bearer)
         };
         match open(tokens).await {
             Ok(c) => Ok(c),
             Err(e) if refused(&e) => {
                 // Refused at initialize: a refreshed token once, else the user's consent again.
-                if !self.refused(server, identity).await {
-                    return Err(self.ask(server, identity, session).await);
+                if !self.refused(server, principal).await {
+                    return Err(self.ask(server, principal, session).await);
                 }
                 let fresh = match self.store() {
-                    Ok(store) => store.get(&name, identity).await.ok().flatten(),
+                    Ok(store) => store.get(&name, principal).await.ok().flatten(),
                     Err(_) => None,
                 };
                 let Some(tokens) = fresh else {
-                    return Err(self.ask(server, identity, session).await);
+                    return Err(self.ask(server, principal, session).await);
                 };
-                open(tokens).await.map_err(|e| Err(unavailable(server, identity, &e)))
+                open(tokens).await.map_err(|e| Err(unavailable(server, principal, &e)))
             }
-            Err(e) => Err(Err(unavailable(server, identity, &e))),
+            Err(e) => Err(Err(unavailable(server, principal, &e))),
         }
     }
 
-    /// The `Authorization` value of `identity`'s connection to `server`, set to `token`
+    /// The `Authorization` value of `principal`'s connection to `server`, set to `token`
     /// (a refreshed token replaces it in the session already open).
-    fn bearer(&self, server: &str, identity: &str, token: &str) -> Bearer {
+    fn bearer(&self, server: &str, principal: &str, token: &str) -> Bearer {
         let mut bearers = crate::sync::lock(&self.bearers);
         let b = bearers
-            .entry((server.to_owned(), identity.to_owned()))
+            .entry((server.to_owned(), principal.to_owned()))
             .or_default()
             .clone();
         *crate::sync::write(&b) = super::exchange::bearer_value(token);
         b
     }
 
-    /// The server refused `identity`'s token (401): refresh it now, or forget it. Returns
+    /// The server refused `principal`'s token (401): refresh it now, or forget it. Returns
     /// whether a new token is there to try.
-    pub async fn refused(&self, server: &Server, identity: &str) -> bool {
-        let key = (server.name.to_string(), identity.to_owned());
+    pub async fn refused(&self, server: &Server, principal: &str) -> bool {
+        let key = (server.name.to_string(), principal.to_owned());
         let Ok(store) = self.store() else { return false };
-        let Ok(Some(tokens)) = store.get(&server.name, identity).await else {
+        let Ok(Some(tokens)) = store.get(&server.name, principal).await else {
             return false;
         };
         let lock = self.lock(&key);
         let _held = lock.lock().await;
-        if let Ok(Some(now)) = store.get(&server.name, identity).await {
+        if let Ok(Some(now)) = store.get(&server.name, principal).await {
             if now.access_token != tokens.access_token {
                 return true; // someone else refreshed it meanwhile
             }
         }
-        match self.refresh(server, identity, &tokens).await {
+        match self.refresh(server, principal, &tokens).await {
             Ok(Some(_)) => true,
             _ => {
-                let _ = store.remove(&server.name, identity).await;
-                self.forgotten(server, identity).await;
+                let _ = store.remove(&server.name, principal).await;
+                self.forgotten(server, principal).await;
                 false
             }
         }
     }
 
-    /// `identity`'s tokens for `server` are gone (revoked, refused): its connection's
+    /// `principal`'s tokens for `server` are gone (revoked, refused): its connection's
     /// header goes, and a catalog connection opened with its token is opened again with
     /// another user's (or none): a forgotten token is never sent again.
-    async fn forgotten(&self, server: &Server, identity: &str) {
-        if let Some(b) = crate::sync::lock(&self.bearers).remove(&(server.name.to_string(), identity.to_owned())) {
+    async fn forgotten(&self, server: &Server, principal: &str) {
+        if let Some(b) = crate::sync::lock(&self.bearers).remove(&(server.name.to_string(), principal.to_owned())) {
             *crate::sync::write(&b) = None;
         }
         let listing = {
             let mut l = crate::sync::lock(&self.listing);
-            let mine = l.get(server.name.as_ref()).is_some_and(|i| i == identity);
+            let mine = l.get(server.name.as_ref()).is_some_and(|i| i == principal);
             if mine {
                 l.remove(server.name.as_ref());
             }
             mine
         };
         if listing {
-            info!(server = %server.name, %identity, "the catalog connection used this user's token: opening it again");
+            info!(server = %server.name, identity = %Shown(principal), "the catalog connection used this user's token: opening it again");
             server.reconnect().await;
         }
     }
@@ -544,26 +559,26 @@ impl Consent {
             let (Some(n), Ok(store)) = (self.notifier(), self.store()) else {
                 continue;
             };
-            for (name, identity) in listing {
-                if let (Some(server), Ok(None)) = (n.server(&name), store.get(&name, &identity).await) {
-                    info!(server = %name, %identity, "the user's tokens were revoked outside this process");
-                    self.forgotten(&server, &identity).await;
+            for (name, principal) in listing {
+                if let (Some(server), Ok(None)) = (n.server(&name), store.get(&name, &principal).await) {
+                    info!(server = %name, identity = %Shown(&principal), "the user's tokens were revoked outside this process");
+                    self.forgotten(&server, &principal).await;
                 }
             }
         }
     }
 
-    /// Whether `identity` still has tokens for `server` in the store.
-    pub async fn has_tokens(&self, server: &Server, identity: &str) -> bool {
+    /// Whether `principal` still has tokens for `server` in the store.
+    pub async fn has_tokens(&self, server: &Server, principal: &str) -> bool {
         match self.store() {
-            Ok(store) => store.get(&server.name, identity).await.ok().flatten().is_some(),
+            Ok(store) => store.get(&server.name, principal).await.ok().flatten().is_some(),
             Err(_) => false,
         }
     }
 
-    /// The catalog connection of `server` was opened with `identity`'s token.
-    pub fn listing_as(&self, server: &str, identity: &str) {
-        crate::sync::lock(&self.listing).insert(server.to_owned(), identity.to_owned());
+    /// The catalog connection of `server` was opened with `principal`'s token.
+    pub fn listing_as(&self, server: &str, principal: &str) {
+        crate::sync::lock(&self.listing).insert(server.to_owned(), principal.to_owned());
     }
 
     fn lock(&self, key: &(String, String)) -> Arc<tokio::sync::Mutex<()>> {
@@ -574,28 +589,28 @@ impl Consent {
         m.entry(key.clone()).or_default().clone()
     }
 
-    /// `identity`'s valid tokens for `server`, refreshed first when they are about to expire;
+    /// `principal`'s valid tokens for `server`, refreshed first when they are about to expire;
     /// `None`: it has none (or they could not be refreshed).
-    async fn tokens(&self, server: &Server, identity: &str) -> Result<Option<Tokens>, String> {
+    async fn tokens(&self, server: &Server, principal: &str) -> Result<Option<Tokens>, String> {
         let store = self.store()?;
-        let Some(tokens) = store.get(&server.name, identity).await? else {
+        let Some(tokens) = store.get(&server.name, principal).await? else {
             return Ok(None);
         };
         if tokens.resource.is_some() && tokens.resource != bound_url(server) {
             // Got for the server's former url (changed by a reload): never sent to the new
             // one; the user is asked again.
-            info!(server = %server.name, %identity, "the user's tokens were got for the server's former url: asking again");
+            info!(server = %server.name, identity = %Shown(principal), "the user's tokens were got for the server's former url: asking again");
             return Ok(None);
         }
         if !tokens.expiring(REFRESH_MARGIN) {
             return Ok(Some(tokens));
         }
-        let key = (server.name.to_string(), identity.to_owned());
+        let key = (server.name.to_string(), principal.to_owned());
         let lock = self.lock(&key);
         let _held = lock.lock().await;
         // Another call may have refreshed it while this one waited.
         let Some(tokens) = store
-            .get(&server.name, identity)
+            .get(&server.name, principal)
             .await?
             .filter(|t| t.resource.is_none() || t.resource == bound_url(server))
         else {
@@ -611,7 +626,7 @@ impl Consent {
             // It failed a moment ago: the token as it is while it lasts, not one more try.
             return Ok(Some(tokens));
         }
-        let refreshed = self.refresh(server, identity, &tokens).await;
+        let refreshed = self.refresh(server, principal, &tokens).await;
         {
             let mut f = crate::sync::lock(&self.refresh_failed);
             match &refreshed {
@@ -630,15 +645,15 @@ impl Consent {
             Ok(Some(t)) => Ok(Some(t)),
             Ok(None) | Err(_) if !tokens.expiring(0) => Ok(Some(tokens)),
             _ => {
-                store.remove(&server.name, identity).await?;
-                self.forgotten(server, identity).await;
+                store.remove(&server.name, principal).await?;
+                self.forgotten(server, principal).await;
                 Ok(None)
             }
         }
     }
 
     /// Uses the refresh token; `Ok(None)`: there is none, or the AS refused it.
-    async fn refresh(&self, server: &Server, identity: &str, tokens: &Tokens) -> Result<Option<Tokens>, String> {
+    async fn refresh(&self, server: &Server, principal: &str, tokens: &Tokens) -> Result<Option<Tokens>, String> {
         let Some(refresh) = &tokens.refresh_token else {
             return Ok(None);
         };
@@ -657,12 +672,12 @@ impl Consent {
                     t.refresh_token = Some(refresh.clone());
                 }
                 t.resource = bound_url(server);
-                self.store()?.put(&server.name, identity, &t).await?;
-                info!(server = %server.name, %identity, "refreshed the user's token");
+                self.store()?.put(&server.name, principal, &t).await?;
+                info!(server = %server.name, identity = %Shown(principal), "refreshed the user's token");
                 Ok(Some(t))
             }
             Err(e) => {
-                warn!(server = %server.name, %identity, error = %e, "refreshing the user's token failed");
+                warn!(server = %server.name, identity = %Shown(principal), error = %e, "refreshing the user's token failed");
                 Ok(None)
             }
         }
@@ -674,21 +689,21 @@ impl Consent {
         // Opened again: with whoever comes first now.
         crate::sync::lock(&self.listing).remove(server.name.as_ref());
         let Ok(store) = self.store() else { return Vec::new() };
-        let mut ids = super::store::identities(store, &server.name).await.unwrap_or_default();
+        let mut ids = super::store::principals(store, &server.name).await.unwrap_or_default();
         ids.retain(|i| i.as_str() != REGISTRATION);
         ids
     }
 
-    /// `identity`'s valid token for `server`, for its catalog connection.
-    pub async fn catalog_token(&self, server: &Server, identity: &str) -> Option<String> {
-        match self.tokens(server, identity).await {
+    /// `principal`'s valid token for `server`, for its catalog connection.
+    pub async fn catalog_token(&self, server: &Server, principal: &str) -> Option<String> {
+        match self.tokens(server, principal).await {
             Ok(Some(t)) => Some(t.access_token),
             _ => None,
         }
     }
 
-    /// A consent link for `identity` and `server`.
-    async fn ask(&self, server: &Server, identity: &str, session: Option<&str>) -> Result<Need, Error> {
+    /// A consent link for `principal` and `server`.
+    async fn ask(&self, server: &Server, principal: &str, session: Option<&str>) -> Result<Need, Error> {
         let name = server.name.to_string();
         let public = self.public().map_err(|e| {
             Error::server(
@@ -705,16 +720,16 @@ impl Consent {
         let link = random_token();
         let elicitation_id = random_token();
         let record = Link {
-            identity: identity.to_owned(),
+            principal: principal.to_owned(),
             server: name.clone(),
             elicitation_id: elicitation_id.clone(),
             session: session.map(str::to_owned),
             expires: now_secs() + LINK_LIFETIME.as_secs(),
         };
-        self.keep("link", &link, &record, (&name, identity))
+        self.keep("link", &link, &record, (&name, principal))
             .await
             .map_err(|e| Error::server(&server.name, crate::error::code::INTERNAL_ERROR, e))?;
-        debug!(server = %name, %identity, "asking the user's consent");
+        debug!(server = %name, identity = %Shown(principal), "asking the user's consent");
         Ok(Need {
             url: format!("{public}/oauth/start?link={link}"),
             message: format!(
@@ -730,20 +745,20 @@ impl Consent {
 
     /// Keeps a link or flow for [`LINK_LIFETIME`]: in Redis in cluster mode (any replica
     /// may serve the browser), else here. At most [`MAX_PENDING_PER_USER`] for one
-    /// `owner` (server, identity) at a time.
+    /// `owner` (server, principal) at a time.
     async fn keep<T: serde::Serialize>(&self, kind: &str, id: &str, v: &T, owner: (&str, &str)) -> Result<(), String> {
-        let (server, identity) = owner;
+        let (server, principal) = owner;
         let too_many = || {
             format!(
                 "server '{server}': too many consents of {} are pending ({MAX_PENDING_PER_USER}); use a link given already, or try again in {} minutes",
-                untrusted(identity),
+                untrusted(principal_parts(principal).0),
                 LINK_LIFETIME.as_secs() / 60
             )
         };
         let store = self.store()?;
         if store.shared() {
             if store
-                .count_pending(&format!("{kind}:{server}\0{identity}"), LINK_LIFETIME)
+                .count_pending(&format!("{kind}:{server}\0{principal}"), LINK_LIFETIME)
                 .await?
                 > MAX_PENDING_PER_USER as u64
             {
@@ -752,7 +767,7 @@ impl Consent {
             return store.put_pending(kind, id, v, LINK_LIFETIME).await;
         }
         let text = serde_json::to_string(v).map_err(|e| e.to_string())?;
-        let owner = format!("{kind}:{server}\0{identity}");
+        let owner = format!("{kind}:{server}\0{principal}");
         let mut m = crate::sync::lock(&self.pending);
         let now = now_secs();
         m.retain(|_, (until, _, _)| *until > now);
@@ -793,11 +808,12 @@ impl Consent {
 
     /// `/oauth/start?link=…`: `caller` is who the request authenticated as, if it carried
     /// credentials (a browser carries none).
-    /// Whom a link was made for, and for which server, without using it: the page that
-    /// asks whoever opened it to prove they are that client.
+    /// Whom a link was made for (a principal: its name is what a page shows), and for
+    /// which server, without using it: the page that asks whoever opened it to prove they
+    /// are that client.
     pub async fn describe(&self, link: &str) -> Result<(String, String), (u16, String)> {
         match self.peek::<Link>("link", link).await {
-            Ok(Some(l)) if l.expires > now_secs() => Ok((l.identity, l.server)),
+            Ok(Some(l)) if l.expires > now_secs() => Ok((l.principal, l.server)),
             Ok(_) => Err((
                 404,
                 "this consent link is unknown, was used already, or has expired: call the tool again for a new one"
@@ -807,8 +823,9 @@ impl Consent {
         }
     }
 
-    /// Uses `link` for `caller`, who proved to be a client of the gateway: the link's own,
-    /// or it is refused (a link forwarded to someone else binds nobody's account to it).
+    /// Uses `link` for `caller` (a principal), who proved to be a client of the gateway:
+    /// the link's own, or it is refused (a link forwarded to someone else, or to a caller
+    /// of the same name from another issuer, binds nobody's account to it).
     pub async fn start(
         &self,
         link: &str,
@@ -828,7 +845,7 @@ impl Consent {
                 ),
                 Err(e) => return refused(503, &e),
             };
-        if caller != l.identity {
+        if caller != l.principal {
             // A stolen or forwarded link: it stays usable by the one it was made for.
             warn!(server = %l.server, "a consent link was opened by another client than it was made for");
             return refused(403, "this consent link was made for another client");
@@ -877,7 +894,7 @@ impl Consent {
             browser: browser.clone(),
             redirect_uri: p.redirect_uri.clone(),
         };
-        let owner = (flow.link.server.clone(), flow.link.identity.clone());
+        let owner = (flow.link.server.clone(), flow.link.principal.clone());
         if let Err(e) = self.keep("flow", &state, &flow, (&owner.0, &owner.1)).await {
             return refused(503, &e);
         }
@@ -958,8 +975,11 @@ impl Consent {
         tokens.resource = bound_url(&server);
         let l = &flow.link;
         let store = self.store().map_err(|e| (500, e))?;
-        store.put(&l.server, &l.identity, &tokens).await.map_err(|e| (500, e))?;
-        info!(server = %l.server, identity = %l.identity, "the user consented; tokens stored");
+        store
+            .put(&l.server, &l.principal, &tokens)
+            .await
+            .map_err(|e| (500, e))?;
+        info!(server = %l.server, identity = %Shown(&l.principal), "the user consented; tokens stored");
         if let Some(n) = self.notify.get().and_then(Weak::upgrade) {
             if let Some(session) = &l.session {
                 let params = crate::message::to_raw(&json!({ "elicitationId": l.elicitation_id }));
@@ -974,26 +994,61 @@ impl Consent {
         Ok(l.server.clone())
     }
 
-    /// `DELETE /oauth/tokens/{server}` and `tokens revoke`: forgets the tokens (and asks the
-    /// AS to revoke the refresh token, best effort). Whether there were any.
-    pub async fn revoke(&self, server: Option<&Server>, name: &str, identity: &str) -> Result<bool, String> {
+    /// `DELETE /oauth/tokens/{server}`: forgets the tokens kept under each of `principals`
+    /// (and asks the AS to revoke each refresh token, best effort). Whether there were any.
+    pub async fn revoke(&self, server: Option<&Server>, name: &str, principals: &[&str]) -> Result<bool, String> {
         let store = self.store()?;
-        let old = store.get(name, identity).await.ok().flatten();
-        let had = store.remove(name, identity).await?;
-        if let Some(s) = server {
-            s.end_user(identity).await;
-            self.forgotten(s, identity).await;
-        }
-        crate::sync::lock(&self.bearers).remove(&(name.to_owned(), identity.to_owned()));
-        if let (Some(server), Some(old)) = (server, old) {
-            if let (Ok(p), Some(rt)) = (self.provider(server).await, old.refresh_token) {
-                if let Some(ep) = &p.revocation_endpoint {
-                    let form = vec![("token", rt), ("token_type_hint", "refresh_token".to_owned())];
-                    let _ = self.post_form(ep, &p, form).await;
+        let mut had = false;
+        for principal in principals {
+            let old = store.get(name, principal).await.ok().flatten();
+            had |= store.remove(name, principal).await?;
+            if let Some(s) = server {
+                s.end_user(principal).await;
+                self.forgotten(s, principal).await;
+            }
+            crate::sync::lock(&self.bearers).remove(&(name.to_owned(), (*principal).to_owned()));
+            if let (Some(server), Some(old)) = (server, old) {
+                if let (Ok(p), Some(rt)) = (self.provider(server).await, old.refresh_token) {
+                    if let Some(ep) = &p.revocation_endpoint {
+                        let form = vec![("token", rt), ("token_type_hint", "refresh_token".to_owned())];
+                        let _ = self.post_form(ep, &p, form).await;
+                    }
                 }
             }
         }
         Ok(had)
+    }
+
+    /// An `[auth.oauth]` caller with no tokens of its own for `server`, whose bare name has
+    /// some: kept by an earlier version (which kept an OAuth identity's tokens under its
+    /// name alone), or a `[clients.NAME]` client's of that name. Either way not this
+    /// caller's: said once per (server, principal), at `info`.
+    async fn say_if_kept_by_name(&self, server: &Server, principal: &str) {
+        let (name, Some(_)) = principal_parts(principal) else {
+            return;
+        };
+        let key = (server.name.to_string(), principal.to_owned());
+        if crate::sync::lock(&self.told).contains(&key) {
+            return;
+        }
+        let Ok(store) = self.store() else { return };
+        if !matches!(store.get(&server.name, name).await, Ok(Some(_))) {
+            return;
+        }
+        {
+            let mut told = crate::sync::lock(&self.told);
+            if told.len() >= MAX_PENDING {
+                told.clear();
+            }
+            if !told.insert(key) {
+                return;
+            }
+        }
+        info!(
+            server = %server.name,
+            identity = %Shown(principal),
+            "tokens are stored under this caller's bare name (by a version before tokens were bound to the [auth.oauth] issuer, or a [clients.*] client's of this name): not used for it; asking for its own consent"
+        );
     }
 
     // ------------------------------------------------------------------ the AS

@@ -2,16 +2,23 @@
 //! inbound JWT is the `subject_token`; the token the authorization server issues goes
 //! downstream as `Authorization: Bearer` (the inbound one never does).
 //!
-//! Tokens are cached per (identity, server) until shortly before they expire
+//! Tokens are cached per (principal, server) until shortly before they expire
 //! ([`fresh_for`]), with one exchange in flight per key however many calls wait for it.
+//! The principal (`auth::Identity::principal`) binds a JWT's name to its issuer and
+//! claim: a caller of the same name from another issuer never gets this one's token.
 //! In cluster mode the cache is shared through Redis: each token sealed ([`super::seal`])
-//! under its identity and server, kept for the token's lifetime; a short Redis lock
-//! makes concurrent first calls on several replicas one exchange.
+//! under its principal and server, kept for the token's lifetime; a short Redis lock
+//! makes concurrent first calls on several replicas one exchange. The lock's value proves
+//! its writer holds the cluster key ([`LockValue`]), and only the one who took it gives it
+//! back (compare-and-delete): someone who can write to Redis without the key cannot make
+//! callers wait for a lock of theirs, and a holder whose lock expired never deletes the
+//! next holder's.
 //!
 //! Nothing here logs a token, and errors carry the authorization server's error code
 //! and description (never its whole body, which could echo a token).
 
 use super::seal::Sealer;
+use crate::auth::Shown;
 use crate::cluster::Cluster;
 use crate::config::{ClientAuth, Secret, TokenExchange};
 use reqwest::header::HeaderValue;
@@ -28,6 +35,12 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(15);
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
 /// The sealing key's purpose (see [`Sealer`]).
 const PURPOSE: &str = "upstream-token/1";
+/// The purpose of the key that signs lock values ([`LockValue`]).
+const LOCK_PURPOSE: &str = "upstream-token-lock/1";
+/// Gives a lock back only if it still holds this acquisition's value: a holder whose lock
+/// expired (an exchange slower than [`EXCHANGE_TIMEOUT`]) leaves the next holder's alone.
+const UNLOCK: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 /// How often a replica waiting for another's exchange looks in Redis.
 const SHARED_POLL: Duration = Duration::from_millis(25);
 /// Callers remembered before those nobody serves are forgotten.
@@ -73,7 +86,7 @@ struct Cached {
     fresh_until: Instant,
 }
 
-/// One (identity, server)'s place: the single flight's lock, its token, and the header
+/// One (principal, server)'s place: the single flight's lock, its token, and the header
 /// its connection sends.
 #[derive(Default)]
 struct Slot {
@@ -89,6 +102,8 @@ pub struct Exchanger {
     slots: Mutex<HashMap<(String, String), Arc<Slot>>>,
     /// Cluster mode: the shared cache's sealing key, made on first use.
     sealer: std::sync::OnceLock<Sealer>,
+    /// Cluster mode: the key lock values are signed with, made on first use.
+    lock_key: std::sync::OnceLock<ring::hmac::Key>,
 }
 
 impl Default for Exchanger {
@@ -111,6 +126,7 @@ impl Exchanger {
             http: std::sync::OnceLock::new(),
             slots: Mutex::new(HashMap::new()),
             sealer: std::sync::OnceLock::new(),
+            lock_key: std::sync::OnceLock::new(),
         }
     }
 
@@ -126,7 +142,7 @@ impl Exchanger {
         })
     }
 
-    fn slot(&self, identity: &str, server: &str) -> Arc<Slot> {
+    fn slot(&self, principal: &str, server: &str) -> Arc<Slot> {
         let mut slots = crate::sync::lock(&self.slots);
         if slots.len() >= PRUNE_AT {
             // Forget the callers nobody serves now: no call waits on the slot, and no
@@ -134,19 +150,19 @@ impl Exchanger {
             slots.retain(|_, s| Arc::strong_count(s) > 1 || Arc::strong_count(&s.bearer) > 1);
         }
         slots
-            .entry((identity.to_owned(), server.to_owned()))
+            .entry((principal.to_owned(), server.to_owned()))
             .or_default()
             .clone()
     }
 
-    /// The `Authorization` header for `identity`'s calls to `server`, with a token that
-    /// is fresh (exchanged now if the cached one is not). `subject` is the caller's
-    /// validated inbound JWT.
+    /// The `Authorization` header for the calls to `server` of the caller whose principal
+    /// is `principal`, with a token that is fresh (exchanged now if the cached one is
+    /// not). `subject` is the caller's validated inbound JWT.
     pub async fn bearer(
         &self,
         server: &str,
         cfg: &TokenExchange,
-        identity: &str,
+        principal: &str,
         subject: Option<&Secret>,
         cluster: Option<&Arc<Cluster>>,
     ) -> Result<Bearer, ExchangeError> {
@@ -158,15 +174,16 @@ impl Exchanger {
         // A reload that changes what is asked for (audience, scope...) gets new tokens.
         let server_key = format!("{server}:{}", fingerprint(cfg));
         let server_key = server_key.as_str();
-        let slot = self.slot(identity, server_key);
+        let slot = self.slot(principal, server_key);
+        let identity = Shown(principal);
         // The single flight: whoever holds this exchanges; the others find its token.
         let mut cached = slot.cached.lock().await;
         if let Some(c) = cached.as_ref().filter(|c| c.fresh_until > Instant::now()) {
             set_bearer(&slot.bearer, &c.token);
             return Ok(slot.bearer.clone());
         }
-        if let Some(c) = self.shared_get(cluster, identity, server_key, Unopened::Warn).await {
-            debug!(server, identity, "token from the cluster's cache");
+        if let Some(c) = self.shared_get(cluster, principal, server_key, Unopened::Warn).await {
+            debug!(server, %identity, "token from the cluster's cache");
             set_bearer(&slot.bearer, &c.token);
             *cached = Some(c);
             return Ok(slot.bearer.clone());
@@ -174,15 +191,19 @@ impl Exchanger {
         // Across replicas: one exchanges (it holds the Redis lock); the others wait for
         // its token to appear, and exchange themselves if it never does.
         let lock = match cluster {
-            Some(c) => match self.shared_lock(c, identity, server_key).await {
-                Lock::Held(name) => Some((c, name)),
+            Some(c) => match self.shared_lock(c, principal, server_key).await {
+                Lock::Held(held) => Some((c, held)),
                 Lock::Busy => {
-                    if let Some(got) = self.shared_wait(c, identity, server_key).await {
-                        debug!(server, identity, "token from another replica's exchange");
+                    if let Some(got) = self.shared_wait(c, principal, server_key).await {
+                        debug!(server, %identity, "token from another replica's exchange");
                         set_bearer(&slot.bearer, &got.token);
                         *cached = Some(got);
                         return Ok(slot.bearer.clone());
                     }
+                    None
+                }
+                Lock::Forged => {
+                    warn_forged_lock(server, identity);
                     None
                 }
                 Lock::Unavailable => None,
@@ -191,22 +212,22 @@ impl Exchanger {
         };
         let exchanged = self.exchange(server, cfg, subject).await;
         if exchanged.is_err() {
-            if let Some((c, name)) = &lock {
-                unlock(c, name).await;
+            if let Some((c, held)) = &lock {
+                unlock(c, held).await;
             }
         }
         let (token, lifetime) = exchanged?;
         info!(
             server,
-            identity,
+            %identity,
             lifetime_s = lifetime.as_secs(),
             "exchanged the caller's token"
         );
         let fresh = fresh_for(lifetime);
-        self.shared_put(cluster, identity, server_key, &token, fresh, lifetime)
+        self.shared_put(cluster, principal, server_key, &token, fresh, lifetime)
             .await;
-        if let Some((c, name)) = &lock {
-            unlock(c, name).await;
+        if let Some((c, held)) = &lock {
+            unlock(c, held).await;
         }
         set_bearer(&slot.bearer, &token);
         let now = Instant::now();
@@ -331,52 +352,92 @@ impl Exchanger {
         self.sealer.get_or_init(|| Sealer::from_cluster(cluster, PURPOSE))
     }
 
-    fn redis_key(cluster: &Cluster, identity: &str, server: &str) -> String {
-        // The identity digested: a client name is the caller's to choose.
-        cluster.name(&format!("upstream-token:{server}:{}", crate::cluster::digest(identity)))
+    fn lock_key(&self, cluster: &Cluster) -> &ring::hmac::Key {
+        self.lock_key.get_or_init(|| cluster.derive(LOCK_PURPOSE))
+    }
+
+    fn redis_key(cluster: &Cluster, principal: &str, server: &str) -> String {
+        // The principal digested: a client name is the caller's to choose.
+        cluster.name(&format!(
+            "upstream-token:{server}:{}",
+            crate::cluster::digest(principal)
+        ))
+    }
+
+    fn lock_name(cluster: &Cluster, principal: &str, server: &str) -> String {
+        format!("{}:lock", Self::redis_key(cluster, principal, server))
     }
 
     /// Takes the cluster-wide lock of one exchange (it expires by itself after
-    /// [`EXCHANGE_TIMEOUT`], should its holder die).
-    async fn shared_lock(&self, c: &Cluster, identity: &str, server: &str) -> Lock {
-        let name = format!("{}:lock", Self::redis_key(c, identity, server));
+    /// [`EXCHANGE_TIMEOUT`], should its holder die), with a value of its own
+    /// ([`LockValue`]). A lock already there is another replica's ([`Lock::Busy`]) only if
+    /// its value verifies.
+    async fn shared_lock(&self, c: &Cluster, principal: &str, server: &str) -> Lock {
+        let name = Self::lock_name(c, principal, server);
+        let ttl = u64::try_from(EXCHANGE_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+        let Some(value) = LockValue::make(self.lock_key(c), &name, crate::cluster::now_ms().saturating_add(ttl)) else {
+            return Lock::Unavailable;
+        };
         let mut conn = c.conn();
         let r: redis::RedisResult<Option<String>> = redis::cmd("SET")
             .arg(&name)
-            .arg(&c.replica)
+            .arg(&value)
             .arg("NX")
             .arg("PX")
-            .arg(u64::try_from(EXCHANGE_TIMEOUT.as_millis()).unwrap_or(u64::MAX))
+            .arg(ttl)
             .query_async(&mut conn)
             .await;
         match c.track(r) {
-            Ok(Some(_)) => Lock::Held(name),
-            Ok(None) => Lock::Busy,
+            Ok(Some(_)) => Lock::Held(Held { name, value }),
+            Ok(None) => match self.lock_state(c, &name).await {
+                LockState::Forged => Lock::Forged,
+                // Gone meanwhile: waiting finds its token, or exchanges.
+                LockState::Held | LockState::Gone => Lock::Busy,
+            },
             Err(_) => Lock::Unavailable,
         }
     }
 
+    /// What the lock `name` is now: held by someone with the cluster key, gone (or Redis
+    /// did not answer), or a value that does not verify.
+    async fn lock_state(&self, c: &Cluster, name: &str) -> LockState {
+        let mut conn = c.conn();
+        let got: redis::RedisResult<Option<String>> = redis::cmd("GET").arg(name).query_async(&mut conn).await;
+        match c.track(got) {
+            Ok(Some(v)) if LockValue::verify(self.lock_key(c), name, &v, crate::cluster::now_ms()) => LockState::Held,
+            Ok(Some(_)) => LockState::Forged,
+            Ok(None) | Err(_) => LockState::Gone,
+        }
+    }
+
     /// Waits (polling Redis) for the token another replica is exchanging; `None` when
-    /// its lock goes away without one, or it takes longer than an exchange may.
-    async fn shared_wait(&self, c: &Arc<Cluster>, identity: &str, server: &str) -> Option<Cached> {
-        let lock = format!("{}:lock", Self::redis_key(c, identity, server));
+    /// its lock goes away without one, turns out not to be a replica's (then it is said),
+    /// or it takes longer than an exchange may.
+    async fn shared_wait(&self, c: &Arc<Cluster>, principal: &str, server: &str) -> Option<Cached> {
+        let lock = Self::lock_name(c, principal, server);
         let until = Instant::now() + EXCHANGE_TIMEOUT;
         while Instant::now() < until {
             tokio::time::sleep(SHARED_POLL).await;
-            if let Some(got) = self.shared_get(Some(c), identity, server, Unopened::Quiet).await {
+            if let Some(got) = self.shared_get(Some(c), principal, server, Unopened::Quiet).await {
                 return Some(got);
             }
-            let mut conn = c.conn();
-            let held: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(&lock).query_async(&mut conn).await;
-            if !c.track(held).unwrap_or(false) {
-                // One last look: the token is written before the lock goes.
-                return self.shared_get(Some(c), identity, server, Unopened::Quiet).await;
+            match self.lock_state(c, &lock).await {
+                LockState::Held => {}
+                LockState::Gone => {
+                    // One last look: the token is written before the lock goes.
+                    return self.shared_get(Some(c), principal, server, Unopened::Quiet).await;
+                }
+                LockState::Forged => {
+                    let server = server.split_once(':').map_or(server, |(name, _)| name);
+                    warn_forged_lock(server, Shown(principal));
+                    return None;
+                }
             }
         }
         None
     }
 
-    /// The token shared in Redis for (identity, server), if one is there, opens and is
+    /// The token shared in Redis for (principal, server), if one is there, opens and is
     /// fresh. A record that does not open (forged, another caller's or server's moved
     /// here, sealed with another cluster key) is never used: the caller's own token is
     /// exchanged and written over it. `unopened` says whether that is logged (once per
@@ -384,7 +445,7 @@ impl Exchanger {
     async fn shared_get(
         &self,
         cluster: Option<&Arc<Cluster>>,
-        identity: &str,
+        principal: &str,
         server: &str,
         unopened: Unopened,
     ) -> Option<Cached> {
@@ -393,19 +454,19 @@ impl Exchanger {
         let got: Option<String> = c
             .track(
                 redis::cmd("GET")
-                    .arg(Self::redis_key(c, identity, server))
+                    .arg(Self::redis_key(c, principal, server))
                     .query_async(&mut conn)
                     .await,
             )
             .ok()?;
-        let plain = match self.sealer(c).open(&[identity, server], &got?) {
+        let plain = match self.sealer(c).open(&[principal, server], &got?) {
             Ok(p) => p,
             Err(_) => {
                 if unopened == Unopened::Warn {
                     warn!(
                         // `server` is the cache's key, `{name}:{fingerprint}`; names have no ':'.
                         server = server.split_once(':').map_or(server, |(name, _)| name),
-                        identity,
+                        identity = %Shown(principal),
                         "an exchanged token's record in Redis does not open with the cluster key (written by someone without it, or moved from another caller's key); not using it, exchanging again"
                     );
                 }
@@ -425,7 +486,7 @@ impl Exchanger {
     async fn shared_put(
         &self,
         cluster: Option<&Arc<Cluster>>,
-        identity: &str,
+        principal: &str,
         server: &str,
         token: &Secret,
         fresh: Duration,
@@ -438,13 +499,13 @@ impl Exchanger {
                 .saturating_add(u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX)),
         };
         let Ok(json) = serde_json::to_vec(&record) else { return };
-        let Ok(sealed) = self.sealer(c).seal(&[identity, server], &json) else {
+        let Ok(sealed) = self.sealer(c).seal(&[principal, server], &json) else {
             return;
         };
         let mut conn = c.conn();
         let ttl = u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX).max(1);
         let r: redis::RedisResult<()> = redis::cmd("SET")
-            .arg(Self::redis_key(c, identity, server))
+            .arg(Self::redis_key(c, principal, server))
             .arg(sealed)
             .arg("PX")
             .arg(ttl)
@@ -474,18 +535,87 @@ enum Unopened {
 
 /// The cluster-wide lock of one exchange.
 enum Lock {
-    /// This replica holds it (the lock's Redis key).
-    Held(String),
+    /// This replica holds it.
+    Held(Held),
     /// Another replica is exchanging.
     Busy,
+    /// A lock is there whose value was not written with the cluster key: not waited
+    /// for, exchange without it.
+    Forged,
     /// Redis did not answer: exchange without it.
     Unavailable,
 }
 
-/// Gives the lock back (only ever called by its holder; it expires anyway).
-async fn unlock(c: &Cluster, name: &str) {
+/// A lock this replica took: its Redis key, and the value of this acquisition.
+struct Held {
+    name: String,
+    value: String,
+}
+
+/// A lock as a waiter finds it ([`Exchanger::lock_state`]).
+enum LockState {
+    Held,
+    Gone,
+    Forged,
+}
+
+/// A lock's value: `{until}.{nonce}.{mac}`, when it expires (ms since the epoch), 16
+/// random bytes and the HMAC-SHA256 (keyed from the cluster key, [`LOCK_PURPOSE`]) of the
+/// lock's name, the expiry and the nonce, all hex. Only a holder of the cluster key can
+/// write one that verifies; the nonce makes each acquisition's value its own (what
+/// [`unlock`] compares), and the expiry makes an old value copied back (a replay) not
+/// count past the lock's life. Replicas' clocks are assumed to agree within seconds: one
+/// whose clock runs ahead takes a lock for expired early, and exchanges once more.
+struct LockValue;
+
+impl LockValue {
+    /// A fresh value for lock `name`, expiring at `until_ms`; `None` without randomness.
+    fn make(key: &ring::hmac::Key, name: &str, until_ms: u64) -> Option<String> {
+        let mut nonce = [0u8; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce).ok()?;
+        let nonce = crate::cluster::hex(&nonce);
+        let mac = ring::hmac::sign(key, Self::signed(name, until_ms, &nonce).as_bytes());
+        Some(format!("{until_ms}.{nonce}.{}", crate::cluster::hex(mac.as_ref())))
+    }
+
+    fn signed(name: &str, until_ms: u64, nonce: &str) -> String {
+        // The name last: it is the only part that could hold a '\n'.
+        format!("{until_ms}\n{nonce}\n{name}")
+    }
+
+    /// Whether `value` of lock `name` was written with the cluster key and has not expired
+    /// at `now_ms`.
+    fn verify(key: &ring::hmac::Key, name: &str, value: &str, now_ms: u64) -> bool {
+        let mut parts = value.splitn(3, '.');
+        let (Some(until), Some(nonce), Some(mac)) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        let (Ok(until_ms), Some(mac)) = (until.parse::<u64>(), crate::cluster::unhex(mac)) else {
+            return false;
+        };
+        until_ms > now_ms && ring::hmac::verify(key, Self::signed(name, until_ms, nonce).as_bytes(), &mac).is_ok()
+    }
+}
+
+/// A lock not written with the cluster key was found: said once per call.
+fn warn_forged_lock(server: &str, identity: Shown<'_>) {
+    warn!(
+        server,
+        %identity,
+        "an exchange's lock in Redis was not written with the cluster key (someone without it can write to Redis), or has expired; not waiting for it, exchanging at once"
+    );
+}
+
+/// Gives the lock back if it is still this acquisition's (compare-and-delete, one Lua
+/// script): should it have expired and been taken by another replica meanwhile, that
+/// one's stays. It expires anyway.
+async fn unlock(c: &Cluster, held: &Held) {
     let mut conn = c.conn();
-    let r: redis::RedisResult<()> = redis::cmd("DEL").arg(name).query_async(&mut conn).await;
+    let r: redis::RedisResult<i64> = redis::Script::new(UNLOCK)
+        .key(&held.name)
+        .arg(&held.value)
+        .invoke_async(&mut conn)
+        .await;
     let _ = c.track(r);
 }
 
@@ -594,6 +724,90 @@ mod tests {
         assert_eq!(slots.len(), 2, "the held one and the new one");
         let kept = &slots[&("kept".to_owned(), "docs".to_owned())];
         assert!(Arc::ptr_eq(&kept.bearer, &held), "a held header is never replaced");
+    }
+
+    #[test]
+    fn lock_values_verify_only_with_their_key_name_and_life() {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"cluster key of thirty-two bytes!");
+        let v = LockValue::make(&key, "p:upstream-token:docs:x:lock", 2_000).unwrap();
+        assert!(LockValue::verify(&key, "p:upstream-token:docs:x:lock", &v, 1_000));
+        assert_ne!(
+            v,
+            LockValue::make(&key, "p:upstream-token:docs:x:lock", 2_000).unwrap(),
+            "a nonce each"
+        );
+        assert!(
+            !LockValue::verify(&key, "p:upstream-token:docs:y:lock", &v, 1_000),
+            "another lock's"
+        );
+        assert!(
+            !LockValue::verify(&key, "p:upstream-token:docs:x:lock", &v, 2_000),
+            "expired (replayed)"
+        );
+        let other = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"another key of thirty-two bytes!");
+        assert!(!LockValue::verify(&other, "p:upstream-token:docs:x:lock", &v, 1_000));
+        let later = v.replacen("2000", "9000", 1);
+        assert!(
+            !LockValue::verify(&key, "p:upstream-token:docs:x:lock", &later, 1_000),
+            "its life is signed"
+        );
+        for junk in ["", "r-1", "1.2", "9999.ab.zz", "x.y.z"] {
+            assert!(!LockValue::verify(&key, "n", junk, 0), "{junk:?}");
+        }
+    }
+
+    /// Against a real redis-server: a lock given back after it expired and was taken by
+    /// another holder stays that holder's; a lock written without the cluster key is not
+    /// waited for.
+    #[tokio::test]
+    async fn a_lock_is_given_back_only_by_its_holder_and_a_forged_one_is_not_held() {
+        let server = crate::cluster::limits::tests::Server::start();
+        let c = server.cluster();
+        let x = Exchanger::new();
+        let Lock::Held(mine) = x.shared_lock(&c, "alice", "docs:f").await else {
+            panic!("the lock was free");
+        };
+        assert!(
+            matches!(x.shared_lock(&c, "alice", "docs:f").await, Lock::Busy),
+            "held by a replica"
+        );
+        let mut conn = c.conn();
+        let get = |conn: &mut redis::aio::ConnectionManager| {
+            let name = mine.name.clone();
+            let mut conn = conn.clone();
+            async move {
+                redis::cmd("GET")
+                    .arg(&name)
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+                    .unwrap()
+            }
+        };
+        // It expires, and another replica takes it.
+        let _: () = redis::cmd("DEL").arg(&mine.name).query_async(&mut conn).await.unwrap();
+        let Lock::Held(theirs) = Exchanger::new().shared_lock(&c, "alice", "docs:f").await else {
+            panic!("the lock was free again");
+        };
+        unlock(&c, &mine).await;
+        assert_eq!(
+            get(&mut conn).await.as_deref(),
+            Some(theirs.value.as_str()),
+            "the late holder deleted the next one's"
+        );
+        unlock(&c, &theirs).await;
+        assert_eq!(get(&mut conn).await, None, "its holder gives it back");
+
+        // Squatted by someone who can write to Redis without the cluster key.
+        let _: () = redis::cmd("SET")
+            .arg(&mine.name)
+            .arg("squatter")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(matches!(x.shared_lock(&c, "alice", "docs:f").await, Lock::Forged));
+        let waited = Instant::now();
+        assert!(x.shared_wait(&c, "alice", "docs:f").await.is_none());
+        assert!(waited.elapsed() < Duration::from_secs(1), "not waited for");
     }
 
     #[test]

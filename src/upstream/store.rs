@@ -1,4 +1,6 @@
-//! The users' own OAuth tokens for servers, sealed at rest, by (server, identity).
+//! The users' own OAuth tokens for servers, sealed at rest, by (server, principal): a
+//! `[clients.NAME]` client's name, or an `[auth.oauth]` identity's name bound to its
+//! issuer (`auth::oauth_principal`, which holds a NUL; JSON and Redis keep it as it is).
 //!
 //! Single mode: one JSON file, `{state_dir}/tokens.json` (0600, written whole to a temporary
 //! file and renamed, under an exclusive lock on `{state_dir}/tokens.lock`), `{"version": 1, "tokens": {SERVER: {IDENTITY: SEALED}}}`. It is read
@@ -204,7 +206,7 @@ impl Store {
         }
     }
 
-    /// Forgets one identity's tokens for one server; whether there were any.
+    /// Forgets one principal's tokens for one server; whether there were any.
     pub async fn remove(&self, server: &str, identity: &str) -> Result<bool, String> {
         match &self.kind {
             Kind::File { path, cache } => {
@@ -503,9 +505,8 @@ fn check_private(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// For the command line: the identities with tokens for `server` (file store only; Redis
-/// with HKEYS).
-pub async fn identities(store: &Store, server: &str) -> Result<Vec<String>, String> {
+/// The principals with tokens for `server` (the file's, or Redis's with HKEYS).
+pub async fn principals(store: &Store, server: &str) -> Result<Vec<String>, String> {
     match &store.kind {
         Kind::File { path, cache } => {
             let mut c = cache.lock().await;

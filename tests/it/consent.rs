@@ -1279,3 +1279,108 @@ async fn a_token_refused_at_initialize_is_refreshed_or_asked_again() {
         "a refresh was tried first"
     );
 }
+
+/// A JWT of `issuer` naming `sub`, for the gateway's `[auth.oauth]` (audience
+/// `mcp-gateway`), signed with the fixture key the AS's JWKS holds.
+fn jwt(issuer: &str, sub: &str) -> String {
+    let now = jsonwebtoken::get_current_timestamp();
+    let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    h.kid = Some("rsa-test".into());
+    let claims = json!({"iss": issuer, "sub": sub, "aud": "mcp-gateway", "exp": now + 3600, "iat": now});
+    jsonwebtoken::encode(&h, &claims, &crate::auth::rsa_test_key()).unwrap()
+}
+
+/// An `[auth.oauth]` caller's consent is its own, not its name's: after a reload that
+/// changes the issuer, a JWT of the new issuer with the same `sub` is asked to consent
+/// (the former issuer's caller's stored tokens are never used for it), gets tokens of its
+/// own, and `tokens revoke --client NAME` takes away that name's tokens under both.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_sub_from_a_new_issuer_is_asked_for_its_own_consent() {
+    let f = fixtures(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let oauth = format!(
+        "[auth.oauth]\nissuer = \"{iss}\"\naudience = \"mcp-gateway\"\njwks_url = \"{iss}/jwks\"\n",
+        iss = f.as_base
+    );
+    let config = format!(
+        "[gateway]\nstate_dir = {:?}\n\n{oauth}\n{}",
+        path_str(state.path()),
+        f.tables
+    );
+    let gw = Gateway::start_with_env(&config, &[]);
+    let s = Setup {
+        _as: f.authz,
+        as_base: f.as_base,
+        _mcp: f.mcp,
+        _port: f.port,
+        mcp_base: f.mcp_base,
+        gw,
+        state,
+    };
+    let xena_a = jwt(&s.as_base, "xena");
+    let under_a = s.url_session(&xena_a).await;
+    s.consent(&under_a, &xena_a, "docs__authorize").await;
+    s.wait_tool(&under_a, "docs__whoami").await;
+    let r = under_a.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let a_seen = s.seen().await;
+
+    let moved = config.replace(
+        &format!("issuer = \"{}\"", s.as_base),
+        "issuer = \"https://issuer-b.test\"",
+    );
+    assert_ne!(moved, config);
+    let before = s.gw.logs().matches("reload done").count();
+    std::fs::write(s.gw.config_path(), moved).unwrap();
+    let log = s.gw.stderr.clone();
+    let done = until(Duration::from_secs(10), || {
+        log.lock().unwrap().matches("reload done").count() > before
+    })
+    .await;
+    assert!(done, "no reload: {}", s.gw.logs());
+
+    let xena_b = jwt("https://issuer-b.test", "xena");
+    let under_b = s.url_session(&xena_b).await;
+    s.wait_tool(&under_b, "docs__whoami").await;
+    let r = under_b.call("docs__whoami", json!({})).await;
+    let url = elicitation_url(&r);
+    assert_eq!(
+        s.seen().await,
+        a_seen,
+        "the former issuer's xena's token went out for the new one's"
+    );
+    // The link is the new xena's: the former one's token does not open it.
+    let b = browse(&url, None, Some(&xena_a)).await;
+    assert_eq!(b.status, 401, "{b:?}");
+    let url = elicitation_url(&under_b.call("docs__whoami", json!({})).await);
+    let b = browse(&url, None, Some(&xena_b)).await;
+    assert_eq!(b.status, 200, "{b:?}\n{}", s.gw.logs());
+    let r = under_b.call("docs__whoami", json!({})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let last = s.seen().await.pop().unwrap();
+    assert!(
+        !a_seen.contains(&last),
+        "the new xena's call carried the former one's token"
+    );
+
+    // Both kept, under two principals; the operator's revoke of "xena" takes both.
+    let stored = |s: &Setup| -> usize {
+        let text = std::fs::read_to_string(s.state.path().join("tokens.json")).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["tokens"]["docs"]
+            .as_object()
+            .map_or(0, |m| m.keys().filter(|k| k.starts_with("xena\u{0}oauth:")).count())
+    };
+    assert_eq!(stored(&s), 2);
+    let out = Command::new(BIN)
+        .args(["tokens", "revoke", "--client", "xena", "--server", "docs", "--config"])
+        .arg(s.gw.config_path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("revoked xena's tokens") && !said.contains('\0'), "{said}");
+    assert_eq!(stored(&s), 0);
+    elicitation_url(&under_b.call("docs__whoami", json!({})).await);
+    assert!(!s.gw.logs().contains('\0'), "a principal's NUL in the log");
+}

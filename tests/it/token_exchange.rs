@@ -127,6 +127,41 @@ async fn whoami(s: &Session) -> Value {
     serde_json::from_str(&text(&r)).unwrap_or_else(|e| panic!("{e}: {r}"))
 }
 
+/// The principal the gateway keeps an `[auth.oauth]` caller's state under: the name, NUL,
+/// `oauth:`, and 16 hex digits of the SHA-256 of the issuer and the claim (`sub`), each
+/// with its length (8 bytes, big-endian) before it.
+fn principal(issuer: &str, name: &str) -> String {
+    let mut input = Vec::new();
+    for part in [issuer, "sub"] {
+        input.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        input.extend_from_slice(part.as_bytes());
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, &input);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{name}\0oauth:{}", &hex[..16])
+}
+
+/// The second issuer of the tests where `[auth.oauth]` changes: the AS trusts its
+/// subject tokens (signed with the same fixture key, whose JWKS is a file).
+const ISSUER_B: &str = "https://issuer-b.test";
+
+fn trust_b() -> String {
+    format!(
+        "{ISSUER_B}={}",
+        repo().join("tests/fixtures/jwt_rs256_jwk.json").display()
+    )
+}
+
+/// The exchanged tokens `docs` has seen (not the gateway's own credential).
+async fn exchanged_seen(docs: &Fixture, service: &str) -> Vec<String> {
+    let seen: Vec<String> = serde_json::from_value(docs.get("/seen").await).unwrap();
+    seen.iter()
+        .filter_map(|v| v.strip_prefix("Bearer "))
+        .filter(|t| *t != service)
+        .map(str::to_owned)
+        .collect()
+}
+
 async fn exchanges(idp: &Fixture) -> Value {
     idp.get("/stats").await["exchange_subjects"].clone()
 }
@@ -398,7 +433,7 @@ async fn another_callers_record_moved_in_redis_is_refused_and_said() {
     let alice = Session::open_as(&gws[0].url, &alice_jwt).await;
     assert_eq!(whoami(&alice).await["sub"], "alice");
     let key_of = |who: &str| {
-        let digest = ring::digest::digest(&ring::digest::SHA256, who.as_bytes());
+        let digest = ring::digest::digest(&ring::digest::SHA256, principal(&idp.url, who).as_bytes());
         let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         let keys = redis.cli(&["--scan", "--pattern", &format!("*upstream-token:docs:*:{hex}")]);
         keys.lines()
@@ -422,5 +457,162 @@ async fn another_callers_record_moved_in_redis_is_refused_and_said() {
     assert!(
         now.starts_with("1.") && now != bobs,
         "alice's own record is written over it"
+    );
+}
+
+/// The same `sub` from another issuer is another caller: after a reload that changes
+/// `[auth.oauth] issuer`, a JWT of the new issuer naming the same `sub` gets an exchange
+/// of its own, and its calls carry the token exchanged for it, never the one exchanged
+/// for the former issuer's caller of that name (which the cache, keyed by the name alone,
+/// used to hand it until it expired).
+#[tokio::test]
+async fn the_same_sub_from_a_new_issuer_gets_its_own_exchange_after_a_reload() {
+    let trust = trust_b();
+    let (idp, docs) = fixtures(&["--trust", &trust]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let cfg = config(&idp, &docs, &service);
+    let gw = start(&cfg);
+    let under_a = ready(&gw, &jwt(&idp.url, "xavier", AUDIENCE)).await;
+    assert_eq!(whoami(&under_a).await["sub"], "xavier");
+    assert_eq!(exchanges(&idp).await, json!({"xavier": 1}));
+    let a_tokens = exchanged_seen(&docs, &service).await;
+    assert!(!a_tokens.is_empty());
+
+    let moved = cfg.replace(
+        &format!("issuer = \"{}\"", idp.url),
+        &format!("issuer = \"{ISSUER_B}\""),
+    );
+    assert_ne!(moved, cfg);
+    let before = gw.logs().matches("reload done").count();
+    std::fs::write(gw.config_path(), moved).unwrap();
+    let log = gw.stderr.clone();
+    let done = until(Duration::from_secs(10), || {
+        log.lock().unwrap().matches("reload done").count() > before
+    })
+    .await;
+    assert!(done, "no reload: {}", gw.logs());
+
+    let under_b = ready(&gw, &jwt(ISSUER_B, "xavier", AUDIENCE)).await;
+    assert_eq!(whoami(&under_b).await["sub"], "xavier");
+    assert_eq!(
+        exchanges(&idp).await,
+        json!({"xavier": 2}),
+        "the new issuer's xavier got the former one's exchanged token"
+    );
+    let now = exchanged_seen(&docs, &service).await;
+    let last = now.last().unwrap();
+    assert!(
+        !a_tokens.contains(last),
+        "the new issuer's call carried the token exchanged for the former one's"
+    );
+    assert!(!gw.logs().contains('\0'), "a principal's NUL in the log");
+}
+
+/// The same across replicas, through Redis: a gateway whose `[auth.oauth]` names another
+/// issuer does not open (nor find) the record another replica shared for the same `sub`
+/// of its issuer.
+#[tokio::test]
+async fn a_replica_of_another_issuer_does_not_use_a_shared_token_of_the_same_sub() {
+    let redis = Redis::start();
+    let trust = trust_b();
+    let (idp, docs) = fixtures(&["--trust", &trust]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let on_b = servers.replace(
+        &format!("issuer = \"{}\"", idp.url),
+        &format!("issuer = \"{ISSUER_B}\""),
+    );
+    let a = replicas(1, &redis, &servers, "").pop().unwrap();
+    let b = replicas(1, &redis, &on_b, "replica_id = \"gw-b\"").pop().unwrap();
+    let s = ready(&a, &jwt(&idp.url, "xavier", AUDIENCE)).await;
+    assert_eq!(whoami(&s).await["sub"], "xavier");
+    let a_tokens = exchanged_seen(&docs, &service).await;
+    let s = ready(&b, &jwt(ISSUER_B, "xavier", AUDIENCE)).await;
+    assert_eq!(whoami(&s).await["sub"], "xavier");
+    assert_eq!(
+        exchanges(&idp).await,
+        json!({"xavier": 2}),
+        "the shared record of A's xavier was used"
+    );
+    let last = exchanged_seen(&docs, &service).await.pop().unwrap();
+    assert!(!a_tokens.contains(&last));
+}
+
+/// The Redis lock of an exchange, given back late: its holder's exchange outlived it and
+/// another holder took it meanwhile (here the test, as that holder); the first one's
+/// release leaves the new holder's lock where it is (compare-and-delete, not `DEL`).
+#[tokio::test]
+async fn a_late_release_leaves_the_next_holders_lock() {
+    let redis = Redis::start();
+    let (idp, docs) = fixtures(&["--exchange-delay-ms", "1500"]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let gw = replicas(1, &redis, &servers, "").pop().unwrap();
+    let s = ready(&gw, &jwt(&idp.url, "xavier", AUDIENCE)).await;
+    let call = tokio::spawn(async move { whoami(&s).await });
+    let mut lock = String::new();
+    for _ in 0..100 {
+        lock = redis
+            .cli(&["--scan", "--pattern", "*upstream-token:docs:*:lock"])
+            .trim()
+            .to_owned();
+        if !lock.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!lock.is_empty(), "the exchange took no lock");
+    // It "expires" and the next holder takes it.
+    redis.cli(&["DEL", &lock]);
+    assert_eq!(
+        redis.cli(&["SET", &lock, "the-next-holder", "PX", "60000"]).trim(),
+        "OK"
+    );
+    let me = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(me["sub"], "xavier");
+    assert_eq!(
+        redis.cli(&["GET", &lock]).trim(),
+        "the-next-holder",
+        "the late holder deleted the next holder's lock"
+    );
+}
+
+/// Someone who can write to Redis but has no cluster key squats an exchange's lock
+/// (`SET` with a value of theirs, no expiry): a call that finds it does not wait for it
+/// (15 s, the longest an exchange may take) but exchanges at once, and says so.
+#[tokio::test]
+async fn a_lock_squatted_without_the_cluster_key_is_not_waited_for() {
+    let redis = Redis::start();
+    let (idp, docs) = fixtures(&[]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let gws = replicas(2, &redis, &servers, "");
+    let xavier = jwt(&idp.url, "xavier", AUDIENCE);
+    let on_a = ready(&gws[0], &xavier).await;
+    assert_eq!(whoami(&on_a).await["sub"], "xavier");
+    let keys = redis.cli(&["--scan", "--pattern", "*upstream-token:docs:*"]);
+    let record = keys
+        .lines()
+        .find(|k| !k.ends_with(":lock"))
+        .unwrap_or_else(|| panic!("no shared token: {keys:?}"))
+        .to_owned();
+    // The shared token gone, its lock squatted: the other replica has neither in memory.
+    redis.cli(&["DEL", &record]);
+    let lock = format!("{record}:lock");
+    assert_eq!(redis.cli(&["SET", &lock, "gw-0"]).trim(), "OK");
+
+    let on_b = ready(&gws[1], &xavier).await;
+    let me = tokio::time::timeout(Duration::from_secs(5), whoami(&on_b))
+        .await
+        .expect("the call waited for a squatted lock");
+    assert_eq!(me["sub"], "xavier");
+    assert_eq!(exchanges(&idp).await, json!({"xavier": 2}));
+    assert!(
+        gws[1].logs().contains("not written with the cluster key"),
+        "{}",
+        gws[1].logs()
     );
 }

@@ -9,6 +9,7 @@
 //! redirect). The callback never redirects; it shows a small page.
 
 use super::{checks, reject, Http};
+use crate::auth::principal_parts;
 use crate::error::code;
 use crate::upstream::consent::{self, Started, COOKIE};
 use axum::extract::{Path, RawQuery, State};
@@ -117,11 +118,11 @@ pub(super) async fn start(State(http): State<Http>, RawQuery(raw): RawQuery, hea
     };
     match headers.get(header::AUTHORIZATION) {
         Some(v) => match http.gw.topology().auth.clone().authenticate(Some(v.as_bytes())).await {
-            Ok(identity) => go_on(&http, consent, link, &identity.name, StatusCode::FOUND).await,
+            Ok(identity) => go_on(&http, consent, link, &identity.principal, StatusCode::FOUND).await,
             Err(denied) => page(401, "Not authenticated", &denied.to_string()),
         },
         None => match consent.describe(link).await {
-            Ok((client, server)) => prove(200, link, &client, &server, None),
+            Ok((principal, server)) => prove(200, link, principal_parts(&principal).0, &server, None),
             Err((status, why)) => page(status, "Consent refused", &why),
         },
     }
@@ -150,10 +151,11 @@ pub(super) async fn prove_and_start(State(http): State<Http>, body: axum::body::
     let (Some(link), Some(token)) = (form.get("link"), form.get("token")) else {
         return page(400, "Bad request", "the form needs `link` and `token`");
     };
-    let (client, server) = match consent.describe(link).await {
+    let (principal, server) = match consent.describe(link).await {
         Ok(d) => d,
         Err((status, why)) => return page(status, "Consent refused", &why),
     };
+    let client = principal_parts(&principal).0;
     let bearer = format!("Bearer {}", token.trim());
     match http
         .gw
@@ -163,12 +165,14 @@ pub(super) async fn prove_and_start(State(http): State<Http>, body: axum::body::
         .authenticate(Some(bearer.as_bytes()))
         .await
     {
-        Ok(identity) if identity.name == client => {
-            go_on(&http, consent, link, &identity.name, StatusCode::SEE_OTHER).await
+        // The principal, not the name: a token of the same name from another issuer is
+        // not this client's.
+        Ok(identity) if identity.principal == principal => {
+            go_on(&http, consent, link, &identity.principal, StatusCode::SEE_OTHER).await
         }
         Ok(_) | Err(_) => {
             tracing::warn!(%server, "a consent link's page was given a token that is not its client's");
-            prove(401, link, &client, &server, Some("That is not this client's token."))
+            prove(401, link, client, &server, Some("That is not this client's token."))
         }
     }
 }
@@ -196,7 +200,7 @@ fn prove(status: u16, link: &str, client: &str, server: &str, error: Option<&str
     html(status, body)
 }
 
-/// Uses the link for `client`: the redirect to the authorization server (`status`: 302,
+/// Uses the link for `client` (a principal): the redirect to the authorization server (`status`: 302,
 /// or 303 after the form's POST), with the cookie that binds the flow to this browser.
 async fn go_on(http: &Http, consent: &consent::Consent, link: &str, client: &str, status: StatusCode) -> Response {
     let https = consent.public_is_https();
@@ -294,7 +298,13 @@ pub(super) async fn revoke(State(http): State<Http>, Path(server): Path<String>,
         )
         .into_response();
     }
-    match consent.revoke(Some(s), &server, &identity.name).await {
+    // Its own tokens, and for an OAuth caller those an earlier version kept under its
+    // bare name (which no caller of that name from an issuer uses any more).
+    let mut principals = vec![identity.principal.as_str()];
+    if identity.principal != identity.name {
+        principals.push(&identity.name);
+    }
+    match consent.revoke(Some(s), &server, &principals).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => reject(
             StatusCode::NOT_FOUND,

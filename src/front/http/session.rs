@@ -21,7 +21,9 @@ use tracing::info;
 /// One handshake-era client session.
 pub(super) struct Session {
     pub(super) client: Arc<Client>,
-    /// The identity that opened it, when auth is configured; nobody else may use it.
+    /// The principal of the identity that opened it (`auth::Identity::principal`), when
+    /// auth is configured; nobody else may use it, a caller of the same name from another
+    /// issuer included.
     pub(super) owner: Option<String>,
     /// Whose share of `gateway.max_sessions_per_client` it is (see [`share_of`]).
     pub(super) share: Arc<str>,
@@ -379,7 +381,7 @@ pub(super) async fn session(
         ));
     };
     match http.sessions.get(id) {
-        Some(s) if s.owner.as_deref() == who.map(|i| i.name.as_str()) && s.client.view() == view => {
+        Some(s) if s.owner.as_deref() == who.map(|i| i.principal.as_str()) && s.client.view() == view => {
             s.last_seen.store(http.now_ms(), Ordering::Relaxed);
             if who.is_some() {
                 // The same name, with the policy of the config now in force.
@@ -432,7 +434,7 @@ async fn adopt(
         None => None,
         Some(text) => Some(ViewKey::decode(text).ok_or_else(unknown_session)?),
     };
-    if record.owner.as_deref() != who.map(|i| i.name.as_str()) || opened_at.as_ref() != view {
+    if record.owner.as_deref() != who.map(|i| i.principal.as_str()) || opened_at.as_ref() != view {
         return Err(unknown_session());
     }
     let level = http.gw.session_log_level(id).await;
@@ -547,8 +549,8 @@ pub(super) async fn initialize(
             .unwrap_or_default(),
         Outcome::Error(_) => String::new(),
     };
-    let owner = who.as_ref().map(|i| i.name.clone());
-    let client_name = owner.clone();
+    let owner = who.as_ref().map(|i| i.principal.clone());
+    let client_name = who.as_ref().map(|i| i.name.clone());
     let session = Session {
         client: {
             let c = Arc::new(Client::new(sid.clone()).in_view(view.clone()).of_share(share.clone()));
