@@ -141,6 +141,10 @@ pub struct Caller<'a> {
     pub session: Option<&'a str>,
     /// The caller's identity (its `[clients.*]` name or OAuth subject) and its secrets.
     pub client: Option<(&'a str, &'a [(String, config::Secret)])>,
+    /// The key of the caller's own process or connection (`isolation = "client"`,
+    /// `${client:…}`): its identity's principal (`auth::Identity::principal`), so that a name
+    /// another issuer gives is another caller; `None`: its name.
+    pub principal: Option<&'a str>,
 }
 
 /// What a supervisor tells the rest of the gateway.
@@ -260,7 +264,7 @@ impl Server {
             "its headers use ${client:…} (a connection per client identity)"
         };
         match caller.client {
-            Some((name, _)) => Ok(Some(name)),
+            Some((name, _)) => Ok(Some(caller.principal.unwrap_or(name))),
             None => Err(DsError::Unavailable {
                 server: self.name.clone(),
                 reason: format!("{why}, and this caller has no identity: send a bearer token of a [clients.*] table or of [auth.oauth]"),

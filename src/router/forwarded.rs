@@ -68,6 +68,7 @@ impl Gateway {
         let caller = crate::supervisor::Caller {
             session: Some(session),
             client: None,
+            principal: None,
         };
         if server.existing_connection_for(&caller).await.is_some() {
             return None;
@@ -117,6 +118,7 @@ impl Gateway {
                 let caller = crate::supervisor::Caller {
                     session: Some(id),
                     client: None,
+                    principal: None,
                 };
                 if s.existing_connection_for(&caller).await.is_some() {
                     pipe.cmd("PEXPIRE")
@@ -253,6 +255,7 @@ impl Gateway {
             let caller = crate::supervisor::Caller {
                 session: Some(&client.id),
                 client: None,
+                principal: None,
             };
             if topo.servers[index].existing_connection_for(&caller).await.is_none() {
                 return send(Step::Gone {

@@ -95,7 +95,7 @@ impl Pool {
                 None => rest.to_owned(),
             },
             None if self.by_session => crate::client::session_tag(key),
-            None => key.to_owned(),
+            None => crate::auth::Shown(key).to_string(),
         }
     }
 

@@ -508,6 +508,55 @@ async fn the_same_sub_from_a_new_issuer_gets_its_own_exchange_after_a_reload() {
     assert!(!gw.logs().contains('\0'), "a principal's NUL in the log");
 }
 
+/// A process per client identity (`isolation = "client"`) is the principal's too: after a
+/// reload names another issuer, the same `sub` from it gets a process of its own, never
+/// the one (and the memory) the former issuer's caller of that name left running.
+#[tokio::test]
+async fn the_same_sub_from_a_new_issuer_gets_its_own_client_process() {
+    let trust = trust_b();
+    let (idp, docs) = fixtures(&["--trust", &trust]);
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    let cfg = format!(
+        "{}\n{}",
+        config(&idp, &docs, &service),
+        server(
+            "iso",
+            &unique("iso-principal"),
+            &["--per-process"],
+            "isolation = \"client\""
+        )
+    );
+    let gw = start(&cfg);
+    async fn pid(s: &Session) -> i32 {
+        let r = s.call("iso__pid", json!({})).await;
+        text(&r).parse::<i32>().unwrap_or_else(|e| panic!("{e}: {r}"))
+    }
+    let under_a = ready(&gw, &jwt(&idp.url, "xavier", AUDIENCE)).await;
+    let again_a = ready(&gw, &jwt(&idp.url, "xavier", AUDIENCE)).await;
+    let pid_a = pid(&under_a).await;
+    assert_eq!(pid(&again_a).await, pid_a, "one process for one caller");
+
+    let moved = cfg.replace(
+        &format!("issuer = \"{}\"", idp.url),
+        &format!("issuer = \"{ISSUER_B}\""),
+    );
+    let before = gw.logs().matches("reload done").count();
+    std::fs::write(gw.config_path(), moved).unwrap();
+    let log = gw.stderr.clone();
+    let done = until(Duration::from_secs(10), || {
+        log.lock().unwrap().matches("reload done").count() > before
+    })
+    .await;
+    assert!(done, "no reload: {}", gw.logs());
+    let under_b = ready(&gw, &jwt(ISSUER_B, "xavier", AUDIENCE)).await;
+    assert_ne!(
+        pid(&under_b).await,
+        pid_a,
+        "the new issuer's xavier was served by the former one's process"
+    );
+    assert!(!gw.logs().contains('\0'), "a principal's NUL in the log");
+}
+
 /// The same across replicas, through Redis: a gateway whose `[auth.oauth]` names another
 /// issuer does not open (nor find) the record another replica shared for the same `sub`
 /// of its issuer.
