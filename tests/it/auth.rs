@@ -595,18 +595,7 @@ async fn oauth_jwts() {
 
 /// The GET stream of a session opened with `token`.
 async fn get_stream_as(gw: &Gateway, token: &str) -> Messages {
-    let s = As::open(gw, token).await;
-    let r = reqwest::Client::new()
-        .get(&gw.url)
-        .header("accept", "text/event-stream")
-        .header("authorization", format!("Bearer {token}"))
-        .header("mcp-session-id", &s.sid)
-        .header("mcp-protocol-version", "2025-11-25")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "GET stream");
-    Messages::new(r)
+    Session::open_as(&gw.url, token).await.get_stream().await
 }
 
 /// A 2026-07-28 `subscriptions/listen` stream opened with `token`.

@@ -43,6 +43,19 @@ pub async fn until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 impl Gateway {
+    /// Writes `config` over the gateway's config file, as an editor would, and waits until
+    /// the reload that follows is done.
+    pub async fn rewrite_config(&self, config: &str) {
+        let before = self.logs().matches("reload done").count();
+        std::fs::write(self.config_path(), config).unwrap();
+        let log = self.stderr.clone();
+        let done = until(Duration::from_secs(10), || {
+            log.lock().unwrap().matches("reload done").count() > before
+        })
+        .await;
+        assert!(done, "no reload: {}", self.logs());
+    }
+
     /// Waits until the gateway's stderr contains `needle`.
     pub async fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
         let log = self.stderr.clone();
