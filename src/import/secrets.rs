@@ -137,16 +137,28 @@ fn reference(v: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
 }
 
-/// An Authorization scheme at the start of a value (`Bearer `, `Basic `, `Token `), and
-/// what follows it.
+/// An Authorization scheme at the start of a value (`Bearer`, `Basic`, `Token`) with the
+/// whitespace after it (RFC 6750 allows any number of spaces; a tab or a no-break space
+/// is passed on as typed), and what follows it.
 pub fn scheme_split(s: &str) -> (&str, &str) {
-    for scheme in ["bearer ", "basic ", "token "] {
-        if s.len() > scheme.len() && s.is_char_boundary(scheme.len()) && s[..scheme.len()].eq_ignore_ascii_case(scheme)
-        {
-            return s.split_at(scheme.len());
+    for scheme in ["bearer", "basic", "token"] {
+        let Some(head) = s.get(..scheme.len()).filter(|h| h.eq_ignore_ascii_case(scheme)) else {
+            continue;
+        };
+        let rest = s[head.len()..].trim_start();
+        if rest.len() < s.len() - head.len() && !rest.is_empty() {
+            return s.split_at(s.len() - rest.len());
         }
     }
     ("", s)
+}
+
+/// Where the credential after an Authorization scheme word starts: past the whitespace
+/// at `at` (one character of it at least), or `None` when there is none.
+fn after_scheme(s: &str, at: usize) -> Option<usize> {
+    let rest = s.get(at..)?;
+    let skipped = rest.len() - rest.trim_start().len();
+    (skipped > 0).then_some(at + skipped)
 }
 
 /// Prefixes of tokens that services issue (GitHub, GitLab, OpenAI/Anthropic, Stripe,
@@ -296,8 +308,9 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
         }
     }
     // `Bearer X`, `Basic X`, wherever they are (a header written in JSON text).
+    // Any whitespace after the scheme, not only one space (`Bearer  X`, `Bearer\tX`).
     let lower = s.to_ascii_lowercase();
-    for scheme in ["bearer ", "basic "] {
+    for scheme in ["bearer", "basic"] {
         let mut from = 0;
         while let Some(i) = lower[from..].find(scheme).map(|i| i + from) {
             from = i + scheme.len();
@@ -305,7 +318,7 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
             if before.is_some_and(|c| !(c.is_whitespace() || matches!(c, '"' | '\'' | ':' | '='))) {
                 continue;
             }
-            let start = from;
+            let Some(start) = after_scheme(s, from) else { continue };
             let end = s[start..]
                 .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ';'))
                 .map_or(s.len(), |e| start + e);
@@ -609,6 +622,10 @@ mod tests {
             ("https://x.example/mcp?api_key=zap123&mode=1", vec!["zap123"]),
             ("https://x.example/mcp#access_token=FragTok1", vec!["FragTok1"]),
             ("Bearer sk-1", vec!["sk-1"]),
+            ("Bearer  two1", vec!["two1"]),
+            ("x bearer\ttab2", vec!["tab2"]),
+            ("Basic\u{a0}nbsp3", vec!["nbsp3"]),
+            ("Bearer", vec![]),
             ("https://BasicPw13@api.example.com/mcp", vec!["BasicPw13"]),
             ("Authorization: Bearer abc", vec!["abc"]),
             ("Authorization:${AUTH_HEADER}", vec![]),

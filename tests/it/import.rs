@@ -534,3 +534,44 @@ fn values_without_a_plain_meaning_are_said_not_silently_converted() {
     assert!(!out.contains("GONE") && !out.contains("enabled = false"), "{out}");
     assert!(out.contains(r#"PORT = "8080""#), "{out}");
 }
+
+/// RFC 6750 allows one or more spaces after `Bearer` (`"Bearer" 1*SP b64token`), and
+/// clients pass a tab or a no-break space on as they were typed: the credential after
+/// `Bearer`, `Basic` or `Token` and any run of whitespace is a reference too, in an
+/// argument, an `env` value and a header, whatever the key is called.
+#[test]
+fn a_credential_after_a_scheme_and_more_than_one_space_is_a_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(".mcp.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {
+            "a": {"command": "tool", "args": ["Bearer  plainarg1", "x Bearer  plainarg2", "Bearer\tplainarg3", "Basic  plainarg4"],
+                  "env": {"X": "Bearer  plainenv5", "AUTH_HEADER": "Bearer\u00a0plainenv6"}},
+            "b": {"url": "https://h.example/mcp", "headers": {"X-Other": "Bearer   plainhdr7", "Authorization": "Bearer  plainhdr8"}}
+        }}"#,
+    )
+    .unwrap();
+    let (code, out, err) = import(&[Path::new("--from"), Path::new("claude-code"), &file]);
+    assert_eq!(code, 0, "{err}");
+    for secret in [
+        "plainarg1",
+        "plainarg2",
+        "plainarg3",
+        "plainarg4",
+        "plainenv5",
+        "plainenv6",
+        "plainhdr7",
+        "plainhdr8",
+    ] {
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "{secret} is written out:\n{out}\n{err}"
+        );
+    }
+    // The scheme stays, as with one space.
+    assert!(
+        out.contains(r#""Bearer  ${"#) && out.contains(r#"X-Other = "Bearer   ${"#),
+        "{out}"
+    );
+}
