@@ -113,12 +113,19 @@ pub fn credential_name(name: &str) -> bool {
     (last == "key" || last == "keys") && (w.len() < 2 || !NOT_SECRET_KEYS.contains(&w[w.len() - 2].as_str()))
 }
 
+/// The longest number under a credential's name that is a setting (`AUTH=0`: a switch or
+/// a small count); a longer one is a numeric password or PIN (`123456`), a secret.
+const MAX_SETTING_NUMBER: usize = 3;
+
 /// Whether a value under a credential's name is a setting, not a secret: empty, a
-/// number, a word of [`SETTING_VALUES`], a path, or a reference (`${VAR}`, `$VAR`).
+/// number of at most [`MAX_SETTING_NUMBER`] characters, a word of [`SETTING_VALUES`], a
+/// path, or a reference (`${VAR}`, `$VAR`).
 pub fn setting_value(value: &str) -> bool {
     let v = value.trim();
     v.is_empty()
-        || (v.parse::<f64>().is_ok() && v.len() < 8)
+        || (v.len() <= MAX_SETTING_NUMBER
+            && v.starts_with(|c: char| c.is_ascii_digit() || c == '-')
+            && v.parse::<f64>().is_ok())
         || SETTING_VALUES.iter().any(|s| v.eq_ignore_ascii_case(s))
         || v.starts_with('/')
         || v.starts_with("~/")
@@ -357,12 +364,23 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
             continue;
         }
         let after = &s[colon + 1..];
-        let Some(open) = after
-            .find(|c: char| !c.is_whitespace())
-            .filter(|&i| after[i..].starts_with('"'))
-        else {
+        let Some(open) = after.find(|c: char| !c.is_whitespace()) else {
             continue;
         };
+        // A number (`{"password": 123456}`): the whole number, written where it was.
+        if after[open..].starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+            let v0 = colon + 1 + open;
+            let end = s[v0..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '+' | '.')))
+                .map_or(s.len(), |e| v0 + e);
+            if !setting_value(&s[v0..end]) {
+                add(v0..end, name, "a credential in JSON text");
+            }
+            continue;
+        }
+        if !after[open..].starts_with('"') {
+            continue;
+        }
         let v0 = colon + 1 + open + 1;
         let mut end = v0;
         let bytes = s.as_bytes();
@@ -596,13 +614,17 @@ mod tests {
         for v in [
             "false",
             "oauth",
-            "4096",
+            "0",
+            "42",
             "~/.ssh/id_ed25519",
             "${AUTH_HEADER}",
             "$TOKEN",
             "",
         ] {
             assert!(setting_value(v), "{v}");
+        }
+        for v in ["1234", "123456", "4096", "inf", "NaN"] {
+            assert!(!setting_value(v), "{v}");
         }
     }
 
@@ -649,6 +671,8 @@ mod tests {
             ("file:app.db?key=SqlcipherKey1", vec!["SqlcipherKey1"]),
             ("root:MyPlainPw4@tcp(127.0.0.1:3306)/shop", vec!["MyPlainPw4"]),
             (r#"{"apiKey":"JsonArgKey1"}"#, vec!["JsonArgKey1"]),
+            (r#"{"password": 1122334, "port": 5432}"#, vec!["1122334"]),
+            (r#"{"auth": 1}"#, vec![]),
             (
                 r#"{"Authorization": "Bearer secretnotionlowercase", "Notion-Version": "2022-06-28"}"#,
                 vec!["secretnotionlowercase"],
