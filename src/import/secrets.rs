@@ -113,12 +113,19 @@ pub fn credential_name(name: &str) -> bool {
     (last == "key" || last == "keys") && (w.len() < 2 || !NOT_SECRET_KEYS.contains(&w[w.len() - 2].as_str()))
 }
 
+/// The longest number under a credential's name that is a setting (`AUTH=0`: a switch or
+/// a small count); a longer one is a numeric password or PIN (`123456`), a secret.
+const MAX_SETTING_NUMBER: usize = 3;
+
 /// Whether a value under a credential's name is a setting, not a secret: empty, a
-/// number, a word of [`SETTING_VALUES`], a path, or a reference (`${VAR}`, `$VAR`).
+/// number of at most [`MAX_SETTING_NUMBER`] characters, a word of [`SETTING_VALUES`], a
+/// path, or a reference (`${VAR}`, `$VAR`).
 pub fn setting_value(value: &str) -> bool {
     let v = value.trim();
     v.is_empty()
-        || (v.parse::<f64>().is_ok() && v.len() < 8)
+        || (v.len() <= MAX_SETTING_NUMBER
+            && v.starts_with(|c: char| c.is_ascii_digit() || c == '-')
+            && v.parse::<f64>().is_ok())
         || SETTING_VALUES.iter().any(|s| v.eq_ignore_ascii_case(s))
         || v.starts_with('/')
         || v.starts_with("~/")
@@ -137,16 +144,28 @@ fn reference(v: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
 }
 
-/// An Authorization scheme at the start of a value (`Bearer `, `Basic `, `Token `), and
-/// what follows it.
+/// An Authorization scheme at the start of a value (`Bearer`, `Basic`, `Token`) with the
+/// whitespace after it (RFC 6750 allows any number of spaces; a tab or a no-break space
+/// is passed on as typed), and what follows it.
 pub fn scheme_split(s: &str) -> (&str, &str) {
-    for scheme in ["bearer ", "basic ", "token "] {
-        if s.len() > scheme.len() && s.is_char_boundary(scheme.len()) && s[..scheme.len()].eq_ignore_ascii_case(scheme)
-        {
-            return s.split_at(scheme.len());
+    for scheme in ["bearer", "basic", "token"] {
+        let Some(head) = s.get(..scheme.len()).filter(|h| h.eq_ignore_ascii_case(scheme)) else {
+            continue;
+        };
+        let rest = s[head.len()..].trim_start();
+        if rest.len() < s.len() - head.len() && !rest.is_empty() {
+            return s.split_at(s.len() - rest.len());
         }
     }
     ("", s)
+}
+
+/// Where the credential after an Authorization scheme word starts: past the whitespace
+/// at `at` (one character of it at least), or `None` when there is none.
+fn after_scheme(s: &str, at: usize) -> Option<usize> {
+    let rest = s.get(at..)?;
+    let skipped = rest.len() - rest.trim_start().len();
+    (skipped > 0).then_some(at + skipped)
 }
 
 /// Prefixes of tokens that services issue (GitHub, GitLab, OpenAI/Anthropic, Stripe,
@@ -296,8 +315,9 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
         }
     }
     // `Bearer X`, `Basic X`, wherever they are (a header written in JSON text).
+    // Any whitespace after the scheme, not only one space (`Bearer  X`, `Bearer\tX`).
     let lower = s.to_ascii_lowercase();
-    for scheme in ["bearer ", "basic "] {
+    for scheme in ["bearer", "basic"] {
         let mut from = 0;
         while let Some(i) = lower[from..].find(scheme).map(|i| i + from) {
             from = i + scheme.len();
@@ -305,7 +325,7 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
             if before.is_some_and(|c| !(c.is_whitespace() || matches!(c, '"' | '\'' | ':' | '='))) {
                 continue;
             }
-            let start = from;
+            let Some(start) = after_scheme(s, from) else { continue };
             let end = s[start..]
                 .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ';'))
                 .map_or(s.len(), |e| start + e);
@@ -344,12 +364,23 @@ pub fn found_secrets(s: &str, random: bool) -> Vec<Found> {
             continue;
         }
         let after = &s[colon + 1..];
-        let Some(open) = after
-            .find(|c: char| !c.is_whitespace())
-            .filter(|&i| after[i..].starts_with('"'))
-        else {
+        let Some(open) = after.find(|c: char| !c.is_whitespace()) else {
             continue;
         };
+        // A number (`{"password": 123456}`): the whole number, written where it was.
+        if after[open..].starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+            let v0 = colon + 1 + open;
+            let end = s[v0..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '+' | '.')))
+                .map_or(s.len(), |e| v0 + e);
+            if !setting_value(&s[v0..end]) {
+                add(v0..end, name, "a credential in JSON text");
+            }
+            continue;
+        }
+        if !after[open..].starts_with('"') {
+            continue;
+        }
         let v0 = colon + 1 + open + 1;
         let mut end = v0;
         let bytes = s.as_bytes();
@@ -583,13 +614,17 @@ mod tests {
         for v in [
             "false",
             "oauth",
-            "4096",
+            "0",
+            "42",
             "~/.ssh/id_ed25519",
             "${AUTH_HEADER}",
             "$TOKEN",
             "",
         ] {
             assert!(setting_value(v), "{v}");
+        }
+        for v in ["1234", "123456", "4096", "inf", "NaN"] {
+            assert!(!setting_value(v), "{v}");
         }
     }
 
@@ -609,6 +644,10 @@ mod tests {
             ("https://x.example/mcp?api_key=zap123&mode=1", vec!["zap123"]),
             ("https://x.example/mcp#access_token=FragTok1", vec!["FragTok1"]),
             ("Bearer sk-1", vec!["sk-1"]),
+            ("Bearer  two1", vec!["two1"]),
+            ("x bearer\ttab2", vec!["tab2"]),
+            ("Basic\u{a0}nbsp3", vec!["nbsp3"]),
+            ("Bearer", vec![]),
             ("https://BasicPw13@api.example.com/mcp", vec!["BasicPw13"]),
             ("Authorization: Bearer abc", vec!["abc"]),
             ("Authorization:${AUTH_HEADER}", vec![]),
@@ -632,6 +671,8 @@ mod tests {
             ("file:app.db?key=SqlcipherKey1", vec!["SqlcipherKey1"]),
             ("root:MyPlainPw4@tcp(127.0.0.1:3306)/shop", vec!["MyPlainPw4"]),
             (r#"{"apiKey":"JsonArgKey1"}"#, vec!["JsonArgKey1"]),
+            (r#"{"password": 1122334, "port": 5432}"#, vec!["1122334"]),
+            (r#"{"auth": 1}"#, vec![]),
             (
                 r#"{"Authorization": "Bearer secretnotionlowercase", "Notion-Version": "2022-06-28"}"#,
                 vec!["secretnotionlowercase"],

@@ -534,3 +534,80 @@ fn values_without_a_plain_meaning_are_said_not_silently_converted() {
     assert!(!out.contains("GONE") && !out.contains("enabled = false"), "{out}");
     assert!(out.contains(r#"PORT = "8080""#), "{out}");
 }
+
+/// RFC 6750 allows one or more spaces after `Bearer` (`"Bearer" 1*SP b64token`), and
+/// clients pass a tab or a no-break space on as they were typed: the credential after
+/// `Bearer`, `Basic` or `Token` and any run of whitespace is a reference too, in an
+/// argument, an `env` value and a header, whatever the key is called.
+#[test]
+fn a_credential_after_a_scheme_and_more_than_one_space_is_a_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(".mcp.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {
+            "a": {"command": "tool", "args": ["Bearer  plainarg1", "x Bearer  plainarg2", "Bearer\tplainarg3", "Basic  plainarg4"],
+                  "env": {"X": "Bearer  plainenv5", "AUTH_HEADER": "Bearer\u00a0plainenv6"}},
+            "b": {"url": "https://h.example/mcp", "headers": {"X-Other": "Bearer   plainhdr7", "Authorization": "Bearer  plainhdr8"}}
+        }}"#,
+    )
+    .unwrap();
+    let (code, out, err) = import(&[Path::new("--from"), Path::new("claude-code"), &file]);
+    assert_eq!(code, 0, "{err}");
+    for secret in [
+        "plainarg1",
+        "plainarg2",
+        "plainarg3",
+        "plainarg4",
+        "plainenv5",
+        "plainenv6",
+        "plainhdr7",
+        "plainhdr8",
+    ] {
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "{secret} is written out:\n{out}\n{err}"
+        );
+    }
+    // The scheme stays, as with one space.
+    assert!(
+        out.contains(r#""Bearer  ${"#) && out.contains(r#"X-Other = "Bearer   ${"#),
+        "{out}"
+    );
+}
+
+/// A number is a credential's value too: a numeric password or PIN (`123456`, the most
+/// common password there is) under a credential's name is a reference like any other,
+/// in `env`, a header, a flag, `NAME=VALUE`, JSON text and a URL's query. Only a number
+/// of up to 3 characters (`0`, `1`, `42`: a switch or a count) is kept as a setting.
+#[test]
+fn a_numeric_credential_is_a_reference_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(".mcp.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {
+            "a": {"command": "tool",
+                  "args": ["--password=123456", "--pwd", "2345678", "-e", "DB_PASSWORD=3456789", "{\"password\": \"4567890\"}", "{\"passcode\": 1, \"db_password\": 1357913}"],
+                  "env": {"PGPASSWORD": "5678901", "GITHUB_TOKEN": "6789012", "ENABLE_AUTH": "1", "AUTH": "0"}},
+            "b": {"url": "https://h.example/mcp?password=7890123&pass=8901234",
+                  "headers": {"Private-Token": "9012345", "X-Api-Key": "1029384"}}
+        }}"#,
+    )
+    .unwrap();
+    let (code, out, err) = import(&[Path::new("--from"), Path::new("claude-code"), &file]);
+    assert_eq!(code, 0, "{err}");
+    for secret in [
+        "123456", "2345678", "3456789", "4567890", "5678901", "6789012", "7890123", "8901234", "9012345", "1029384",
+        "1357913",
+    ] {
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "{secret} is written out:\n{out}\n{err}"
+        );
+    }
+    assert!(
+        out.contains(r#"ENABLE_AUTH = "1""#) && out.contains(r#"AUTH = "0""#),
+        "{out}"
+    );
+}
