@@ -76,6 +76,16 @@ impl Identity {
         }
     }
 
+    /// Whether it may see and use public tool or prompt name `name` of `catalog`: as
+    /// [`Identity::permits`], and a deny glob of the name the item would have had, had it
+    /// not been renamed (a collision), hides it too.
+    pub fn permits_in(&self, catalog: &Catalog, name: &str) -> bool {
+        match &self.policy {
+            None => true,
+            Some(p) => p.permits_in(catalog, name),
+        }
+    }
+
     /// Checks (and spends) the client's own `rate_limit`.
     pub fn check_rate(&self) -> Result<(), Limited> {
         self.policy.as_ref().map_or(Ok(()), |p| p.check_rate())
@@ -166,6 +176,11 @@ impl Policy {
         self.filter.permits(name)
     }
 
+    /// [`Identity::permits_in`].
+    pub fn permits_in(&self, catalog: &Catalog, name: &str) -> bool {
+        self.filter.permits_in(catalog, name)
+    }
+
     pub fn check_rate(&self) -> Result<(), Limited> {
         let Some((l, rate)) = &self.limiter else {
             return Ok(());
@@ -200,9 +215,14 @@ impl Policy {
         let field = |name: &'static str| {
             move |_: usize, item: &Value| item.get(name).and_then(Value::as_str).is_some_and(|n| f.permits(n))
         };
+        let named = |_: usize, item: &Value| {
+            item.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| f.permits_in(catalog, n))
+        };
         let v = Arc::new(Views {
-            tools: filter_result(tools, "tools", field("name")),
-            prompts: filter_result(prompts, "prompts", field("name")),
+            tools: filter_result(tools, "tools", named),
+            prompts: filter_result(prompts, "prompts", named),
             resources: filter_result(resources, "resources", field("uri")),
             templates: filter_result(templates, "resourceTemplates", field("uriTemplate")),
         });

@@ -135,6 +135,12 @@ pub struct Route {
     pub server: usize,
     /// The server's own name for it.
     pub name: String,
+    /// The public name it would have had (`{prefix}{separator}{name}`, an override's name
+    /// in place) when it is public under another (a collision, or a name too long or
+    /// invalid): a deny glob that names it hides it under its new name too, so another
+    /// server's listing cannot take a denied tool's name and push it out from under its
+    /// deny ([`Catalog::denied_by_former_name`]).
+    pub natural: Option<Box<str>>,
 }
 
 /// One line of `check --connect` output.
@@ -191,6 +197,14 @@ struct ServerText {
 }
 
 impl Catalog {
+    /// Whether `denies` (a deny check of a caller's or a profile's globs) holds for the
+    /// name that public tool or prompt `public` would have had, had it not been renamed.
+    pub fn denied_by_former_name(&self, public: &str, denies: impl Fn(&str) -> bool) -> bool {
+        [&self.tools, &self.prompts]
+            .iter()
+            .any(|t| t.get(public).and_then(|r| r.natural.as_deref()).is_some_and(&denies))
+    }
+
     /// The tool search index of this catalog's tools: built on first use (one catalog is
     /// built per change of the servers' lists), then shared by every session. Its
     /// documents are the tools as listed, overrides applied, under public names.
@@ -454,8 +468,9 @@ fn merge_named(
             // An override's name makes the public name; the route keeps the server's own.
             let overridden = if filtered { s.overrides.get(name) } else { None };
             let shown = overridden.and_then(|o| o.name.as_deref()).unwrap_or(name);
+            let natural = join(s.prefix, separator, shown);
             let mut public = public_name(s.prefix, separator, shown, s.server);
-            if public != join(s.prefix, separator, shown) {
+            if public != natural {
                 notes.push(format!(
                     "{kind} {said} of server '{}' is public as {public} (name too long or invalid)",
                     s.server
@@ -505,11 +520,13 @@ fn merge_named(
                 server: s.server.into(),
                 original: name.into(),
             });
+            let natural = (public != natural).then(|| natural.into_boxed_str());
             table.insert(
                 public,
                 Route {
                     server: i,
                     name: name.to_owned(),
+                    natural,
                 },
             );
         }
@@ -723,14 +740,16 @@ mod tests {
             c.tools["calc__add"],
             Route {
                 server: 0,
-                name: "add".into()
+                name: "add".into(),
+                natural: None,
             }
         );
         assert_eq!(
             c.tools["add"],
             Route {
                 server: 1,
-                name: "add".into()
+                name: "add".into(),
+                natural: None,
             }
         );
         assert!(!c.tools.contains_key("calc__delete_all"));

@@ -152,7 +152,7 @@ impl Call<'_> {
     /// `identity`'s allowlist hides names and URIs: a hidden one is answered exactly
     /// like one that does not exist.
     pub fn visible(&self, name: &str) -> bool {
-        self.identity.is_none_or(|i| i.permits(name))
+        self.identity.is_none_or(|i| i.permits_in(&self.topo.catalog, name))
     }
 
     /// Whether the caller sees `name` (a public tool or prompt name, a resource URI) of
@@ -162,7 +162,7 @@ impl Call<'_> {
         self.visible(name)
             && self.view.as_ref().is_none_or(|v| {
                 if tool {
-                    v.has_tool(name, server)
+                    v.has_tool(&self.topo.catalog, name, server)
                 } else {
                     v.has_server(server)
                 }

@@ -263,11 +263,14 @@ impl Stateless {
         // is not looked at (it is answered as unknown).
         let tool_schema = |name: &str| -> Option<Value> {
             let schema = topo.catalog.param_schemas.get(name)?;
-            if !identity.as_ref().is_none_or(|i| i.permits(name)) {
+            if !identity.as_ref().is_none_or(|i| i.permits_in(&topo.catalog, name)) {
                 return None;
             }
             let route = topo.catalog.tools.get(name)?;
-            if !shown.as_ref().is_none_or(|v| v.has_tool(name, route.server)) {
+            if !shown
+                .as_ref()
+                .is_none_or(|v| v.has_tool(&topo.catalog, name, route.server))
+            {
                 return None;
             }
             Some(schema.clone())

@@ -250,7 +250,7 @@ impl View {
             table.get(n).map(|r| (n.to_owned(), r.server))
         };
         let tools_list = filter_result(&catalog.tools_result, "tools", |_, item| {
-            route(&catalog.tools, item).is_some_and(|(n, s)| has(s) && tools.permits(&n))
+            route(&catalog.tools, item).is_some_and(|(n, s)| has(s) && tools.permits_in(catalog, &n))
         });
         let prompts = filter_result(&catalog.prompts_result, "prompts", |_, item| {
             route(&catalog.prompts, item).is_some_and(|(_, s)| has(s))
@@ -302,9 +302,9 @@ impl View {
         self.servers.get(i).copied().unwrap_or(false)
     }
 
-    /// Whether the view shows tool `name`, routed to server `server`.
-    pub fn has_tool(&self, name: &str, server: usize) -> bool {
-        self.has_server(server) && self.tools.permits(name)
+    /// Whether the view shows tool `name` of `catalog`, routed to server `server`.
+    pub fn has_tool(&self, catalog: &Catalog, name: &str, server: usize) -> bool {
+        self.has_server(server) && self.tools.permits_in(catalog, name)
     }
 
     /// The view of `[profiles.NAME]` over `catalog`, its servers chosen from `servers`.
@@ -609,7 +609,11 @@ mod tests {
             ["a://{x}"]
         );
         assert_eq!(v.counts, [1, 1, 1, 1]);
-        assert!(v.has_tool("a__echo", 0) && !v.has_tool("a__delete_all", 0) && !v.has_tool("b__echo", 1));
+        assert!(
+            v.has_tool(&catalog, "a__echo", 0)
+                && !v.has_tool(&catalog, "a__delete_all", 0)
+                && !v.has_tool(&catalog, "b__echo", 1)
+        );
         assert_eq!(View::empty(ViewKey::Profile("gone".into())).counts, [0; 4]);
     }
 

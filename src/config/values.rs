@@ -22,6 +22,14 @@ impl Filter {
         let allowed = self.allow.is_empty() || self.allow.iter().any(|g| glob(g, name));
         allowed && !self.deny.iter().any(|g| glob(g, name))
     }
+
+    /// [`Filter::permits`] for public tool or prompt name `name` of `catalog`: a deny
+    /// glob of the name the item would have had, had it not been renamed (a collision),
+    /// hides it too (only looked up when there is a deny glob).
+    pub fn permits_in(&self, catalog: &crate::catalog::Catalog, name: &str) -> bool {
+        self.permits(name)
+            && (self.deny.is_empty() || !catalog.denied_by_former_name(name, |n| self.deny.iter().any(|g| glob(g, n))))
+    }
 }
 
 /// Glob match with `*` (any run) and `?` (one character).

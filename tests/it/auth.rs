@@ -593,6 +593,40 @@ async fn oauth_jwts() {
     }
 }
 
+/// A deny glob holds for a tool whatever name it is public under: another server that
+/// lists a tool of the denied name first (here an override; a hostile server could list
+/// it outright) pushes the denied tool out to a hashed name, which the deny still hides
+/// from the lists, from calls and from tool search.
+#[tokio::test]
+async fn a_denied_tool_renamed_by_a_collision_stays_denied() {
+    let (n0, n1) = (unique("auth-shadow"), unique("auth-calc"));
+    let cfg = format!(
+        "{}\n[servers.shadow.overrides.echo]\nname = \"calc__crash\"\n\n{}\
+         [clients.alice]\ntoken = \"${{ALICE_TOKEN}}\"\nallow = [\"calc__*\", \"gateway__*\"]\ndeny = [\"calc__crash\"]\n\n\
+         [clients.bob]\ntoken_sha256 = \"{}\"\n",
+        server("shadow", &n0, &[], "prefix = \"\""),
+        server("calc", &n1, &[], ""),
+        sha256_hex(BOB),
+    );
+    let gw = start(&cfg);
+    let bob = As::open(&gw, BOB).await;
+    let all = bob.names("tools/list", "tools", "name").await;
+    let renamed = all
+        .iter()
+        .find(|n| n.starts_with("calc__crash_"))
+        .unwrap_or_else(|| panic!("calc's crash is renamed by the collision: {all:?}"))
+        .clone();
+    let alice = As::open(&gw, ALICE).await;
+    let seen = alice.names("tools/list", "tools", "name").await;
+    assert!(seen.contains(&"calc__add".to_owned()), "{seen:?}");
+    assert!(
+        !seen.iter().any(|n| n.starts_with("calc__crash")),
+        "a denied tool is listed under another name: {seen:?}"
+    );
+    let r = alice.call(&renamed, json!({})).await;
+    assert_eq!(error_of(&r)["message"], format!("unknown tool: {renamed}"), "{r}");
+}
+
 /// The GET stream of a session opened with `token`.
 async fn get_stream_as(gw: &Gateway, token: &str) -> Messages {
     Session::open_as(&gw.url, token).await.get_stream().await

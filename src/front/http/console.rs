@@ -452,7 +452,7 @@ fn catalog_json(http: &Http) -> Value {
             .filter(|v| {
                 server.is_some_and(|s| {
                     if kind == "tool" {
-                        v.has_tool(&public, s)
+                        v.has_tool(&topo.catalog, &public, s)
                     } else {
                         v.has_server(s)
                     }
@@ -467,7 +467,10 @@ fn catalog_json(http: &Http) -> Value {
         let clients: Option<Vec<&str>> = topo.auth.required().then(|| {
             policies
                 .iter()
-                .filter(|p| p.permits(&public))
+                .filter(|p| match kind {
+                    "tool" | "prompt" => p.permits_in(&topo.catalog, &public),
+                    _ => p.permits(&public),
+                })
                 .map(|p| p.name.as_str())
                 .collect()
         });
