@@ -370,6 +370,7 @@ pub async fn stdio(
 pub fn stdio_client(config: &Config, name: Option<&str>) -> Result<(), String> {
     match name {
         Some(n) if config.auth.client(n).is_none() => {
+            let n = shown_name(n);
             Err(format!("--client {n}: no [clients.{n}] in {}", config.file.display()))
         }
         None if !config.auth.clients.is_empty() => Err(format!(
@@ -380,11 +381,23 @@ pub fn stdio_client(config: &Config, name: Option<&str>) -> Result<(), String> {
     }
 }
 
+/// A name given on the command line as an error repeats it: as it is when it could be a
+/// table's name, else quoted with its control characters escaped (a newline in it would
+/// start a line of its own on stderr), and cut when long.
+fn shown_name(n: &str) -> String {
+    if !n.is_empty() && n.chars().all(config::name_char) {
+        crate::error::echo(n).into_owned()
+    } else {
+        crate::error::echo(&format!("{n:?}")).into_owned()
+    }
+}
+
 /// Checks `stdio --profile NAME` against the config: the name must have a
 /// `[profiles.NAME]` table.
 pub fn stdio_profile(config: &Config, name: Option<&str>) -> Result<(), String> {
     match name {
         Some(n) if config.profile(n).is_none() => {
+            let n = shown_name(n);
             let names: Vec<&str> = config.profiles.iter().map(|p| p.name.as_str()).collect();
             Err(format!(
                 "--profile {n}: no [profiles.{n}] in {} (profiles: {})",

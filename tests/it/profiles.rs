@@ -518,6 +518,15 @@ fn stdio_profile_serves_the_profile_and_an_unknown_one_is_refused() {
         err.contains("--profile nope: no [profiles.nope]") && err.contains("(profiles: p)"),
         "{err}"
     );
+    // A name with a newline (or any control character) is repeated escaped: the error
+    // stays one line, and no line of stderr is the caller's to write.
+    let (dir, mut cmd) = gateway_command(&cfg, &["stdio", "--profile", "x\nFAKE: forged"], &[]);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    drop(dir);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(r#"--profile "x\nFAKE: forged""#), "{err}");
+    assert!(!err.lines().any(|l| l.starts_with("FAKE")), "{err}");
 }
 
 #[tokio::test]
