@@ -57,6 +57,19 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The key of its own process or connection of a server (`isolation = "client"`,
+    /// `${client:…}`): its name when a `[clients.NAME]` table names it (the operator's
+    /// mapping: the process holds that table's secrets, whichever token or issuer the
+    /// caller came with, as its policy is that table's), else its principal, so that a
+    /// name another issuer gives is another caller with a process of its own.
+    pub fn process_key(&self) -> &str {
+        if self.policy.is_some() {
+            &self.name
+        } else {
+            &self.principal
+        }
+    }
+
     /// Whether it may read the console and `/status*`: its `[clients.NAME]` says
     /// `admin = true` (an OAuth identity through the table of its name).
     pub fn admin(&self) -> bool {

@@ -142,8 +142,7 @@ pub struct Caller<'a> {
     /// The caller's identity (its `[clients.*]` name or OAuth subject) and its secrets.
     pub client: Option<(&'a str, &'a [(String, config::Secret)])>,
     /// The key of the caller's own process or connection (`isolation = "client"`,
-    /// `${client:…}`): its identity's principal (`auth::Identity::principal`), so that a name
-    /// another issuer gives is another caller; `None`: its name.
+    /// `${client:…}`): `auth::Identity::process_key`; `None`: its name.
     pub principal: Option<&'a str>,
 }
 

@@ -57,7 +57,7 @@ impl Gateway {
             let caller = Caller {
                 session: cx.info.session.as_deref(),
                 client: cx.identity.map(|i| (i.name.as_str(), i.secrets())),
-                principal: cx.identity.map(|i| i.principal.as_str()),
+                principal: cx.identity.map(|i| i.process_key()),
             };
             // Boxed: starting a caller's own process (probe, handshake, lists) is a large
             // future, and inline it would make every request's future that large.

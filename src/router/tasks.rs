@@ -88,7 +88,7 @@ impl Gateway {
             let caller = crate::supervisor::Caller {
                 session: Some(&client.id),
                 client: identity.as_deref().map(|i| (i.name.as_str(), i.secrets())),
-                principal: identity.as_deref().map(|i| i.principal.as_str()),
+                principal: identity.as_deref().map(|i| i.process_key()),
             };
             let conn = s.existing_connection_for(&caller).await;
             let Some(conn) = conn else { continue };

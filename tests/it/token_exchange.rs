@@ -501,9 +501,11 @@ async fn the_same_sub_from_a_new_issuer_gets_its_own_exchange_after_a_reload() {
     assert!(!gw.logs().contains('\0'), "a principal's NUL in the log");
 }
 
-/// A process per client identity (`isolation = "client"`) is the principal's too: after a
-/// reload names another issuer, the same `sub` from it gets a process of its own, never
-/// the one (and the memory) the former issuer's caller of that name left running.
+/// A process per client identity (`isolation = "client"`) of a JWT caller without a
+/// `[clients.NAME]` table is its principal's: after a reload names another issuer, the
+/// same `sub` from it gets a process of its own, never the one (and the memory) the former
+/// issuer's caller of that name left running. (One with a table is that client, whatever
+/// its issuer: `client_secrets::an_oauth_caller_is_its_claims_identity_with_that_tables_secrets`.)
 #[tokio::test]
 async fn the_same_sub_from_a_new_issuer_gets_its_own_client_process() {
     let trust = trust_b();
