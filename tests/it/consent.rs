@@ -98,6 +98,17 @@ async fn setup_with(as_args: &[&str], mcp_args: &[&str], env: &[(&str, &str)]) -
     }
 }
 
+/// Waits until `s` (a session on `gw`) lists `tool`; panics with `gw`'s log after 30 s.
+async fn wait_listed(s: &Session, tool: &str, gw: &Gateway) {
+    for _ in 0..300 {
+        if s.tool_names().await.iter().any(|t| t == tool) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{tool} never listed; gateway log:\n{}", gw.logs());
+}
+
 impl Setup {
     async fn stats(&self) -> Value {
         fetch_json(&format!("{}/stats", self.as_base)).await
@@ -125,13 +136,7 @@ impl Setup {
 
     /// Waits until `s` sees `tool` in its list (the catalog is listed once a user consented).
     async fn wait_tool(&self, s: &Session, tool: &str) {
-        for _ in 0..300 {
-            if s.tool_names().await.iter().any(|t| t == tool) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("{tool} never listed; gateway log:\n{}", self.gw.logs());
+        wait_listed(s, tool, &self.gw).await
     }
 
     /// Asks `s` (a session of `token`) to call `tool`, expects -32042, and consents in a
@@ -648,6 +653,9 @@ async fn replicas_share_the_users_tokens_through_redis_sealed() {
     let gws = crate::cluster::replicas(2, &redis, &f.tables, "");
     let on_a = Session::open_on(bearer_client(ALICE), &gws[0].url, json!({"elicitation": {"url": {}}})).await;
     let mut stream = on_a.get_stream().await;
+    // The server's catalog (its `authorize` tool, once its authorization server is found)
+    // may come after the replica listens.
+    wait_listed(&on_a, "docs__authorize", &gws[0]).await;
     let r = on_a.call("docs__authorize", json!({})).await;
     let url = elicitation_url(&r);
     let eid = r["error"]["data"]["elicitations"][0]["elicitationId"].clone();
