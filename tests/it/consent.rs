@@ -1159,6 +1159,11 @@ async fn two_gateways_sharing_state_dir_lose_no_tokens() {
         Gateway::start_with_env(&config, &[]),
         Gateway::start_with_env(&config, &[]),
     ];
+    // Each replica lists `authorize` once the server's authorization server is found.
+    for gw in &gws {
+        let probe = Session::open_on(bearer_client("user-0-token-5d1e9a"), &gw.url, json!({})).await;
+        wait_listed(&probe, "docs__authorize", gw).await;
+    }
     // Every link first (the first consent replaces `authorize` with the real tools), then
     // every consent at once.
     let mut links = Vec::new();
