@@ -83,9 +83,17 @@ async fn setup(as_args: &[&str], env: &[(&str, &str)]) -> Setup {
 }
 
 async fn setup_with(as_args: &[&str], mcp_args: &[&str], env: &[(&str, &str)]) -> Setup {
-    let f = fixtures_with(as_args, mcp_args).await;
+    setup_on(fixtures_with(as_args, mcp_args).await, "", env)
+}
+
+/// A gateway over `f` with a state dir of its own and `extra` TOML before the tables.
+fn setup_on(f: Fixtures, extra: &str, env: &[(&str, &str)]) -> Setup {
     let state = tempfile::tempdir().unwrap();
-    let config = format!("[gateway]\nstate_dir = {:?}\n\n{}", path_str(state.path()), f.tables);
+    let config = format!(
+        "[gateway]\nstate_dir = {:?}\n\n{extra}\n{}",
+        path_str(state.path()),
+        f.tables
+    );
     let gw = Gateway::start_with_env(&config, env);
     Setup {
         _as: f.authz,
@@ -1310,26 +1318,11 @@ fn jwt(issuer: &str, sub: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_same_sub_from_a_new_issuer_is_asked_for_its_own_consent() {
     let f = fixtures(&[]).await;
-    let state = tempfile::tempdir().unwrap();
     let oauth = format!(
         "[auth.oauth]\nissuer = \"{iss}\"\naudience = \"mcp-gateway\"\njwks_url = \"{iss}/jwks\"\n",
         iss = f.as_base
     );
-    let config = format!(
-        "[gateway]\nstate_dir = {:?}\n\n{oauth}\n{}",
-        path_str(state.path()),
-        f.tables
-    );
-    let gw = Gateway::start_with_env(&config, &[]);
-    let s = Setup {
-        _as: f.authz,
-        as_base: f.as_base,
-        _mcp: f.mcp,
-        _port: f.port,
-        mcp_base: f.mcp_base,
-        gw,
-        state,
-    };
+    let s = setup_on(f, &oauth, &[]);
     let xena_a = jwt(&s.as_base, "xena");
     let under_a = s.url_session(&xena_a).await;
     s.consent(&under_a, &xena_a, "docs__authorize").await;
@@ -1338,19 +1331,13 @@ async fn the_same_sub_from_a_new_issuer_is_asked_for_its_own_consent() {
     assert!(r.get("result").is_some(), "{r}");
     let a_seen = s.seen().await;
 
+    let config = std::fs::read_to_string(s.gw.config_path()).unwrap();
     let moved = config.replace(
         &format!("issuer = \"{}\"", s.as_base),
         "issuer = \"https://issuer-b.test\"",
     );
     assert_ne!(moved, config);
-    let before = s.gw.logs().matches("reload done").count();
-    std::fs::write(s.gw.config_path(), moved).unwrap();
-    let log = s.gw.stderr.clone();
-    let done = until(Duration::from_secs(10), || {
-        log.lock().unwrap().matches("reload done").count() > before
-    })
-    .await;
-    assert!(done, "no reload: {}", s.gw.logs());
+    s.gw.rewrite_config(&moved).await;
 
     let xena_b = jwt("https://issuer-b.test", "xena");
     let under_b = s.url_session(&xena_b).await;
