@@ -304,18 +304,16 @@ mod tests {
         }
     }
 
-    /// One caller's flood waits its turn: the other caller's call gets the next slot that
-    /// frees, then the flood's calls get theirs in order.
-    #[tokio::test]
-    async fn a_freed_slot_goes_to_the_next_caller_in_turn() {
-        let slots = FairSlots::new(1);
+    /// With the one slot of `slots` held, each of `waiters` waits for it in turn (settled
+    /// before the next); then the slot is freed: the order the waiters got it in.
+    async fn order_of(slots: &FairSlots, waiters: &[(Caller, &'static str)]) -> Vec<&'static str> {
         let held = slots.acquire(c(1)).await;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for (caller, tag) in [(1, "a1"), (1, "a2"), (1, "a3"), (2, "b1")] {
+        for &(caller, tag) in waiters {
             let (slots, order) = (slots.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let slot = slots.acquire(c(caller)).await;
+                let slot = slots.acquire(caller).await;
                 crate::sync::lock(&order).push(tag);
                 drop(slot);
             }));
@@ -325,7 +323,17 @@ mod tests {
         for t in tasks {
             t.await.expect("task");
         }
-        assert_eq!(*crate::sync::lock(&order), ["a1", "b1", "a2", "a3"]);
+        let got = crate::sync::lock(&order).clone();
+        got
+    }
+
+    /// One caller's flood waits its turn: the other caller's call gets the next slot that
+    /// frees, then the flood's calls get theirs in order.
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_next_caller_in_turn() {
+        let slots = FairSlots::new(1);
+        let order = order_of(&slots, &[(c(1), "a1"), (c(1), "a2"), (c(1), "a3"), (c(2), "b1")]).await;
+        assert_eq!(order, ["a1", "b1", "a2", "a3"]);
         assert_eq!(slots.available(), 1);
     }
 
@@ -394,31 +402,16 @@ mod tests {
     #[tokio::test]
     async fn a_clients_sessions_share_its_turn() {
         let slots = FairSlots::new(1);
-        let held = slots.acquire(c(1)).await;
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
         let flood = |member| Caller { group: 7, member };
-        for (caller, tag) in [
+        let waiters = [
             (flood(1), "x1"),
             (flood(2), "y1"),
             (flood(3), "z1"),
             (flood(1), "x2"),
             (c(2), "b1"),
             (c(2), "b2"),
-        ] {
-            let (slots, order) = (slots.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                let slot = slots.acquire(caller).await;
-                crate::sync::lock(&order).push(tag);
-                drop(slot);
-            }));
-            settled().await;
-        }
-        drop(held);
-        for t in tasks {
-            t.await.expect("task");
-        }
-        assert_eq!(*crate::sync::lock(&order), ["x1", "b1", "y1", "b2", "z1", "x2"]);
+        ];
+        assert_eq!(order_of(&slots, &waiters).await, ["x1", "b1", "y1", "b2", "z1", "x2"]);
         assert_eq!(slots.available(), 1);
     }
 
