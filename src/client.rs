@@ -173,36 +173,12 @@ impl crate::downstream::Peer for Client {
                     format!("Method not found: {method} (mcp-gateway asks its clients sampling/createMessage, elicitation/create and roots/list for servers, nothing else)"),
                 ));
             };
-            let declared = crate::sync::read(&self.capabilities)
-                .as_ref()
-                .and_then(|c| c.get(cap).cloned());
-            let Some(declared) = declared else {
-                return Outcome::from(Error::client(
-                    code::METHOD_NOT_FOUND,
-                    format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
-                ));
-            };
+            if let Some((code, why)) = self.refusal(cap, &method, params.as_deref()) {
+                return Outcome::from(Error::client(code, why));
+            }
             let mut params = params;
             if method == "sampling/createMessage" {
-                if let Some(why) = sampling_refusal(&declared, params.as_deref()) {
-                    return Outcome::from(Error::client(code::INVALID_PARAMS, why));
-                }
                 params = without_context(params);
-            }
-            if method == "elicitation/create" {
-                let mode = elicitation_mode(params.as_deref());
-                if !elicitation_supports(&declared, &mode) {
-                    // Servers MUST NOT send a mode the client does not support; the
-                    // client's error for one is -32602 (2025-11-25).
-                    return Outcome::from(Error::client(
-                        code::INVALID_PARAMS,
-                        format!(
-                            "the client did not declare elicitation.{}, so it cannot answer a {}-mode elicitation/create",
-                            crate::error::echo(&mode),
-                            crate::error::echo(&mode)
-                        ),
-                    ));
-                }
             }
             if self.stateless {
                 let Some(questions) = &self.questions else {
@@ -328,6 +304,45 @@ fn elicitation_supports(declared: &Value, mode: &str) -> bool {
     }
 }
 
+impl Client {
+    /// Why this client cannot be asked `method` (one of [`ASKED_FOR`], whose capability is
+    /// `cap`) with `params`, if it cannot: the capability undeclared (-32601), an
+    /// elicitation mode or sampling with tools it did not declare (-32602, as the client's
+    /// own error for one would be).
+    pub fn refusal(&self, cap: &str, method: &str, params: Option<&RawValue>) -> Option<(i64, String)> {
+        let declared = crate::sync::read(&self.capabilities)
+            .as_ref()
+            .and_then(|c| c.get(cap).cloned());
+        let Some(declared) = declared else {
+            return Some((
+                code::METHOD_NOT_FOUND,
+                format!("the client did not declare the {cap} capability, so it cannot answer {method}"),
+            ));
+        };
+        if method == "sampling/createMessage" {
+            if let Some(why) = sampling_refusal(&declared, params) {
+                return Some((code::INVALID_PARAMS, why));
+            }
+        }
+        if method == "elicitation/create" {
+            let mode = elicitation_mode(params);
+            if !elicitation_supports(&declared, &mode) {
+                // Servers MUST NOT send a mode the client does not support; the client's
+                // error for one is -32602 (2025-11-25).
+                return Some((
+                    code::INVALID_PARAMS,
+                    format!(
+                        "the client did not declare elicitation.{}, so it cannot answer a {}-mode elicitation/create",
+                        crate::error::echo(&mode),
+                        crate::error::echo(&mode)
+                    ),
+                ));
+            }
+        }
+        None
+    }
+}
+
 /// Why a server's `sampling/createMessage` may not reach a client that declared sampling
 /// as `declared`, if it may not: `tools` to a client that did not declare `sampling.tools`
 /// (servers MUST NOT send them).
@@ -347,7 +362,7 @@ fn sampling_refusal(declared: &Value, params: Option<&RawValue>) -> Option<Strin
 /// gateway a client's context of "this server" (or of all servers) is every server behind
 /// it, so the asking server would get the others' context back in the answer. The client
 /// MAY ignore the request (2025-11-25), so the gateway, the server's client, does.
-fn without_context(params: Option<Box<RawValue>>) -> Option<Box<RawValue>> {
+pub fn without_context(params: Option<Box<RawValue>>) -> Option<Box<RawValue>> {
     let raw = params?;
     if !raw.get().contains("includeContext") {
         return Some(raw);

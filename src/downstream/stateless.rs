@@ -387,6 +387,74 @@ pub fn refuse_input_required(server: &Arc<str>, method: &str, out: Outcome) -> O
     }
 }
 
+/// A server's `input_required` answer, on its way to a 2026-07-28 client that asks the
+/// questions itself: checked as the bridge checks a round before asking a handshake client
+/// (a method a server may answer with it, at most [`MAX_ROUND_QUESTIONS`] questions, each
+/// one a server may ask, with object params, of a capability, mode and sampling tools the
+/// client declared), and a sampling question's `includeContext` made "none" (through the
+/// gateway "this server" is every server behind it). Anything refused fails the call,
+/// naming the server; the client is asked nothing. Other answers pass as they are.
+pub fn relay_input_required(
+    server: &Arc<str>,
+    method: Method,
+    client: &crate::client::Client,
+    out: Outcome,
+) -> Outcome {
+    let Outcome::Result(r) = &out else { return out };
+    let Some((requests, _)) = input_required(r.get()) else {
+        return out;
+    };
+    let fail = |msg: String| Outcome::Error(Error::server(server, code::INTERNAL_ERROR, msg).object());
+    let name = method.as_str();
+    if !method.may_ask() {
+        return refuse_input_required(server, name, out);
+    }
+    if requests.len() > MAX_ROUND_QUESTIONS {
+        return fail(format!(
+            "server '{server}' asked {} questions in one input_required round of {name}; mcp-gateway passes a client at most {MAX_ROUND_QUESTIONS} per round",
+            requests.len()
+        ));
+    }
+    let mut rewritten = Map::new();
+    let mut changed = false;
+    for (key, request) in &requests {
+        let (asked, params) = match question(server, name, key, request) {
+            Ok(q) => q,
+            Err(msg) => return fail(msg),
+        };
+        let cap = crate::client::ASKED_FOR
+            .iter()
+            .find(|(m, _)| *m == asked)
+            .map_or("", |(_, cap)| *cap);
+        if let Some((_, why)) = client.refusal(cap, &asked, params.as_deref()) {
+            return fail(format!(
+                "server '{server}' asked {asked} ({}) for {name}, but {why}",
+                shown(key)
+            ));
+        }
+        let mut request = request.clone();
+        if asked == "sampling/createMessage" {
+            if let Some(p) = crate::client::without_context(params.clone()) {
+                if params.as_ref().is_some_and(|o| o.get() != p.get()) {
+                    changed = true;
+                    if let (Some(obj), Ok(v)) = (request.as_object_mut(), serde_json::from_str::<Value>(p.get())) {
+                        obj.insert("params".into(), v);
+                    }
+                }
+            }
+        }
+        rewritten.insert(key.clone(), request);
+    }
+    if !changed {
+        return out;
+    }
+    let Ok(mut whole) = serde_json::from_str::<Map<String, Value>>(r.get()) else {
+        return out;
+    };
+    whole.insert("inputRequests".into(), Value::Object(rewritten));
+    Outcome::Result(message::to_raw(&Value::Object(whole)).into())
+}
+
 /// One of a server's `inputRequests` (`key`), as the bridge asks it: its method, one a
 /// server may ask a client ([`crate::client::ASKED_FOR`]), and its params, an object if
 /// any. Else why not, naming the server (its own values cut and escaped).

@@ -134,7 +134,8 @@ pub(super) async fn forward_bridged(
         }
         // Such a client cannot take an `input_required`, and this method may not ask.
         None if !client.stateless => stateless::refuse_input_required(&s.name, method.as_str(), out),
-        None => out,
+        // A 2026-07-28 client asks the questions itself: checked against what it declared.
+        None => stateless::relay_input_required(&s.name, method, client, out),
     })
 }
 

@@ -334,3 +334,64 @@ async fn sampling_cannot_reach_past_the_asking_server() {
     let (r, asked) = answering_roots(&able, &mut m).await;
     assert_eq!((asked, text(&r).starts_with("answered 1")), (1, true), "{r}");
 }
+
+/// A 2026-07-28 tools/call of `evil`'s `ask_kind` from a stateless client that declared
+/// `capabilities`: the response.
+async fn stateless_ask(gw: &Gateway, capabilities: Value, method: &str, params: Value) -> Value {
+    let mut meta = stateless_meta("asker");
+    meta["io.modelcontextprotocol/clientCapabilities"] = capabilities;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "ask_kind", "arguments": {"method": method, "params": params}, "_meta": meta,
+    }});
+    reqwest::Client::new()
+        .post(&gw.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "ask_kind")
+        .json(&body)
+        .send()
+        .await
+        .expect("post")
+        .json::<Value>()
+        .await
+        .expect("json")
+}
+
+/// A 2026-07-28 client asks a server's questions itself, so the gateway passes the
+/// server's `input_required` on; it checks them first as the bridge does for a
+/// handshake-era client: a question of a capability (or elicitation mode, or sampling with
+/// tools) the client did not declare, or of a method a server may not ask, fails the call
+/// naming the server, and a sampling question's `includeContext` becomes "none" (through
+/// the gateway the asking server's context is every server's).
+#[tokio::test]
+async fn a_stateless_clients_questions_are_only_what_it_declared_and_sampling_sees_no_other_server() {
+    let gw = Gateway::start(&evil(""));
+    let sampling = json!({"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+                          "maxTokens": 5, "includeContext": "allServers"});
+    let r = stateless_ask(&gw, json!({}), "sampling/createMessage", sampling.clone()).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("server 'evil'") && msg.contains("did not declare the sampling capability"),
+        "{r}"
+    );
+    let r = stateless_ask(&gw, json!({"sampling": {}}), "sampling/createMessage", sampling).await;
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let asked = &r["result"]["inputRequests"]["q"];
+    assert_eq!(asked["method"], "sampling/createMessage", "{r}");
+    assert_eq!(asked["params"]["includeContext"], "none", "{r}");
+    assert_eq!(asked["params"]["maxTokens"], 5, "{r}");
+    assert_eq!(
+        r["result"]["requestState"], "hostile-state",
+        "the server's own state: {r}"
+    );
+    // A URL elicitation to a client that declared form mode only.
+    let url = json!({"mode": "url", "elicitationId": "u1", "url": "https://example.com/x", "message": "go"});
+    let r = stateless_ask(&gw, json!({"elicitation": {}}), "elicitation/create", url).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'evil'") && msg.contains("elicitation.url"), "{r}");
+    // A method no server may ask a client.
+    let r = stateless_ask(&gw, json!({"sampling": {}}), "tools/call", json!({})).await;
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server 'evil'") && msg.contains("tools/call"), "{r}");
+}
