@@ -340,22 +340,8 @@ async fn sampling_cannot_reach_past_the_asking_server() {
 async fn stateless_ask(gw: &Gateway, capabilities: Value, method: &str, params: Value) -> Value {
     let mut meta = stateless_meta("asker");
     meta["io.modelcontextprotocol/clientCapabilities"] = capabilities;
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "ask_kind", "arguments": {"method": method, "params": params}, "_meta": meta,
-    }});
-    reqwest::Client::new()
-        .post(&gw.url)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "ask_kind")
-        .json(&body)
-        .send()
-        .await
-        .expect("post")
-        .json::<Value>()
-        .await
-        .expect("json")
+    let arguments = json!({"method": method, "params": params});
+    stateless_tool_call(&gw.url, None, meta, json!(1), "ask_kind", arguments).await
 }
 
 /// A 2026-07-28 client asks a server's questions itself, so the gateway passes the

@@ -419,17 +419,32 @@ pub fn path_str(p: &Path) -> String {
 /// balancer for the address `from` (`X-Forwarded-For`; the gateway must trust 127.0.0.1):
 /// its JSON answer.
 pub async fn stateless_call_from(url: String, from: &str, id: Value, tool: &str, arguments: Value) -> Value {
+    stateless_tool_call(&url, Some(from), stateless_meta("caller"), id, tool, arguments).await
+}
+
+/// A 2026-07-28 `tools/call` of `tool` with `_meta` `meta` (from `from`, through a trusted
+/// balancer's `X-Forwarded-For`, when given): the response.
+pub async fn stateless_tool_call(
+    url: &str,
+    from: Option<&str>,
+    meta: Value,
+    id: Value,
+    tool: &str,
+    arguments: Value,
+) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-        "name": tool, "arguments": arguments, "_meta": stateless_meta("caller"),
+        "name": tool, "arguments": arguments, "_meta": meta,
     }});
-    reqwest::Client::new()
-        .post(&url)
+    let mut req = reqwest::Client::new()
+        .post(url)
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
         .header("mcp-method", "tools/call")
-        .header("mcp-name", tool)
-        .header("x-forwarded-for", from)
-        .json(&body)
+        .header("mcp-name", tool);
+    if let Some(from) = from {
+        req = req.header("x-forwarded-for", from);
+    }
+    req.json(&body)
         .send()
         .await
         .expect("post")
