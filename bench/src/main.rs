@@ -203,6 +203,10 @@ struct Args {
     /// (uniform): answers spread over time, as a real server's are.
     #[arg(long, default_value_t = 0)]
     remote_jitter_ms: u64,
+    /// `gateway.busy_poll` of every gateway the bench starts (`0s`: off), to measure what
+    /// the busy poll does to a figure (default: the gateway's own).
+    #[arg(long)]
+    busy_poll: Option<String>,
     /// remote-json, remote-sse: `gateway.worker_threads` for the gateway (default: its own
     /// default, half the CPUs).
     #[arg(long)]
@@ -1107,8 +1111,8 @@ async fn bench_gateway(args: &Args, mode: Mode, out: &mut Vec<CaseResult>) -> Re
     let mut fargs = vec![toml_str(&fixture.to_string_lossy())];
     fargs.extend(args.fixture_args.iter().map(|a| toml_str(a)));
     let config = format!(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\ndrain_delay = \"0s\"\n\n\
-         [servers.{SERVER}]\ncommand = {}\nargs = [{}]\n",
+        "{}\n[servers.{SERVER}]\ncommand = {}\nargs = [{}]\n",
+        gateway_table(args),
         toml_str(&args.python),
         fargs.join(", ")
     );
@@ -1619,13 +1623,22 @@ async fn start_gateway(args: &Args, tag: &str, servers: &[Spec], extra: &str) ->
     start_gateway_toml(args, tag, &tables, extra).await
 }
 
+/// The `[gateway]` table every gateway the bench starts has (`--busy-poll` included).
+fn gateway_table(args: &Args) -> String {
+    let mut t = String::from(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\ndrain_delay = \"0s\"\n",
+    );
+    if let Some(d) = &args.busy_poll {
+        t.push_str(&format!("busy_poll = {}\n", toml_str(d)));
+    }
+    t
+}
+
 /// A gateway with these `[servers.*]` tables (TOML text) and `extra` `[gateway]` lines.
 async fn start_gateway_toml(args: &Args, tag: &str, servers: &str, extra: &str) -> Result<Gw> {
     let dir = std::env::temp_dir().join(format!("mcp-gateway-bench-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let mut config = String::from(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\npath = \"/mcp\"\nseparator = \"__\"\nrequest_timeout = \"60s\"\ndrain_delay = \"0s\"\n",
-    );
+    let mut config = gateway_table(args);
     config.push_str(extra);
     config.push_str(servers);
     let config_path = dir.join("gateway.toml");
