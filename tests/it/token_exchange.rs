@@ -105,6 +105,13 @@ fn config(idp: &Fixture, docs: &Fixture, service: &str) -> String {
     )
 }
 
+/// [`config`] with the gateway's own service token and its client secret written in, as
+/// replicas (which get no environment of the test's) are started with it.
+fn shared_config(idp: &Fixture, docs: &Fixture) -> String {
+    let service = jwt(&idp.url, "the-gateway", "docs-api");
+    config(idp, docs, &service).replace("${GW_SECRET}", GW_SECRET)
+}
+
 fn start(cfg: &str) -> Gateway {
     Gateway::start_with_env(cfg, &[("GW_SECRET", GW_SECRET), ("MCP_GATEWAY_LOG", "trace")])
 }
@@ -324,8 +331,7 @@ async fn a_refused_exchange_names_the_server_and_the_code_and_no_token() {
 async fn replicas_share_one_exchange_through_redis_sealed() {
     let redis = Redis::start();
     let (idp, docs) = fixtures(&[]);
-    let service = jwt(&idp.url, "the-gateway", "docs-api");
-    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let servers = shared_config(&idp, &docs);
     let gws = replicas(2, &redis, &servers, "");
     let alice_jwt = jwt(&idp.url, "alice", AUDIENCE);
     let on_a = ready(&gws[0], &alice_jwt).await;
@@ -424,8 +430,7 @@ async fn a_session_isolated_exchange_server_is_not_forwarded_between_replicas() 
 async fn another_callers_record_moved_in_redis_is_refused_and_said() {
     let redis = Redis::start();
     let (idp, docs) = fixtures(&[]);
-    let service = jwt(&idp.url, "the-gateway", "docs-api");
-    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let servers = shared_config(&idp, &docs);
     let gws = replicas(2, &redis, &servers, "");
     let alice_jwt = jwt(&idp.url, "alice", AUDIENCE);
     let bob = ready(&gws[0], &jwt(&idp.url, "bob", AUDIENCE)).await;
@@ -582,8 +587,7 @@ async fn a_replica_of_another_issuer_does_not_use_a_shared_token_of_the_same_sub
 async fn a_late_release_leaves_the_next_holders_lock() {
     let redis = Redis::start();
     let (idp, docs) = fixtures(&["--exchange-delay-ms", "1500"]);
-    let service = jwt(&idp.url, "the-gateway", "docs-api");
-    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let servers = shared_config(&idp, &docs);
     let gw = replicas(1, &redis, &servers, "").pop().unwrap();
     let s = ready(&gw, &jwt(&idp.url, "xavier", AUDIENCE)).await;
     let call = tokio::spawn(async move { whoami(&s).await });
@@ -624,8 +628,7 @@ async fn a_late_release_leaves_the_next_holders_lock() {
 async fn a_lock_squatted_without_the_cluster_key_is_not_waited_for() {
     let redis = Redis::start();
     let (idp, docs) = fixtures(&[]);
-    let service = jwt(&idp.url, "the-gateway", "docs-api");
-    let servers = config(&idp, &docs, &service).replace("${GW_SECRET}", GW_SECRET);
+    let servers = shared_config(&idp, &docs);
     let gws = replicas(2, &redis, &servers, "");
     let xavier = jwt(&idp.url, "xavier", AUDIENCE);
     let on_a = ready(&gws[0], &xavier).await;
