@@ -56,19 +56,9 @@ async fn answers_kept_for_resuming_share_one_budget_across_sessions() {
     // Sessions still work, and within the budget the newest answer can be resumed.
     assert_eq!(text(&warm.call("m__echo", json!({"text": "after"})).await), "after");
     let last = sessions.last().unwrap();
-    let resumed = last
-        .http
-        .get(&last.url)
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &last.id)
-        .header("mcp-protocol-version", "2025-11-25")
-        .header("last-event-id", "1-0")
-        .timeout(T)
-        .send()
+    let replayed = resume(last, "1-0")
         .await
-        .unwrap();
-    assert_eq!(resumed.status(), 200);
-    let replayed = resumed.text().await.unwrap();
+        .unwrap_or_else(|status| panic!("resuming answered {status}, not 200"));
     assert!(replayed.len() > BYTES, "{}", &replayed[..replayed.len().min(300)]);
 }
 
